@@ -1,0 +1,222 @@
+#include "kvmesh/config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "common/json_reader.h"
+
+namespace kvmesh {
+namespace {
+
+using nlohmann::json;
+
+std::string Idx(const std::string& path, size_t i) { return path + "[" + std::to_string(i) + "]"; }
+
+Status ReadModel(const json& j, ModelSpec* m) {
+  ObjectReader r(j, "$.model");
+  std::string dtype = "fp16";
+  r.Required("model_id", &m->model_id)
+      .Required("num_layers", &m->num_layers)
+      .Required("num_kv_heads", &m->num_kv_heads)
+      .Required("head_dim", &m->head_dim)
+      .Optional("dtype", &dtype)
+      .Required("block_tokens", &m->block_tokens)
+      .Optional("num_experts", &m->num_experts);
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  Result<DType> dt = ParseDType(dtype);
+  if (!dt.ok()) return InvalidArgument("$.model.dtype: " + dt.status().message());
+  m->dtype = *dt;
+  if (m->model_id.empty()) return InvalidArgument("$.model.model_id: must not be empty");
+  if (m->num_layers == 0) return InvalidArgument("$.model.num_layers: must be > 0");
+  if (m->num_kv_heads == 0) return InvalidArgument("$.model.num_kv_heads: must be > 0");
+  if (m->head_dim == 0) return InvalidArgument("$.model.head_dim: must be > 0");
+  if (m->block_tokens == 0) return InvalidArgument("$.model.block_tokens: must be > 0 (got 0)");
+  return Status::Ok();
+}
+
+Status ReadNode(const json& j, const std::string& path, NodeConfig* n) {
+  ObjectReader r(j, path);
+  r.Required("id", &n->id).Optional("host", &n->host).Optional("gpu", &n->gpu).Optional("weight", &n->weight);
+  if (const json* p = r.Child("ports")) {
+    ObjectReader pr(*p, r.PathOf("ports"));
+    pr.Optional("data", &n->ports.data).Optional("http", &n->ports.http).Optional("resp", &n->ports.resp);
+    KVMESH_RETURN_IF_ERROR(pr.Finish());
+  }
+  if (const json* m = r.Child("memory", /*required=*/true)) {
+    ObjectReader mr(*m, r.PathOf("memory"));
+    mr.Size("device", &n->memory.device, false)
+        .Size("host", &n->memory.host, false)
+        .Size("ssd", &n->memory.ssd, false)
+        .Optional("ssd_path", &n->memory.ssd_path);
+    KVMESH_RETURN_IF_ERROR(mr.Finish());
+    if (n->memory.device == 0 && n->memory.host == 0)
+      return InvalidArgument(r.PathOf("memory") + ": needs a device or host budget");
+    if (n->memory.ssd != 0 && n->memory.ssd_path.empty())
+      return InvalidArgument(r.PathOf("memory.ssd_path") + ": required when memory.ssd is set");
+  }
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  if (n->id.empty()) return InvalidArgument(r.PathOf("id") + ": must not be empty");
+  if (!(n->weight > 0)) return InvalidArgument(r.PathOf("weight") + ": must be > 0");
+  return Status::Ok();
+}
+
+// Parses 3 or "3" or "0-7" (inclusive) into a half-open range.
+bool ParseValueRange(const json& v, Range* out) {
+  if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) {
+    uint64_t x = v.get<uint64_t>();
+    if (x >= UINT32_MAX) return false;
+    *out = {static_cast<uint32_t>(x), static_cast<uint32_t>(x + 1)};
+    return true;
+  }
+  if (!v.is_string()) return false;
+  const std::string s = v.get<std::string>();
+  size_t dash = s.find('-');
+  try {
+    size_t used = 0;
+    unsigned long a = std::stoul(s.substr(0, dash), &used);
+    if (used != (dash == std::string::npos ? s.size() : dash)) return false;
+    unsigned long b = a;
+    if (dash != std::string::npos) {
+      std::string tail = s.substr(dash + 1);
+      b = std::stoul(tail, &used);
+      if (used != tail.size()) return false;
+    }
+    if (b < a || b >= UINT32_MAX) return false;
+    *out = {static_cast<uint32_t>(a), static_cast<uint32_t>(b + 1)};
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+Status ReadPlacement(const json& j, const std::map<std::string, std::string>& node_paths,
+                     PlacementConfig* p) {
+  ObjectReader r(j, "$.placement");
+  r.Optional("replicas", &p->replicas);
+  if (const json* g = r.Child("groups")) {
+    const std::string gpath = r.PathOf("groups");
+    if (!g->is_object()) return InvalidArgument(gpath + ": expected an object, got " + JsonTypeName(*g));
+    for (auto it = g->begin(); it != g->end(); ++it) {
+      const std::string path = gpath + "." + it.key();
+      if (!it->is_array() || it->empty())
+        return InvalidArgument(path + ": expected a non-empty array of node ids");
+      std::vector<std::string> ids;
+      for (size_t i = 0; i < it->size(); ++i) {
+        const json& id = (*it)[i];
+        if (!id.is_string()) return InvalidArgument(Idx(path, i) + ": expected a node id string, got " + JsonTypeName(id));
+        std::string s = id.get<std::string>();
+        if (!node_paths.count(s))
+          return InvalidArgument(Idx(path, i) + ": shard group \"" + it.key() + "\" names unknown node \"" + s + "\"");
+        ids.push_back(std::move(s));
+      }
+      p->groups[it.key()] = std::move(ids);
+    }
+  }
+  if (const json* a = r.Child("affinity")) {
+    const std::string apath = r.PathOf("affinity");
+    if (!a->is_array()) return InvalidArgument(apath + ": expected an array, got " + JsonTypeName(*a));
+    for (size_t i = 0; i < a->size(); ++i) {
+      const std::string path = Idx(apath, i);
+      ObjectReader ar((*a)[i], path);
+      AffinityRule rule;
+      ar.Required("group", &rule.group);
+      int kinds = 0;
+      for (auto [name, kind] : {std::pair{"expert", Affinity::Kind::kExpert},
+                                std::pair{"layer_group", Affinity::Kind::kLayerGroup},
+                                std::pair{"rank", Affinity::Kind::kRank}}) {
+        if (const json* v = ar.Child(name)) {
+          ++kinds;
+          rule.kind = kind;
+          if (!ParseValueRange(*v, &rule.values))
+            return InvalidArgument(ar.PathOf(name) + ": expected a non-negative integer or \"a-b\" range, got " + v->dump());
+        }
+      }
+      KVMESH_RETURN_IF_ERROR(ar.Finish());
+      if (kinds != 1) return InvalidArgument(path + ": needs exactly one of expert, layer_group, rank");
+      if (!p->groups.count(rule.group))
+        return InvalidArgument(ar.PathOf("group") + ": unknown shard group \"" + rule.group + "\"");
+      p->affinity.push_back(std::move(rule));
+    }
+  }
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  if (p->replicas == 0) return InvalidArgument("$.placement.replicas: must be >= 1");
+  return Status::Ok();
+}
+
+}  // namespace
+
+const NodeConfig* ClusterConfig::FindNode(std::string_view id) const {
+  for (const auto& n : nodes)
+    if (n.id == id) return &n;
+  return nullptr;
+}
+
+Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source) {
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false,
+                       /*ignore_comments=*/true);
+  if (j.is_discarded()) {
+    // Re-parse with exceptions only to get the position of the syntax error.
+    try {
+      json again = json::parse(text.begin(), text.end(), nullptr, true, true);
+      (void)again;
+    } catch (const json::parse_error& e) {
+      return InvalidArgument("$: not valid JSON (" + std::string(e.what()) + ")");
+    }
+    return InvalidArgument("$: not valid JSON");
+  }
+  ClusterConfig c;
+  c.source = std::string(source);
+  ObjectReader r(j, "$");
+  r.Optional("name", &c.name);
+  if (const json* m = r.Child("model", /*required=*/true)) KVMESH_RETURN_IF_ERROR(ReadModel(*m, &c.model));
+  std::map<std::string, std::string> node_paths;
+  if (const json* nodes = r.Child("nodes", /*required=*/true)) {
+    if (!nodes->is_array()) return InvalidArgument("$.nodes: expected an array, got " + JsonTypeName(*nodes));
+    if (nodes->empty()) return InvalidArgument("$.nodes: needs at least one node");
+    for (size_t i = 0; i < nodes->size(); ++i) {
+      NodeConfig n;
+      const std::string path = Idx("$.nodes", i);
+      KVMESH_RETURN_IF_ERROR(ReadNode((*nodes)[i], path, &n));
+      auto [it, inserted] = node_paths.emplace(n.id, path + ".id");
+      if (!inserted)
+        return InvalidArgument(path + ".id: duplicate node id \"" + n.id + "\" (first at " + it->second + ")");
+      c.nodes.push_back(std::move(n));
+    }
+  }
+  if (const json* s = r.Child("store")) {
+    ObjectReader sr(*s, "$.store");
+    sr.Optional("stripes", &c.store.stripes)
+        .Size("slot_bytes", &c.store.slot_bytes, false)
+        .Optional("verify_checksums", &c.store.verify_checksums);
+    KVMESH_RETURN_IF_ERROR(sr.Finish());
+    if (c.store.stripes == 0 || (c.store.stripes & (c.store.stripes - 1)) != 0 || c.store.stripes > 256)
+      return InvalidArgument("$.store.stripes: must be a power of two in 1..256");
+  }
+  if (const json* e = r.Child("eviction")) {
+    ObjectReader er(*e, "$.eviction");
+    er.Optional("policy", &c.eviction.policy)
+        .Optional("priority_classes", &c.eviction.priority_classes)
+        .Optional("aging_s", &c.eviction.aging_s);
+    KVMESH_RETURN_IF_ERROR(er.Finish());
+    if (c.eviction.priority_classes == 0 || c.eviction.priority_classes > kMaxPriorityClasses)
+      return InvalidArgument("$.eviction.priority_classes: must be in 1.." + std::to_string(kMaxPriorityClasses));
+    if (c.eviction.aging_s < 0) return InvalidArgument("$.eviction.aging_s: must be >= 0");
+  }
+  if (const json* p = r.Child("placement")) KVMESH_RETURN_IF_ERROR(ReadPlacement(*p, node_paths, &c.placement));
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  if (c.store.slot_bytes != 0 && c.store.slot_bytes < 64)
+    return InvalidArgument("$.store.slot_bytes: must be at least 64 bytes");
+  return c;
+}
+
+Result<ClusterConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return ErrnoStatus("cannot open config " + path, errno);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  Result<ClusterConfig> c = ParseConfig(ss.str(), path);
+  if (!c.ok()) return c.status().WithContext(path);
+  return c;
+}
+
+}  // namespace kvmesh

@@ -1,0 +1,89 @@
+// eviction/eviction_policy.h — the one interface every eviction policy implements.
+//
+// A policy orders the evictable entries of one cache (a store stripe, a tier,
+// or a trace replay) and names the next victim. It holds ids only, never
+// payloads. The owner calls Insert when an entry becomes evictable, Touch on
+// every hit, Remove when it leaves (erase, eviction, or pin), and Victim when
+// it needs room; then it removes the victim itself:
+//
+//   auto p = MakeEvictionPolicy("lru-priority", opts).value();
+//   p->Insert(id, {.priority = 2});
+//   if (auto v = p->Victim()) { free(*v); p->Remove(*v, RemoveReason::kEvicted); }
+//
+// Pinned entries are not in the policy (the owner Removes them with kPinned and
+// re-Inserts them on the last unpin), so Victim never names a pinned entry.
+// Every operation is O(1) (amortised) unless the policy's doc says otherwise.
+// Thread-safety: none; the owner serialises calls (one policy per stripe).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvmesh/clock.h"
+#include "kvmesh/status.h"
+#include "kvmesh/types.h"
+
+namespace kvmesh {
+
+using EntryId = uint64_t;
+
+// What the owner knows about an access. Policies that ignore a field are free to.
+struct AccessInfo {
+  Priority priority = kDefaultPriority;  // client's class; higher survives longer
+  uint32_t bytes = 0;                    // payload bytes (for size-aware policies)
+  float score = 0.0f;                    // client importance hint (score-based policies)
+};
+
+enum class RemoveReason : uint8_t {
+  kErased = 0,   // the client deleted it
+  kEvicted = 1,  // the owner evicted the victim; policies with ghost lists remember it
+  kPinned = 2,   // temporarily unevictable; it comes back with Insert on unpin
+};
+
+struct PolicyOptions {
+  uint32_t priority_classes = 4;      // lru-priority: number of classes (1..kMaxPriorityClasses)
+  int64_t aging_ns = 60'000'000'000;  // lru-priority: idle time after which a block drops a class; 0 = off
+  size_t capacity_hint = 0;           // expected number of entries (reserves memory up front)
+  Clock* clock = nullptr;             // nullptr: SystemClock()
+};
+
+class EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy() = default;
+
+  virtual std::string_view name() const = 0;
+
+  // Admission filter: false means "do not cache this new entry" (TinyLFU-style
+  // policies). Called before Insert of a new entry. Default: admit all.
+  virtual bool Admit(EntryId /*id*/, const AccessInfo& /*info*/) { return true; }
+
+  // Starts tracking `id` as most recently used. REQUIRES: !Contains(id).
+  virtual void Insert(EntryId id, const AccessInfo& info) = 0;
+  // Records a hit on `id` (refreshes recency; info.priority replaces the stored
+  // class). REQUIRES: Contains(id).
+  virtual void Touch(EntryId id, const AccessInfo& info) = 0;
+  // Stops tracking `id`. No-op when it is not tracked.
+  virtual void Remove(EntryId id, RemoveReason reason) = 0;
+
+  // The entry to evict next, or nullopt when nothing is tracked. Does not remove it.
+  virtual std::optional<EntryId> Victim() = 0;
+
+  // The class `id` would be counted under if evicted now (after aging);
+  // 0 for policies without classes. REQUIRES: Contains(id).
+  virtual Priority EffectiveClass(EntryId /*id*/) const { return 0; }
+
+  virtual bool Contains(EntryId id) const = 0;
+  virtual size_t size() const = 0;
+};
+
+// Names: "lru-priority" (default), "lru". Unknown names -> InvalidArgument
+// listing the known ones.
+Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name,
+                                                           const PolicyOptions& options);
+std::vector<std::string> EvictionPolicyNames();
+
+}  // namespace kvmesh

@@ -1,0 +1,100 @@
+// eviction/list_pool.h — index-linked doubly linked lists over a node pool,
+// the building block of the list-based policies (LRU, LRU-priority, ...).
+// Nodes live in one vector and are recycled through a free list; an open
+// addressing map finds a node by id. No allocation per operation once the
+// pool and map have grown to the working-set size (reserve with capacity_hint).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <absl/container/flat_hash_map.h>
+
+#include "eviction/eviction_policy.h"
+
+namespace kvmesh::eviction_internal {
+
+inline constexpr uint32_t kNil = UINT32_MAX;
+
+struct Node {
+  EntryId id = 0;
+  uint32_t prev = kNil;
+  uint32_t next = kNil;
+  int64_t last_ns = 0;  // last access time
+  uint32_t freq = 0;    // access count
+  uint8_t list = 0;     // which list the node is on (policy-defined)
+  uint8_t cls = 0;      // priority class
+};
+
+class NodePool {
+ public:
+  void Reserve(size_t n) {
+    nodes_.reserve(n);
+    index_.reserve(n);
+  }
+  // REQUIRES: id is not present.
+  uint32_t Alloc(EntryId id) {
+    uint32_t i;
+    if (!free_.empty()) {
+      i = free_.back();
+      free_.pop_back();
+      nodes_[i] = Node{};
+    } else {
+      i = static_cast<uint32_t>(nodes_.size());
+      nodes_.emplace_back();
+    }
+    nodes_[i].id = id;
+    index_.emplace(id, i);
+    return i;
+  }
+  void Free(uint32_t i) {
+    index_.erase(nodes_[i].id);
+    free_.push_back(i);
+  }
+  uint32_t Find(EntryId id) const {
+    auto it = index_.find(id);
+    return it == index_.end() ? kNil : it->second;
+  }
+  Node& operator[](uint32_t i) { return nodes_[i]; }
+  const Node& operator[](uint32_t i) const { return nodes_[i]; }
+  size_t size() const { return index_.size(); }
+
+ private:
+  std::vector<Node> nodes_;
+  std::vector<uint32_t> free_;
+  absl::flat_hash_map<EntryId, uint32_t> index_;
+};
+
+// head = most recently used, tail = least recently used.
+struct DList {
+  uint32_t head = kNil;
+  uint32_t tail = kNil;
+  size_t size = 0;
+
+  bool empty() const { return size == 0; }
+  void PushFront(NodePool& p, uint32_t i) {
+    p[i].prev = kNil;
+    p[i].next = head;
+    if (head != kNil) p[head].prev = i;
+    head = i;
+    if (tail == kNil) tail = i;
+    ++size;
+  }
+  void PushBack(NodePool& p, uint32_t i) {
+    p[i].next = kNil;
+    p[i].prev = tail;
+    if (tail != kNil) p[tail].next = i;
+    tail = i;
+    if (head == kNil) head = i;
+    ++size;
+  }
+  void Unlink(NodePool& p, uint32_t i) {
+    Node& n = p[i];
+    if (n.prev != kNil) p[n.prev].next = n.next; else head = n.next;
+    if (n.next != kNil) p[n.next].prev = n.prev; else tail = n.prev;
+    n.prev = n.next = kNil;
+    --size;
+  }
+};
+
+}  // namespace kvmesh::eviction_internal

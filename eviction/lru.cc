@@ -1,0 +1,125 @@
+// Plain LRU and LRU-with-priority.
+#include <algorithm>
+
+#include "eviction/eviction_policy.h"
+#include "eviction/list_pool.h"
+#include "eviction/policies.h"
+
+namespace kvmesh::eviction_internal {
+namespace {
+
+class LruPolicy final : public EvictionPolicy {
+ public:
+  explicit LruPolicy(const PolicyOptions& o) { pool_.Reserve(o.capacity_hint); }
+  std::string_view name() const override { return "lru"; }
+  void Insert(EntryId id, const AccessInfo&) override { list_.PushFront(pool_, pool_.Alloc(id)); }
+  void Touch(EntryId id, const AccessInfo&) override {
+    uint32_t i = pool_.Find(id);
+    if (i == kNil) return;
+    list_.Unlink(pool_, i);
+    list_.PushFront(pool_, i);
+  }
+  void Remove(EntryId id, RemoveReason) override {
+    uint32_t i = pool_.Find(id);
+    if (i == kNil) return;
+    list_.Unlink(pool_, i);
+    pool_.Free(i);
+  }
+  std::optional<EntryId> Victim() override {
+    if (list_.empty()) return std::nullopt;
+    return pool_[list_.tail].id;
+  }
+  bool Contains(EntryId id) const override { return pool_.Find(id) != kNil; }
+  size_t size() const override { return pool_.size(); }
+
+ private:
+  NodePool pool_;
+  DList list_;
+};
+
+// LRU-with-priority: one LRU list per class. The victim is the least recently
+// used entry of the lowest *effective* class, where an entry's effective class
+// is its class minus one for every aging period it has gone untouched (never
+// below 0). Within a list entries are ordered by last access, so the tail of
+// each list has the lowest effective class of that list; comparing the K tails
+// (K <= 8) finds the global victim exactly, in O(K) = O(1), with no background
+// aging pass. Ties go to the older entry.
+class LruPriorityPolicy final : public EvictionPolicy {
+ public:
+  explicit LruPriorityPolicy(const PolicyOptions& o)
+      : classes_(static_cast<uint8_t>(std::clamp<uint32_t>(o.priority_classes, 1, kMaxPriorityClasses))),
+        aging_ns_(o.aging_ns),
+        clock_(o.clock ? o.clock : SystemClock()) {
+    pool_.Reserve(o.capacity_hint);
+  }
+  std::string_view name() const override { return "lru-priority"; }
+
+  void Insert(EntryId id, const AccessInfo& info) override {
+    uint32_t i = pool_.Alloc(id);
+    Node& n = pool_[i];
+    n.cls = Clamp(info.priority);
+    n.last_ns = clock_->NowNanos();
+    lists_[n.cls].PushFront(pool_, i);
+  }
+  void Touch(EntryId id, const AccessInfo& info) override {
+    uint32_t i = pool_.Find(id);
+    if (i == kNil) return;
+    Node& n = pool_[i];
+    lists_[n.cls].Unlink(pool_, i);
+    n.cls = Clamp(info.priority);
+    n.last_ns = clock_->NowNanos();
+    lists_[n.cls].PushFront(pool_, i);
+  }
+  void Remove(EntryId id, RemoveReason) override {
+    uint32_t i = pool_.Find(id);
+    if (i == kNil) return;
+    lists_[pool_[i].cls].Unlink(pool_, i);
+    pool_.Free(i);
+  }
+  std::optional<EntryId> Victim() override {
+    const int64_t now = clock_->NowNanos();
+    uint32_t best = kNil;
+    int best_eff = 0;
+    for (uint8_t c = 0; c < classes_; ++c) {
+      if (lists_[c].empty()) continue;
+      uint32_t t = lists_[c].tail;
+      int eff = Effective(pool_[t], now);
+      if (best == kNil || eff < best_eff || (eff == best_eff && pool_[t].last_ns < pool_[best].last_ns)) {
+        best = t;
+        best_eff = eff;
+      }
+    }
+    if (best == kNil) return std::nullopt;
+    return pool_[best].id;
+  }
+  Priority EffectiveClass(EntryId id) const override {
+    uint32_t i = pool_.Find(id);
+    return i == kNil ? 0 : static_cast<Priority>(Effective(pool_[i], clock_->NowNanos()));
+  }
+  bool Contains(EntryId id) const override { return pool_.Find(id) != kNil; }
+  size_t size() const override { return pool_.size(); }
+
+ private:
+  uint8_t Clamp(Priority p) const { return p < classes_ ? p : static_cast<uint8_t>(classes_ - 1); }
+  int Effective(const Node& n, int64_t now) const {
+    if (aging_ns_ <= 0 || n.cls == 0) return n.cls;
+    int64_t idle = now - n.last_ns;
+    int64_t drops = idle > 0 ? idle / aging_ns_ : 0;
+    return drops >= n.cls ? 0 : n.cls - static_cast<int>(drops);
+  }
+
+  uint8_t classes_;
+  int64_t aging_ns_;
+  Clock* clock_;
+  NodePool pool_;
+  DList lists_[kMaxPriorityClasses];
+};
+
+}  // namespace
+
+std::unique_ptr<EvictionPolicy> MakeLru(const PolicyOptions& o) { return std::make_unique<LruPolicy>(o); }
+std::unique_ptr<EvictionPolicy> MakeLruPriority(const PolicyOptions& o) {
+  return std::make_unique<LruPriorityPolicy>(o);
+}
+
+}  // namespace kvmesh::eviction_internal

@@ -1,0 +1,15 @@
+// eviction/policies.h — internal: constructors of the policies behind the factory.
+// Each policy lives in its own file in an anonymous namespace; add a line here
+// and a row in factory.cc for a new one.
+#pragma once
+
+#include <memory>
+
+#include "eviction/eviction_policy.h"
+
+namespace kvmesh::eviction_internal {
+
+std::unique_ptr<EvictionPolicy> MakeLru(const PolicyOptions& o);
+std::unique_ptr<EvictionPolicy> MakeLruPriority(const PolicyOptions& o);
+
+}  // namespace kvmesh::eviction_internal

@@ -1,0 +1,91 @@
+// kvmesh/config.h — the JSON cluster config (ARCHITECTURE 8; schema in docs/config.md).
+//
+// One file describes a cluster: the model, the nodes and their memory budgets,
+// the block store, eviction, and expert-aware placement. The loader is strict:
+// unknown keys, wrong types, missing required fields, non-positive or
+// unparsable sizes, duplicate node ids, groups naming unknown nodes and
+// block_tokens of 0 are rejected with the JSON path and the reason, e.g.
+//   InvalidArgument: $.nodes[1].id: duplicate node id "n0" (first at $.nodes[0].id)
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvmesh/status.h"
+#include "kvmesh/types.h"
+
+namespace kvmesh {
+
+struct NodePorts {
+  uint16_t data = 0;  // binary protocol (TCP); 0 = pick a free port
+  uint16_t http = 0;  // /metrics, /healthz
+  uint16_t resp = 0;  // Redis protocol front
+};
+
+struct NodeMemory {
+  uint64_t device = 0;  // device tier budget (host memory when there is no GPU)
+  uint64_t host = 0;    // host tier budget
+  uint64_t ssd = 0;     // SSD tier budget
+  std::string ssd_path; // file or directory for the SSD tier
+};
+
+struct NodeConfig {
+  std::string id;
+  std::string host = "127.0.0.1";
+  NodePorts ports;
+  int32_t gpu = -1;     // CUDA device index, -1 = none
+  double weight = 1.0;  // rendezvous weight (> 0): share of keys relative to other nodes
+  NodeMemory memory;
+
+  // Bytes of the tier the block store serves from now: device, else host.
+  uint64_t primary_budget() const { return memory.device ? memory.device : memory.host; }
+};
+
+struct StoreConfig {
+  uint32_t stripes = 8;          // lock stripes per node (power of two)
+  uint64_t slot_bytes = 0;       // 0: the model's full block bytes
+  bool verify_checksums = true;  // verify each payload's checksum on read
+};
+
+struct EvictionConfig {
+  std::string policy = "lru-priority";  // see eviction/eviction_policy.h: MakeEvictionPolicy
+  uint32_t priority_classes = 4;        // 1..kMaxPriorityClasses
+  double aging_s = 60.0;                // an untouched block drops one class per aging_s (0: off)
+};
+
+// An affinity rule: requests whose hint falls in [values.begin, values.end)
+// are placed in `group`.
+struct AffinityRule {
+  Affinity::Kind kind = Affinity::Kind::kNone;
+  Range values;
+  std::string group;
+};
+
+struct PlacementConfig {
+  uint32_t replicas = 1;
+  std::map<std::string, std::vector<std::string>> groups;  // group name -> node ids
+  std::vector<AffinityRule> affinity;
+};
+
+struct ClusterConfig {
+  std::string name = "kvmesh";
+  ModelSpec model;
+  std::vector<NodeConfig> nodes;
+  StoreConfig store;
+  EvictionConfig eviction;
+  PlacementConfig placement;
+
+  std::string source;  // file name or "<string>", for messages
+
+  const NodeConfig* FindNode(std::string_view id) const;
+};
+
+// Parses a config from JSON text. `source` names it in messages.
+Result<ClusterConfig> ParseConfig(std::string_view json_text, std::string_view source = "<string>");
+// Reads and parses a config file.
+Result<ClusterConfig> LoadConfigFile(const std::string& path);
+
+}  // namespace kvmesh

@@ -1,0 +1,41 @@
+// kvmesh/request.h — per-call options and batch items shared by the router
+// API and every transport (in-process, TCP, UCX).
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+
+#include "kvmesh/status.h"
+#include "kvmesh/types.h"
+
+namespace kvmesh {
+
+struct RequestOptions {
+  Priority priority = kDefaultPriority;  // eviction class of blocks this call stores or touches
+  Affinity affinity;                     // placement hint (expert / layer group / rank)
+  Range layers;                          // slice the blocks hold; empty = all layers
+  Range heads;                           // empty = all KV heads
+  float score = 0.0f;                    // importance hint for score-based policies
+  int64_t timeout_ms = 0;                // network calls; 0 = the router's default
+};
+
+// One block to store. The router fills `status`.
+struct PutItem {
+  BlockKey key;
+  std::span<const std::byte> data;
+  Status status;
+};
+
+// One block to read into caller memory. On success `size` is the block's size;
+// a miss leaves status NotFound (or DataLoss/Unavailable: see IsMiss()).
+// A dst smaller than the block gives ResourceExhausted with `size` set to the
+// size needed.
+struct GetItem {
+  BlockKey key;
+  std::span<std::byte> dst;
+  size_t size = 0;
+  Status status;
+};
+
+}  // namespace kvmesh

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages kvmesh needs to build, test and benchmark.
+# Idempotent: when everything is present it returns in well under a second
+# without touching apt. Needs root (or sudo) only when something is missing.
+set -euo pipefail
+
+PKGS=(
+  cmake ninja-build g++ clang pkg-config
+  libucx-dev ucx-utils libopenmpi-dev openmpi-bin
+  libboost-dev nlohmann-json3-dev catch2
+  libxxhash-dev liblz4-dev libzstd-dev libcli11-dev libspdlog-dev libabsl-dev liburing-dev
+  libbenchmark-dev
+  redis-server redis-tools   # the Redis baseline in benchmarks and the redis-cli tests
+  gnuplot-nox                # PNG plots (replay, decode curves)
+  python3                    # small helper scripts
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

@@ -1,0 +1,58 @@
+// shard_node/shard_node.h — one shard node: the block store(s) of one GPU (or
+// host) and the operations every transport serves (ARCHITECTURE 3).
+//
+// Today a node serves one memory tier (its device budget, or host memory when
+// there is no device budget). Codecs (encode on put, decode on get) and the
+// device -> host -> SSD tiers plug in here, behind the same operations, so
+// transports and the router do not change.
+//
+// Thread-safety: all methods are thread-safe.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "kvmesh/config.h"
+#include "kvmesh/request.h"
+#include "shard_node/block_store.h"
+
+namespace kvmesh {
+
+struct NodeStats {
+  std::string node_id;
+  StoreStats store;
+};
+
+class ShardNode {
+ public:
+  // Builds the node `node_id` of `config`. Errors: NotFound for an unknown id,
+  // InvalidArgument for budgets too small for one block, ResourceExhausted when
+  // the memory cannot be allocated.
+  static Result<std::unique_ptr<ShardNode>> Create(const ClusterConfig& config,
+                                                   const std::string& node_id,
+                                                   Clock* clock = nullptr);
+
+  const std::string& id() const { return id_; }
+  const ModelSpec& model() const { return model_; }
+
+  Status Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o);
+  Result<BlockRef> Get(const BlockKey& key);
+  Result<size_t> GetInto(const BlockKey& key, std::span<std::byte> dst);
+  bool Exists(const BlockKey& key, bool touch);
+  Status Erase(const BlockKey& key);
+  Status Pin(const BlockKey& key);
+  Status Unpin(const BlockKey& key);
+
+  NodeStats Stats() const;
+  std::string StatsJson() const;
+  BlockStore& store() { return *store_; }
+
+ private:
+  ShardNode() = default;
+  std::string id_;
+  ModelSpec model_;
+  std::unique_ptr<BlockStore> store_;
+};
+
+}  // namespace kvmesh

@@ -1,0 +1,94 @@
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "kvmesh/config.h"
+
+using namespace kvmesh;
+using nlohmann::json;
+
+namespace {
+json Base() {
+  return json::parse(R"({
+    "name": "t",
+    "model": {"model_id": "m", "num_layers": 4, "num_kv_heads": 4, "head_dim": 64,
+              "dtype": "fp16", "block_tokens": 16, "num_experts": 8},
+    "nodes": [
+      {"id": "n0", "memory": {"host": "16MiB"}},
+      {"id": "n1", "memory": {"host": 16777216}, "weight": 2.0, "ports": {"data": 0}}
+    ],
+    "eviction": {"policy": "lru-priority", "priority_classes": 4, "aging_s": 30},
+    "placement": {"replicas": 1, "groups": {"a": ["n0"], "b": ["n1"]},
+                  "affinity": [{"expert": "0-3", "group": "a"}, {"expert": 4, "group": "b"}]}
+  })");
+}
+
+// Parses j and returns the error message ("" when it parsed).
+std::string Error(const json& j) {
+  auto r = ParseConfig(j.dump());
+  return r.ok() ? "" : r.status().message();
+}
+}  // namespace
+
+TEST_CASE("A valid config parses with every field", "[config]") {
+  auto r = ParseConfig(Base().dump());
+  REQUIRE(r.ok());
+  const ClusterConfig& c = *r;
+  CHECK(c.model.block_tokens == 16);
+  CHECK(c.model.FullBlockBytes() == 2u * 4 * 4 * 16 * 64 * 2);
+  REQUIRE(c.nodes.size() == 2);
+  CHECK(c.nodes[0].memory.host == 16u << 20);
+  CHECK(c.nodes[1].weight == 2.0);
+  CHECK(c.placement.affinity[0].values == Range{0, 4});
+  CHECK(c.placement.affinity[1].values == Range{4, 5});
+  CHECK(c.eviction.aging_s == 30);
+}
+
+TEST_CASE("Bad configs name the JSON path and the reason", "[config]") {
+  struct Case {
+    const char* what;
+    std::function<void(json&)> mutate;
+    const char* expect;  // substring of the message
+  };
+  const Case cases[] = {
+      {"unknown top-level key", [](json& j) { j["colour"] = "red"; }, "$.colour: unknown key"},
+      {"unknown nested key", [](json& j) { j["nodes"][1]["memory"]["hots"] = "1GB"; }, "$.nodes[1].memory.hots: unknown key"},
+      {"wrong type", [](json& j) { j["model"]["num_layers"] = "four"; }, "$.model.num_layers: expected an integer, got a string"},
+      {"wrong type bool", [](json& j) { j["nodes"] = json::object(); }, "$.nodes: expected an array"},
+      {"missing required", [](json& j) { j["model"].erase("head_dim"); }, "$.model.head_dim: required field is missing"},
+      {"missing model", [](json& j) { j.erase("model"); }, "$.model: required field is missing"},
+      {"missing node id", [](json& j) { j["nodes"][0].erase("id"); }, "$.nodes[0].id: required field is missing"},
+      {"zero size", [](json& j) { j["nodes"][0]["memory"]["host"] = "0GB"; }, "$.nodes[0].memory.host: size must be positive"},
+      {"negative size", [](json& j) { j["nodes"][0]["memory"]["host"] = -5; }, "$.nodes[0].memory.host: size must be positive"},
+      {"unparsable size", [](json& j) { j["nodes"][1]["memory"]["host"] = "lots"; }, "$.nodes[1].memory.host: cannot parse size 'lots'"},
+      {"bad unit", [](json& j) { j["nodes"][1]["memory"]["host"] = "12XB"; }, "$.nodes[1].memory.host: cannot parse size '12XB': unknown unit"},
+      {"duplicate node id", [](json& j) { j["nodes"][1]["id"] = "n0"; }, "$.nodes[1].id: duplicate node id \"n0\" (first at $.nodes[0].id)"},
+      {"group names unknown node", [](json& j) { j["placement"]["groups"]["b"] = {"n1", "n7"}; }, "$.placement.groups.b[1]: shard group \"b\" names unknown node \"n7\""},
+      {"block_tokens 0", [](json& j) { j["model"]["block_tokens"] = 0; }, "$.model.block_tokens: must be > 0"},
+      {"negative integer", [](json& j) { j["model"]["num_layers"] = -1; }, "$.model.num_layers: must not be negative"},
+      {"bad dtype", [](json& j) { j["model"]["dtype"] = "fp7"; }, "$.model.dtype: unknown dtype 'fp7'"},
+      {"affinity to unknown group", [](json& j) { j["placement"]["affinity"][0]["group"] = "zz"; }, "$.placement.affinity[0].group: unknown shard group \"zz\""},
+      {"affinity bad range", [](json& j) { j["placement"]["affinity"][0]["expert"] = "5-2"; }, "$.placement.affinity[0].expert: expected"},
+      {"no budget", [](json& j) { j["nodes"][0]["memory"] = json::object(); }, "$.nodes[0].memory: needs a device or host budget"},
+      {"priority classes", [](json& j) { j["eviction"]["priority_classes"] = 99; }, "$.eviction.priority_classes: must be in 1..8"},
+      {"zero weight", [](json& j) { j["nodes"][0]["weight"] = 0; }, "$.nodes[0].weight: must be > 0"},
+      {"replicas 0", [](json& j) { j["placement"]["replicas"] = 0; }, "$.placement.replicas: must be >= 1"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    json j = Base();
+    c.mutate(j);
+    std::string err = Error(j);
+    INFO(err);
+    CHECK(err.find(c.expect) != std::string::npos);
+  }
+}
+
+TEST_CASE("Invalid JSON is reported as such", "[config]") {
+  auto r = ParseConfig("{ \"model\": ");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().message().find("$: not valid JSON") == 0);
+  auto f = LoadConfigFile("/nonexistent/kvmesh.json");
+  REQUIRE_FALSE(f.ok());
+  CHECK(f.status().message().find("/nonexistent/kvmesh.json") != std::string::npos);
+}
