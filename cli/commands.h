@@ -1,0 +1,13 @@
+// cli/commands.h — the kvmesh subcommands. Each lives in its own cmd_*.cc and
+// registers itself on the app; main.cc calls every Add*Command below.
+// A command's callback sets *exit_code (0 = success).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace kvmesh::cli {
+
+void AddDemoCommand(CLI::App& app, int* exit_code);
+void AddCheckConfigCommand(CLI::App& app, int* exit_code);
+
+}  // namespace kvmesh::cli

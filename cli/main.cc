@@ -1,0 +1,20 @@
+// kvmesh — one binary for every role: demo, check-config, and (as they land)
+// node, coordinator, serve (mpirun), replay, codec, bench, decode.
+#include <cstdio>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvmesh: a distributed, sharded KV-cache service for LLM inference"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "kvmesh 0.1.0");
+  int exit_code = 0;
+  kvmesh::cli::AddDemoCommand(app, &exit_code);
+  kvmesh::cli::AddCheckConfigCommand(app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_code;
+}
