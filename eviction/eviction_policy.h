@@ -36,6 +36,8 @@ struct AccessInfo {
   Priority priority = kDefaultPriority;  // client's class; higher survives longer
   uint32_t bytes = 0;                    // payload bytes (for size-aware policies)
   float score = 0.0f;                    // client importance hint (score-based policies)
+  uint64_t key_hash = 0;                 // stable hash of the block's key (the EntryId may be
+                                         // a slot number); frequency sketches count this
 };
 
 enum class RemoveReason : uint8_t {
@@ -46,8 +48,10 @@ enum class RemoveReason : uint8_t {
 
 struct PolicyOptions {
   uint32_t priority_classes = 4;      // lru-priority: number of classes (1..kMaxPriorityClasses)
-  int64_t aging_ns = 60'000'000'000;  // lru-priority: idle time after which a block drops a class; 0 = off
-  size_t capacity_hint = 0;           // expected number of entries (reserves memory up front)
+  int64_t aging_ns = 60'000'000'000;  // lru-priority: idle time after which a block drops a class;
+                                      // score: half-life of importance; 0 = off
+  size_t capacity_hint = 0;           // the cache's capacity in entries (reserves memory; arc,
+                                      // s3-fifo and tinylfu size their lists/sketch by it; 0 = learn)
   Clock* clock = nullptr;             // nullptr: SystemClock()
 };
 
@@ -58,7 +62,9 @@ class EvictionPolicy {
   virtual std::string_view name() const = 0;
 
   // Admission filter: false means "do not cache this new entry" (TinyLFU-style
-  // policies). Called before Insert of a new entry. Default: admit all.
+  // policies). The owner calls it on every miss it would cache, before it
+  // evicts anything for the entry, then (when true) evicts and Inserts. ARC
+  // also learns from it which ghost list the missed id is on. Default: admit all.
   virtual bool Admit(EntryId /*id*/, const AccessInfo& /*info*/) { return true; }
 
   // Starts tracking `id` as most recently used. REQUIRES: !Contains(id).
@@ -80,8 +86,15 @@ class EvictionPolicy {
   virtual size_t size() const = 0;
 };
 
-// Names: "lru-priority" (default), "lru". Unknown names -> InvalidArgument
-// listing the known ones.
+// Names (docs/eviction.md says when to use which):
+//   "lru-priority" (default)  LRU inside priority classes, with aging
+//   "lru"                     plain LRU
+//   "lfu"                     LFU with dynamic aging (LFU-DA)
+//   "arc"                     Adaptive Replacement Cache (uses capacity_hint)
+//   "s3-fifo"                 S3-FIFO (uses capacity_hint)
+//   "score"                   client hints: class, then H2O-style importance
+//   "tinylfu-<name>"          TinyLFU admission filter in front of <name>
+// Unknown names -> InvalidArgument listing the known ones.
 Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name,
                                                            const PolicyOptions& options);
 std::vector<std::string> EvictionPolicyNames();

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -34,9 +35,14 @@ namespace kvmesh {
 class ShardMap;
 class ShardChannel;
 
+class Router;
+
 struct RouterOptions {
   std::string tenant_salt;  // keys of different salts never meet
   int64_t timeout_ms = 2000;
+  // Called when a node answers StaleEpoch: fetch the new map and call
+  // UpdateMap; the call is then retried once. Unset: StaleEpoch is a miss.
+  std::function<Status(Router&)> refresh;
 };
 
 struct RouterStats {

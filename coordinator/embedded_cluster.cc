@@ -1,0 +1,30 @@
+#include "kvmesh/embedded.h"
+
+#include "router/shard_map.h"
+#include "shard_node/shard_node.h"
+#include "transport/shard_channel.h"
+
+namespace kvmesh {
+
+EmbeddedCluster::~EmbeddedCluster() {
+  router_.reset();  // channels point at the nodes
+  nodes_.clear();
+}
+
+Result<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(const ClusterConfig& config,
+                                                                RouterOptions router_options, Clock* clock) {
+  std::unique_ptr<EmbeddedCluster> c(new EmbeddedCluster());
+  c->config_ = config;
+  std::vector<std::shared_ptr<ShardChannel>> channels;
+  for (const NodeConfig& n : config.nodes) {
+    KVMESH_ASSIGN_OR_RETURN(auto node, ShardNode::Create(config, n.id, clock));
+    channels.push_back(MakeInProcessChannel(node.get()));
+    c->nodes_.push_back(std::move(node));
+  }
+  KVMESH_ASSIGN_OR_RETURN(auto map, ShardMap::FromConfig(config));
+  KVMESH_ASSIGN_OR_RETURN(c->router_,
+                          Router::Create(config.model, std::move(map), std::move(channels), std::move(router_options)));
+  return c;
+}
+
+}  // namespace kvmesh

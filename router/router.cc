@@ -1,0 +1,315 @@
+#include "kvmesh/router.h"
+
+#include <atomic>
+#include <mutex>
+
+#include "router/shard_map.h"
+#include "transport/shard_channel.h"
+
+namespace kvmesh {
+
+namespace {
+// A consistent (map, channels) pair; replaced whole on UpdateMap.
+struct View {
+  std::shared_ptr<const ShardMap> map;
+  std::vector<std::shared_ptr<ShardChannel>> channels;
+};
+
+struct Counters {
+  std::atomic<uint64_t> puts{0}, put_blocks{0}, gets{0}, get_blocks{0}, get_hits{0};
+  std::atomic<uint64_t> match_calls{0}, match_blocks_asked{0}, match_blocks_hit{0}, node_errors{0};
+};
+
+// Per-thread scratch for grouping a batch by node: no allocation per call once warm.
+struct Scratch {
+  std::vector<std::vector<size_t>> by_node;
+  std::vector<PutItem> put;
+  std::vector<GetItem> get;
+  std::vector<BlockKey> keys;
+  std::vector<uint8_t> found;
+  std::vector<Status> statuses;
+  void Reset(size_t nodes) {
+    if (by_node.size() < nodes) by_node.resize(nodes);
+    for (auto& v : by_node) v.clear();
+  }
+};
+thread_local Scratch t_scratch;
+}  // namespace
+
+struct Router::Impl {
+  ModelSpec model;
+  RouterOptions options;
+  KeyDeriver deriver;
+  mutable std::mutex mu;
+  std::shared_ptr<const View> view;  // guarded by mu
+  Counters counters;
+
+  Impl(const ModelSpec& m, RouterOptions o)
+      : model(m), options(std::move(o)), deriver(m.model_id, options.tenant_salt, m.block_tokens) {}
+
+  std::shared_ptr<const View> Snapshot() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return view;
+  }
+  Range Layers(const RequestOptions& o) const { return o.layers.empty() ? Range{0, model.num_layers} : o.layers; }
+  Range Heads(const RequestOptions& o) const { return o.heads.empty() ? Range{0, model.num_kv_heads} : o.heads; }
+};
+
+Router::Router(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Router::~Router() = default;
+
+Result<std::unique_ptr<Router>> Router::Create(const ModelSpec& model, std::shared_ptr<const ShardMap> map,
+                                               std::vector<std::shared_ptr<ShardChannel>> channels,
+                                               RouterOptions options) {
+  KVMESH_RETURN_IF_ERROR(model.Validate());
+  if (!map) return InvalidArgument("router needs a shard map");
+  if (channels.size() != map->nodes().size())
+    return InvalidArgument("router needs one channel per node of the shard map");
+  auto impl = std::make_unique<Impl>(model, std::move(options));
+  impl->view = std::make_shared<View>(View{std::move(map), std::move(channels)});
+  return std::unique_ptr<Router>(new Router(std::move(impl)));
+}
+
+const ModelSpec& Router::model() const { return impl_->model; }
+uint32_t Router::block_tokens() const { return impl_->model.block_tokens; }
+uint64_t Router::epoch() const { return impl_->Snapshot()->map->epoch(); }
+
+Status Router::UpdateMap(std::shared_ptr<const ShardMap> map, std::vector<std::shared_ptr<ShardChannel>> channels) {
+  if (!map || channels.size() != map->nodes().size())
+    return InvalidArgument("UpdateMap needs a map and one channel per node");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (map->epoch() <= impl_->view->map->epoch())
+    return FailedPrecondition("shard map epoch " + std::to_string(map->epoch()) + " is not newer than " +
+                              std::to_string(impl_->view->map->epoch()));
+  impl_->view = std::make_shared<View>(View{std::move(map), std::move(channels)});
+  return Status::Ok();
+}
+
+std::vector<BlockKey> Router::Keys(std::span<const TokenId> tokens, const RequestOptions& o) const {
+  return impl_->deriver.Keys(tokens, impl_->Layers(o), impl_->Heads(o));
+}
+
+Status Router::PutBatch(std::span<PutItem> items, const RequestOptions& o) {
+  Impl& im = *impl_;
+  im.counters.puts.fetch_add(1, std::memory_order_relaxed);
+  im.counters.put_blocks.fetch_add(items.size(), std::memory_order_relaxed);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto view = im.Snapshot();
+    const ShardMap& map = *view->map;
+    const size_t nn = map.nodes().size();
+    Scratch& sc = t_scratch;
+    bool stale = false;
+    std::vector<uint8_t> stored(items.size(), 0);
+    for (PutItem& it : items) it.status = Unavailable("no live node for this key");
+    for (uint32_t rank = 0; rank < map.replicas(); ++rank) {
+      sc.Reset(nn);
+      for (size_t i = 0; i < items.size(); ++i) {
+        uint32_t place[ShardMap::kMaxReplicas];
+        size_t np = map.Place(items[i].key, o.affinity, place);
+        if (rank < np) sc.by_node[place[rank]].push_back(i);
+      }
+      for (size_t node = 0; node < nn; ++node) {
+        auto& idx = sc.by_node[node];
+        if (idx.empty()) continue;
+        sc.put.clear();
+        for (size_t i : idx) sc.put.push_back(PutItem{items[i].key, items[i].data, {}});
+        Status s = view->channels[node]->Put(sc.put, o);
+        if (s.code() == StatusCode::kStaleEpoch) stale = true;
+        if (!s.ok()) im.counters.node_errors.fetch_add(1, std::memory_order_relaxed);
+        for (size_t k = 0; k < idx.size(); ++k) {
+          PutItem& it = items[idx[k]];
+          const Status& r = s.ok() ? sc.put[k].status : s;
+          // A block counts as stored when any replica stored it.
+          if (r.ok()) {
+            it.status = Status::Ok();
+            stored[idx[k]] = 1;
+          } else if (!stored[idx[k]] && rank == 0) {
+            it.status = r;
+          }
+        }
+      }
+    }
+    if (stale && attempt == 0 && im.options.refresh && im.options.refresh(*this).ok()) continue;
+    break;
+  }
+  for (const PutItem& it : items)
+    if (!it.status.ok()) return it.status;
+  return Status::Ok();
+}
+
+Status Router::GetBatch(std::span<GetItem> items, const RequestOptions& o) {
+  Impl& im = *impl_;
+  im.counters.gets.fetch_add(1, std::memory_order_relaxed);
+  im.counters.get_blocks.fetch_add(items.size(), std::memory_order_relaxed);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto view = im.Snapshot();
+    const ShardMap& map = *view->map;
+    const size_t nn = map.nodes().size();
+    Scratch& sc = t_scratch;
+    bool stale = false;
+    for (GetItem& it : items) it.status = NotFound("not stored");
+    // Replica r is asked only for items every earlier replica missed.
+    for (uint32_t rank = 0; rank < map.replicas(); ++rank) {
+      sc.Reset(nn);
+      bool any = false;
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (items[i].status.ok() || !IsMiss(items[i].status)) continue;
+        uint32_t place[ShardMap::kMaxReplicas];
+        size_t np = map.Place(items[i].key, o.affinity, place);
+        if (rank < np) {
+          sc.by_node[place[rank]].push_back(i);
+          any = true;
+        }
+      }
+      if (!any) break;
+      for (size_t node = 0; node < nn; ++node) {
+        auto& idx = sc.by_node[node];
+        if (idx.empty()) continue;
+        sc.get.clear();
+        for (size_t i : idx) sc.get.push_back(GetItem{items[i].key, items[i].dst, 0, {}});
+        Status s = view->channels[node]->Get(sc.get, o);
+        if (s.code() == StatusCode::kStaleEpoch) stale = true;
+        if (!s.ok()) im.counters.node_errors.fetch_add(1, std::memory_order_relaxed);
+        for (size_t k = 0; k < idx.size(); ++k) {
+          GetItem& it = items[idx[k]];
+          if (s.ok()) {
+            it.status = sc.get[k].status;
+            it.size = sc.get[k].size;
+          } else {
+            it.status = s;
+          }
+        }
+      }
+    }
+    if (stale && attempt == 0 && im.options.refresh && im.options.refresh(*this).ok()) continue;
+    break;
+  }
+  uint64_t hits = 0;
+  for (const GetItem& it : items) hits += it.status.ok();
+  im.counters.get_hits.fetch_add(hits, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+Status Router::ExistsBatch(std::span<const BlockKey> keys, std::span<uint8_t> found, const RequestOptions& o) {
+  Impl& im = *impl_;
+  if (found.size() < keys.size()) return InvalidArgument("found[] shorter than keys[]");
+  std::fill(found.begin(), found.begin() + static_cast<ptrdiff_t>(keys.size()), 0);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto view = im.Snapshot();
+    const ShardMap& map = *view->map;
+    const size_t nn = map.nodes().size();
+    Scratch& sc = t_scratch;
+    bool stale = false;
+    // Primary first; a key whose primary is unreachable is asked of its next replica.
+    std::vector<uint8_t> unreachable(keys.size(), 1);
+    for (uint32_t rank = 0; rank < map.replicas(); ++rank) {
+      sc.Reset(nn);
+      bool any = false;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (!unreachable[i]) continue;
+        uint32_t place[ShardMap::kMaxReplicas];
+        size_t np = map.Place(keys[i], o.affinity, place);
+        if (rank < np) {
+          sc.by_node[place[rank]].push_back(i);
+          any = true;
+        }
+      }
+      if (!any) break;
+      for (size_t node = 0; node < nn; ++node) {
+        auto& idx = sc.by_node[node];
+        if (idx.empty()) continue;
+        sc.keys.clear();
+        for (size_t i : idx) sc.keys.push_back(keys[i]);
+        sc.found.assign(idx.size(), 0);
+        Status s = view->channels[node]->Exists(sc.keys, sc.found, /*touch=*/true, o);
+        if (s.code() == StatusCode::kStaleEpoch) stale = true;
+        if (!s.ok()) {
+          im.counters.node_errors.fetch_add(1, std::memory_order_relaxed);
+          continue;
+        }
+        for (size_t k = 0; k < idx.size(); ++k) {
+          found[idx[k]] = sc.found[k];
+          unreachable[idx[k]] = 0;
+        }
+      }
+    }
+    if (stale && attempt == 0 && im.options.refresh && im.options.refresh(*this).ok()) continue;
+    break;
+  }
+  return Status::Ok();
+}
+
+Result<size_t> Router::MatchPrefix(std::span<const TokenId> tokens, const RequestOptions& o) {
+  Impl& im = *impl_;
+  std::vector<BlockKey> keys = Keys(tokens, o);
+  std::vector<uint8_t> found(keys.size(), 0);
+  KVMESH_RETURN_IF_ERROR(ExistsBatch(keys, found, o));
+  size_t run = 0;
+  while (run < keys.size() && found[run]) ++run;
+  im.counters.match_calls.fetch_add(1, std::memory_order_relaxed);
+  im.counters.match_blocks_asked.fetch_add(keys.size(), std::memory_order_relaxed);
+  im.counters.match_blocks_hit.fetch_add(run, std::memory_order_relaxed);
+  return run;
+}
+
+Status Router::Put(std::span<const TokenId> tokens, std::span<const std::span<const std::byte>> blocks,
+                   const RequestOptions& o, size_t first_block) {
+  std::vector<BlockKey> keys = Keys(tokens, o);
+  if (first_block + blocks.size() > keys.size()) {
+    return InvalidArgument("Put of blocks [" + std::to_string(first_block) + "," +
+                           std::to_string(first_block + blocks.size()) + ") but the tokens hold only " +
+                           std::to_string(keys.size()) + " full blocks");
+  }
+  std::vector<PutItem> items;
+  items.reserve(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) items.push_back(PutItem{keys[first_block + i], blocks[i], {}});
+  return PutBatch(items, o);
+}
+
+Status Router::Erase(std::span<const BlockKey> keys, const RequestOptions& o) {
+  auto view = impl_->Snapshot();
+  const ShardMap& map = *view->map;
+  Status first;
+  std::vector<Status> st(1);
+  for (const BlockKey& k : keys) {
+    uint32_t place[ShardMap::kMaxReplicas];
+    size_t np = map.Place(k, o.affinity, place);
+    for (size_t r = 0; r < np; ++r) {
+      Status s = view->channels[place[r]]->Erase(std::span<const BlockKey>(&k, 1), st);
+      if (!s.ok() && first.ok()) first = s;
+    }
+  }
+  return first;
+}
+
+Result<std::vector<std::byte>> Router::Get(const BlockKey& key, const RequestOptions& o) {
+  // The slot size bounds every block; a node never returns more.
+  std::vector<std::byte> buf(impl_->model.FullBlockBytes());
+  GetItem it{key, buf, 0, {}};
+  KVMESH_RETURN_IF_ERROR(GetBatch(std::span<GetItem>(&it, 1), o));
+  if (it.status.code() == StatusCode::kResourceExhausted && it.size > buf.size()) {
+    buf.resize(it.size);
+    it = GetItem{key, buf, 0, {}};
+    KVMESH_RETURN_IF_ERROR(GetBatch(std::span<GetItem>(&it, 1), o));
+  }
+  if (!it.status.ok()) return it.status;
+  buf.resize(it.size);
+  return buf;
+}
+
+RouterStats Router::Stats() const {
+  const Counters& c = impl_->counters;
+  RouterStats s;
+  s.puts = c.puts.load();
+  s.put_blocks = c.put_blocks.load();
+  s.gets = c.gets.load();
+  s.get_blocks = c.get_blocks.load();
+  s.get_hits = c.get_hits.load();
+  s.match_calls = c.match_calls.load();
+  s.match_blocks_asked = c.match_blocks_asked.load();
+  s.match_blocks_hit = c.match_blocks_hit.load();
+  s.node_errors = c.node_errors.load();
+  return s;
+}
+
+}  // namespace kvmesh

@@ -1,0 +1,73 @@
+#include "shard_node/shard_node.h"
+
+#include <nlohmann/json.hpp>
+
+namespace kvmesh {
+
+Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config, const std::string& node_id,
+                                                     Clock* clock) {
+  const NodeConfig* nc = config.FindNode(node_id);
+  if (nc == nullptr) return NotFound("node \"" + node_id + "\" is not in the cluster config");
+  std::unique_ptr<ShardNode> n(new ShardNode());
+  n->id_ = node_id;
+  n->model_ = config.model;
+
+  StoreOptions so;
+  so.capacity_bytes = nc->primary_budget();
+  so.slot_bytes = config.store.slot_bytes ? config.store.slot_bytes : config.model.FullBlockBytes();
+  so.stripes = config.store.stripes;
+  so.verify_checksums = config.store.verify_checksums;
+  so.policy = config.eviction.policy;
+  so.policy_options.priority_classes = config.eviction.priority_classes;
+  so.policy_options.aging_ns = static_cast<int64_t>(config.eviction.aging_s * 1e9);
+  so.clock = clock;
+  auto store = BlockStore::Create(std::move(so));
+  if (!store.ok()) return store.status().WithContext("node " + node_id);
+  n->store_ = std::move(store).value();
+  return n;
+}
+
+Status ShardNode::Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {
+  return store_->Put(key, payload, o);
+}
+Result<BlockRef> ShardNode::Get(const BlockKey& key) { return store_->Get(key); }
+Result<size_t> ShardNode::GetInto(const BlockKey& key, std::span<std::byte> dst) {
+  return store_->GetInto(key, dst);
+}
+bool ShardNode::Exists(const BlockKey& key, bool touch) { return store_->Exists(key, touch); }
+Status ShardNode::Erase(const BlockKey& key) { return store_->Erase(key); }
+Status ShardNode::Pin(const BlockKey& key) { return store_->Pin(key); }
+Status ShardNode::Unpin(const BlockKey& key) { return store_->Unpin(key); }
+
+NodeStats ShardNode::Stats() const { return NodeStats{id_, store_->Stats()}; }
+
+std::string ShardNode::StatsJson() const {
+  NodeStats st = Stats();
+  const StoreStats& s = st.store;
+  nlohmann::json by_class = nlohmann::json::array();
+  for (uint64_t c : s.evictions_by_class) by_class.push_back(c);
+  nlohmann::json j = {
+      {"node_id", st.node_id},
+      {"policy", store_->policy_name()},
+      {"capacity_bytes", s.capacity_bytes},
+      {"slot_bytes", s.slot_bytes},
+      {"slots_total", s.slots_total},
+      {"blocks", s.blocks},
+      {"bytes_stored", s.bytes_stored},
+      {"bytes_logical", s.bytes_logical},
+      {"pinned_blocks", s.pinned_blocks},
+      {"puts", s.puts},
+      {"put_duplicates", s.put_duplicates},
+      {"put_rejected", s.put_rejected},
+      {"gets", s.gets},
+      {"hits", s.hits},
+      {"misses", s.misses},
+      {"erases", s.erases},
+      {"corrupt", s.corrupt},
+      {"evictions", s.evictions},
+      {"evictions_by_class", by_class},
+  };
+  return j.dump();
+}
+
+}  // namespace kvmesh

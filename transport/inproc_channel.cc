@@ -1,0 +1,67 @@
+// The in-process channel: embedded mode and tests. Calls the node directly;
+// Get copies from pool memory straight into the caller's buffer.
+#include "shard_node/shard_node.h"
+#include "transport/shard_channel.h"
+
+namespace kvmesh {
+namespace {
+
+class InProcessChannel final : public ShardChannel {
+ public:
+  explicit InProcessChannel(ShardNode* node) : node_(node) {}
+  std::string_view transport() const override { return "inproc"; }
+
+  Status Put(std::span<PutItem> items, const RequestOptions& o) override {
+    PutOptions po;
+    po.priority = o.priority;
+    po.score = o.score;
+    for (PutItem& it : items) it.status = node_->Put(it.key, it.data, po);
+    return Status::Ok();
+  }
+  Status Get(std::span<GetItem> items, const RequestOptions&) override {
+    for (GetItem& it : items) {
+      Result<BlockRef> ref = node_->Get(it.key);
+      if (!ref.ok()) {
+        it.status = ref.status();
+        continue;
+      }
+      it.size = ref->meta().size;
+      if (it.dst.size() < it.size) {
+        it.status = ResourceExhausted("destination smaller than the block");
+        continue;
+      }
+      node_->store().backend().CopyOut(it.dst.data(), ref->data().data(), it.size);
+      it.status = Status::Ok();
+    }
+    return Status::Ok();
+  }
+  Status Exists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch,
+                const RequestOptions&) override {
+    for (size_t i = 0; i < keys.size(); ++i) found[i] = node_->Exists(keys[i], touch) ? 1 : 0;
+    return Status::Ok();
+  }
+  Status Erase(std::span<const BlockKey> keys, std::span<Status> st) override {
+    for (size_t i = 0; i < keys.size(); ++i) st[i] = node_->Erase(keys[i]);
+    return Status::Ok();
+  }
+  Status Pin(std::span<const BlockKey> keys, std::span<Status> st) override {
+    for (size_t i = 0; i < keys.size(); ++i) st[i] = node_->Pin(keys[i]);
+    return Status::Ok();
+  }
+  Status Unpin(std::span<const BlockKey> keys, std::span<Status> st) override {
+    for (size_t i = 0; i < keys.size(); ++i) st[i] = node_->Unpin(keys[i]);
+    return Status::Ok();
+  }
+  Result<std::string> StatsJson() override { return node_->StatsJson(); }
+
+ private:
+  ShardNode* node_;
+};
+
+}  // namespace
+
+std::unique_ptr<ShardChannel> MakeInProcessChannel(ShardNode* node) {
+  return std::make_unique<InProcessChannel>(node);
+}
+
+}  // namespace kvmesh
