@@ -143,6 +143,44 @@ Status ReadPlacement(const json& j, const std::map<std::string, std::string>& no
   return Status::Ok();
 }
 
+Status ReadTransport(const json& j, TransportConfig* t) {
+  ObjectReader r(j, "$.transport");
+  r.Optional("backend", &t->backend)
+      .Optional("io_threads", &t->io_threads)
+      .Size("max_frame_bytes", &t->max_frame_bytes, false)
+      .Optional("max_batch_items", &t->max_batch_items)
+      .Optional("connections_per_node", &t->connections_per_node)
+      .Optional("timeout_ms", &t->timeout_ms)
+      .Optional("connect_timeout_ms", &t->connect_timeout_ms);
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  if (t->backend != "tcp" && t->backend != "ucx")
+    return InvalidArgument("$.transport.backend: expected \"tcp\" or \"ucx\", got \"" + t->backend + "\"");
+  if (t->io_threads == 0 || t->io_threads > 64) return InvalidArgument("$.transport.io_threads: must be in 1..64");
+  if (t->max_frame_bytes < 4096 || t->max_frame_bytes > (1ull << 31))
+    return InvalidArgument("$.transport.max_frame_bytes: must be in 4KiB..2GiB");
+  if (t->max_batch_items == 0 || t->max_batch_items > (1u << 20))
+    return InvalidArgument("$.transport.max_batch_items: must be in 1..1048576");
+  if (t->connections_per_node == 0 || t->connections_per_node > 64)
+    return InvalidArgument("$.transport.connections_per_node: must be in 1..64");
+  if (t->timeout_ms <= 0) return InvalidArgument("$.transport.timeout_ms: must be > 0");
+  if (t->connect_timeout_ms <= 0) return InvalidArgument("$.transport.connect_timeout_ms: must be > 0");
+  return Status::Ok();
+}
+
+Status ReadCoordinator(const json& j, CoordinatorConfig* c) {
+  ObjectReader r(j, "$.coordinator");
+  r.Optional("host", &c->host)
+      .Optional("port", &c->port)
+      .Optional("heartbeat_ms", &c->heartbeat_ms)
+      .Optional("dead_after_ms", &c->dead_after_ms);
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  if (c->host.empty()) return InvalidArgument("$.coordinator.host: must not be empty");
+  if (c->heartbeat_ms <= 0) return InvalidArgument("$.coordinator.heartbeat_ms: must be > 0");
+  if (c->dead_after_ms <= c->heartbeat_ms)
+    return InvalidArgument("$.coordinator.dead_after_ms: must be larger than heartbeat_ms");
+  return Status::Ok();
+}
+
 }  // namespace
 
 const NodeConfig* ClusterConfig::FindNode(std::string_view id) const {
@@ -203,6 +241,14 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
     if (c.eviction.aging_s < 0) return InvalidArgument("$.eviction.aging_s: must be >= 0");
   }
   if (const json* p = r.Child("placement")) KVMESH_RETURN_IF_ERROR(ReadPlacement(*p, node_paths, &c.placement));
+  if (const json* t = r.Child("transport")) KVMESH_RETURN_IF_ERROR(ReadTransport(*t, &c.transport));
+  if (const json* k = r.Child("coordinator")) KVMESH_RETURN_IF_ERROR(ReadCoordinator(*k, &c.coordinator));
+  if (const json* a = r.Child("auth")) {
+    ObjectReader ar(*a, "$.auth");
+    ar.Optional("token", &c.auth.token);
+    KVMESH_RETURN_IF_ERROR(ar.Finish());
+    if (c.auth.token.size() > 256) return InvalidArgument("$.auth.token: at most 256 bytes");
+  }
   KVMESH_RETURN_IF_ERROR(r.Finish());
   if (c.store.slot_bytes != 0 && c.store.slot_bytes < 64)
     return InvalidArgument("$.store.slot_bytes: must be at least 64 bytes");

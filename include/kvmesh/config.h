@@ -70,6 +70,31 @@ struct PlacementConfig {
   std::vector<AffinityRule> affinity;
 };
 
+// Wire transports (issue 3; docs/protocol.md, docs/launch.md).
+struct TransportConfig {
+  std::string backend = "tcp";          // data plane for routers: "tcp" or "ucx"
+  uint32_t io_threads = 2;              // Asio threads per daemon
+  uint64_t max_frame_bytes = 64u << 20; // largest frame body accepted (bytes)
+  uint32_t max_batch_items = 4096;      // items per batch frame
+  uint32_t connections_per_node = 2;    // client connection pool size per node
+  int64_t timeout_ms = 2000;            // client call timeout
+  int64_t connect_timeout_ms = 1000;
+};
+
+// The coordinator daemon (membership, heartbeats, shard-map epochs).
+struct CoordinatorConfig {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;              // HTTP control API; 0 = pick a free port
+  int64_t heartbeat_ms = 300;     // node heartbeat period
+  int64_t dead_after_ms = 1500;   // a node silent this long is removed (epoch advances)
+};
+
+// Shared-secret authentication of data connections: when token is set, a
+// connection's HELLO must carry it or the node refuses every data operation.
+struct AuthConfig {
+  std::string token;
+};
+
 struct ClusterConfig {
   std::string name = "kvmesh";
   ModelSpec model;
@@ -77,6 +102,9 @@ struct ClusterConfig {
   StoreConfig store;
   EvictionConfig eviction;
   PlacementConfig placement;
+  TransportConfig transport;
+  CoordinatorConfig coordinator;
+  AuthConfig auth;
 
   std::string source;  // file name or "<string>", for messages
 

@@ -1,0 +1,330 @@
+#include "transport/protocol.h"
+
+#include <cstring>
+
+#include "common/checksum.h"
+
+namespace kvmesh::proto {
+namespace {
+
+// Little-endian stores and loads (the protocol is LE on every host).
+template <typename T>
+void Store(std::byte* p, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<std::byte>((static_cast<uint64_t>(v) >> (8 * i)) & 0xFF);
+}
+template <typename T>
+T Load(const std::byte* p) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return static_cast<T>(v);
+}
+template <typename T>
+void Append(std::string* out, T v) {
+  std::byte b[sizeof(T)];
+  Store(b, v);
+  out->append(reinterpret_cast<const char*>(b), sizeof(T));
+}
+
+void AppendString(std::string* out, std::string_view s) {
+  Append<uint16_t>(out, static_cast<uint16_t>(s.size()));
+  out->append(s);
+}
+
+// A bounds-checked reader over an untrusted span.
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> b) : b_(b) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (b_.size() - pos_ < sizeof(T)) return false;
+    *v = Load<T>(b_.data() + pos_);
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool GetString(std::string* s, size_t max) {
+    uint16_t n = 0;
+    if (!Get(&n) || n > max || b_.size() - pos_ < n) return false;
+    s->assign(reinterpret_cast<const char*>(b_.data() + pos_), n);
+    pos_ += n;
+    return true;
+  }
+  bool done() const { return pos_ == b_.size(); }
+
+ private:
+  std::span<const std::byte> b_;
+  size_t pos_ = 0;
+};
+
+constexpr size_t kMaxErrorBytes = 1024;
+constexpr size_t kMaxHelloBody = 4 + 3 * (2 + kMaxStringBytes);
+constexpr size_t kMaxHelloAnswerBody = 2 + kMaxStringBytes + 12;
+
+uint32_t HeaderChecksum(const std::byte* p) { return static_cast<uint32_t>(Checksum64(p, 36)); }
+
+Status Malformed(std::string what) { return InvalidArgument("malformed frame: " + std::move(what)); }
+
+}  // namespace
+
+std::string_view OpcodeName(Opcode op) {
+  switch (op) {
+    case Opcode::kHello: return "HELLO";
+    case Opcode::kPut: return "PUT";
+    case Opcode::kGet: return "GET";
+    case Opcode::kExists: return "EXISTS";
+    case Opcode::kMatchPrefix: return "MATCH_PREFIX";
+    case Opcode::kErase: return "ERASE";
+    case Opcode::kPin: return "PIN";
+    case Opcode::kUnpin: return "UNPIN";
+    case Opcode::kStats: return "STATS";
+  }
+  return "?";
+}
+
+bool IsKnownOpcode(uint8_t op) { return op >= 1 && op <= 9; }
+bool IsValidStatusCode(uint8_t code) { return code <= static_cast<uint8_t>(StatusCode::kPermissionDenied); }
+
+// Layout: 0 magic u32 | 4 version u16 | 6 opcode u8 | 7 flags u8 | 8 request_id u64 |
+// 16 epoch u64 | 24 count u32 | 28 body_len u32 | 32 status u8 | 33 reserved[3] | 36 checksum u32
+HeaderBytes EncodeHeader(const FrameHeader& h) {
+  HeaderBytes b{};
+  Store<uint32_t>(&b[0], kMagic);
+  Store<uint16_t>(&b[4], kVersion);
+  Store<uint8_t>(&b[6], static_cast<uint8_t>(h.opcode));
+  Store<uint8_t>(&b[7], h.flags);
+  Store<uint64_t>(&b[8], h.request_id);
+  Store<uint64_t>(&b[16], h.epoch);
+  Store<uint32_t>(&b[24], h.count);
+  Store<uint32_t>(&b[28], h.body_len);
+  Store<uint8_t>(&b[32], static_cast<uint8_t>(h.status));
+  Store<uint32_t>(&b[36], HeaderChecksum(b.data()));
+  return b;
+}
+
+Status DecodeHeader(std::span<const std::byte> bytes, const ProtocolLimits& limits, FrameHeader* out) {
+  if (bytes.size() < kHeaderSize) return Malformed("truncated header (" + std::to_string(bytes.size()) + " bytes)");
+  const std::byte* p = bytes.data();
+  if (Load<uint32_t>(p) != kMagic) return Malformed("bad magic");
+  uint16_t version = Load<uint16_t>(p + 4);
+  if (version != kVersion)
+    return Malformed("unsupported protocol version " + std::to_string(version) + " (this node speaks " +
+                     std::to_string(kVersion) + ")");
+  if (Load<uint32_t>(p + 36) != HeaderChecksum(p)) return Malformed("header checksum mismatch");
+  uint8_t op = Load<uint8_t>(p + 6), flags = Load<uint8_t>(p + 7), code = Load<uint8_t>(p + 32);
+  if (!IsKnownOpcode(op)) return Malformed("unknown opcode " + std::to_string(op));
+  if (flags & ~kKnownFlags) return Malformed("unknown flag bits");
+  if (p[33] != std::byte{0} || p[34] != std::byte{0} || p[35] != std::byte{0}) return Malformed("reserved bytes set");
+  if (!IsValidStatusCode(code)) return Malformed("unknown status code " + std::to_string(code));
+  FrameHeader h;
+  h.version = version;
+  h.opcode = static_cast<Opcode>(op);
+  h.flags = flags;
+  h.request_id = Load<uint64_t>(p + 8);
+  h.epoch = Load<uint64_t>(p + 16);
+  h.count = Load<uint32_t>(p + 24);
+  h.body_len = Load<uint32_t>(p + 28);
+  h.status = static_cast<StatusCode>(code);
+  if (h.body_len > limits.max_body_bytes)
+    return ResourceExhausted("frame body of " + std::to_string(h.body_len) + " bytes exceeds the limit of " +
+                             std::to_string(limits.max_body_bytes));
+  if (h.count > limits.max_items)
+    return ResourceExhausted("batch of " + std::to_string(h.count) + " items exceeds the limit of " +
+                             std::to_string(limits.max_items));
+  const uint64_t n = h.count, len = h.body_len;
+  const bool resp = h.is_response();
+  if (!resp && h.status != StatusCode::kOk) return Malformed("request with a status code");
+  if (resp && h.status != StatusCode::kOk) {
+    if (len > kMaxErrorBytes) return Malformed("error message too long");
+  } else if (!resp) {
+    switch (h.opcode) {
+      case Opcode::kHello:
+        if (n != 0 || len < 10 || len > kMaxHelloBody) return Malformed("bad HELLO length");
+        break;
+      case Opcode::kPut:
+        if (len < n * kPutItemSize) return Malformed("PUT body shorter than its item table");
+        break;
+      case Opcode::kStats:
+        if (n != 0 || len != 0) return Malformed("STATS carries no body");
+        break;
+      default:  // key lists
+        if (len != n * kKeySize) return Malformed(std::string(OpcodeName(h.opcode)) + " body is not count x 16 bytes");
+    }
+  } else {
+    switch (h.opcode) {
+      case Opcode::kHello:
+        if (len < 14 || len > kMaxHelloAnswerBody) return Malformed("bad HELLO answer length");
+        break;
+      case Opcode::kGet:
+        if (len < n * kGetItemSize) return Malformed("GET answer shorter than its item table");
+        break;
+      case Opcode::kMatchPrefix:
+        if (len != 4) return Malformed("MATCH_PREFIX answer is not 4 bytes");
+        break;
+      case Opcode::kStats:
+        break;
+      default:  // one status byte per item
+        if (len != n) return Malformed(std::string(OpcodeName(h.opcode)) + " answer is not one byte per item");
+    }
+  }
+  *out = h;
+  return Status::Ok();
+}
+
+std::string EncodeHelloBody(const Hello& h) {
+  std::string out;
+  Append<uint16_t>(&out, h.version_min);
+  Append<uint16_t>(&out, h.version_max);
+  AppendString(&out, h.client_id.substr(0, kMaxStringBytes));
+  AppendString(&out, h.tenant.substr(0, kMaxStringBytes));
+  AppendString(&out, h.token.substr(0, kMaxStringBytes));
+  return out;
+}
+
+Status ParseHelloBody(std::span<const std::byte> body, Hello* out) {
+  Reader r(body);
+  Hello h;
+  if (!r.Get(&h.version_min) || !r.Get(&h.version_max) || !r.GetString(&h.client_id, kMaxStringBytes) ||
+      !r.GetString(&h.tenant, kMaxStringBytes) || !r.GetString(&h.token, kMaxStringBytes) || !r.done())
+    return Malformed("bad HELLO body");
+  if (h.version_min > h.version_max) return Malformed("HELLO version range is empty");
+  *out = std::move(h);
+  return Status::Ok();
+}
+
+std::string EncodeHelloAnswerBody(const HelloAnswer& a) {
+  std::string out;
+  AppendString(&out, a.node_id.substr(0, kMaxStringBytes));
+  Append<uint32_t>(&out, a.limits.max_body_bytes);
+  Append<uint32_t>(&out, a.limits.max_items);
+  Append<uint32_t>(&out, a.limits.max_block_bytes);
+  return out;
+}
+
+Status ParseHelloAnswerBody(std::span<const std::byte> body, HelloAnswer* out) {
+  Reader r(body);
+  HelloAnswer a;
+  if (!r.GetString(&a.node_id, kMaxStringBytes) || !r.Get(&a.limits.max_body_bytes) ||
+      !r.Get(&a.limits.max_items) || !r.Get(&a.limits.max_block_bytes) || !r.done())
+    return Malformed("bad HELLO answer body");
+  *out = std::move(a);
+  return Status::Ok();
+}
+
+void AppendKey(std::string* out, const BlockKey& k) {
+  Append<uint64_t>(out, k.hi);
+  Append<uint64_t>(out, k.lo);
+}
+
+BlockKey ReadKey(const std::byte* p) { return BlockKey{Load<uint64_t>(p), Load<uint64_t>(p + 8)}; }
+
+Status ParseKeys(const FrameHeader& h, std::span<const std::byte> body, std::vector<BlockKey>* out) {
+  if (body.size() != uint64_t{h.count} * kKeySize) return Malformed("key list length mismatch");
+  out->clear();
+  out->reserve(h.count);
+  for (uint32_t i = 0; i < h.count; ++i) out->push_back(ReadKey(body.data() + i * kKeySize));
+  return Status::Ok();
+}
+
+void EncodePutRecord(const PutRecord& r, std::byte out[kPutItemSize]) {
+  Store<uint64_t>(out, r.key.hi);
+  Store<uint64_t>(out + 8, r.key.lo);
+  Store<uint32_t>(out + 16, r.size);
+  Store<uint8_t>(out + 20, r.priority);
+  Store<uint8_t>(out + 21, r.codec);
+  Store<uint16_t>(out + 22, 0);
+  Store<uint64_t>(out + 24, r.checksum);
+}
+
+Status ParsePutTable(const FrameHeader& h, std::span<const std::byte> table, const ProtocolLimits& limits,
+                     std::vector<PutRecord>* out) {
+  const uint64_t table_bytes = uint64_t{h.count} * kPutItemSize;
+  if (table.size() != table_bytes || h.body_len < table_bytes) return Malformed("PUT item table length mismatch");
+  out->clear();
+  out->reserve(h.count);
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < h.count; ++i) {
+    const std::byte* p = table.data() + i * kPutItemSize;
+    PutRecord r;
+    r.key = ReadKey(p);
+    r.size = Load<uint32_t>(p + 16);
+    r.priority = Load<uint8_t>(p + 20);
+    r.codec = Load<uint8_t>(p + 21);
+    if (Load<uint16_t>(p + 22) != 0) return Malformed("PUT item reserved bytes set");
+    r.checksum = Load<uint64_t>(p + 24);
+    if (r.size == 0) return Malformed("PUT item " + std::to_string(i) + " is empty");
+    if (r.size > limits.max_block_bytes)
+      return ResourceExhausted("PUT item " + std::to_string(i) + " of " + std::to_string(r.size) +
+                               " bytes exceeds the block limit of " + std::to_string(limits.max_block_bytes));
+    if (r.priority >= kMaxPriorityClasses) return Malformed("PUT item priority out of range");
+    total += r.size;
+    out->push_back(r);
+  }
+  if (total != h.body_len - table_bytes) return Malformed("PUT payload sizes do not add up to the body length");
+  return Status::Ok();
+}
+
+void EncodeGetRecord(const GetRecord& r, std::byte out[kGetItemSize]) {
+  Store<uint8_t>(out, static_cast<uint8_t>(r.status));
+  out[1] = out[2] = out[3] = std::byte{0};
+  Store<uint32_t>(out + 4, r.size);
+  Store<uint64_t>(out + 8, r.checksum);
+}
+
+Status ParseGetTable(const FrameHeader& h, std::span<const std::byte> table, const ProtocolLimits& limits,
+                     std::vector<GetRecord>* out) {
+  const uint64_t table_bytes = uint64_t{h.count} * kGetItemSize;
+  if (table.size() != table_bytes || h.body_len < table_bytes) return Malformed("GET item table length mismatch");
+  out->clear();
+  out->reserve(h.count);
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < h.count; ++i) {
+    const std::byte* p = table.data() + i * kGetItemSize;
+    uint8_t code = Load<uint8_t>(p);
+    if (!IsValidStatusCode(code)) return Malformed("GET item status code out of range");
+    if (p[1] != std::byte{0} || p[2] != std::byte{0} || p[3] != std::byte{0}) return Malformed("GET item reserved bytes set");
+    GetRecord r{static_cast<StatusCode>(code), Load<uint32_t>(p + 4), Load<uint64_t>(p + 8)};
+    if (r.status != StatusCode::kOk && r.status != StatusCode::kResourceExhausted && r.size != 0)
+      return Malformed("GET miss with a payload size");
+    if (r.size > limits.max_block_bytes) return ResourceExhausted("GET item larger than the block limit");
+    if (r.status == StatusCode::kOk) total += r.size;
+    out->push_back(r);
+  }
+  if (total != h.body_len - table_bytes) return Malformed("GET payload sizes do not add up to the body length");
+  return Status::Ok();
+}
+
+Status ParseStatusBytes(const FrameHeader& h, std::span<const std::byte> body, std::vector<uint8_t>* out) {
+  if (body.size() != h.count) return Malformed("status list length mismatch");
+  out->resize(h.count);
+  for (uint32_t i = 0; i < h.count; ++i) {
+    uint8_t c = static_cast<uint8_t>(body[i]);
+    if (!IsValidStatusCode(c)) return Malformed("item status code out of range");
+    (*out)[i] = c;
+  }
+  return Status::Ok();
+}
+
+Status ParseMatchAnswer(const FrameHeader& h, std::span<const std::byte> body, uint32_t* matched) {
+  if (body.size() != 4) return Malformed("MATCH_PREFIX answer length");
+  uint32_t m = Load<uint32_t>(body.data());
+  if (m > h.count && h.count != 0) return Malformed("MATCH_PREFIX answer larger than the request");
+  *matched = m;
+  return Status::Ok();
+}
+
+Status ParseErrorBody(const FrameHeader& h, std::span<const std::byte> body) {
+  if (h.status == StatusCode::kOk) return Internal("ParseErrorBody on an OK answer");
+  std::string msg(reinterpret_cast<const char*>(body.data()), std::min<size_t>(body.size(), kMaxErrorBytes));
+  for (char& c : msg)
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  return Status(h.status, msg);
+}
+
+std::string BuildFrame(FrameHeader h, std::string_view body) {
+  h.body_len = static_cast<uint32_t>(body.size());
+  HeaderBytes hb = EncodeHeader(h);
+  std::string out(reinterpret_cast<const char*>(hb.data()), hb.size());
+  out.append(body);
+  return out;
+}
+
+}  // namespace kvmesh::proto

@@ -1,0 +1,165 @@
+// transport/protocol.h — the kvmesh wire protocol (docs/protocol.md), shared by
+// every byte-stream backend (Asio TCP today, UCX active messages carry the
+// same frames). All parsing of untrusted bytes lives in protocol.cc, so one
+// fuzz target (fuzz/fuzz_protocol.cc) covers it.
+//
+// A frame is a fixed 40-byte little-endian header followed by `body_len` body
+// bytes. The header carries its own checksum; payload bytes carry per-item
+// xxHash3-64 checksums in the item tables. Every length is checked against
+// ProtocolLimits before anything is allocated:
+//
+//   FrameHeader h;
+//   KVMESH_RETURN_IF_ERROR(DecodeHeader(bytes, limits, &h));  // magic, version, crc, opcode, sizes
+//   ... read h.body_len bytes ...
+//   KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));         // counts vs body length
+//
+// Decoders never read past the spans they are given and never allocate more
+// than limits allow. Encoders append to a std::string / vector (test and
+// client side) or fill caller-provided tables (server side, so payloads can
+// be written with scatter/gather straight from pool memory).
+//
+// Thread-safety: free functions on values; safe from any thread.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvmesh/status.h"
+#include "kvmesh/types.h"
+
+namespace kvmesh::proto {
+
+inline constexpr uint32_t kMagic = 0x534D564B;  // "KVMS" in little-endian byte order
+inline constexpr uint16_t kVersion = 1;
+inline constexpr size_t kHeaderSize = 40;
+inline constexpr size_t kKeySize = 16;        // hi, lo as u64 LE
+inline constexpr size_t kPutItemSize = 32;    // key, size u32, priority u8, codec u8, rsvd u16, checksum u64
+inline constexpr size_t kGetItemSize = 16;    // status u8, rsvd[3], size u32, checksum u64
+inline constexpr size_t kMaxStringBytes = 256;  // handshake strings, error messages are cut to 1 KiB
+
+enum class Opcode : uint8_t {
+  kHello = 1,
+  kPut = 2,
+  kGet = 3,
+  kExists = 4,
+  kMatchPrefix = 5,
+  kErase = 6,
+  kPin = 7,
+  kUnpin = 8,
+  kStats = 9,
+};
+std::string_view OpcodeName(Opcode op);
+bool IsKnownOpcode(uint8_t op);
+
+// Header flag bits.
+inline constexpr uint8_t kFlagResponse = 0x01;  // set on every answer
+inline constexpr uint8_t kFlagTouch = 0x02;     // EXISTS: count hits as accesses
+inline constexpr uint8_t kKnownFlags = kFlagResponse | kFlagTouch;
+
+struct FrameHeader {
+  Opcode opcode = Opcode::kHello;
+  uint8_t flags = 0;
+  uint64_t request_id = 0;
+  uint64_t epoch = 0;      // request: the caller's shard-map epoch (0 = unversioned); response: the node's
+  uint32_t count = 0;      // items in the body
+  uint32_t body_len = 0;
+  StatusCode status = StatusCode::kOk;  // response: call-level status (non-OK: body is the message)
+  uint16_t version = kVersion;
+
+  bool is_response() const { return flags & kFlagResponse; }
+};
+
+// Bounds applied to every frame before allocation (config $.transport).
+struct ProtocolLimits {
+  uint32_t max_body_bytes = 64u << 20;   // whole frame body
+  uint32_t max_items = 4096;             // items per batch
+  uint32_t max_block_bytes = 16u << 20;  // one payload
+};
+
+using HeaderBytes = std::array<std::byte, kHeaderSize>;
+
+// Writes `h` (version forced to kVersion) with its checksum.
+HeaderBytes EncodeHeader(const FrameHeader& h);
+// Validates magic, version, header checksum, opcode, flags, reserved bits,
+// status code, body_len <= max_body_bytes, count <= max_items, and the body
+// length each opcode implies for its count (exact for key lists, a lower
+// bound for PUT / GET answers). Errors are InvalidArgument (malformed) or
+// ResourceExhausted (over a limit); either way the connection must be closed.
+Status DecodeHeader(std::span<const std::byte> bytes, const ProtocolLimits& limits, FrameHeader* out);
+
+// ---- HELLO -----------------------------------------------------------------
+// Request body: u16 version_min, u16 version_max, then three strings
+// (u16 length + bytes, each <= kMaxStringBytes): client_id, tenant, token.
+// Answer body (OK): string node_id, u32 max_body_bytes, u32 max_items, u32 max_block_bytes.
+struct Hello {
+  uint16_t version_min = kVersion;
+  uint16_t version_max = kVersion;
+  std::string client_id;
+  std::string tenant;
+  std::string token;
+};
+struct HelloAnswer {
+  std::string node_id;
+  ProtocolLimits limits;
+};
+std::string EncodeHelloBody(const Hello& h);
+Status ParseHelloBody(std::span<const std::byte> body, Hello* out);
+std::string EncodeHelloAnswerBody(const HelloAnswer& a);
+Status ParseHelloAnswerBody(std::span<const std::byte> body, HelloAnswer* out);
+
+// ---- key lists (GET, EXISTS, MATCH_PREFIX, ERASE, PIN, UNPIN requests) -----
+void AppendKey(std::string* out, const BlockKey& k);
+BlockKey ReadKey(const std::byte* p);
+// REQUIRES: h was accepted by DecodeHeader. Checks body == count * 16.
+Status ParseKeys(const FrameHeader& h, std::span<const std::byte> body, std::vector<BlockKey>* out);
+
+// ---- PUT request -------------------------------------------------------------
+// Body: count item records (kPutItemSize each), then the payloads in item order.
+struct PutRecord {
+  BlockKey key;
+  uint32_t size = 0;
+  Priority priority = kDefaultPriority;
+  uint8_t codec = 0;
+  uint64_t checksum = 0;  // xxHash3-64 of the payload
+};
+void EncodePutRecord(const PutRecord& r, std::byte out[kPutItemSize]);
+// Parses the item table `table` (count * kPutItemSize bytes) and checks every
+// size against limits and that the sizes add up to body_len - table size.
+// Payload i then starts at the sum of sizes 0..i-1 after the table.
+Status ParsePutTable(const FrameHeader& h, std::span<const std::byte> table, const ProtocolLimits& limits,
+                     std::vector<PutRecord>* out);
+
+// ---- GET answer --------------------------------------------------------------
+// Body: count item records (kGetItemSize each), then the payloads of the hits
+// (size > 0 only when status is OK) in item order.
+struct GetRecord {
+  StatusCode status = StatusCode::kOk;
+  uint32_t size = 0;
+  uint64_t checksum = 0;
+};
+void EncodeGetRecord(const GetRecord& r, std::byte out[kGetItemSize]);
+Status ParseGetTable(const FrameHeader& h, std::span<const std::byte> table, const ProtocolLimits& limits,
+                     std::vector<GetRecord>* out);
+
+// ---- status-per-item answers (PUT, EXISTS, ERASE, PIN, UNPIN) -----------------
+// Body: count bytes, one StatusCode (EXISTS: 1 = found, 0 = not) per item.
+Status ParseStatusBytes(const FrameHeader& h, std::span<const std::byte> body, std::vector<uint8_t>* out);
+
+// MATCH_PREFIX answer body: u32 number of leading hits.
+Status ParseMatchAnswer(const FrameHeader& h, std::span<const std::byte> body, uint32_t* matched);
+
+// Error answer body: the message text (<= 1 KiB). Non-OK status required.
+Status ParseErrorBody(const FrameHeader& h, std::span<const std::byte> body);
+
+// Checks a status code byte from the wire.
+bool IsValidStatusCode(uint8_t code);
+
+// Builds a complete frame (header + body) — for clients, tests and tools.
+std::string BuildFrame(FrameHeader h, std::string_view body);
+
+}  // namespace kvmesh::proto
