@@ -9,5 +9,6 @@ namespace kvmesh::cli {
 
 void AddDemoCommand(CLI::App& app, int* exit_code);
 void AddCheckConfigCommand(CLI::App& app, int* exit_code);
+void AddReplayCommand(CLI::App& app, int* exit_code);
 
 }  // namespace kvmesh::cli

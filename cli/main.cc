@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   kvmesh::cli::AddDemoCommand(app, &exit_code);
   kvmesh::cli::AddCheckConfigCommand(app, &exit_code);
+  kvmesh::cli::AddReplayCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

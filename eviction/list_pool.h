@@ -22,6 +22,8 @@ struct Node {
   uint32_t next = kNil;
   int64_t last_ns = 0;  // last access time
   uint32_t freq = 0;    // access count
+  uint64_t key = 0;     // policy-defined ordering key (LFU-DA priority, score sequence)
+  float score = 0.0f;   // accumulated importance (score-based policies)
   uint8_t list = 0;     // which list the node is on (policy-defined)
   uint8_t cls = 0;      // priority class
 };

@@ -11,5 +11,11 @@ namespace kvmesh::eviction_internal {
 
 std::unique_ptr<EvictionPolicy> MakeLru(const PolicyOptions& o);
 std::unique_ptr<EvictionPolicy> MakeLruPriority(const PolicyOptions& o);
+std::unique_ptr<EvictionPolicy> MakeLfu(const PolicyOptions& o);
+std::unique_ptr<EvictionPolicy> MakeArc(const PolicyOptions& o);
+std::unique_ptr<EvictionPolicy> MakeS3Fifo(const PolicyOptions& o);
+std::unique_ptr<EvictionPolicy> MakeScore(const PolicyOptions& o);
+// Wraps `inner` in a TinyLFU admission filter.
+std::unique_ptr<EvictionPolicy> MakeTinyLfu(std::unique_ptr<EvictionPolicy> inner, const PolicyOptions& o);
 
 }  // namespace kvmesh::eviction_internal

@@ -1,0 +1,266 @@
+// kvmesh replay — trace replay of the eviction policies against Belady's
+// optimum and the infinite cache (issue 5). See eviction/replay.h.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "common/progress.h"
+#include "eviction/replay.h"
+
+namespace kvmesh::cli {
+namespace {
+
+struct ReplayArgs {
+  std::string trace;
+  std::vector<size_t> capacity_blocks;
+  std::string capacity_fractions;
+  std::vector<std::string> policies;
+  bool json = false;
+  std::string plot;
+  bool no_hints = false;
+  double aging_s = 60.0;
+  unsigned threads = 0;
+};
+
+Result<std::vector<double>> ParseFractions(const std::string& s) {
+  std::vector<double> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    double f = std::strtod(item.c_str(), &end);
+    if (item.empty() || end != item.c_str() + item.size() || !(f > 0) || f > 1)
+      return InvalidArgument("--capacity-fractions: '" + item + "' is not a number in (0, 1]");
+    out.push_back(f);
+  }
+  return out;
+}
+
+std::vector<std::string> SplitPolicies(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
+  for (const std::string& a : args) {
+    std::stringstream ss(a);
+    std::string item;
+    while (std::getline(ss, item, ','))
+      if (!item.empty() && std::find(out.begin(), out.end(), item) == out.end()) out.push_back(item);
+  }
+  return out;
+}
+
+struct Column {
+  size_t capacity = 0;
+  double fraction = 0;  // 0 when given in blocks
+  ReplayResult belady;
+  std::vector<ReplayResult> policies;  // in --policy order
+};
+
+double GapClosed(double policy, double lru, double belady) {
+  return belady - lru > 1e-12 ? (policy - lru) / (belady - lru) : 0.0;
+}
+
+Status WritePlot(const std::string& png, const std::vector<Column>& cols, const std::vector<std::string>& names,
+                 const ReplayResult& infinite, size_t distinct) {
+  std::string dat = png + ".dat";
+  {
+    std::ofstream f(dat);
+    if (!f) return IoError("cannot write " + dat);
+    f << "# capacity_fraction";
+    for (const auto& n : names) f << " " << n;
+    f << " belady infinite\n";
+    for (const Column& c : cols) {
+      f << static_cast<double>(c.capacity) / static_cast<double>(distinct);
+      for (const ReplayResult& r : c.policies) f << " " << 100 * r.prefix_hit_rate();
+      f << " " << 100 * c.belady.prefix_hit_rate() << " " << 100 * infinite.prefix_hit_rate() << "\n";
+    }
+  }
+  std::string gp = png + ".gp";
+  {
+    std::ofstream f(gp);
+    if (!f) return IoError("cannot write " + gp);
+    f << "set terminal pngcairo size 900,560 font 'sans,10'\n"
+      << "set output '" << png << "'\n"
+      << "set title 'Prefix hit rate vs capacity (Mooncake replay)'\n"
+      << "set xlabel 'capacity (fraction of distinct blocks, log scale)'\n"
+      << "set ylabel 'prefix hit rate (%)'\n"
+      << "set logscale x\nset grid\nset key outside right\n"
+      << "set format x '%g'\n"
+      << "plot ";
+    const size_t n = names.size();
+    for (size_t i = 0; i < n; ++i)
+      f << "'" << dat << "' using 1:" << i + 2 << " with linespoints title '" << names[i] << "', ";
+    f << "'" << dat << "' using 1:" << n + 2 << " with linespoints lw 2 dt 2 title 'belady', "
+      << "'" << dat << "' using 1:" << n + 3 << " with lines lw 2 dt 3 title 'infinite'\n";
+  }
+  std::string cmd = "gnuplot '" + gp + "' 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return IoError("cannot run gnuplot");
+  std::string out;
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  int rc = ::pclose(p);
+  if (rc != 0) return IoError("gnuplot failed (is gnuplot installed?): " + out);
+  std::remove(gp.c_str());
+  std::remove(dat.c_str());
+  return Status::Ok();
+}
+
+Status RunReplay(const ReplayArgs& a) {
+  KVMESH_ASSIGN_OR_RETURN(Trace trace, LoadMooncakeTrace(a.trace));
+  if (trace.lookups() == 0) return InvalidArgument(a.trace + ": no requests");
+
+  std::vector<std::string> names = SplitPolicies(a.policies);
+  if (names.empty()) names = {"lru", "lru-priority"};
+  if (std::find(names.begin(), names.end(), "lru") == names.end()) names.insert(names.begin(), "lru");
+  for (const std::string& n : names) KVMESH_RETURN_IF_ERROR(MakeEvictionPolicy(n, {}).status());
+
+  std::vector<Column> cols;
+  for (size_t b : a.capacity_blocks) {
+    if (b == 0) return InvalidArgument("--capacity-blocks must be at least 1");
+    cols.push_back({b, 0, {}, {}});
+  }
+  if (!a.capacity_fractions.empty()) {
+    KVMESH_ASSIGN_OR_RETURN(std::vector<double> fr, ParseFractions(a.capacity_fractions));
+    for (double f : fr)
+      cols.push_back({std::max<size_t>(1, static_cast<size_t>(f * static_cast<double>(trace.distinct))), f, {}, {}});
+  }
+  if (cols.empty()) return InvalidArgument("give --capacity-blocks N or --capacity-fractions a,b,...");
+  std::sort(cols.begin(), cols.end(), [](const Column& x, const Column& y) { return x.capacity < y.capacity; });
+  for (Column& c : cols) c.policies.resize(names.size());
+
+  // One job per (capacity, policy) plus one Belady job per capacity, on a small pool.
+  struct Job {
+    size_t col;
+    int policy;  // -1: Belady
+  };
+  std::vector<Job> jobs;
+  for (size_t c = 0; c < cols.size(); ++c) {
+    jobs.push_back({c, -1});
+    for (size_t p = 0; p < names.size(); ++p) jobs.push_back({c, static_cast<int>(p)});
+  }
+  ReplayOptions ro;
+  ro.derive_hints = !a.no_hints;
+  ro.aging_ns = static_cast<int64_t>(a.aging_s * 1e9);
+  std::atomic<uint64_t> done{0};
+  ro.progress = &done;
+  std::atomic<size_t> next_job{0};
+  std::atomic<size_t> finished{0};
+  std::vector<Status> errors(jobs.size());
+  auto worker = [&] {
+    for (size_t j; (j = next_job.fetch_add(1)) < jobs.size();) {
+      Column& c = cols[jobs[j].col];
+      if (jobs[j].policy < 0) {
+        c.belady = ReplayBelady(trace, c.capacity, &done);
+      } else {
+        Result<ReplayResult> r = ReplayPolicy(trace, names[jobs[j].policy], c.capacity, ro);
+        if (r.ok()) c.policies[jobs[j].policy] = std::move(r).value();
+        else errors[j] = r.status();
+      }
+      finished.fetch_add(1);
+    }
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  unsigned threads = a.threads ? a.threads : std::max(1u, std::thread::hardware_concurrency());
+  threads = std::min<unsigned>(threads, static_cast<unsigned>(jobs.size()));
+  {
+    ProgressBar bar("replay", jobs.size() * trace.lookups());
+    std::vector<std::thread> pool;
+    for (unsigned i = 0; i < threads; ++i) pool.emplace_back(worker);
+    while (finished.load() < jobs.size()) {
+      bar.Update(done.load());
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    for (auto& t : pool) t.join();
+    bar.Update(done.load());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const Status& s : errors) KVMESH_RETURN_IF_ERROR(s);
+
+  const ReplayResult inf = ReplayInfinite(trace);
+  const size_t lru_idx = std::find(names.begin(), names.end(), "lru") - names.begin();
+
+  if (a.json) {
+    nlohmann::json j;
+    j["trace"] = trace.source;
+    j["requests"] = trace.requests();
+    j["lookups"] = trace.lookups();
+    j["distinct_blocks"] = trace.distinct;
+    j["hints"] = a.no_hints ? "none" : "derived (docs/eviction.md)";
+    j["infinite"] = {{"hit_rate", inf.hit_rate()}, {"prefix_hit_rate", inf.prefix_hit_rate()}};
+    j["seconds"] = seconds;
+    j["threads"] = threads;
+    for (const Column& c : cols) {
+      nlohmann::json col;
+      col["capacity_blocks"] = c.capacity;
+      col["capacity_fraction"] = static_cast<double>(c.capacity) / static_cast<double>(trace.distinct);
+      col["belady"] = {{"hit_rate", c.belady.hit_rate()},
+                       {"prefix_hit_rate", c.belady.prefix_hit_rate()},
+                       {"declined", c.belady.declined}};
+      const double lru = c.policies[lru_idx].prefix_hit_rate();
+      for (const ReplayResult& r : c.policies)
+        col["policies"].push_back({{"policy", r.policy},
+                                   {"hit_rate", r.hit_rate()},
+                                   {"prefix_hit_rate", r.prefix_hit_rate()},
+                                   {"gap_closed", GapClosed(r.prefix_hit_rate(), lru, c.belady.prefix_hit_rate())},
+                                   {"declined", r.declined},
+                                   {"evictions", r.evictions},
+                                   {"seconds", r.seconds}});
+      j["results"].push_back(col);
+    }
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("%s: %zu requests, %zu lookups, %zu distinct blocks; infinite cache: hit %.2f%%, prefix hit %.2f%%\n",
+                trace.source.c_str(), trace.requests(), trace.lookups(), trace.distinct, 100 * inf.hit_rate(),
+                100 * inf.prefix_hit_rate());
+    std::printf("%-24s %9s %10s %10s %12s\n", "policy", "capacity", "hit %", "prefix %", "gap closed");
+    for (const Column& c : cols) {
+      const double lru = c.policies[lru_idx].prefix_hit_rate();
+      for (const ReplayResult& r : c.policies)
+        std::printf("%-24s %9zu %10.2f %10.2f %11.1f%%\n", r.policy.c_str(), c.capacity, 100 * r.hit_rate(),
+                    100 * r.prefix_hit_rate(), 100 * GapClosed(r.prefix_hit_rate(), lru, c.belady.prefix_hit_rate()));
+      std::printf("%-24s %9zu %10.2f %10.2f %11.1f%%\n", "belady", c.capacity, 100 * c.belady.hit_rate(),
+                  100 * c.belady.prefix_hit_rate(), 100.0);
+    }
+    std::printf("(gap closed = share of the LRU-to-Belady prefix hit rate gap; %.1f s on %u threads)\n", seconds,
+                threads);
+  }
+  if (!a.plot.empty()) {
+    KVMESH_RETURN_IF_ERROR(WritePlot(a.plot, cols, names, inf, trace.distinct));
+    if (!a.json) std::printf("plot: %s\n", a.plot.c_str());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddReplayCommand(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand(
+      "replay", "Replay a Mooncake JSONL trace through eviction policies beside Belady's optimum");
+  auto a = std::make_shared<ReplayArgs>();
+  cmd->add_option("--trace", a->trace, "Mooncake-format JSONL trace")->required();
+  cmd->add_option("--capacity-blocks", a->capacity_blocks, "cache capacity in blocks (repeatable)");
+  cmd->add_option("--capacity-fractions", a->capacity_fractions,
+                  "capacities as fractions of the distinct blocks, e.g. 0.01,0.05,0.1");
+  cmd->add_option("--policy", a->policies, "policy names, comma-separated or repeated (lru is always included)");
+  cmd->add_flag("--json", a->json, "print JSON instead of a table");
+  cmd->add_option("--plot", a->plot, "draw prefix hit rate vs capacity into this PNG (gnuplot)");
+  cmd->add_flag("--no-hints", a->no_hints, "do not derive client priority hints (all accesses get defaults)");
+  cmd->add_option("--aging-s", a->aging_s, "lru-priority aging period in trace seconds (0: off)");
+  cmd->add_option("--threads", a->threads, "worker threads (default: all cores)");
+  cmd->callback([a, exit_code] {
+    Status s = RunReplay(*a);
+    if (!s.ok()) {
+      std::cerr << "kvmesh replay: " << s.ToString() << "\n";
+      *exit_code = 1;
+    }
+  });
+}
+
+}  // namespace kvmesh::cli

@@ -1,0 +1,162 @@
+#include "eviction/replay.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include <absl/container/flat_hash_map.h>
+#include <nlohmann/json.hpp>
+
+namespace kvmesh {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Status LineError(std::string_view source, size_t line, const std::string& what) {
+  return InvalidArgument(std::string(source) + ":" + std::to_string(line) + ": " + what);
+}
+
+}  // namespace
+
+Result<Trace> ParseMooncakeTrace(std::istream& in, std::string_view source) {
+  Trace t;
+  t.source = std::string(source);
+  absl::flat_hash_map<int64_t, uint32_t> dense;
+  std::string line;
+  size_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return LineError(source, line_no, "not a JSON object");
+    for (const char* key : {"timestamp", "input_length", "output_length"}) {
+      auto it = j.find(key);
+      if (it == j.end()) return LineError(source, line_no, std::string("missing '") + key + "'");
+      if (!it->is_number_integer() || it->get<int64_t>() < 0)
+        return LineError(source, line_no, std::string("'") + key + "' must be a non-negative integer");
+    }
+    auto ids = j.find("hash_ids");
+    if (ids == j.end() || !ids->is_array()) return LineError(source, line_no, "'hash_ids' must be an array");
+    t.begin.push_back(static_cast<uint32_t>(t.blocks.size()));
+    t.timestamp_ms.push_back(j["timestamp"].get<int64_t>());
+    int64_t in_len = j["input_length"].get<int64_t>();
+    t.input_length.push_back(static_cast<uint32_t>(std::min<int64_t>(in_len, UINT32_MAX)));
+    for (const auto& h : *ids) {
+      if (!h.is_number_integer()) return LineError(source, line_no, "'hash_ids' must hold integers");
+      auto [it, fresh] = dense.try_emplace(h.get<int64_t>(), static_cast<uint32_t>(dense.size()));
+      t.blocks.push_back(it->second);
+    }
+    if (t.blocks.size() >= UINT32_MAX - 1) return LineError(source, line_no, "trace too large (2^32 lookups)");
+  }
+  if (in.bad()) return IoError("reading " + std::string(source));
+  t.begin.push_back(static_cast<uint32_t>(t.blocks.size()));
+  t.distinct = dense.size();
+  return t;
+}
+
+Result<Trace> LoadMooncakeTrace(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return NotFound("cannot open trace " + path);
+  return ParseMooncakeTrace(f, path);
+}
+
+// The replay's hint rule. A client knows, when it sends a request, the token
+// count of its prompt (so whether the last block is partial), each block's
+// depth, and how many earlier requests carried each block (the router counts
+// prefix hits). Classes, lowest evicted first:
+//   0  the partial last block of a prompt: the next turn of the conversation
+//      appends to it, so its chained hash changes and it is almost never read
+//      again (0.7% in the Mooncake conversation trace);
+//   1  a full block seen for the first time (private to one conversation so far);
+//   2  a full block carried by exactly one earlier request;
+//   3  a full block carried by two or more earlier requests, or the first block of
+//      a prompt (system prompts are shared by everybody).
+AccessInfo DeriveHints(const Trace& trace, size_t r, size_t k, uint32_t shares, const HintOptions& o) {
+  const uint32_t top = o.priority_classes ? o.priority_classes - 1 : 0;
+  const size_t first = trace.begin[r], last = trace.begin[r + 1] - 1;
+  const bool partial_tail = k == last && o.block_tokens && trace.input_length[r] % o.block_tokens != 0;
+  AccessInfo info;
+  Priority cls;
+  if (partial_tail) cls = 0;
+  else if (k == first) cls = 3;
+  else cls = static_cast<Priority>(1 + std::min<uint32_t>(shares, 2));
+  info.priority = std::min<Priority>(cls, static_cast<Priority>(top));
+  info.score = static_cast<float>(partial_tail ? 0 : 1 + shares);
+  return info;
+}
+
+Result<ReplayResult> ReplayPolicy(const Trace& trace, std::string_view policy, size_t capacity,
+                                  const ReplayOptions& o) {
+  if (capacity == 0) return InvalidArgument("replay capacity must be at least one block");
+  ManualClock clock(0);
+  PolicyOptions po;
+  po.priority_classes = o.hints.priority_classes;
+  po.aging_ns = o.aging_ns;
+  po.capacity_hint = capacity;
+  po.clock = &clock;
+  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> p, MakeEvictionPolicy(policy, po));
+
+  const auto t0 = std::chrono::steady_clock::now();
+  ReplayResult res;
+  res.policy = std::string(policy);
+  res.capacity = capacity;
+  std::vector<uint32_t> shares(trace.distinct, 0);
+  int64_t now_ns = 0;
+  for (size_t r = 0; r < trace.requests(); ++r) {
+    now_ns = std::max(now_ns, trace.timestamp_ms[r] * 1'000'000);
+    clock.Set(now_ns);
+    bool prefix = true;
+    for (size_t k = trace.begin[r]; k < trace.begin[r + 1]; ++k) {
+      const EntryId id = trace.blocks[k];
+      const AccessInfo info = o.derive_hints ? DeriveHints(trace, r, k, shares[id], o.hints) : AccessInfo{};
+      ++res.lookups;
+      if (p->Contains(id)) {
+        ++res.hits;
+        if (prefix) ++res.prefix_hits;
+        p->Touch(id, info);
+      } else {
+        prefix = false;
+        if (!p->Admit(id, info)) {
+          ++res.declined;
+        } else {
+          while (p->size() >= capacity) {
+            std::optional<EntryId> v = p->Victim();
+            if (!v) return Internal(std::string(policy) + ": no victim in a full cache");
+            p->Remove(*v, RemoveReason::kEvicted);
+            ++res.evictions;
+          }
+          p->Insert(id, info);
+        }
+      }
+      ++shares[id];
+    }
+    if (o.progress) o.progress->fetch_add(trace.begin[r + 1] - trace.begin[r], std::memory_order_relaxed);
+  }
+  res.seconds = SecondsSince(t0);
+  return res;
+}
+
+ReplayResult ReplayInfinite(const Trace& trace) {
+  ReplayResult res;
+  res.policy = "infinite";
+  std::vector<bool> seen(trace.distinct, false);
+  for (size_t r = 0; r < trace.requests(); ++r) {
+    bool prefix = true;
+    for (size_t k = trace.begin[r]; k < trace.begin[r + 1]; ++k) {
+      ++res.lookups;
+      if (seen[trace.blocks[k]]) {
+        ++res.hits;
+        if (prefix) ++res.prefix_hits;
+      } else {
+        prefix = false;
+        seen[trace.blocks[k]] = true;
+      }
+    }
+  }
+  return res;
+}
+
+}  // namespace kvmesh

@@ -1,0 +1,66 @@
+// TinyLFU admission in front of any policy ("tinylfu-<inner>", e.g. "tinylfu-lru").
+//
+// Every access (Admit on a miss, Touch on a hit) is recorded in a
+// FrequencySketch. While the cache has room every new entry is admitted; once
+// it is full, a new entry is admitted only if its estimated frequency is
+// higher than that of the entry the inner policy would evict for it, so a
+// burst of one-time blocks cannot flush blocks that are used again and again.
+//
+// The capacity is PolicyOptions::capacity_hint; when that is 0 it is learned
+// as the size at the first eviction (everything is admitted until then).
+// REQUIRES of the owner: Admit is called on every miss, before any eviction
+// for it (the replay and the block store do).
+#include <string>
+
+#include "eviction/eviction_policy.h"
+#include "eviction/frequency_sketch.h"
+#include "eviction/policies.h"
+
+namespace kvmesh::eviction_internal {
+namespace {
+
+class TinyLfuFilter final : public EvictionPolicy {
+ public:
+  TinyLfuFilter(std::unique_ptr<EvictionPolicy> inner, const PolicyOptions& o)
+      : inner_(std::move(inner)),
+        name_("tinylfu-" + std::string(inner_->name())),
+        capacity_(o.capacity_hint),
+        sketch_(o.capacity_hint ? o.capacity_hint : 4096) {}
+
+  std::string_view name() const override { return name_; }
+
+  bool Admit(EntryId id, const AccessInfo& info) override {
+    sketch_.Record(id);
+    if (capacity_ == 0 || inner_->size() < capacity_) return inner_->Admit(id, info);
+    std::optional<EntryId> victim = inner_->Victim();
+    if (victim && sketch_.Estimate(id) <= sketch_.Estimate(*victim)) return false;
+    return inner_->Admit(id, info);
+  }
+  void Insert(EntryId id, const AccessInfo& info) override { inner_->Insert(id, info); }
+  void Touch(EntryId id, const AccessInfo& info) override {
+    sketch_.Record(id);
+    inner_->Touch(id, info);
+  }
+  void Remove(EntryId id, RemoveReason reason) override {
+    if (reason == RemoveReason::kEvicted && capacity_ == 0) capacity_ = inner_->size();
+    inner_->Remove(id, reason);
+  }
+  std::optional<EntryId> Victim() override { return inner_->Victim(); }
+  Priority EffectiveClass(EntryId id) const override { return inner_->EffectiveClass(id); }
+  bool Contains(EntryId id) const override { return inner_->Contains(id); }
+  size_t size() const override { return inner_->size(); }
+
+ private:
+  std::unique_ptr<EvictionPolicy> inner_;
+  std::string name_;
+  size_t capacity_;
+  FrequencySketch sketch_;
+};
+
+}  // namespace
+
+std::unique_ptr<EvictionPolicy> MakeTinyLfu(std::unique_ptr<EvictionPolicy> inner, const PolicyOptions& o) {
+  return std::make_unique<TinyLfuFilter>(std::move(inner), o);
+}
+
+}  // namespace kvmesh::eviction_internal
