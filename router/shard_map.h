@@ -66,6 +66,7 @@ class ShardMap {
   uint32_t replicas_ = 1;
   std::vector<ShardInfo> nodes_;
   std::vector<uint32_t> all_;
+  bool uniform_weights_ = true;  // then the raw hash orders nodes like the score does
   std::vector<std::vector<uint32_t>> groups_;  // resolved group members
   struct Rule {
     Affinity::Kind kind;
