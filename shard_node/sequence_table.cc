@@ -1,0 +1,338 @@
+// Live sequences over one block store (include/kvmesh/sequence.h).
+#include "kvmesh/sequence.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "shard_node/block_store.h"
+
+namespace kvmesh {
+namespace {
+
+// One block of a sequence. Exactly one of ref / priv / open holds the bytes.
+struct Block {
+  BlockKey chain;                                // chain key (set when sealed)
+  BlockRef ref;                                  // sealed, in the store, pinned
+  std::shared_ptr<const std::vector<std::byte>> priv;  // sealed, refused by the store
+  std::vector<std::byte> open;                   // open: written in place
+
+  bool sealed() const { return ref.valid() || priv != nullptr; }
+  const std::byte* data() const {
+    if (ref.valid()) return ref.data().data();
+    if (priv) return priv->data();
+    return open.data();
+  }
+};
+
+struct Seq {
+  std::vector<TokenId> tokens;
+  std::vector<Block> blocks;  // ceil(tokens / block_tokens)
+  uint32_t sealed = 0;        // blocks [0, sealed) are sealed
+};
+
+}  // namespace
+
+struct SequenceTable::Impl {
+  BlockStore* store;
+  ModelSpec model;
+  BlockLayout layout;
+  SequenceOptions options;
+  KeyDeriver deriver;
+  size_t elem;  // bytes per element
+
+  mutable std::mutex mu;
+  std::unordered_map<SeqId, std::unique_ptr<Seq>> seqs;  // guarded by mu
+  SeqId next_id = 1;                                     // guarded by mu
+  SequenceStats stats;                                   // guarded by mu (all-time counters)
+
+  Impl(BlockStore* s, const ModelSpec& m, const BlockLayout& l, SequenceOptions o)
+      : store(s), model(m), layout(l), options(std::move(o)),
+        deriver(m.model_id, options.tenant_salt, m.block_tokens), elem(DTypeSize(m.dtype)) {}
+
+  Seq* Find(SeqId id) const {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = seqs.find(id);
+    return it == seqs.end() ? nullptr : it->second.get();
+  }
+  SeqId Add(std::unique_ptr<Seq> s) {
+    std::lock_guard<std::mutex> lock(mu);
+    SeqId id = next_id++;
+    seqs.emplace(id, std::move(s));
+    return id;
+  }
+  void Count(uint64_t SequenceStats::*field, uint64_t n = 1) {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.*field += n;
+  }
+  BlockKey PrevChain(const Seq& s, size_t b) const { return b == 0 ? deriver.root() : s.blocks[b - 1].chain; }
+  BlockKey StoredKey(const BlockKey& chain) const { return KeyDeriver::Qualify(chain, layout.layers, layout.heads); }
+
+  // Seals block b of s (full, open, all earlier blocks sealed).
+  void Seal(Seq& s, size_t b) {
+    const uint32_t bt = layout.block_tokens;
+    Block& blk = s.blocks[b];
+    blk.chain = KeyDeriver::Chain(PrevChain(s, b), std::span<const TokenId>(s.tokens).subspan(b * bt, bt));
+    const BlockKey key = StoredKey(blk.chain);
+    const bool existed = store->Exists(key, false);
+    PutOptions po;
+    po.priority = options.priority;
+    Status st = store->Put(key, blk.open, po);
+    Result<BlockRef> ref = st.ok() ? store->Get(key) : Result<BlockRef>(st);
+    if (ref.ok()) {
+      blk.ref = std::move(ref).value();
+      blk.open = {};
+      Count(&SequenceStats::seals);
+      if (existed) Count(&SequenceStats::seal_dedups);
+    } else {
+      blk.priv = std::make_shared<const std::vector<std::byte>>(std::move(blk.open));
+      blk.open = {};
+    }
+    s.sealed = static_cast<uint32_t>(b + 1);
+  }
+};
+
+SequenceTable::SequenceTable(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SequenceTable::~SequenceTable() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->seqs.clear();  // BlockRefs unpin
+}
+
+Result<std::unique_ptr<SequenceTable>> SequenceTable::Create(BlockStore* store, const ModelSpec& model, Range layers,
+                                                             Range heads, SequenceOptions options) {
+  if (store == nullptr) return InvalidArgument("sequence table needs a block store");
+  KVMESH_RETURN_IF_ERROR(model.Validate());
+  KVMESH_ASSIGN_OR_RETURN(BlockLayout layout, BlockLayout::Slice(model, layers, heads));
+  if (layout.bytes() > store->slot_bytes()) {
+    return InvalidArgument("a sequence block of " + std::to_string(layout.bytes()) +
+                           " bytes does not fit the store's slots of " + std::to_string(store->slot_bytes()) +
+                           " bytes");
+  }
+  return std::unique_ptr<SequenceTable>(
+      new SequenceTable(std::make_unique<Impl>(store, model, layout, std::move(options))));
+}
+
+const BlockLayout& SequenceTable::layout() const { return impl_->layout; }
+const KeyDeriver& SequenceTable::deriver() const { return impl_->deriver; }
+
+SeqId SequenceTable::Create() { return impl_->Add(std::make_unique<Seq>()); }
+
+size_t SequenceTable::MatchPrefix(std::span<const TokenId> tokens) {
+  Impl& im = *impl_;
+  const uint32_t bt = im.layout.block_tokens;
+  BlockKey chain = im.deriver.root();
+  size_t run = 0;
+  for (size_t b = 0; (b + 1) * bt <= tokens.size(); ++b) {
+    chain = KeyDeriver::Chain(chain, tokens.subspan(b * bt, bt));
+    if (!im.store->Exists(im.StoredKey(chain), /*touch=*/true)) break;
+    ++run;
+  }
+  return run;
+}
+
+SeqId SequenceTable::CreateFromPrefix(std::span<const TokenId> tokens, size_t max_blocks) {
+  Impl& im = *impl_;
+  const uint32_t bt = im.layout.block_tokens;
+  auto s = std::make_unique<Seq>();
+  BlockKey chain = im.deriver.root();
+  for (size_t b = 0; b < max_blocks && (b + 1) * bt <= tokens.size(); ++b) {
+    chain = KeyDeriver::Chain(chain, tokens.subspan(b * bt, bt));
+    Result<BlockRef> ref = im.store->Get(im.StoredKey(chain));
+    if (!ref.ok()) break;
+    Block blk;
+    blk.chain = chain;
+    blk.ref = std::move(ref).value();
+    s->blocks.push_back(std::move(blk));
+  }
+  s->sealed = static_cast<uint32_t>(s->blocks.size());
+  s->tokens.assign(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(s->blocks.size() * bt));
+  im.Count(&SequenceStats::attached_blocks, s->blocks.size());
+  return im.Add(std::move(s));
+}
+
+Result<uint32_t> SequenceTable::Extend(SeqId seq, std::span<const TokenId> tokens) {
+  Impl& im = *impl_;
+  Seq* s = im.Find(seq);
+  if (s == nullptr) return NotFound("sequence " + std::to_string(seq) + " does not exist");
+  const uint32_t bt = im.layout.block_tokens;
+  const uint32_t pos = static_cast<uint32_t>(s->tokens.size());
+  s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
+  const size_t need = (s->tokens.size() + bt - 1) / bt;
+  while (s->blocks.size() < need) {
+    Block blk;
+    blk.open.assign(im.layout.bytes(), std::byte{0});
+    s->blocks.push_back(std::move(blk));
+  }
+  return pos;
+}
+
+Status SequenceTable::Write(SeqId seq, uint32_t layer, uint32_t pos, uint32_t n, std::span<const std::byte> k,
+                            std::span<const std::byte> v) {
+  Impl& im = *impl_;
+  const BlockLayout& L = im.layout;
+  Seq* s = im.Find(seq);
+  if (s == nullptr) return NotFound("sequence " + std::to_string(seq) + " does not exist");
+  if (layer < L.layers.begin || layer >= L.layers.end)
+    return InvalidArgument("layer " + std::to_string(layer) + " is outside the table's slice");
+  const uint32_t bt = L.block_tokens;
+  if (size_t{pos} + n > s->tokens.size()) return InvalidArgument("write past the sequence's extended length");
+  if (pos < s->sealed * bt) return FailedPrecondition("write into a sealed block");
+  const size_t H = L.heads.size(), row = size_t{L.head_dim} * im.elem;
+  if (k.size() < n * H * row || v.size() < n * H * row) return InvalidArgument("k/v shorter than n x heads x head_dim");
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t p = pos + i;
+    Block& blk = s->blocks[p / bt];
+    for (size_t h = 0; h < H; ++h) {
+      const uint32_t head = L.heads.begin + static_cast<uint32_t>(h);
+      std::memcpy(blk.open.data() + L.Offset(layer, 0, head, p % bt), k.data() + (i * H + h) * row, row);
+      std::memcpy(blk.open.data() + L.Offset(layer, 1, head, p % bt), v.data() + (i * H + h) * row, row);
+    }
+  }
+  return Status::Ok();
+}
+
+Status SequenceTable::Commit(SeqId seq) {
+  Impl& im = *impl_;
+  Seq* s = im.Find(seq);
+  if (s == nullptr) return NotFound("sequence " + std::to_string(seq) + " does not exist");
+  const uint32_t bt = im.layout.block_tokens;
+  const size_t full = s->tokens.size() / bt;
+  for (size_t b = s->sealed; b < full; ++b) im.Seal(*s, b);
+  return Status::Ok();
+}
+
+Status SequenceTable::Append(SeqId seq, std::span<const TokenId> tokens, std::span<const std::byte> k,
+                             std::span<const std::byte> v) {
+  const BlockLayout& L = impl_->layout;
+  const size_t per_layer = tokens.size() * L.heads.size() * L.head_dim * impl_->elem;
+  if (k.size() < per_layer * L.layers.size() || v.size() < per_layer * L.layers.size())
+    return InvalidArgument("k/v shorter than layers x n x heads x head_dim");
+  KVMESH_ASSIGN_OR_RETURN(uint32_t pos, Extend(seq, tokens));
+  const uint32_t n = static_cast<uint32_t>(tokens.size());
+  for (uint32_t l = 0; l < L.layers.size(); ++l) {
+    KVMESH_RETURN_IF_ERROR(Write(seq, L.layers.begin + l, pos, n, k.subspan(l * per_layer, per_layer),
+                                 v.subspan(l * per_layer, per_layer)));
+  }
+  return Commit(seq);
+}
+
+Status SequenceTable::Truncate(SeqId seq, uint32_t n) {
+  Impl& im = *impl_;
+  Seq* s = im.Find(seq);
+  if (s == nullptr) return NotFound("sequence " + std::to_string(seq) + " does not exist");
+  if (n > s->tokens.size())
+    return InvalidArgument("truncate of " + std::to_string(n) + " tokens from a sequence of " +
+                           std::to_string(s->tokens.size()));
+  const uint32_t bt = im.layout.block_tokens;
+  const size_t len = s->tokens.size() - n;
+  const size_t keep = (len + bt - 1) / bt;
+  s->tokens.resize(len);
+  s->blocks.resize(keep);  // dropped sealed blocks unpin here
+  if (s->sealed > keep) s->sealed = static_cast<uint32_t>(keep);
+  if (len % bt != 0 && s->sealed == keep) {
+    // The last kept block is sealed but now partial: copy it into an open block.
+    Block& blk = s->blocks.back();
+    std::vector<std::byte> open(im.layout.bytes());
+    if (blk.ref.valid()) {
+      im.store->backend().CopyOut(open.data(), blk.ref.data().data(), open.size());
+    } else {
+      std::memcpy(open.data(), blk.priv->data(), open.size());
+    }
+    blk = Block{};
+    blk.open = std::move(open);
+    s->sealed = static_cast<uint32_t>(keep - 1);
+    im.Count(&SequenceStats::unseals);
+  }
+  return Status::Ok();
+}
+
+Result<SeqId> SequenceTable::Fork(SeqId seq) {
+  Impl& im = *impl_;
+  const Seq* s = im.Find(seq);
+  if (s == nullptr) return NotFound("sequence " + std::to_string(seq) + " does not exist");
+  auto f = std::make_unique<Seq>();
+  f->tokens = s->tokens;
+  f->sealed = s->sealed;
+  f->blocks.resize(s->blocks.size());
+  for (size_t b = 0; b < s->blocks.size(); ++b) {
+    const Block& src = s->blocks[b];
+    Block& dst = f->blocks[b];
+    dst.chain = src.chain;
+    if (src.ref.valid()) {
+      // Pin the same stored block once more (no copy). It is pinned by `s`,
+      // so it is still there; a checksum failure falls back to a private copy.
+      Result<BlockRef> ref = im.store->Get(src.ref.meta().key);
+      if (ref.ok()) {
+        dst.ref = std::move(ref).value();
+      } else {
+        auto copy = std::make_shared<std::vector<std::byte>>(src.ref.meta().size);
+        im.store->backend().CopyOut(copy->data(), src.ref.data().data(), copy->size());
+        dst.priv = std::move(copy);
+      }
+    } else if (src.priv) {
+      dst.priv = src.priv;
+    } else {
+      dst.open = src.open;
+    }
+  }
+  im.Count(&SequenceStats::forks);
+  return im.Add(std::move(f));
+}
+
+Status SequenceTable::Release(SeqId seq) {
+  std::unique_ptr<Seq> s;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->seqs.find(seq);
+    if (it == impl_->seqs.end()) return NotFound("sequence " + std::to_string(seq) + " does not exist");
+    s = std::move(it->second);
+    impl_->seqs.erase(it);
+  }
+  return Status::Ok();  // s unpins its blocks here, outside the table lock
+}
+
+Result<uint32_t> SequenceTable::Length(SeqId seq) const {
+  const Seq* s = impl_->Find(seq);
+  if (s == nullptr) return NotFound("sequence " + std::to_string(seq) + " does not exist");
+  return static_cast<uint32_t>(s->tokens.size());
+}
+
+Result<std::vector<TokenId>> SequenceTable::Tokens(SeqId seq) const {
+  const Seq* s = impl_->Find(seq);
+  if (s == nullptr) return NotFound("sequence " + std::to_string(seq) + " does not exist");
+  return s->tokens;
+}
+
+Result<uint32_t> SequenceTable::SealedBlocks(SeqId seq) const {
+  const Seq* s = impl_->Find(seq);
+  if (s == nullptr) return NotFound("sequence " + std::to_string(seq) + " does not exist");
+  return s->sealed;
+}
+
+Result<SequenceView> SequenceTable::View(SeqId seq) const {
+  const Seq* s = impl_->Find(seq);
+  if (s == nullptr) return NotFound("sequence " + std::to_string(seq) + " does not exist");
+  SequenceView v;
+  v.layout = impl_->layout;
+  v.length = static_cast<uint32_t>(s->tokens.size());
+  v.blocks.reserve(s->blocks.size());
+  for (const Block& b : s->blocks) v.blocks.push_back(b.data());
+  return v;
+}
+
+SequenceStats SequenceTable::Stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  SequenceStats st = impl_->stats;
+  st.sequences = impl_->seqs.size();
+  for (const auto& [id, s] : impl_->seqs) {
+    for (const Block& b : s->blocks) {
+      if (b.ref.valid()) ++st.sealed_blocks;
+      else if (b.priv) ++st.private_blocks;
+      else ++st.open_blocks;
+    }
+  }
+  return st;
+}
+
+}  // namespace kvmesh

@@ -1,0 +1,250 @@
+// Live sequences (include/kvmesh/sequence.h) on the embedded store.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "kvmesh/embedded.h"
+#include "kvmesh/sequence.h"
+#include "shard_node/shard_node.h"
+
+using namespace kvmesh;
+
+namespace {
+
+constexpr uint32_t kLayers = 2, kHeads = 2, kDim = 4, kBt = 4;
+
+// Two nodes; rank r's blocks (affinity Rank(r)) live on node r.
+ClusterConfig Config(const char* budget = "1MiB") {
+  std::string j = R"({"model": {"model_id": "seqtest", "num_layers": 2, "num_kv_heads": 2, "head_dim": 4,
+                                 "dtype": "fp32", "block_tokens": 4},
+      "nodes": [{"id": "n0", "memory": {"host": ")" + std::string(budget) + R"("}},
+                {"id": "n1", "memory": {"host": ")" + std::string(budget) + R"("}}],
+      "store": {"stripes": 1},
+      "placement": {"groups": {"r0": ["n0"], "r1": ["n1"]},
+                    "affinity": [{"rank": "0", "group": "r0"}, {"rank": "1", "group": "r1"}]}})";
+  auto c = ParseConfig(j);
+  REQUIRE(c.ok());
+  return *c;
+}
+
+// The K (kv=0) or V (kv=1) value of (layer, head, position, dim) for a token:
+// a function of the token and its position, so a test can recompute it.
+float Val(uint32_t layer, uint32_t kv, uint32_t head, uint32_t pos, uint32_t d, TokenId tok) {
+  return static_cast<float>(tok) * 1000.0f + static_cast<float>(pos) + layer * 0.5f + kv * 0.25f + head * 0.125f +
+         d * 0.0625f;
+}
+
+// Appends tokens [pos0, pos0+n) of `toks` with KV from Val().
+void AppendTokens(SequenceTable& t, SeqId s, std::span<const TokenId> toks, uint32_t pos0) {
+  const size_t n = toks.size();
+  std::vector<float> k(kLayers * n * kHeads * kDim), v(k.size());
+  for (uint32_t l = 0; l < kLayers; ++l)
+    for (size_t i = 0; i < n; ++i)
+      for (uint32_t h = 0; h < kHeads; ++h)
+        for (uint32_t d = 0; d < kDim; ++d) {
+          size_t idx = ((l * n + i) * kHeads + h) * kDim + d;
+          k[idx] = Val(l, 0, h, pos0 + static_cast<uint32_t>(i), d, toks[i]);
+          v[idx] = Val(l, 1, h, pos0 + static_cast<uint32_t>(i), d, toks[i]);
+        }
+  REQUIRE(t.Append(s, toks, std::as_bytes(std::span(k)), std::as_bytes(std::span(v))).ok());
+}
+
+// Checks every KV row of the sequence against Val().
+void CheckContent(const SequenceTable& t, SeqId s) {
+  SequenceView v = t.View(s).value();
+  std::vector<TokenId> toks = t.Tokens(s).value();
+  REQUIRE(v.length == toks.size());
+  for (uint32_t p = 0; p < v.length; ++p)
+    for (uint32_t l = 0; l < kLayers; ++l)
+      for (uint32_t kv = 0; kv < 2; ++kv)
+        for (uint32_t h = 0; h < kHeads; ++h) {
+          float row[kDim];
+          std::memcpy(row, v.Row(l, kv, h, p), sizeof row);
+          for (uint32_t d = 0; d < kDim; ++d) REQUIRE(row[d] == Val(l, kv, h, p, d, toks[p]));
+        }
+}
+
+std::vector<TokenId> Toks(size_t n, TokenId base) {
+  std::vector<TokenId> t(n);
+  std::iota(t.begin(), t.end(), base);
+  return t;
+}
+
+struct Fixture {
+  std::unique_ptr<EmbeddedCluster> cluster;
+  std::unique_ptr<SequenceTable> table;
+  explicit Fixture(const char* budget = "1MiB") {
+    cluster = EmbeddedCluster::Start(Config(budget)).value();
+    // Rank 1 holds all layers of KV head 1 on node n1.
+    table = SequenceTable::Create(&cluster->node(1).store(), cluster->config().model, {0, kLayers}, {1, 2}).value();
+  }
+  RequestOptions Rank1() const {
+    RequestOptions o;
+    o.layers = {0, kLayers};
+    o.heads = {1, 2};
+    o.affinity = Affinity::Rank(1);
+    return o;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Sequence: full blocks are sealed under their chained key and found by Router::MatchPrefix", "[sequence]") {
+  Fixture f;
+  SequenceTable& t = *f.table;
+  // A one-head slice: rows hold only head 1, but Val() keys on the absolute head.
+  SeqId s = t.Create();
+  std::vector<TokenId> toks = Toks(10, 100);  // 2 full blocks + 2 tokens
+  std::vector<float> k(kLayers * 10 * kDim), v(k.size());
+  for (uint32_t l = 0; l < kLayers; ++l)
+    for (uint32_t i = 0; i < 10; ++i)
+      for (uint32_t d = 0; d < kDim; ++d) {
+        k[(l * 10 + i) * kDim + d] = Val(l, 0, 1, i, d, toks[i]);
+        v[(l * 10 + i) * kDim + d] = Val(l, 1, 1, i, d, toks[i]);
+      }
+  REQUIRE(t.Append(s, toks, std::as_bytes(std::span(k)), std::as_bytes(std::span(v))).ok());
+  CHECK(t.SealedBlocks(s).value() == 2);
+  CHECK(t.Length(s).value() == 10);
+  CHECK(f.cluster->node(1).Stats().store.blocks == 2);
+  CHECK(f.cluster->node(0).Stats().store.blocks == 0);
+  // The router finds exactly the sealed blocks, for this slice only.
+  CHECK(f.cluster->router().MatchPrefix(toks, f.Rank1()).value() == 2);
+  RequestOptions other = f.Rank1();
+  other.heads = {0, 1};
+  CHECK(f.cluster->router().MatchPrefix(toks, other).value() == 0);
+  // A sequence of the same prompt attaches the sealed blocks and reads the same bytes.
+  SeqId s2 = t.CreateFromPrefix(toks);
+  CHECK(t.Length(s2).value() == 8);
+  SequenceView a = t.View(s).value(), b = t.View(s2).value();
+  CHECK(a.blocks[0] == b.blocks[0]);  // the same stored block, not a copy
+  CHECK(a.blocks[1] == b.blocks[1]);
+  // Released sequences leave their blocks cached (unpinned).
+  REQUIRE(t.Release(s).ok());
+  REQUIRE(t.Release(s2).ok());
+  CHECK(f.cluster->node(1).Stats().store.pinned_blocks == 0);
+  CHECK(f.cluster->router().MatchPrefix(toks, f.Rank1()).value() == 2);
+  CHECK(t.Release(s).code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("Sequence: one-token appends seal each block as it fills; content survives", "[sequence]") {
+  Fixture f;
+  auto t = SequenceTable::Create(&f.cluster->node(0).store(), f.cluster->config().model, {0, kLayers}, {0, kHeads})
+               .value();
+  SeqId s = t->Create();
+  std::vector<TokenId> toks = Toks(13, 7);
+  for (uint32_t i = 0; i < 13; ++i) {
+    AppendTokens(*t, s, std::span(toks).subspan(i, 1), i);
+    CHECK(t->SealedBlocks(s).value() == (i + 1) / kBt);
+  }
+  CheckContent(*t, s);
+  CHECK(t->MatchPrefix(toks) == 3);
+  CHECK(t->Stats().seals == 3);
+}
+
+TEST_CASE("Sequence: fork shares sealed blocks by pin and copies only the tail", "[sequence]") {
+  Fixture f;
+  auto t = SequenceTable::Create(&f.cluster->node(0).store(), f.cluster->config().model, {0, kLayers}, {0, kHeads})
+               .value();
+  BlockStore& store = f.cluster->node(0).store();
+  SeqId s = t->Create();
+  std::vector<TokenId> toks = Toks(10, 1);
+  AppendTokens(*t, s, toks, 0);
+  const uint64_t blocks_before = store.Stats().blocks;
+  SeqId c = t->Fork(s).value();
+  CHECK(store.Stats().blocks == blocks_before);  // nothing new stored
+  SequenceView vs = t->View(s).value(), vc = t->View(c).value();
+  REQUIRE(vc.blocks.size() == 3);
+  CHECK(vs.blocks[0] == vc.blocks[0]);
+  CHECK(vs.blocks[1] == vc.blocks[1]);
+  CHECK(vs.blocks[2] != vc.blocks[2]);  // the open tail is a copy
+  CHECK(t->Stats().sealed_blocks == 4);  // two per sequence, two distinct stored blocks
+  CHECK(store.Stats().pinned_blocks == 2);
+
+  // The branches diverge in their tails without touching each other.
+  std::vector<TokenId> a = {500, 501}, b = {900};
+  AppendTokens(*t, s, a, 10);
+  AppendTokens(*t, c, b, 10);
+  CheckContent(*t, s);
+  CheckContent(*t, c);
+  CHECK(t->SealedBlocks(s).value() == 3);  // 12 tokens: the tail filled and was sealed
+  CHECK(t->SealedBlocks(c).value() == 2);
+
+  // After the parent is released the child still pins the shared blocks: a
+  // store flooded with other blocks cannot evict them.
+  REQUIRE(t->Release(s).ok());
+  std::vector<std::byte> junk(t->layout().bytes(), std::byte{1});
+  for (uint64_t i = 0; i < 4 * store.Stats().slots_total; ++i)
+    (void)store.Put(BlockKey{i + 1, 0xfeed}, junk, {});
+  CheckContent(*t, c);
+  CHECK(t->MatchPrefix(toks) == 2);
+  REQUIRE(t->Release(c).ok());
+  CHECK(store.Stats().pinned_blocks == 0);
+}
+
+TEST_CASE("Sequence: truncate across a block boundary unseals the new tail and rewrites it", "[sequence]") {
+  Fixture f;
+  auto t = SequenceTable::Create(&f.cluster->node(0).store(), f.cluster->config().model, {0, kLayers}, {0, kHeads})
+               .value();
+  BlockStore& store = f.cluster->node(0).store();
+  SeqId s = t->Create();
+  std::vector<TokenId> toks = Toks(13, 40);
+  AppendTokens(*t, s, toks, 0);
+  REQUIRE(t->SealedBlocks(s).value() == 3);
+  const std::byte* sealed1 = t->View(s).value().blocks[1];
+
+  // 13 -> 6 tokens: block 2 is dropped, block 1 keeps 2 of its 4 tokens.
+  REQUIRE(t->Truncate(s, 7).ok());
+  CHECK(t->Length(s).value() == 6);
+  CHECK(t->SealedBlocks(s).value() == 1);
+  CHECK(t->View(s).value().blocks[1] != sealed1);  // now a private copy
+  CHECK(t->Stats().unseals == 1);
+  CHECK(store.Stats().pinned_blocks == 1);  // only block 0 is still pinned
+  CheckContent(*t, s);
+  // The old blocks stay cached for their own prefix.
+  CHECK(t->MatchPrefix(toks) == 3);
+
+  // Rewrite with different tokens: the new block 1 seals under a new key and
+  // the old one is untouched.
+  std::vector<TokenId> other = {7, 8, 9};
+  AppendTokens(*t, s, other, 6);
+  CHECK(t->SealedBlocks(s).value() == 2);
+  CheckContent(*t, s);
+  std::vector<TokenId> now = t->Tokens(s).value();
+  CHECK(t->MatchPrefix(now) == 2);
+  CHECK(t->MatchPrefix(toks) == 3);
+  // Truncating exactly on a block boundary keeps the block sealed.
+  REQUIRE(t->Truncate(s, 1).ok());
+  CHECK(t->SealedBlocks(s).value() == 2);
+  CHECK(t->Truncate(s, 100).code() == StatusCode::kInvalidArgument);
+  REQUIRE(t->Truncate(s, 8).ok());
+  CHECK(t->Length(s).value() == 0);
+  CHECK(store.Stats().pinned_blocks == 0);
+  // Writes into sealed positions are refused.
+  SeqId q = t->Create();
+  AppendTokens(*t, q, toks, 0);
+  std::vector<float> row(kHeads * kDim);
+  CHECK(t->Write(q, 0, 2, 1, std::as_bytes(std::span(row)), std::as_bytes(std::span(row))).code() ==
+        StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("Sequence: a full block the store refuses stays private and correct", "[sequence]") {
+  // One slot per stripe and everything pinned: the second seal is refused.
+  auto cfg = Config("1MiB");
+  cfg.store.slot_bytes = 2 * kLayers * kHeads * kBt * kDim * 4;
+  cfg.nodes[0].memory.host = cfg.store.slot_bytes;  // exactly one slot
+  auto cluster = EmbeddedCluster::Start(cfg).value();
+  auto t = SequenceTable::Create(&cluster->node(0).store(), cfg.model, {0, kLayers}, {0, kHeads}).value();
+  SeqId s = t->Create();
+  std::vector<TokenId> toks = Toks(9, 3);
+  AppendTokens(*t, s, toks, 0);
+  CHECK(t->SealedBlocks(s).value() == 2);
+  CHECK(t->Stats().private_blocks == 1);
+  CheckContent(*t, s);
+  SeqId c = t->Fork(s).value();
+  CheckContent(*t, c);
+  REQUIRE(t->Truncate(c, 3).ok());  // into the private block
+  CheckContent(*t, c);
+  CheckContent(*t, s);
+}
