@@ -1,0 +1,51 @@
+// shard_node/server/data_server.h — serves one ShardNode over TCP with the
+// kvmesh wire protocol (docs/protocol.md), on Boost.Asio.
+//
+// Each connection is one coroutine: read a header, check it (DecodeHeader:
+// every length against the limits before allocating), read the body, answer.
+// A client may pipeline: frames are answered in order. Store operations are
+// in-memory and never block on I/O; GET answers are written with
+// scatter/gather straight from pool memory (BlockRefs pin the blocks until the
+// write completes). A malformed, truncated or oversize frame closes only its
+// own connection. The first frame must be HELLO; with a token configured a
+// wrong or missing token is refused (PermissionDenied) and the connection closed
+// before any data operation. A request whose epoch is non-zero and older than
+// the node's current epoch is answered StaleEpoch (carrying the node's epoch).
+//
+// Thread-safety: Start/Stop from one thread; everything else is internal.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kvmesh/status.h"
+#include "transport/protocol.h"
+
+namespace kvmesh {
+
+class ShardNode;
+
+struct DataServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;  // 0 = a free port
+  uint32_t threads = 2;
+  proto::ProtocolLimits limits;
+  std::string token;  // empty: no authentication
+};
+
+class DataServer {
+ public:
+  // REQUIRES: node and epoch outlive the server.
+  static Result<std::unique_ptr<DataServer>> Start(ShardNode* node, DataServerOptions options,
+                                                   const std::atomic<uint64_t>* epoch);
+  virtual ~DataServer() = default;
+  virtual uint16_t port() const = 0;
+  // Stops accepting, closes every connection, joins the threads. Idempotent.
+  virtual void Stop() = 0;
+  // Prometheus text lines for this server's counters and latency summaries.
+  virtual std::string MetricsText() const = 0;
+};
+
+}  // namespace kvmesh

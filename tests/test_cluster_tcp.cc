@@ -1,0 +1,366 @@
+// The node's TCP data server and the TCP shard channel, in one process:
+// batch operations byte-for-byte, pipelining from many threads, HELLO and
+// token refusal, stale-epoch answers, malformed / truncated / oversize frames
+// closing only their own connection, and bounded calls to dead or silent nodes.
+#include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "common/checksum.h"
+#include "kvmesh/config.h"
+#include "shard_node/server/data_server.h"
+#include "shard_node/shard_node.h"
+#include "transport/protocol.h"
+#include "transport/socket_util.h"
+#include "transport/tcp_channel.h"
+
+using namespace kvmesh;
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+
+ClusterConfig Config() {
+  auto c = ParseConfig(R"({
+    "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
+    "nodes": [{"id": "n0", "memory": {"host": "16MiB"}}],
+    "store": {"slot_bytes": "64KiB", "stripes": 2}
+  })");
+  REQUIRE(c.ok());
+  return *c;
+}
+
+struct Fixture {
+  explicit Fixture(std::string token = "", uint64_t epoch = 0) : epoch_(epoch) {
+    cfg = Config();
+    auto n = ShardNode::Create(cfg, "n0");
+    REQUIRE(n.ok());
+    node = std::move(*n);
+    DataServerOptions o;
+    o.token = std::move(token);
+    o.limits.max_block_bytes = 64 << 10;
+    o.limits.max_body_bytes = 1 << 20;
+    o.limits.max_items = 64;
+    auto s = DataServer::Start(node.get(), o, &epoch_);
+    REQUIRE(s.ok());
+    server = std::move(*s);
+  }
+  std::unique_ptr<TcpChannel> Channel(std::string token = "", int64_t timeout_ms = 2000) {
+    TcpChannelOptions o;
+    o.port = server->port();
+    o.token = std::move(token);
+    o.timeout_ms = timeout_ms;
+    return TcpChannel::Create(o);
+  }
+  ClusterConfig cfg;
+  std::atomic<uint64_t> epoch_;
+  std::unique_ptr<ShardNode> node;
+  std::unique_ptr<DataServer> server;
+};
+
+std::vector<std::byte> Payload(uint64_t seed, size_t n) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+// Keys as the router makes them: hashed, so they spread over the store's stripes.
+BlockKey Key(uint64_t a, uint64_t b) {
+  uint64_t x = (a << 32) ^ b ^ 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return BlockKey{x ^ (x >> 31), b};
+}
+
+// A raw connection for sending hand-made bytes.
+UniqueFd Raw(uint16_t port) {
+  auto fd = ConnectTcp("127.0.0.1", port, SteadyClock::now() + std::chrono::seconds(2));
+  REQUIRE(fd.ok());
+  return std::move(*fd);
+}
+
+// True when the server closed the connection (EOF) within 2 s; answers are drained.
+bool ClosedByServer(int fd) {
+  char buf[4096];
+  const auto end = SteadyClock::now() + std::chrono::seconds(2);
+  while (SteadyClock::now() < end) {
+    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n == 0) return true;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return true;
+    if (n < 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+std::string HelloFrame(const std::string& token = "") {
+  proto::Hello h;
+  h.client_id = "raw";
+  h.token = token;
+  proto::FrameHeader fh;
+  fh.opcode = proto::Opcode::kHello;
+  return proto::BuildFrame(fh, proto::EncodeHelloBody(h));
+}
+
+}  // namespace
+
+TEST_CASE("TCP channel: batch put/get/exists/match/erase/pin round trip byte-for-byte", "[cluster][tcp]") {
+  Fixture f;
+  auto ch = f.Channel();
+  REQUIRE(ch->Connect().ok());
+  CHECK(ch->node_id() == "n0");
+  std::vector<std::vector<std::byte>> data;
+  std::vector<PutItem> puts;
+  for (int i = 0; i < 20; ++i) data.push_back(Payload(i, 1000 + 3000 * i));
+  for (int i = 0; i < 20; ++i) puts.push_back(PutItem{BlockKey{1, uint64_t(i)}, data[i], {}});
+  REQUIRE(ch->Put(puts, {}).ok());
+  for (auto& p : puts) CHECK(p.status.ok());
+
+  std::vector<std::vector<std::byte>> dst(21, std::vector<std::byte>(64 << 10));
+  std::vector<GetItem> gets;
+  for (int i = 0; i < 21; ++i) gets.push_back(GetItem{BlockKey{1, uint64_t(i)}, dst[i], 0, {}});
+  REQUIRE(ch->Get(gets, {}).ok());
+  for (int i = 0; i < 20; ++i) {
+    REQUIRE(gets[i].status.ok());
+    REQUIRE(gets[i].size == data[i].size());
+    CHECK(std::equal(data[i].begin(), data[i].end(), dst[i].begin()));
+  }
+  CHECK(gets[20].status.code() == StatusCode::kNotFound);
+
+  // A destination too small reports the size needed.
+  std::vector<std::byte> small(10);
+  GetItem g{BlockKey{1, 5}, small, 0, {}};
+  REQUIRE(ch->Get(std::span<GetItem>(&g, 1), {}).ok());
+  CHECK(g.status.code() == StatusCode::kResourceExhausted);
+  CHECK(g.size == data[5].size());
+
+  std::vector<BlockKey> keys = {BlockKey{1, 0}, BlockKey{1, 1}, BlockKey{9, 9}, BlockKey{1, 3}};
+  std::vector<uint8_t> found(4);
+  REQUIRE(ch->Exists(keys, found, false, {}).ok());
+  CHECK(found == std::vector<uint8_t>{1, 1, 0, 1});
+  uint32_t matched = 0;
+  REQUIRE(ch->MatchPrefix(keys, &matched, {}).ok());
+  CHECK(matched == 2);
+
+  std::vector<Status> st(2);
+  std::vector<BlockKey> two = {BlockKey{1, 0}, BlockKey{7, 7}};
+  REQUIRE(ch->Pin(two, st).ok());
+  CHECK(st[0].ok());
+  CHECK(st[1].code() == StatusCode::kNotFound);
+  REQUIRE(ch->Unpin(two, st).ok());
+  CHECK(st[0].ok());
+  REQUIRE(ch->Erase(two, st).ok());
+  CHECK(st[0].ok());
+  CHECK(st[1].code() == StatusCode::kNotFound);
+  REQUIRE(ch->Exists(two, found, false, {}).ok());
+  CHECK(found[0] == 0);
+
+  auto stats = ch->StatsJson();
+  REQUIRE(stats.ok());
+  CHECK_THAT(*stats, Catch::Contains("\"node_id\":\"n0\""));
+  CHECK_THAT(f.server->MetricsText(), Catch::Contains("kvmesh_requests_total{op=\"GET\"}"));
+}
+
+TEST_CASE("TCP channel: batches over the node's limits are split into several frames", "[cluster][tcp]") {
+  Fixture f;  // max 64 items, 1 MiB body
+  auto ch = f.Channel();
+  std::vector<std::vector<std::byte>> data;
+  std::vector<PutItem> puts;
+  for (int i = 0; i < 150; ++i) data.push_back(Payload(100 + i, 30000));
+  for (int i = 0; i < 150; ++i) puts.push_back(PutItem{Key(2, i), data[i], {}});
+  REQUIRE(ch->Put(puts, {}).ok());  // 4.5 MB and 150 items: at least 5 frames
+  for (auto& p : puts) REQUIRE(p.status.ok());
+  std::vector<std::vector<std::byte>> dst(150, std::vector<std::byte>(30000));
+  std::vector<GetItem> gets;
+  for (int i = 0; i < 150; ++i) gets.push_back(GetItem{Key(2, i), dst[i], 0, {}});
+  REQUIRE(ch->Get(gets, {}).ok());
+  for (int i = 0; i < 150; ++i) {
+    INFO(i << " " << gets[i].status.ToString());
+    REQUIRE(gets[i].status.ok());
+    CHECK(dst[i] == data[i]);
+  }
+}
+
+TEST_CASE("TCP channel: many threads pipeline on shared connections", "[cluster][tcp]") {
+  Fixture f;
+  TcpChannelOptions o;
+  o.port = f.server->port();
+  o.connections = 1;  // every thread shares one connection
+  auto ch = TcpChannel::Create(o);
+  std::atomic<int> bad{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 6; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        auto d = Payload(t * 1000 + i, 512 + i * 10);
+        PutItem p{Key(t + 10, i), d, {}};
+        if (!ch->Put(std::span<PutItem>(&p, 1), {}).ok() || !p.status.ok()) ++bad;
+        std::vector<std::byte> out(4096);
+        GetItem g{p.key, out, 0, {}};
+        if (!ch->Get(std::span<GetItem>(&g, 1), {}).ok() || !g.status.ok() || g.size != d.size() ||
+            !std::equal(d.begin(), d.end(), out.begin()))
+          ++bad;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  CHECK(bad == 0);
+}
+
+TEST_CASE("TCP: a wrong or missing token is refused before any data operation", "[cluster][tcp][auth]") {
+  Fixture f("s3cret");
+  CHECK(f.Channel("")->Connect().code() == StatusCode::kPermissionDenied);
+  CHECK(f.Channel("nope")->Connect().code() == StatusCode::kPermissionDenied);
+  auto bad = f.Channel("nope");
+  auto d = Payload(1, 100);
+  PutItem p{BlockKey{1, 1}, d, {}};
+  CHECK(bad->Put(std::span<PutItem>(&p, 1), {}).code() == StatusCode::kPermissionDenied);
+  CHECK(f.node->Stats().store.puts == 0);
+  auto good = f.Channel("s3cret");
+  REQUIRE(good->Put(std::span<PutItem>(&p, 1), {}).ok());
+  CHECK(p.status.ok());
+
+  // A data frame without HELLO gets PermissionDenied and the connection closes.
+  UniqueFd fd = Raw(f.server->port());
+  std::string keys;
+  proto::AppendKey(&keys, BlockKey{1, 1});
+  proto::FrameHeader h;
+  h.opcode = proto::Opcode::kGet;
+  h.count = 1;
+  std::string frame = proto::BuildFrame(h, keys);
+  REQUIRE(WriteAll(fd.get(), frame.data(), frame.size(), SteadyClock::now() + std::chrono::seconds(1)).ok());
+  proto::HeaderBytes hb;
+  REQUIRE(ReadFull(fd.get(), hb.data(), hb.size(), 2000, {}).ok());
+  proto::FrameHeader a;
+  REQUIRE(proto::DecodeHeader(hb, {}, &a).ok());
+  CHECK(a.status == StatusCode::kPermissionDenied);
+  CHECK(ClosedByServer(fd.get()));
+}
+
+TEST_CASE("TCP: a stale epoch is answered StaleEpoch with the node's epoch", "[cluster][tcp]") {
+  Fixture f("", 5);
+  auto ch = f.Channel();
+  std::vector<BlockKey> k = {BlockKey{1, 1}};
+  std::vector<uint8_t> found(1);
+  ch->set_epoch(3);
+  CHECK(ch->Exists(k, found, false, {}).code() == StatusCode::kStaleEpoch);
+  CHECK(ch->last_node_epoch() == 5);
+  ch->set_epoch(5);
+  CHECK(ch->Exists(k, found, false, {}).ok());
+  ch->set_epoch(0);  // unversioned tools are served
+  CHECK(ch->Exists(k, found, false, {}).ok());
+}
+
+TEST_CASE("TCP: malformed, truncated and oversize frames close only their connection", "[cluster][tcp][faults]") {
+  Fixture f;
+  auto good = f.Channel();
+  auto d = Payload(3, 2000);
+  PutItem p{BlockKey{3, 3}, d, {}};
+  REQUIRE(good->Put(std::span<PutItem>(&p, 1), {}).ok());
+  const auto dl = SteadyClock::now() + std::chrono::seconds(2);
+
+  SECTION("random bytes") {
+    std::mt19937_64 rng(99);
+    for (int i = 0; i < 20; ++i) {
+      UniqueFd fd = Raw(f.server->port());
+      std::string junk(64 + rng() % 2000, '\0');
+      for (auto& c : junk) c = static_cast<char>(rng());
+      (void)WriteAll(fd.get(), junk.data(), junk.size(), dl);
+      CHECK(ClosedByServer(fd.get()));
+    }
+  }
+  SECTION("random bytes after a valid HELLO") {
+    UniqueFd fd = Raw(f.server->port());
+    std::string frame = HelloFrame() + std::string(100, '\x5a');
+    REQUIRE(WriteAll(fd.get(), frame.data(), frame.size(), dl).ok());
+    CHECK(ClosedByServer(fd.get()));
+  }
+  SECTION("a frame truncated mid-body, then the client hangs up") {
+    UniqueFd fd = Raw(f.server->port());
+    std::string keys;
+    for (int i = 0; i < 4; ++i) proto::AppendKey(&keys, BlockKey{3, 3});
+    proto::FrameHeader h;
+    h.opcode = proto::Opcode::kGet;
+    h.count = 4;
+    std::string frame = HelloFrame() + proto::BuildFrame(h, keys).substr(0, proto::kHeaderSize + 20);
+    REQUIRE(WriteAll(fd.get(), frame.data(), frame.size(), dl).ok());
+    fd.reset();
+  }
+  SECTION("an oversize body claim is refused from the header") {
+    UniqueFd fd = Raw(f.server->port());
+    proto::FrameHeader h;
+    h.opcode = proto::Opcode::kPut;
+    h.count = 1;
+    h.body_len = 1u << 30;  // 1 GiB, over the 1 MiB limit
+    auto hb = proto::EncodeHeader(h);
+    std::string frame = HelloFrame() + std::string(reinterpret_cast<const char*>(hb.data()), hb.size());
+    REQUIRE(WriteAll(fd.get(), frame.data(), frame.size(), dl).ok());
+    CHECK(ClosedByServer(fd.get()));
+  }
+  SECTION("a PUT whose payload checksum is wrong stores nothing") {
+    UniqueFd fd = Raw(f.server->port());
+    proto::PutRecord r{BlockKey{4, 4}, 8, 1, 0, 12345};
+    std::byte rec[proto::kPutItemSize];
+    proto::EncodePutRecord(r, rec);
+    proto::FrameHeader h;
+    h.opcode = proto::Opcode::kPut;
+    h.count = 1;
+    h.request_id = 1;
+    std::string body(reinterpret_cast<const char*>(rec), sizeof(rec));
+    body += "12345678";
+    std::string frame = HelloFrame() + proto::BuildFrame(h, body);
+    REQUIRE(WriteAll(fd.get(), frame.data(), frame.size(), dl).ok());
+    std::vector<uint8_t> found(1);
+    std::vector<BlockKey> k = {BlockKey{4, 4}};
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    REQUIRE(good->Exists(k, found, false, {}).ok());
+    CHECK(found[0] == 0);
+  }
+  // The node still serves the good connection, byte-for-byte.
+  std::vector<std::byte> out(4096);
+  GetItem g{BlockKey{3, 3}, out, 0, {}};
+  REQUIRE(good->Get(std::span<GetItem>(&g, 1), {}).ok());
+  REQUIRE(g.status.ok());
+  CHECK(std::equal(d.begin(), d.end(), out.begin()));
+}
+
+TEST_CASE("TCP: calls to a dead or silent node end within the timeout", "[cluster][tcp][faults]") {
+  SECTION("the node stops") {
+    Fixture f;
+    auto ch = f.Channel("", 500);
+    REQUIRE(ch->Connect().ok());
+    f.server->Stop();
+    std::vector<BlockKey> k = {BlockKey{1, 1}};
+    std::vector<uint8_t> found(1);
+    auto t0 = SteadyClock::now();
+    Status s = ch->Exists(k, found, false, {});
+    CHECK(!s.ok());
+    CHECK(IsMiss(s));
+    CHECK(SteadyClock::now() - t0 < std::chrono::milliseconds(1500));
+  }
+  SECTION("the node accepts but never answers") {
+    int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(::listen(lfd, 4) == 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+    TcpChannelOptions o;
+    o.port = ntohs(a.sin_port);
+    o.timeout_ms = 300;
+    o.connect_timeout_ms = 300;
+    auto ch = TcpChannel::Create(o);
+    auto t0 = SteadyClock::now();
+    Status s = ch->Connect();
+    CHECK(!s.ok());
+    CHECK(IsMiss(s));
+    CHECK(SteadyClock::now() - t0 < std::chrono::milliseconds(1500));
+    ::close(lfd);
+  }
+}

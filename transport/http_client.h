@@ -1,0 +1,24 @@
+// transport/http_client.h — a minimal blocking HTTP/1.1 client for the control
+// plane (nodes register and heartbeat with the coordinator; routers fetch the
+// shard map). One request per connection (Connection: close), bounded by a
+// timeout, body capped at 16 MiB. Not for the data plane.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kvmesh/status.h"
+
+namespace kvmesh {
+
+struct HttpResult {
+  int status = 0;
+  std::string body;
+};
+
+// method "GET" or "POST"; target like "/map". Unavailable / DeadlineExceeded
+// when the server cannot be reached or answer in time; any HTTP status is OK.
+Result<HttpResult> HttpRequest(const std::string& host, uint16_t port, const std::string& method,
+                               const std::string& target, const std::string& body, int64_t timeout_ms);
+
+}  // namespace kvmesh

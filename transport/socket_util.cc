@@ -1,0 +1,140 @@
+#include "transport/socket_util.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+namespace kvmesh {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int MsLeft(Clock::time_point deadline) {
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX));
+}
+
+}  // namespace
+
+Result<UniqueFd> ConnectTcp(const std::string& host, uint16_t port, Clock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) return Unavailable("cannot resolve " + host + ": " + gai_strerror(rc));
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) {
+    ::freeaddrinfo(res);
+    return ErrnoStatus("socket", errno);
+  }
+  rc = ::connect(fd.get(), res->ai_addr, res->ai_addrlen);
+  ::freeaddrinfo(res);
+  const std::string addr = host + ":" + std::to_string(port);
+  if (rc != 0 && errno != EINPROGRESS) return Unavailable("connect " + addr + ": " + std::strerror(errno));
+  if (rc != 0) {
+    pollfd p{fd.get(), POLLOUT, 0};
+    int n = ::poll(&p, 1, MsLeft(deadline));
+    if (n == 0) return DeadlineExceeded("connect " + addr + ": timed out");
+    int err = 0;
+    socklen_t len = sizeof(err);
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (n < 0 || err != 0) return Unavailable("connect " + addr + ": " + std::strerror(n < 0 ? errno : err));
+  }
+  return fd;
+}
+
+Status WriteAllV(int fd, std::vector<iovec>& iov, Clock::time_point deadline) {
+  size_t first = 0;
+  while (first < iov.size()) {
+    if (iov[first].iov_len == 0) {
+      ++first;
+      continue;
+    }
+    msghdr msg{};
+    msg.msg_iov = &iov[first];
+    msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return Unavailable(std::string("send: ") + std::strerror(errno));
+      pollfd p{fd, POLLOUT, 0};
+      int left = MsLeft(deadline);
+      if (left == 0 || ::poll(&p, 1, left) == 0) return DeadlineExceeded("send timed out");
+      continue;
+    }
+    size_t done = static_cast<size_t>(n);
+    while (done > 0 && first < iov.size()) {
+      size_t take = std::min(done, iov[first].iov_len);
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + take;
+      iov[first].iov_len -= take;
+      done -= take;
+      if (iov[first].iov_len == 0) ++first;
+    }
+  }
+  return Status::Ok();
+}
+
+Status WriteAll(int fd, const void* data, size_t n, Clock::time_point deadline) {
+  std::vector<iovec> iov{{const_cast<void*>(data), n}};
+  return WriteAllV(fd, iov, deadline);
+}
+
+Status ReadFull(int fd, void* dst, size_t n, int64_t stall_ms, const std::function<bool()>& stop) {
+  char* p = static_cast<char*>(dst);
+  size_t got = 0;
+  int64_t waited = 0;
+  while (got < n) {
+    ssize_t r = ::recv(fd, p + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+      waited = 0;
+      continue;
+    }
+    if (r == 0) return Unavailable("connection closed by peer");
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return Unavailable(std::string("recv: ") + std::strerror(errno));
+    if (stop && stop()) return Unavailable("connection closed");
+    pollfd pf{fd, POLLIN, 0};
+    const int slice = stall_ms >= 0 ? static_cast<int>(std::min<int64_t>(100, std::max<int64_t>(1, stall_ms - waited))) : 100;
+    int pr = ::poll(&pf, 1, slice);
+    if (pr == 0) {
+      waited += slice;
+      if (stall_ms >= 0 && waited >= stall_ms) return DeadlineExceeded("peer stalled mid-frame");
+    }
+  }
+  return Status::Ok();
+}
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+Status SplitHostPort(const std::string& addr, std::string* host, uint16_t* port) {
+  size_t colon = addr.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == addr.size())
+    return InvalidArgument("expected host:port, got \"" + addr + "\"");
+  unsigned long p = 0;
+  try {
+    size_t used = 0;
+    p = std::stoul(addr.substr(colon + 1), &used);
+    if (used != addr.size() - colon - 1 || p == 0 || p > 65535) throw std::out_of_range("port");
+  } catch (...) {
+    return InvalidArgument("bad port in \"" + addr + "\"");
+  }
+  *host = addr.substr(0, colon);
+  *port = static_cast<uint16_t>(p);
+  return Status::Ok();
+}
+
+}  // namespace kvmesh

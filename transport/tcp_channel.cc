@@ -1,0 +1,447 @@
+#include "transport/tcp_channel.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "common/checksum.h"
+#include "transport/socket_util.h"
+
+namespace kvmesh {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace proto;
+
+// One call waiting for its answer. The reader fills it under `mu`.
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool abandoned = false;
+  Status call;                  // call-level status
+  FrameHeader header;
+  std::vector<std::byte> body;  // small answers (status bytes, match count, stats)
+  std::span<GetItem> get_items; // GET: payloads go straight to the callers' dst
+};
+
+class Connection {
+ public:
+  Connection(int fd, int64_t stall_timeout_ms, ProtocolLimits limits)
+      : fd_(fd), stall_ms_(stall_timeout_ms), limits_(limits) {
+    reader_ = std::thread([this] { ReadLoop(); });
+  }
+  ~Connection() {
+    ::shutdown(fd_.get(), SHUT_RDWR);
+    if (reader_.joinable()) reader_.join();
+  }
+  bool broken() const { return broken_.load(std::memory_order_acquire); }
+
+  // Sends one frame made of `iov` and waits for its answer until `deadline`.
+  Status Call(uint64_t id, std::vector<iovec>& iov, const std::shared_ptr<Pending>& p, Clock::time_point deadline) {
+    {
+      std::lock_guard<std::mutex> lock(map_mu_);
+      if (broken()) return Unavailable("connection lost");
+      pending_[id] = p;
+    }
+    Status ws;
+    {
+      std::lock_guard<std::mutex> lock(write_mu_);
+      ws = WriteAllV(fd_.get(), iov, deadline);
+    }
+    if (!ws.ok()) {
+      MarkBroken(ws);
+      Forget(id);
+      std::lock_guard<std::mutex> lock(p->mu);
+      return p->done ? p->call : ws;
+    }
+    std::unique_lock<std::mutex> lock(p->mu);
+    if (!p->cv.wait_until(lock, deadline, [p] { return p->done; })) {
+      p->abandoned = true;
+      lock.unlock();
+      Forget(id);
+      return DeadlineExceeded("no answer from the node within the timeout");
+    }
+    return p->call;
+  }
+
+ private:
+  void Forget(uint64_t id) {
+    std::lock_guard<std::mutex> lock(map_mu_);
+    pending_.erase(id);
+  }
+  void MarkBroken(const Status& why) {
+    std::unordered_map<uint64_t, std::shared_ptr<Pending>> failed;
+    {
+      std::lock_guard<std::mutex> lock(map_mu_);
+      if (broken_.exchange(true)) return;
+      failed.swap(pending_);
+    }
+    ::shutdown(fd_.get(), SHUT_RDWR);
+    for (auto& [id, p] : failed) {
+      std::lock_guard<std::mutex> lock(p->mu);
+      if (p->done) continue;
+      p->call = Unavailable("connection to the node lost: " + why.message());
+      p->done = true;
+      p->cv.notify_all();
+    }
+  }
+
+  // Reads n bytes; `mid_frame` bounds how long the peer may stall.
+  Status Read(void* dst, size_t n, bool mid_frame) {
+    return ReadFull(fd_.get(), dst, n, mid_frame ? stall_ms_ : -1, [this] { return broken(); });
+  }
+
+  void ReadLoop() {
+    std::vector<std::byte> scratch;
+    for (;;) {
+      HeaderBytes hb;
+      Status s = Read(hb.data(), hb.size(), /*mid_frame=*/false);
+      FrameHeader h;
+      if (s.ok()) s = DecodeHeader(hb, limits_, &h);
+      if (s.ok() && !h.is_response()) s = InvalidArgument("node sent a request frame");
+      if (!s.ok()) return MarkBroken(s);
+      std::shared_ptr<Pending> p;
+      {
+        std::lock_guard<std::mutex> lock(map_mu_);
+        auto it = pending_.find(h.request_id);
+        if (it != pending_.end()) {
+          p = it->second;
+          pending_.erase(it);
+        }
+      }
+      if (p == nullptr) {  // the caller gave up: drain the body
+        scratch.resize(h.body_len);
+        s = Read(scratch.data(), h.body_len, true);
+        if (!s.ok()) return MarkBroken(s);
+        continue;
+      }
+      std::unique_lock<std::mutex> lock(p->mu);
+      s = Fill(h, p.get(), &scratch);
+      if (!s.ok()) p->call = Unavailable("bad answer from the node: " + s.message());
+      p->done = true;
+      p->cv.notify_all();
+      lock.unlock();
+      if (!s.ok()) return MarkBroken(s);
+    }
+  }
+
+  // Reads the body of answer `h` into p. Returns non-OK only when the stream is unusable.
+  Status Fill(const FrameHeader& h, Pending* p, std::vector<std::byte>* scratch) {
+    p->header = h;
+    if (h.status != StatusCode::kOk || h.opcode != Opcode::kGet || p->abandoned) {
+      p->body.resize(h.body_len);
+      KVMESH_RETURN_IF_ERROR(Read(p->body.data(), h.body_len, true));
+      p->call = h.status == StatusCode::kOk ? Status::Ok() : ParseErrorBody(h, p->body);
+      return Status::Ok();
+    }
+    // GET: the item table, then each hit straight into its caller's buffer.
+    if (h.count != p->get_items.size()) return InvalidArgument("GET answer count differs from the request");
+    scratch->resize(size_t{h.count} * kGetItemSize);
+    KVMESH_RETURN_IF_ERROR(Read(scratch->data(), scratch->size(), true));
+    std::vector<GetRecord> recs;
+    KVMESH_RETURN_IF_ERROR(ParseGetTable(h, *scratch, limits_, &recs));
+    for (size_t i = 0; i < recs.size(); ++i) {
+      GetItem& it = p->get_items[i];
+      const GetRecord& r = recs[i];
+      it.size = r.size;
+      if (r.status != StatusCode::kOk) {
+        it.status = r.status == StatusCode::kNotFound ? NotFound("not stored")
+                                                      : Status(r.status, "node answered " +
+                                                               std::string(StatusCodeName(r.status)));
+        continue;
+      }
+      if (it.dst.size() < r.size) {
+        scratch->resize(r.size);
+        KVMESH_RETURN_IF_ERROR(Read(scratch->data(), r.size, true));
+        it.status = ResourceExhausted("destination smaller than the block");
+        continue;
+      }
+      KVMESH_RETURN_IF_ERROR(Read(it.dst.data(), r.size, true));
+      it.status = Checksum64(it.dst.data(), r.size) == r.checksum ? Status::Ok()
+                                                                  : DataLoss("payload checksum mismatch in transit");
+    }
+    p->call = Status::Ok();
+    return Status::Ok();
+  }
+
+  UniqueFd fd_;
+  const int64_t stall_ms_;
+  const ProtocolLimits limits_;
+  std::mutex write_mu_;
+  std::mutex map_mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending_;  // guarded by map_mu_
+  std::atomic<bool> broken_{false};
+  std::thread reader_;
+};
+
+class TcpChannelImpl final : public TcpChannel {
+ public:
+  explicit TcpChannelImpl(TcpChannelOptions o) : o_(std::move(o)), slots_(std::max<uint32_t>(1, o_.connections)) {}
+
+  std::string_view transport() const override { return "tcp"; }
+  void set_epoch(uint64_t e) override { epoch_.store(e, std::memory_order_release); }
+  uint64_t last_node_epoch() const override { return node_epoch_.load(); }
+  std::string node_id() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return node_id_;
+  }
+
+  Status Connect() override { return Acquire().status(); }
+
+  // Batches larger than the node's limits (items or bytes) go as several frames.
+  Status Put(std::span<PutItem> items, const RequestOptions& o) override {
+    KVMESH_RETURN_IF_ERROR(Acquire().status());
+    const ProtocolLimits lim = limits();
+    size_t begin = 0;
+    while (begin < items.size()) {
+      size_t end = begin;
+      uint64_t bytes = 0;
+      while (end < items.size() && end - begin < lim.max_items &&
+             (end == begin || bytes + kPutItemSize + items[end].data.size() <= lim.max_body_bytes)) {
+        bytes += kPutItemSize + items[end].data.size();
+        ++end;
+      }
+      KVMESH_RETURN_IF_ERROR(PutChunk(items.subspan(begin, end - begin), o));
+      begin = end;
+    }
+    return Status::Ok();
+  }
+
+  Status Get(std::span<GetItem> items, const RequestOptions& o) override {
+    KVMESH_RETURN_IF_ERROR(Acquire().status());
+    const ProtocolLimits lim = limits();
+    size_t begin = 0;
+    while (begin < items.size()) {
+      size_t end = begin;
+      uint64_t bytes = 0;
+      while (end < items.size() && end - begin < lim.max_items) {
+        uint64_t want = kGetItemSize + std::min<uint64_t>(items[end].dst.size(), lim.max_block_bytes);
+        if (end > begin && bytes + want > lim.max_body_bytes) break;
+        bytes += want;
+        ++end;
+      }
+      KVMESH_RETURN_IF_ERROR(GetChunk(items.subspan(begin, end - begin), o));
+      begin = end;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Status PutChunk(std::span<PutItem> items, const RequestOptions& o) {
+    if (items.empty()) return Status::Ok();
+    std::string table(items.size() * kPutItemSize, '\0');
+    std::vector<iovec> iov;
+    iov.reserve(items.size() + 2);
+    iov.push_back({});  // header
+    iov.push_back({table.data(), table.size()});
+    uint64_t body = table.size();
+    for (size_t i = 0; i < items.size(); ++i) {
+      const PutItem& it = items[i];
+      PutRecord r{it.key, static_cast<uint32_t>(it.data.size()), o.priority, 0,
+                  Checksum64(it.data.data(), it.data.size())};
+      EncodePutRecord(r, reinterpret_cast<std::byte*>(table.data()) + i * kPutItemSize);
+      iov.push_back({const_cast<std::byte*>(it.data.data()), it.data.size()});
+      body += it.data.size();
+    }
+    auto p = std::make_shared<Pending>();
+    KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kPut, 0, items.size(), body, iov, p, o));
+    std::vector<uint8_t> codes;
+    KVMESH_RETURN_IF_ERROR(ParseStatusBytes(p->header, p->body, &codes));
+    for (size_t i = 0; i < items.size(); ++i) items[i].status = ItemStatus(codes[i]);
+    return Status::Ok();
+  }
+
+  Status GetChunk(std::span<GetItem> items, const RequestOptions& o) {
+    if (items.empty()) return Status::Ok();
+    std::string keys;
+    for (const GetItem& it : items) AppendKey(&keys, it.key);
+    std::vector<iovec> iov{{}, {keys.data(), keys.size()}};
+    auto p = std::make_shared<Pending>();
+    p->get_items = items;
+    return Roundtrip(Opcode::kGet, 0, items.size(), keys.size(), iov, p, o);
+  }
+
+ public:
+  Status Exists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch,
+                const RequestOptions& o) override {
+    std::vector<uint8_t> codes;
+    KVMESH_RETURN_IF_ERROR(KeyCall(Opcode::kExists, touch ? kFlagTouch : 0, keys, o, &codes));
+    for (size_t i = 0; i < keys.size(); ++i) found[i] = codes[i] ? 1 : 0;
+    return Status::Ok();
+  }
+  Status Erase(std::span<const BlockKey> keys, std::span<Status> st) override {
+    return StatusCall(Opcode::kErase, keys, st);
+  }
+  Status Pin(std::span<const BlockKey> keys, std::span<Status> st) override {
+    return StatusCall(Opcode::kPin, keys, st);
+  }
+  Status Unpin(std::span<const BlockKey> keys, std::span<Status> st) override {
+    return StatusCall(Opcode::kUnpin, keys, st);
+  }
+
+  Status MatchPrefix(std::span<const BlockKey> keys, uint32_t* matched, const RequestOptions& o) override {
+    *matched = 0;
+    if (keys.empty()) return Status::Ok();
+    std::string body;
+    for (const BlockKey& k : keys) AppendKey(&body, k);
+    std::vector<iovec> iov{{}, {body.data(), body.size()}};
+    auto p = std::make_shared<Pending>();
+    KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kMatchPrefix, 0, keys.size(), body.size(), iov, p, o));
+    return ParseMatchAnswer(p->header, p->body, matched);
+  }
+
+  Result<std::string> StatsJson() override {
+    std::vector<iovec> iov{{}};
+    auto p = std::make_shared<Pending>();
+    KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kStats, 0, 0, 0, iov, p, {}));
+    return std::string(reinterpret_cast<const char*>(p->body.data()), p->body.size());
+  }
+
+ private:
+  static Status ItemStatus(uint8_t code) {
+    if (code == 0) return Status::Ok();
+    auto c = static_cast<StatusCode>(code);
+    return Status(c, "node answered " + std::string(StatusCodeName(c)));
+  }
+
+  Status KeyCall(Opcode op, uint8_t flags, std::span<const BlockKey> keys, const RequestOptions& o,
+                 std::vector<uint8_t>* codes) {
+    codes->clear();
+    if (keys.empty()) return Status::Ok();
+    std::string body;
+    for (const BlockKey& k : keys) AppendKey(&body, k);
+    std::vector<iovec> iov{{}, {body.data(), body.size()}};
+    auto p = std::make_shared<Pending>();
+    KVMESH_RETURN_IF_ERROR(Roundtrip(op, flags, keys.size(), body.size(), iov, p, o));
+    return ParseStatusBytes(p->header, p->body, codes);
+  }
+  Status StatusCall(Opcode op, std::span<const BlockKey> keys, std::span<Status> st) {
+    std::vector<uint8_t> codes;
+    KVMESH_RETURN_IF_ERROR(KeyCall(op, 0, keys, {}, &codes));
+    for (size_t i = 0; i < keys.size(); ++i) st[i] = ItemStatus(codes[i]);
+    return Status::Ok();
+  }
+
+  // Sends one request (iov[0] is filled with the header) and waits for its answer.
+  Status Roundtrip(Opcode op, uint8_t flags, size_t count, uint64_t body_len, std::vector<iovec>& iov,
+                   const std::shared_ptr<Pending>& p, const RequestOptions& o) {
+    const int64_t timeout = o.timeout_ms > 0 ? o.timeout_ms : o_.timeout_ms;
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout);
+    KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<Connection> conn, Acquire());
+    ProtocolLimits lim = limits();
+    if (count > lim.max_items || body_len > lim.max_body_bytes)
+      return InvalidArgument("batch exceeds the node's limits (" + std::to_string(count) + " items, " +
+                             std::to_string(body_len) + " bytes)");
+    FrameHeader h;
+    h.opcode = op;
+    h.flags = flags;
+    h.request_id = next_id_.fetch_add(1, std::memory_order_relaxed);
+    h.epoch = epoch_.load(std::memory_order_acquire);
+    h.count = static_cast<uint32_t>(count);
+    h.body_len = static_cast<uint32_t>(body_len);
+    HeaderBytes hb = EncodeHeader(h);
+    iov[0] = {hb.data(), hb.size()};
+    Status s = conn->Call(h.request_id, iov, p, deadline);
+    if (s.code() == StatusCode::kStaleEpoch) node_epoch_.store(p->header.epoch);
+    return s;
+  }
+
+  ProtocolLimits limits() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return server_limits_;
+  }
+
+  // A live connection from the pool (round robin), opening one when needed.
+  Result<std::shared_ptr<Connection>> Acquire() {
+    size_t i = rr_.fetch_add(1, std::memory_order_relaxed) % slots_.size();
+    std::unique_lock<std::mutex> lock(mu_);
+    if (slots_[i] && !slots_[i]->broken()) return slots_[i];
+    if (Clock::now() < backoff_until_) return Unavailable("node " + Addr() + " unreachable (backing off)");
+    lock.unlock();
+    Result<std::shared_ptr<Connection>> c = Open();
+    lock.lock();
+    if (!c.ok()) {
+      if (c.status().code() != StatusCode::kPermissionDenied)
+        backoff_until_ = Clock::now() + std::chrono::milliseconds(o_.reconnect_backoff_ms);
+      return c.status();
+    }
+    slots_[i] = *c;
+    return *c;
+  }
+
+  std::string Addr() const { return o_.host + ":" + std::to_string(o_.port); }
+
+  Result<std::shared_ptr<Connection>> Open() {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(o_.connect_timeout_ms);
+    KVMESH_ASSIGN_OR_RETURN(UniqueFd fd, ConnectTcp(o_.host, o_.port, deadline));
+    // HELLO, synchronously, before the reader thread owns the socket.
+    Hello hello;
+    hello.client_id = o_.client_id;
+    hello.tenant = o_.tenant;
+    hello.token = o_.token;
+    std::string body = EncodeHelloBody(hello);
+    FrameHeader h;
+    h.opcode = Opcode::kHello;
+    h.request_id = 0;
+    std::string frame = BuildFrame(h, body);
+    std::vector<iovec> iov{{frame.data(), frame.size()}};
+    KVMESH_RETURN_IF_ERROR(WriteAllV(fd.get(), iov, deadline));
+    HeaderBytes hb;
+    auto stop = [] { return false; };
+    const int64_t left = std::max<int64_t>(
+        1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+    Status s = ReadFull(fd.get(), hb.data(), hb.size(), left, stop);
+    if (!s.ok()) return Unavailable("HELLO to " + Addr() + ": " + s.message());
+    FrameHeader a;
+    ProtocolLimits lim = o_.limits;
+    KVMESH_RETURN_IF_ERROR(DecodeHeader(hb, lim, &a));
+    std::vector<std::byte> ab(a.body_len);
+    KVMESH_RETURN_IF_ERROR(ReadFull(fd.get(), ab.data(), ab.size(), left, stop));
+    if (a.opcode != Opcode::kHello || !a.is_response()) return Unavailable("node did not answer HELLO");
+    if (a.status != StatusCode::kOk) return ParseErrorBody(a, ab);
+    HelloAnswer ans;
+    KVMESH_RETURN_IF_ERROR(ParseHelloAnswerBody(ab, &ans));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      node_id_ = ans.node_id;
+      server_limits_ = ans.limits;
+      server_limits_.max_body_bytes = std::min(server_limits_.max_body_bytes, o_.limits.max_body_bytes);
+    }
+    SetNoDelay(fd.get());
+    return std::make_shared<Connection>(fd.release(), o_.timeout_ms, o_.limits);
+  }
+
+  TcpChannelOptions o_;
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<Connection>> slots_;  // guarded by mu_
+  Clock::time_point backoff_until_{};               // guarded by mu_
+  std::string node_id_;                             // guarded by mu_
+  ProtocolLimits server_limits_;                    // written once per connect, under mu_
+  std::atomic<size_t> rr_{0};
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<uint64_t> node_epoch_{0};
+};
+
+}  // namespace
+
+std::unique_ptr<TcpChannel> TcpChannel::Create(TcpChannelOptions options) {
+  return std::make_unique<TcpChannelImpl>(std::move(options));
+}
+
+}  // namespace kvmesh
