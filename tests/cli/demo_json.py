@@ -1,0 +1,18 @@
+"""Runs `kvmesh demo --json` on a small workload and checks the report's shape and sense."""
+import json
+import subprocess
+import sys
+
+out = subprocess.run([sys.argv[1], "demo", "--json", "--conversations", "80", "--threads", "2"],
+                     check=True, capture_output=True, text=True, timeout=120).stdout
+r = json.loads(out)
+for key in ("prefix_hit_rate", "evictions", "latency_us", "bytes_in_use", "requests", "mismatches"):
+    assert key in r, f"missing {key}"
+for op in ("match_prefix", "get", "put"):
+    lat = r["latency_us"][op]
+    assert 0 < lat["p50"] <= lat["p99"], (op, lat)
+assert 0 < r["prefix_hit_rate"] <= r["infinite_cache_prefix_hit_rate"] <= 1, r
+assert r["mismatches"] == 0 and r["put_errors"] == 0, r
+assert r["evictions"]["total"] == sum(r["evictions"]["by_class"].values()), r
+assert r["bytes_in_use"] <= r["capacity_bytes"], r
+print("demo --json OK:", {k: r[k] for k in ("requests", "prefix_hit_rate", "blocks_stored")})
