@@ -119,7 +119,7 @@ Status RunReplay(const ReplayArgs& a) {
   std::vector<std::string> names = SplitPolicies(a.policies);
   if (names.empty()) names = {"lru", "lru-priority"};
   if (std::find(names.begin(), names.end(), "lru") == names.end()) names.insert(names.begin(), "lru");
-  for (const std::string& n : names) KVMESH_RETURN_IF_ERROR(MakeEvictionPolicy(n, {}).status());
+  for (const std::string& n : names) KVMESH_RETURN_IF_ERROR(ParsePolicySpec(n).status());
 
   std::vector<Column> cols;
   for (size_t b : a.capacity_blocks) {
@@ -248,11 +248,14 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--capacity-blocks", a->capacity_blocks, "cache capacity in blocks (repeatable)");
   cmd->add_option("--capacity-fractions", a->capacity_fractions,
                   "capacities as fractions of the distinct blocks, e.g. 0.01,0.05,0.1");
-  cmd->add_option("--policy", a->policies, "policy names, comma-separated or repeated (lru is always included)");
+  cmd->add_option("--policy", a->policies,
+                  "policies, comma-separated or repeated: a factory name, optionally @<aging seconds> "
+                  "(e.g. lru-priority@120); lru is always included");
   cmd->add_flag("--json", a->json, "print JSON instead of a table");
   cmd->add_option("--plot", a->plot, "draw prefix hit rate vs capacity into this PNG (gnuplot)");
   cmd->add_flag("--no-hints", a->no_hints, "do not derive client priority hints (all accesses get defaults)");
-  cmd->add_option("--aging-s", a->aging_s, "lru-priority aging period in trace seconds (0: off)");
+  cmd->add_option("--aging-s", a->aging_s,
+                  "aging period in trace seconds for policies without @ (default 60, the config default; 0: off)");
   cmd->add_option("--threads", a->threads, "worker threads (default: all cores)");
   cmd->callback([a, exit_code] {
     Status s = RunReplay(*a);

@@ -1,19 +1,21 @@
 // ARC: Adaptive Replacement Cache (Megiddo & Modha, FAST'03).
 //
 // T1 holds entries seen once recently, T2 entries seen at least twice; B1 and
-// B2 are ghost lists (ids only) of entries recently evicted from T1 and T2.
-// A miss that hits a ghost list moves the target size p of T1: a B1 ghost
+// B2 are ghost lists (identities only) of entries recently evicted from T1 and
+// T2. A miss that hits a ghost list moves the target size p of T1: a B1 ghost
 // means "T1 was too small", a B2 ghost the opposite. The victim comes from T1
-// when |T1| exceeds p (or equals it and the incoming id is a B2 ghost),
+// when |T1| exceeds p (or equals it and the incoming entry is a B2 ghost),
 // otherwise from T2.
 //
-// Mapping onto EvictionPolicy: the owner calls Admit(x) on every miss before
-// it evicts; ARC adapts p there and remembers whether x is a B2 ghost, which
-// steers the following Victim() exactly as ARC's REPLACE(x). If the owner does
-// not call Admit, Insert adapts p (the victim was then chosen without the
-// B2 refinement). Remove(kEvicted) moves the entry to its ghost list;
-// kErased and kPinned forget it. The cache size c is PolicyOptions::
-// capacity_hint, or the largest size seen when that is 0.
+// Mapping onto EvictionPolicy: the owner calls Admit on every miss before it
+// evicts; ARC adapts p there and remembers whether the entry is a B2 ghost,
+// which steers the following Victim() exactly as ARC's REPLACE(x). If the
+// owner does not call Admit, Insert adapts p (the victim was then chosen
+// without the B2 refinement). Ghosts are remembered by GhostId (the key hash
+// when given), because a block store reuses EntryIds (slots) for other keys.
+// Remove(kEvicted) moves the entry to its ghost list; kErased and kPinned
+// forget it. The cache size c is PolicyOptions::capacity_hint, or the largest
+// size seen when that is 0.
 #include <algorithm>
 
 #include "eviction/eviction_policy.h"
@@ -27,22 +29,29 @@ enum ArcList : uint8_t { kT1 = 0, kT2 = 1, kB1 = 2, kB2 = 3 };
 
 class ArcPolicy final : public EvictionPolicy {
  public:
-  explicit ArcPolicy(const PolicyOptions& o) : c_(o.capacity_hint) { pool_.Reserve(2 * o.capacity_hint); }
+  explicit ArcPolicy(const PolicyOptions& o) : c_(o.capacity_hint) {
+    pool_.Reserve(o.capacity_hint);
+    ghosts_.Reserve(o.capacity_hint);
+  }
   std::string_view name() const override { return "arc"; }
 
-  bool Admit(EntryId id, const AccessInfo&) override {
-    Adapt(id);
+  bool Admit(EntryId id, const AccessInfo& info) override {
+    Adapt(GhostId(id, info));
     return true;
   }
 
-  void Insert(EntryId id, const AccessInfo&) override {
-    uint32_t i = pool_.Find(id);
-    if (i != kNil && (pool_[i].list == kB1 || pool_[i].list == kB2)) {
-      Adapt(id);
-      lists_[pool_[i].list].Unlink(pool_, i);
-      Push(kT2, i);
+  void Insert(EntryId id, const AccessInfo& info) override {
+    const uint64_t gid = GhostId(id, info);
+    Adapt(gid);
+    const uint32_t i = pool_.Alloc(id);
+    pool_[i].key = gid;
+    const uint32_t g = ghosts_.Find(gid);
+    if (g != kNil) {  // a ghost hit: seen twice within the directory's memory
+      lists_[ghosts_[g].list].Unlink(ghosts_, g);
+      ghosts_.Free(g);
+      Push(pool_, kT2, i);
     } else {
-      Push(kT1, pool_.Alloc(id));
+      Push(pool_, kT1, i);
     }
     adapted_ = false;
     pending_in_b2_ = false;
@@ -51,20 +60,20 @@ class ArcPolicy final : public EvictionPolicy {
   }
   void Touch(EntryId id, const AccessInfo&) override {
     uint32_t i = pool_.Find(id);
-    if (i == kNil || pool_[i].list > kT2) return;
+    if (i == kNil) return;
     lists_[pool_[i].list].Unlink(pool_, i);
-    Push(kT2, i);
+    Push(pool_, kT2, i);
   }
   void Remove(EntryId id, RemoveReason reason) override {
     uint32_t i = pool_.Find(id);
-    if (i == kNil || pool_[i].list > kT2) return;
-    uint8_t from = pool_[i].list;
+    if (i == kNil) return;
+    const uint8_t from = pool_[i].list;
+    const uint64_t gid = pool_[i].key;
     lists_[from].Unlink(pool_, i);
-    if (reason == RemoveReason::kEvicted) {
-      Push(from == kT1 ? kB1 : kB2, i);
+    pool_.Free(i);
+    if (reason == RemoveReason::kEvicted && ghosts_.Find(gid) == kNil) {
+      Push(ghosts_, from == kT1 ? kB1 : kB2, ghosts_.Alloc(gid));
       TrimGhosts();
-    } else {
-      pool_.Free(i);
     }
   }
   std::optional<EntryId> Victim() override {
@@ -74,64 +83,57 @@ class ArcPolicy final : public EvictionPolicy {
     bool from_t1 = !t1.empty() && (t1.size > p_ || (pending_in_b2_ && t1.size == p_) || t2.empty());
     return pool_[from_t1 ? t1.tail : t2.tail].id;
   }
-  bool Contains(EntryId id) const override {
-    uint32_t i = pool_.Find(id);
-    return i != kNil && pool_[i].list <= kT2;
-  }
+  bool Contains(EntryId id) const override { return pool_.Find(id) != kNil; }
   size_t size() const override { return resident(); }
-
-  // For tests: the current target size of T1.
-  size_t target_t1() const { return p_; }
 
  private:
   size_t resident() const { return lists_[kT1].size + lists_[kT2].size; }
-  void Push(uint8_t list, uint32_t i) {
-    pool_[i].list = list;
-    lists_[list].PushFront(pool_, i);
+  void Push(NodePool& pool, uint8_t list, uint32_t i) {
+    pool[i].list = list;
+    lists_[list].PushFront(pool, i);
   }
   // ARC's adaptation on a ghost hit (once per miss).
-  void Adapt(EntryId id) {
-    if (adapted_ && adapted_id_ == id) return;
+  void Adapt(uint64_t gid) {
+    if (adapted_ && adapted_id_ == gid) return;
     adapted_ = false;
     pending_in_b2_ = false;
-    uint32_t i = pool_.Find(id);
-    if (i == kNil) return;
+    const uint32_t g = ghosts_.Find(gid);
+    if (g == kNil) return;
     const size_t b1 = lists_[kB1].size, b2 = lists_[kB2].size;
-    if (pool_[i].list == kB1) {
-      size_t delta = std::max<size_t>(b1 ? b2 / b1 : 1, 1);
+    if (ghosts_[g].list == kB1) {
+      const size_t delta = std::max<size_t>(b1 ? b2 / b1 : 1, 1);
       p_ = std::min(c_, p_ + delta);
-    } else if (pool_[i].list == kB2) {
-      size_t delta = std::max<size_t>(b2 ? b1 / b2 : 1, 1);
+    } else {
+      const size_t delta = std::max<size_t>(b2 ? b1 / b2 : 1, 1);
       p_ = p_ > delta ? p_ - delta : 0;
       pending_in_b2_ = true;
-    } else {
-      return;
     }
     adapted_ = true;
-    adapted_id_ = id;
+    adapted_id_ = gid;
   }
-  void DropTail(uint8_t list) {
-    uint32_t t = lists_[list].tail;
-    lists_[list].Unlink(pool_, t);
-    pool_.Free(t);
+  void DropGhostTail(uint8_t list) {
+    const uint32_t t = lists_[list].tail;
+    lists_[list].Unlink(ghosts_, t);
+    ghosts_.Free(t);
   }
   // Directory bounds: |T1| + |B1| <= c and |T1|+|T2|+|B1|+|B2| <= 2c.
   void TrimGhosts() {
-    while (!lists_[kB1].empty() && lists_[kT1].size + lists_[kB1].size > c_) DropTail(kB1);
+    while (!lists_[kB1].empty() && lists_[kT1].size + lists_[kB1].size > c_) DropGhostTail(kB1);
     while (resident() + lists_[kB1].size + lists_[kB2].size > 2 * c_) {
-      if (!lists_[kB2].empty()) DropTail(kB2);
-      else if (!lists_[kB1].empty()) DropTail(kB1);
+      if (!lists_[kB2].empty()) DropGhostTail(kB2);
+      else if (!lists_[kB1].empty()) DropGhostTail(kB1);
       else break;
     }
   }
 
   size_t c_;
-  size_t p_ = 0;  // target size of T1
+  size_t p_ = 0;          // target size of T1
   bool adapted_ = false;  // p was already adapted for the miss of adapted_id_
-  EntryId adapted_id_ = 0;
+  uint64_t adapted_id_ = 0;
   bool pending_in_b2_ = false;
-  NodePool pool_;
-  DList lists_[4];
+  NodePool pool_;    // resident entries (T1, T2) by EntryId; Node::key = GhostId
+  NodePool ghosts_;  // B1, B2 by GhostId
+  DList lists_[4];   // T1, T2 over pool_; B1, B2 over ghosts_
 };
 
 }  // namespace

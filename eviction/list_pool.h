@@ -16,6 +16,11 @@ namespace kvmesh::eviction_internal {
 
 inline constexpr uint32_t kNil = UINT32_MAX;
 
+// The identity a policy remembers an entry by after it has left (ghost lists,
+// frequency sketches): the key hash when the owner gives one (a block store's
+// EntryIds are slot numbers, reused by other keys), else the id itself.
+inline uint64_t GhostId(EntryId id, const AccessInfo& info) { return info.key_hash ? info.key_hash : id; }
+
 struct Node {
   EntryId id = 0;
   uint32_t prev = kNil;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -88,16 +89,33 @@ AccessInfo DeriveHints(const Trace& trace, size_t r, size_t k, uint32_t shares, 
   return info;
 }
 
+Result<PolicySpec> ParsePolicySpec(std::string_view spec) {
+  PolicySpec out;
+  const size_t at = spec.find('@');
+  out.name = std::string(spec.substr(0, at));
+  if (at != std::string_view::npos) {
+    const std::string num(spec.substr(at + 1));
+    char* end = nullptr;
+    const double s = std::strtod(num.c_str(), &end);
+    if (num.empty() || end != num.c_str() + num.size() || !(s >= 0) || s > 1e9)
+      return InvalidArgument("policy '" + std::string(spec) + "': the part after '@' must be an aging period in seconds");
+    out.aging_ns = static_cast<int64_t>(s * 1e9);
+  }
+  KVMESH_RETURN_IF_ERROR(MakeEvictionPolicy(out.name, {}).status());
+  return out;
+}
+
 Result<ReplayResult> ReplayPolicy(const Trace& trace, std::string_view policy, size_t capacity,
                                   const ReplayOptions& o) {
   if (capacity == 0) return InvalidArgument("replay capacity must be at least one block");
+  KVMESH_ASSIGN_OR_RETURN(PolicySpec spec, ParsePolicySpec(policy));
   ManualClock clock(0);
   PolicyOptions po;
   po.priority_classes = o.hints.priority_classes;
-  po.aging_ns = o.aging_ns;
+  po.aging_ns = spec.aging_ns.value_or(o.aging_ns);
   po.capacity_hint = capacity;
   po.clock = &clock;
-  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> p, MakeEvictionPolicy(policy, po));
+  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> p, MakeEvictionPolicy(spec.name, po));
 
   const auto t0 = std::chrono::steady_clock::now();
   ReplayResult res;

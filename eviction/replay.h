@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <istream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,8 +87,16 @@ struct ReplayResult {
   double prefix_hit_rate() const { return lookups ? static_cast<double>(prefix_hits) / lookups : 0; }
 };
 
-// Replays through MakeEvictionPolicy(policy) at `capacity` blocks (> 0).
-// InvalidArgument for an unknown policy or capacity 0.
+// A policy as the replay names it: "<factory name>[@<aging seconds>]", e.g.
+// "lru-priority@120" (PolicyOptions::aging_ns for that run only).
+struct PolicySpec {
+  std::string name;
+  std::optional<int64_t> aging_ns;
+};
+Result<PolicySpec> ParsePolicySpec(std::string_view spec);
+
+// Replays through MakeEvictionPolicy at `capacity` blocks (> 0); `policy` is a
+// PolicySpec. InvalidArgument for an unknown policy or capacity 0.
 Result<ReplayResult> ReplayPolicy(const Trace& trace, std::string_view policy, size_t capacity,
                                   const ReplayOptions& o = {});
 // Belady's optimum with bypass: on a miss with a full cache, evict the cached

@@ -12,6 +12,7 @@
 //
 // Victim() performs these moves (they do not change what is cached) and
 // returns the entry to evict; a second call without changes returns the same.
+// Ghosts are remembered by GhostId (the key hash when the owner gives one).
 // The cache size c is PolicyOptions::capacity_hint, or the largest size seen.
 #include <algorithm>
 
@@ -28,41 +29,44 @@ constexpr uint32_t kMoveToMain = 1;  // hits in S needed to be promoted to M
 
 class S3FifoPolicy final : public EvictionPolicy {
  public:
-  explicit S3FifoPolicy(const PolicyOptions& o) : c_(o.capacity_hint) { pool_.Reserve(2 * o.capacity_hint); }
+  explicit S3FifoPolicy(const PolicyOptions& o) : c_(o.capacity_hint) {
+    pool_.Reserve(o.capacity_hint);
+    ghosts_.Reserve(o.capacity_hint);
+  }
   std::string_view name() const override { return "s3-fifo"; }
 
-  void Insert(EntryId id, const AccessInfo&) override {
-    uint32_t i = pool_.Find(id);
-    if (i != kNil && pool_[i].list == kGhost) {
-      lists_[kGhost].Unlink(pool_, i);
-      pool_[i].freq = 0;
-      Push(kMain, i);
+  void Insert(EntryId id, const AccessInfo& info) override {
+    const uint64_t gid = GhostId(id, info);
+    const uint32_t i = pool_.Alloc(id);
+    pool_[i].key = gid;
+    if (const uint32_t g = ghosts_.Find(gid); g != kNil) {
+      lists_[kGhost].Unlink(ghosts_, g);
+      ghosts_.Free(g);
+      Push(pool_, kMain, i);
     } else {
-      i = pool_.Alloc(id);
-      Push(kSmall, i);
+      Push(pool_, kSmall, i);
     }
     c_ = std::max(c_, resident());
   }
   void Touch(EntryId id, const AccessInfo&) override {
-    uint32_t i = pool_.Find(id);
-    if (i == kNil || pool_[i].list == kGhost) return;
-    if (pool_[i].freq < kMaxFreq) ++pool_[i].freq;
+    const uint32_t i = pool_.Find(id);
+    if (i != kNil && pool_[i].freq < kMaxFreq) ++pool_[i].freq;
   }
   void Remove(EntryId id, RemoveReason reason) override {
-    uint32_t i = pool_.Find(id);
-    if (i == kNil || pool_[i].list == kGhost) return;
-    uint8_t from = pool_[i].list;
+    const uint32_t i = pool_.Find(id);
+    if (i == kNil) return;
+    const uint8_t from = pool_[i].list;
+    const uint64_t gid = pool_[i].key;
     lists_[from].Unlink(pool_, i);
-    if (reason == RemoveReason::kEvicted && from == kSmall) {
-      Push(kGhost, i);
+    pool_.Free(i);
+    if (reason == RemoveReason::kEvicted && from == kSmall && ghosts_.Find(gid) == kNil) {
+      Push(ghosts_, kGhost, ghosts_.Alloc(gid));
       const size_t ghost_cap = c_ > SmallTarget() ? c_ - SmallTarget() : 1;  // |M|'s target
       while (lists_[kGhost].size > ghost_cap) {
-        uint32_t t = lists_[kGhost].tail;
-        lists_[kGhost].Unlink(pool_, t);
-        pool_.Free(t);
+        const uint32_t t = lists_[kGhost].tail;
+        lists_[kGhost].Unlink(ghosts_, t);
+        ghosts_.Free(t);
       }
-    } else {
-      pool_.Free(i);
     }
   }
   std::optional<EntryId> Victim() override {
@@ -70,38 +74,36 @@ class S3FifoPolicy final : public EvictionPolicy {
     DList& m = lists_[kMain];
     while (!s.empty() || !m.empty()) {
       if (!s.empty() && (s.size >= SmallTarget() || m.empty())) {
-        uint32_t t = s.tail;
+        const uint32_t t = s.tail;
         if (pool_[t].freq < kMoveToMain) return pool_[t].id;
         s.Unlink(pool_, t);
         pool_[t].freq = 0;
-        Push(kMain, t);
+        Push(pool_, kMain, t);
       } else {
-        uint32_t t = m.tail;
+        const uint32_t t = m.tail;
         if (pool_[t].freq == 0) return pool_[t].id;
         --pool_[t].freq;
         m.Unlink(pool_, t);
-        Push(kMain, t);
+        Push(pool_, kMain, t);
       }
     }
     return std::nullopt;
   }
-  bool Contains(EntryId id) const override {
-    uint32_t i = pool_.Find(id);
-    return i != kNil && pool_[i].list != kGhost;
-  }
+  bool Contains(EntryId id) const override { return pool_.Find(id) != kNil; }
   size_t size() const override { return resident(); }
 
  private:
   size_t resident() const { return lists_[kSmall].size + lists_[kMain].size; }
   size_t SmallTarget() const { return std::max<size_t>(c_ / 10, 1); }
-  void Push(uint8_t list, uint32_t i) {
-    pool_[i].list = list;
-    lists_[list].PushFront(pool_, i);
+  void Push(NodePool& pool, uint8_t list, uint32_t i) {
+    pool[i].list = list;
+    lists_[list].PushFront(pool, i);
   }
 
   size_t c_;
-  NodePool pool_;
-  DList lists_[3];
+  NodePool pool_;    // S and M by EntryId; Node::key = GhostId
+  NodePool ghosts_;  // G by GhostId
+  DList lists_[3];   // S, M over pool_; G over ghosts_
 };
 
 }  // namespace
