@@ -10,5 +10,11 @@ namespace kvmesh::cli {
 void AddDemoCommand(CLI::App& app, int* exit_code);
 void AddCheckConfigCommand(CLI::App& app, int* exit_code);
 void AddReplayCommand(CLI::App& app, int* exit_code);
+// kvmesh codec encode|decode|info|fit-basis (cli/cmd_codec.cc).
+void AddCodecCommand(CLI::App& app, int* exit_code);
+// kvmesh bench codecs; creates the `bench` group if no other command has.
+void AddBenchCodecsCommand(CLI::App& app, int* exit_code);
+// The codec benchmark's options and callback on any app (bench/bench_codecs).
+void ConfigureCodecBench(CLI::App* cmd, int* exit_code);
 
 }  // namespace kvmesh::cli

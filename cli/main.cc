@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   kvmesh::cli::AddDemoCommand(app, &exit_code);
   kvmesh::cli::AddCheckConfigCommand(app, &exit_code);
   kvmesh::cli::AddReplayCommand(app, &exit_code);
+  kvmesh::cli::AddCodecCommand(app, &exit_code);
+  kvmesh::cli::AddBenchCodecsCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,416 @@
+// AVX2 + F16C plane kernels. This file is built with -mavx2 -mf16c and is
+// only entered after runtime detection (quant_cpu.cc). Every step mirrors the
+// scalar reference in codec_math.h lane by lane:
+//   max_ps(x, acc) == (x > acc ? x : acc), min_ps(x, acc) == (x < acc ? x : acc),
+//   round_ps(nearest) == rintf, cvtps_ph(RNE) == FloatToHalf on finite values,
+// so both paths write the same bytes. Shapes not covered here return false.
+#if defined(__x86_64__) || defined(__i386__)
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/codec_math.h"
+#include "kernels/quant_cpu.h"
+
+namespace kvmesh::kernels {
+namespace {
+
+constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+template <uint8_t type>
+inline __m256 Load8(const uint8_t* base, size_t e) {
+  if constexpr (type == kElemFp16)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + 2 * e)));
+  if constexpr (type == kElemBf16) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + 2 * e)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  return _mm256_loadu_ps(reinterpret_cast<const float*>(base + 4 * e));
+}
+
+// |x| of 16 fp16/bf16 elements as integer bits, NaN -> 0. For these formats
+// the order of |x| equals the unsigned order of its bits, so max_epu16 over
+// these equals the scalar reference's NaN-ignoring float max, at a fraction
+// of the cost of converting to float first.
+template <uint8_t type>
+inline __m256i AbsBits16(const uint8_t* base, size_t e) {
+  __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 2 * e));
+  v = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
+  const __m256i nan = _mm256_cmpgt_epi16(v, _mm256_set1_epi16(type == kElemFp16 ? 0x7C00 : 0x7F80));
+  return _mm256_andnot_si256(nan, v);
+}
+
+// 8 fp16/bf16 bit patterns -> floats.
+template <uint8_t type>
+inline __m256 BitsToFloat8(__m128i h) {
+  if constexpr (type == kElemFp16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline uint16_t HMaxU16(__m256i v) {
+  __m128i m = _mm_max_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  m = _mm_max_epu16(m, _mm_srli_si128(m, 8));
+  m = _mm_max_epu16(m, _mm_srli_si128(m, 4));
+  m = _mm_max_epu16(m, _mm_srli_si128(m, 2));
+  return static_cast<uint16_t>(_mm_extract_epi16(m, 0));
+}
+
+inline __m256 Abs(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+inline float HMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+inline float HMin(__m256 v) {
+  __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_min_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_min_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// x * inv clamped to [-127, 127] and rounded (cvtps_epi32 rounds in the
+// current mode, nearest-even by default, as rintf does on the scalar path).
+inline __m256i QuantInt8x8(__m256 x, __m256 inv) {
+  __m256 q = _mm256_mul_ps(x, inv);
+  q = _mm256_max_ps(q, _mm256_set1_ps(-127.0f));
+  q = _mm256_min_ps(q, _mm256_set1_ps(127.0f));
+  return _mm256_cvtps_epi32(q);
+}
+
+// The same codes with one float clamp: min(127, q) sends +inf and large
+// values to 127 and keeps NaN (which converts to INT_MIN); the signed
+// saturating packs then bring everything below -128 to -128, and a final
+// max_epi8(-127) gives the scalar path's -127 for NaN and for q <= -127.5.
+inline __m256i QuantInt8x8Loose(__m256 x, __m256 inv) {
+  __m256 q = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_mul_ps(x, inv));
+  return _mm256_cvtps_epi32(q);
+}
+
+// 8 int8 codes.
+inline void StoreInt8x8(uint8_t* dst, __m256 x, __m256 inv) {
+  __m256i i = QuantInt8x8(x, inv);
+  __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packs_epi16(w, w));
+}
+
+// 32 int8 codes from 4 vectors of 8, in element order.
+inline void StoreInt8x32(uint8_t* dst, __m256 x0, __m256 x1, __m256 x2, __m256 x3, __m256 inv0, __m256 inv1,
+                         __m256 inv2, __m256 inv3) {
+  __m256i a = _mm256_packs_epi32(QuantInt8x8Loose(x0, inv0), QuantInt8x8Loose(x1, inv1));
+  __m256i b = _mm256_packs_epi32(QuantInt8x8Loose(x2, inv2), QuantInt8x8Loose(x3, inv3));
+  __m256i c = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  c = _mm256_max_epi8(c, _mm256_set1_epi8(-127));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), c);
+}
+
+// (x - zero) * inv clamped to [0, 15], rounded, as 8 int32 lanes.
+inline __m256i QuantInt4x8(__m256 x, __m256 zero, __m256 inv) {
+  __m256 q = _mm256_mul_ps(_mm256_sub_ps(x, zero), inv);
+  q = _mm256_max_ps(q, _mm256_setzero_ps());
+  q = _mm256_min_ps(q, _mm256_set1_ps(15.0f));
+  return _mm256_cvtps_epi32(q);
+}
+
+// 8 nibble lanes (element order) -> 4 bytes, even element in the low nibble,
+// returned in the low 32 bits... as the 4 low 32-bit lanes of an __m128i.
+inline __m128i PairNibbles(__m256i q) {
+  __m256i odd = _mm256_srli_epi64(q, 32);
+  __m256i both = _mm256_or_si256(q, _mm256_slli_epi32(odd, 4));
+  __m256i packed = _mm256_permutevar8x32_epi32(both, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+  return _mm256_castsi256_si128(packed);
+}
+
+// 16 nibbles -> 8 bytes.
+inline void StoreInt4x16(uint8_t* dst, __m256i q0, __m256i q1) {
+  __m128i w = _mm_packs_epi32(PairNibbles(q0), PairNibbles(q1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packus_epi16(w, w));
+}
+// 8 nibbles -> 4 bytes.
+inline void StoreInt4x8(uint8_t* dst, __m256i q) {
+  __m128i w = _mm_packs_epi32(PairNibbles(q), _mm_setzero_si128());
+  w = _mm_packus_epi16(w, w);
+  int v = _mm_cvtsi128_si32(w);
+  std::memcpy(dst, &v, 4);
+}
+
+// Stores 8 floats as out_type (fp16 or fp32 only).
+inline void Store8(uint8_t* base, size_t e, uint8_t type, __m256 v) {
+  if (type == kElemFp16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(base + 2 * e), _mm256_cvtps_ph(v, kRne));
+  } else {
+    _mm256_storeu_ps(reinterpret_cast<float*>(base + 4 * e), v);
+  }
+}
+
+inline __m256 SafeInv8(__m256 s) {
+  __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.0f), s);
+  return _mm256_and_ps(inv, _mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_NEQ_OQ));
+}
+
+inline __m256 LoadHalf8(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// ---- per token ---------------------------------------------------------------
+// REQUIRES: g.group % 16 == 0 and g.dim % g.group == 0.
+// g by value: `out` may alias a reference, which forces reloads in the loops.
+template <uint8_t kType>
+void EncodePerToken(const PlaneGeom g, const uint8_t* in, uint8_t* out) {
+  const bool int4 = g.codec == kCodecInt4;
+  for (size_t gi = 0; gi < g.groups; ++gi) {
+    const size_t e0 = gi * g.group;  // groups tile the plane in element order
+    if (int4) {
+      __m256 mn = _mm256_set1_ps(3.0e38f), mx = _mm256_set1_ps(-3.0e38f);
+      for (uint32_t k = 0; k < g.group; k += 8) {
+        __m256 x = Load8<kType>(in, e0 + k);
+        mn = _mm256_min_ps(x, mn);
+        mx = _mm256_max_ps(x, mx);
+      }
+      uint16_t s16, z16;
+      AsymmetricScale(HMin(mn), HMax(mx), &s16, &z16);
+      StoreU16(out + g.scales_off, gi, s16);
+      StoreU16(out + g.zeros_off, gi, z16);
+      const __m256 inv = _mm256_set1_ps(SafeInv(HalfToFloat(s16)));
+      const __m256 zero = _mm256_set1_ps(HalfToFloat(z16));
+      uint8_t* codes = out + g.codes_off + e0 / 2;
+      for (uint32_t k = 0; k < g.group; k += 16) {
+        __m256i q0 = QuantInt4x8(Load8<kType>(in, e0 + k), zero, inv);
+        __m256i q1 = QuantInt4x8(Load8<kType>(in, e0 + k + 8), zero, inv);
+        StoreInt4x16(codes + k / 2, q0, q1);
+      }
+    } else {
+      float amax;
+      uint32_t k = 0;
+      if constexpr (kType == kElemFp32) {
+        // Two accumulators halve the max dependency chain (max is order-free).
+        __m256 acc = _mm256_setzero_ps(), acc2 = acc;
+        for (; k + 16 <= g.group; k += 16) {
+          acc = _mm256_max_ps(Abs(Load8<kType>(in, e0 + k)), acc);
+          acc2 = _mm256_max_ps(Abs(Load8<kType>(in, e0 + k + 8)), acc2);
+        }
+        amax = HMax(_mm256_max_ps(acc, acc2));
+      } else {
+        __m256i acc = _mm256_setzero_si256();
+        for (; k + 16 <= g.group; k += 16) acc = _mm256_max_epu16(AbsBits16<kType>(in, e0 + k), acc);
+        const uint16_t bits = HMaxU16(acc);
+        amax = kType == kElemFp16 ? HalfToFloat(bits) : Bf16ToFloat(bits);
+      }
+      // SymmetricScale and SafeInv with F16C scalar conversions (same rounding).
+      amax = std::min(amax, kFp16Max);
+      const uint16_t s16 = _cvtss_sh(amax / CodeMax(g.codec), kRne);
+      StoreU16(out + g.scales_off, gi, s16);
+      const __m256 inv = _mm256_set1_ps(SafeInv(_cvtsh_ss(s16)));
+      uint8_t* codes = out + g.codes_off + e0;
+      k = 0;
+      for (; k + 32 <= g.group; k += 32)
+        StoreInt8x32(codes + k, Load8<kType>(in, e0 + k), Load8<kType>(in, e0 + k + 8), Load8<kType>(in, e0 + k + 16),
+                     Load8<kType>(in, e0 + k + 24), inv, inv, inv, inv);
+      for (; k < g.group; k += 8) StoreInt8x8(codes + k, Load8<kType>(in, e0 + k), inv);
+    }
+  }
+}
+
+void DecodePerToken(const PlaneGeom g, const uint8_t* enc, uint8_t* out, uint8_t out_type) {
+  const bool int4 = g.codec == kCodecInt4;
+  const __m128i nib = _mm_set1_epi16(0x0F);
+  for (size_t gi = 0; gi < g.groups; ++gi) {
+    const size_t e0 = gi * g.group;
+    const __m256 scale = _mm256_set1_ps(HalfToFloat(LoadU16(enc + g.scales_off, gi)));
+    if (int4) {
+      const __m256 zero = _mm256_set1_ps(HalfToFloat(LoadU16(enc + g.zeros_off, gi)));
+      const uint8_t* codes = enc + g.codes_off + e0 / 2;
+      for (uint32_t k = 0; k < g.group; k += 16) {
+        __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k / 2)));
+        __m128i v = _mm_or_si128(_mm_and_si128(b, nib), _mm_slli_epi16(_mm_srli_epi16(b, 4), 8));
+        __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+        __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+        Store8(out, e0 + k, out_type, _mm256_add_ps(_mm256_mul_ps(f0, scale), zero));
+        Store8(out, e0 + k + 8, out_type, _mm256_add_ps(_mm256_mul_ps(f1, scale), zero));
+      }
+    } else {
+      const uint8_t* codes = enc + g.codes_off + e0;
+      for (uint32_t k = 0; k < g.group; k += 8) {
+        __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k));
+        __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+        Store8(out, e0 + k, out_type, _mm256_mul_ps(f, scale));
+      }
+    }
+  }
+}
+
+// ---- per channel -------------------------------------------------------------
+// Channels in chunks of 8 lanes; the remaining dim % 8 channels go through the
+// scalar reference functions. REQUIRES (int4): g.dim even.
+template <uint8_t kType>
+void EncodePerChannel(const PlaneGeom g, const uint8_t* in, uint8_t* out) {
+  const bool int4 = g.codec == kCodecInt4;
+  const uint32_t d_vec = g.dim / 8 * 8;
+  for (uint32_t j = 0; j < g.groups_per_line; ++j) {
+    const uint32_t t0 = j * g.group;
+    const uint32_t t1 = t0 + g.group < g.tokens ? t0 + g.group : g.tokens;
+    uint32_t c = 0;
+    if (!int4) {  // 32 channels at a time: whole cache lines per token
+      for (; c + 32 <= d_vec; c += 32) {
+        const size_t gi = static_cast<size_t>(j) * g.dim + c;
+        // Named accumulators (an array would live on the stack).
+        __m256 a0, a1, a2, a3;
+        if constexpr (kType == kElemFp32) {
+          a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+          for (uint32_t t = t0; t < t1; ++t) {
+            const size_t e = static_cast<size_t>(t) * g.dim + c;
+            a0 = _mm256_max_ps(Abs(Load8<kType>(in, e)), a0);
+            a1 = _mm256_max_ps(Abs(Load8<kType>(in, e + 8)), a1);
+            a2 = _mm256_max_ps(Abs(Load8<kType>(in, e + 16)), a2);
+            a3 = _mm256_max_ps(Abs(Load8<kType>(in, e + 24)), a3);
+          }
+        } else {
+          __m256i b0 = _mm256_setzero_si256(), b1 = b0;
+          for (uint32_t t = t0; t < t1; ++t) {
+            const size_t e = static_cast<size_t>(t) * g.dim + c;
+            b0 = _mm256_max_epu16(AbsBits16<kType>(in, e), b0);
+            b1 = _mm256_max_epu16(AbsBits16<kType>(in, e + 16), b1);
+          }
+          a0 = BitsToFloat8<kType>(_mm256_castsi256_si128(b0));
+          a1 = BitsToFloat8<kType>(_mm256_extracti128_si256(b0, 1));
+          a2 = BitsToFloat8<kType>(_mm256_castsi256_si128(b1));
+          a3 = BitsToFloat8<kType>(_mm256_extracti128_si256(b1, 1));
+        }
+        auto scale_inv = [&](__m256 a, size_t g8) {
+          a = _mm256_min_ps(a, _mm256_set1_ps(kFp16Max));
+          __m128i s16 = _mm256_cvtps_ph(_mm256_div_ps(a, _mm256_set1_ps(CodeMax(g.codec))), kRne);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g.scales_off + 2 * g8), s16);
+          return SafeInv8(_mm256_cvtph_ps(s16));
+        };
+        const __m256 i0 = scale_inv(a0, gi), i1 = scale_inv(a1, gi + 8), i2 = scale_inv(a2, gi + 16),
+                     i3 = scale_inv(a3, gi + 24);
+        for (uint32_t t = t0; t < t1; ++t) {
+          const size_t e = static_cast<size_t>(t) * g.dim + c;
+          StoreInt8x32(out + g.codes_off + e, Load8<kType>(in, e), Load8<kType>(in, e + 8), Load8<kType>(in, e + 16),
+                       Load8<kType>(in, e + 24), i0, i1, i2, i3);
+        }
+      }
+    }
+    for (; c < d_vec; c += 8) {
+      const size_t gi = static_cast<size_t>(j) * g.dim + c;
+      if (int4) {
+        __m256 mn = _mm256_set1_ps(3.0e38f), mx = _mm256_set1_ps(-3.0e38f);
+        for (uint32_t t = t0; t < t1; ++t) {
+          __m256 x = Load8<kType>(in, static_cast<size_t>(t) * g.dim + c);
+          mn = _mm256_min_ps(x, mn);
+          mx = _mm256_max_ps(x, mx);
+        }
+        // AsymmetricScale, lane-wise.
+        const __m256 lo = _mm256_set1_ps(-kFp16Max), hi = _mm256_set1_ps(kFp16Max);
+        mn = _mm256_min_ps(_mm256_max_ps(mn, lo), hi);
+        mx = _mm256_min_ps(_mm256_max_ps(mx, lo), hi);
+        mx = _mm256_blendv_ps(mx, mn, _mm256_cmp_ps(mx, mn, _CMP_LT_OQ));
+        __m128i z16 = _mm256_cvtps_ph(mn, kRne);
+        __m256 zero = _mm256_cvtph_ps(z16);
+        __m256 range = _mm256_max_ps(_mm256_sub_ps(mx, zero), _mm256_setzero_ps());
+        __m128i s16 = _mm256_cvtps_ph(_mm256_div_ps(range, _mm256_set1_ps(15.0f)), kRne);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g.scales_off + 2 * gi), s16);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g.zeros_off + 2 * gi), z16);
+        const __m256 inv = SafeInv8(_mm256_cvtph_ps(s16));
+        for (uint32_t t = t0; t < t1; ++t) {
+          const size_t e = static_cast<size_t>(t) * g.dim + c;
+          StoreInt4x8(out + g.codes_off + e / 2, QuantInt4x8(Load8<kType>(in, e), zero, inv));
+        }
+      } else {
+        __m256 acc = _mm256_setzero_ps();
+        for (uint32_t t = t0; t < t1; ++t)
+          acc = _mm256_max_ps(Abs(Load8<kType>(in, static_cast<size_t>(t) * g.dim + c)), acc);
+        acc = _mm256_min_ps(acc, _mm256_set1_ps(kFp16Max));
+        __m128i s16 = _mm256_cvtps_ph(_mm256_div_ps(acc, _mm256_set1_ps(127.0f)), kRne);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g.scales_off + 2 * gi), s16);
+        const __m256 inv = SafeInv8(_mm256_cvtph_ps(s16));
+        for (uint32_t t = t0; t < t1; ++t) {
+          const size_t e = static_cast<size_t>(t) * g.dim + c;
+          StoreInt8x8(out + g.codes_off + e, Load8<kType>(in, e), inv);
+        }
+      }
+    }
+    // Tail channels: the scalar reference.
+    for (uint32_t c = d_vec; c < g.dim; ++c) EncodeGroupStats(g, in, out, static_cast<size_t>(j) * g.dim + c);
+  }
+  if (d_vec < g.dim) {
+    for (uint32_t t = 0; t < g.tokens; ++t)
+      for (uint32_t c = d_vec; c < g.dim; c += (int4 ? 2 : 1)) {
+        const size_t e = static_cast<size_t>(t) * g.dim + c;
+        EncodeCodeByte(g, in, out, int4 ? e / 2 : e);
+      }
+  }
+}
+
+void DecodePerChannel(const PlaneGeom g, const uint8_t* enc, uint8_t* out, uint8_t out_type) {
+  const bool int4 = g.codec == kCodecInt4;
+  const uint32_t d_vec = g.dim / 8 * 8;
+  for (uint32_t t = 0; t < g.tokens; ++t) {
+    const size_t jd = static_cast<size_t>(t / g.group) * g.dim;
+    for (uint32_t c = 0; c < d_vec; c += 8) {
+      const size_t e = static_cast<size_t>(t) * g.dim + c;
+      const __m256 scale = LoadHalf8(enc + g.scales_off + 2 * (jd + c));
+      __m256 f;
+      if (int4) {
+        uint32_t w;
+        std::memcpy(&w, enc + g.codes_off + e / 2, 4);
+        __m128i b = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(static_cast<int>(w)));
+        __m128i v = _mm_or_si128(_mm_and_si128(b, _mm_set1_epi16(0x0F)), _mm_slli_epi16(_mm_srli_epi16(b, 4), 8));
+        f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+        f = _mm256_add_ps(_mm256_mul_ps(f, scale), LoadHalf8(enc + g.zeros_off + 2 * (jd + c)));
+      } else {
+        __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(enc + g.codes_off + e));
+        f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), scale);
+      }
+      Store8(out, e, out_type, f);
+    }
+    for (uint32_t c = d_vec; c < g.dim; ++c) {
+      const size_t e = static_cast<size_t>(t) * g.dim + c;
+      StoreElem(out, e, out_type, DecodeElement(g, enc, e));
+    }
+  }
+}
+
+}  // namespace
+
+bool EncodePlaneAvx2(const PlaneGeom& g, const uint8_t* in, uint8_t* out) {
+  if (g.codec != kCodecInt8 && g.codec != kCodecInt4) return false;
+  if (g.axis == kPerToken) {
+    if (g.group % 16 != 0 || g.dim % g.group != 0) return false;
+    switch (g.in_type) {
+      case kElemFp16: EncodePerToken<kElemFp16>(g, in, out); break;
+      case kElemBf16: EncodePerToken<kElemBf16>(g, in, out); break;
+      default: EncodePerToken<kElemFp32>(g, in, out); break;
+    }
+  } else {
+    if (g.codec == kCodecInt4 && g.dim % 2 != 0) return false;
+    switch (g.in_type) {
+      case kElemFp16: EncodePerChannel<kElemFp16>(g, in, out); break;
+      case kElemBf16: EncodePerChannel<kElemBf16>(g, in, out); break;
+      default: EncodePerChannel<kElemFp32>(g, in, out); break;
+    }
+  }
+  const size_t used = g.codes_off + CodeBytes(g);
+  std::memset(out + used, 0, g.bytes - used);
+  return true;
+}
+
+bool DecodePlaneAvx2(const PlaneGeom& g, const uint8_t* enc, uint8_t* out, uint8_t out_type) {
+  if (g.codec != kCodecInt8 && g.codec != kCodecInt4) return false;
+  if (out_type != kElemFp16 && out_type != kElemFp32) return false;
+  if (g.axis == kPerToken) {
+    if (g.group % 16 != 0 || g.dim % g.group != 0) return false;
+    DecodePerToken(g, enc, out, out_type);
+  } else {
+    if (g.codec == kCodecInt4 && g.dim % 2 != 0) return false;
+    DecodePerChannel(g, enc, out, out_type);
+  }
+  return true;
+}
+
+}  // namespace kvmesh::kernels
+
+#endif  // x86

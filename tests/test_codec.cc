@@ -1,0 +1,432 @@
+// Codec tests: number formats, round trips within each codec's error bound,
+// scalar vs AVX2 byte equality, mixed/lossless/lowrank policies, and the
+// block format's rejection of corrupt and truncated input.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/block_format.h"
+#include "kernels/codec.h"
+#include "kernels/codec_bench.h"
+#include "kernels/lowrank.h"
+#include "kernels/quant_cpu.h"
+
+using namespace kvmesh;
+using namespace kvmesh::kernels;
+
+namespace {
+
+using Bytes = std::vector<std::byte>;
+
+Bytes Generate(const BlockShape& s, uint64_t seed) {
+  Bytes b(s.bytes());
+  GenerateKvBlock(s, seed, b);
+  return b;
+}
+
+std::unique_ptr<Codec> Make(std::string_view name, bool scalar = false, std::shared_ptr<const LowRankBasis> basis = {}) {
+  auto spec = ParseCodecSpec(name);
+  REQUIRE(spec.ok());
+  CodecPolicy p;
+  p.base = *spec;
+  p.force_scalar = scalar;
+  p.basis = std::move(basis);
+  auto c = MakeCodec(p);
+  REQUIRE(c.ok());
+  return std::move(c).value();
+}
+
+Bytes Encode(const Codec& c, const BlockShape& s, const Bytes& raw) {
+  auto max = c.MaxEncodedSize(s);
+  REQUIRE(max.ok());
+  Bytes out(*max);
+  auto n = c.Encode(s, raw, out);
+  REQUIRE(n.ok());
+  out.resize(*n);
+  return out;
+}
+
+Bytes Decode(const Codec& c, const BlockShape& s, const Bytes& blob) {
+  Bytes out(s.bytes());
+  Status st = c.Decode(blob, out);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  return out;
+}
+
+// Random raw data with awkward values: zero groups, huge values, subnormals.
+Bytes Awkward(const BlockShape& s, uint64_t seed) {
+  Bytes b(s.bytes());
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n01;
+  auto* p = reinterpret_cast<uint8_t*>(b.data());
+  const uint8_t t = static_cast<uint8_t>(s.dtype);
+  for (size_t i = 0; i < s.elements(); ++i) {
+    float v = n01(rng);
+    switch (rng() % 16) {
+      case 0: v = 0; break;
+      case 1: v *= 3000.0f; break;
+      case 2: v *= 1e-6f; break;
+      default: break;
+    }
+    StoreElem(p, i, t, v);
+  }
+  // One all-zero plane row stretch.
+  for (size_t i = 0; i < std::min<size_t>(s.head_dim * 2, s.elements()); ++i) StoreElem(p, i, t, 0.0f);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("fp16 conversion round-trips every half and rounds to nearest even", "[codec][format]") {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const uint16_t x = static_cast<uint16_t>(h);
+    const float f = HalfToFloat(x);
+    if (std::isnan(f)) continue;
+    REQUIRE(FloatToHalf(f) == x);
+  }
+  CHECK(FloatToHalf(1.0f + 1.0f / 2048) == 0x3C00);                  // tie -> even
+  CHECK(FloatToHalf(1.0f + 3.0f / 2048) == 0x3C02);                  // tie -> even (up)
+  CHECK(FloatToHalf(65520.0f) == 0x7C00);                            // rounds to inf
+  CHECK(FloatToHalf(65519.0f) == 0x7BFF);
+  CHECK(FloatToHalf(2.98023224e-8f) == 0x0000);                      // half the smallest subnormal: tie -> 0
+  CHECK(FloatToHalf(-5.96046448e-8f) == 0x8001);
+  CHECK(FloatToBf16(1.0f) == 0x3F80);
+  CHECK(Bf16ToFloat(FloatToBf16(3.140625f)) == 3.140625f);
+}
+
+TEST_CASE("fp8 e4m3 and e5m2 encode every finite code exactly and saturate", "[codec][format]") {
+  for (uint32_t c = 0; c < 256; ++c) {
+    const uint8_t code = static_cast<uint8_t>(c);
+    const float e4 = E4M3ToFloat(code), e5 = E5M2ToFloat(code);
+    if (!std::isnan(e4)) {
+      INFO("e4m3 code " << c << " value " << e4);
+      if (c != 0x80) REQUIRE(FloatToE4M3(e4) == code);
+    }
+    if (std::isfinite(e5)) {
+      INFO("e5m2 code " << c << " value " << e5);
+      if (c != 0x80) REQUIRE(FloatToE5M2(e5) == code);
+    }
+  }
+  CHECK(E4M3ToFloat(0x7E) == 448.0f);
+  CHECK(FloatToE4M3(1000.0f) == 0x7E);
+  CHECK(FloatToE4M3(-1e9f) == 0xFE);
+  CHECK(FloatToE4M3(1.0f) == 0x38);
+  CHECK(E5M2ToFloat(0x7B) == 57344.0f);
+  CHECK(FloatToE5M2(1e6f) == 0x7B);
+  CHECK(FloatToE5M2(1.0f) == 0x3C);
+  CHECK(FloatToE4M3(std::nanf("")) == 0x7F);
+  // 1.0625 lies halfway between 1.0 (0x38) and 1.125 (0x39): ties to even.
+  CHECK(FloatToE4M3(1.0625f) == 0x38);
+}
+
+TEST_CASE("Every codec round-trips a KV block within its error bound", "[codec]") {
+  struct Case {
+    const char* name;
+    double max_rel_l2;
+  };
+  const Case cases[] = {
+      {"raw", 0.0},          {"fp16", 0.0},         {"bf16", 0.004},       {"int8", 0.01},
+      {"int8:token", 0.03},  {"int8:channel", 0.01}, {"int4", 0.12},       {"int4:token", 0.35},
+      {"int4:g32", 0.10},    {"fp8-e4m3", 0.04},    {"fp8-e5m2", 0.08},    {"int8:g64", 0.01},
+  };
+  for (uint32_t dim : {64u, 128u}) {
+    const BlockShape s{0, 2, 0, 4, 32, dim, DType::kFp16};
+    const Bytes raw = Generate(s, 42 + dim);
+    for (const Case& c : cases) {
+      INFO(c.name << " dim " << dim);
+      auto codec = Make(c.name);
+      const Bytes blob = Encode(*codec, s, raw);
+      const Bytes back = Decode(*codec, s, blob);
+      const ErrorStats e = CompareBlocks(s, raw, back);
+      CHECK(e.rel_l2 <= c.max_rel_l2);
+      if (c.max_rel_l2 > 0) CHECK(e.rel_l2 > 0);  // it really quantised
+      // Decoding needs no codec object.
+      Bytes again(s.bytes());
+      REQUIRE(DecodeBlock(blob, again).ok());
+      CHECK(again == back);
+    }
+  }
+}
+
+TEST_CASE("KIVI per-channel keys beat per-token keys on outlier channels", "[codec]") {
+  const BlockShape s{0, 2, 0, 4, 64, 128, DType::kFp16};
+  const Bytes raw = Generate(s, 7);
+  auto kivi = Make("int4:kivi"), token = Make("int4:token");
+  const ErrorStats ek = CompareBlocks(s, raw, Decode(*kivi, s, Encode(*kivi, s, raw)));
+  const ErrorStats et = CompareBlocks(s, raw, Decode(*token, s, Encode(*token, s, raw)));
+  CHECK(ek.rel_l2_k < et.rel_l2_k);
+  CHECK(ek.rel_l2_v == Approx(et.rel_l2_v));  // values are per token in both
+}
+
+TEST_CASE("The AVX2 and scalar paths write identical bytes", "[codec][simd]") {
+  if (!HaveAvx2Path()) {
+    WARN("AVX2+F16C not available (or KVMESH_FORCE_SCALAR set): nothing to compare");
+    return;
+  }
+  const char* names[] = {"int8",     "int8:token", "int8:channel", "int4",    "int4:token", "int4:channel",
+                         "int8:g16", "int4:g32",   "int4:g48",     "int8:g5", "fp8-e4m3",   "fp8-e5m2"};
+  const uint32_t dims[] = {64, 128, 96, 100, 256, 24};
+  const uint32_t tokens[] = {16, 64, 17};
+  const DType dtypes[] = {DType::kFp16, DType::kBf16, DType::kFp32};
+  int compared = 0;
+  for (DType dt : dtypes)
+    for (uint32_t d : dims)
+      for (uint32_t t : tokens) {
+        const BlockShape s{0, 1, 0, 2, t, d, dt};
+        const Bytes raw = Awkward(s, d * 1000 + t);
+        for (const char* n : names) {
+          INFO(n << " dim " << d << " tokens " << t << " dtype " << DTypeName(dt));
+          auto fast = Make(n, false), slow = Make(n, true);
+          const Bytes a = Encode(*fast, s, raw), b = Encode(*slow, s, raw);
+          REQUIRE(a == b);
+          REQUIRE(Decode(*fast, s, a) == Decode(*slow, s, a));
+          ++compared;
+        }
+      }
+  CHECK(compared == 12 * 6 * 3 * 3);
+}
+
+TEST_CASE("The AVX2 path handles inf and NaN inputs like the scalar path", "[codec][simd]") {
+  if (!HaveAvx2Path()) {
+    WARN("AVX2+F16C not available");
+    return;
+  }
+  const BlockShape s{0, 1, 0, 1, 16, 64, DType::kFp16};
+  Bytes raw = Awkward(s, 5);
+  auto* p = reinterpret_cast<uint8_t*>(raw.data());
+  StoreU16(p, 3, 0x7C00);    // +inf
+  StoreU16(p, 70, 0xFC00);   // -inf
+  StoreU16(p, 131, 0x7E00);  // NaN
+  StoreU16(p, 900, 0x7BFF);  // 65504
+  for (const char* n : {"int8", "int8:token", "int4", "int4:token", "fp8-e4m3"}) {
+    INFO(n);
+    auto fast = Make(n, false), slow = Make(n, true);
+    const Bytes a = Encode(*fast, s, raw), b = Encode(*slow, s, raw);
+    REQUIRE(a == b);
+    REQUIRE(Decode(*fast, s, a) == Decode(*slow, s, a));
+  }
+}
+
+TEST_CASE("Large blocks encode on several threads to the same bytes", "[codec]") {
+  const BlockShape s{0, 8, 0, 8, 64, 128, DType::kFp16};  // 2 MiB... x4 below
+  const BlockShape big{0, 32, 0, 8, 64, 128, DType::kFp16};  // 8 MiB: above the threading threshold
+  (void)s;
+  const Bytes raw = Generate(big, 3);
+  CodecPolicy p1, p4;
+  p1.base = *ParseCodecSpec("int4");
+  p1.threads = 1;
+  p4 = p1;
+  p4.threads = 4;
+  auto c1 = std::move(MakeCodec(p1)).value(), c4 = std::move(MakeCodec(p4)).value();
+  const Bytes a = Encode(*c1, big, raw), b = Encode(*c4, big, raw);
+  CHECK(a == b);
+  CHECK(Decode(*c4, big, b) == Decode(*c1, big, a));
+}
+
+TEST_CASE("Mixed precision by layer stores one segment per layer range", "[codec]") {
+  const BlockShape s{2, 6, 0, 2, 16, 64, DType::kFp16};  // layers 2..7 of a model
+  const Bytes raw = Generate(s, 11);
+  CodecPolicy p;
+  p.base = *ParseCodecSpec("int4");
+  p.rules.push_back({Range{0, 4}, *ParseCodecSpec("fp16")});   // layers 0-3: fp16
+  p.rules.push_back({Range{6, 7}, *ParseCodecSpec("int8")});   // layer 6: int8
+  auto codec = std::move(MakeCodec(p)).value();
+  const Bytes blob = Encode(*codec, s, raw);
+  auto info = InspectBlock(blob);
+  REQUIRE(info.ok());
+  REQUIRE(info->segments.size() == 4);
+  CHECK(info->segments[0].spec.kind == kCodecFp16);
+  CHECK(info->segments[0].layer_begin == 2);
+  CHECK(info->segments[0].layers == 2);
+  CHECK(info->segments[1].spec.kind == kCodecInt4);
+  CHECK(info->segments[1].layers == 2);
+  CHECK(info->segments[2].spec.kind == kCodecInt8);
+  CHECK(info->segments[3].spec.kind == kCodecInt4);
+  const Bytes back = Decode(*codec, s, blob);
+  // The fp16 layers (2, 3) come back exactly: they are the first 2 layers' bytes.
+  const size_t layer_bytes = s.bytes() / s.layers;
+  CHECK(std::memcmp(back.data(), raw.data(), 2 * layer_bytes) == 0);
+  CHECK(std::memcmp(back.data() + 2 * layer_bytes, raw.data() + 2 * layer_bytes, layer_bytes) != 0);
+  CHECK(CompareBlocks(s, raw, back).rel_l2 < 0.12);
+  CodecPolicy bad = p;
+  bad.rules.push_back({Range{3, 5}, *ParseCodecSpec("int8")});
+  CHECK(MakeCodec(bad).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("The lossless stage shrinks compressible blocks and decodes to the same values", "[codec]") {
+  const BlockShape s{0, 2, 0, 4, 32, 128, DType::kFp16};
+  Bytes raw = Generate(s, 5);
+  // Make half of the block constant so it is compressible.
+  std::memset(raw.data(), 0, raw.size() / 2);
+  for (const char* ll : {"lz4", "zstd"}) {
+    INFO(ll);
+    CodecPolicy plain, packed;
+    plain.base = packed.base = *ParseCodecSpec("int8");
+    packed.lossless = *ParseLossless(ll);
+    auto a = std::move(MakeCodec(plain)).value(), b = std::move(MakeCodec(packed)).value();
+    const Bytes ea = Encode(*a, s, raw), eb = Encode(*b, s, raw);
+    CHECK(eb.size() < ea.size());
+    CHECK(InspectBlock(eb)->lossless == packed.lossless);
+    CHECK(Decode(*b, s, eb) == Decode(*a, s, ea));
+  }
+  // Incompressible input (random fp16 passthrough) is stored without the stage.
+  std::mt19937_64 rng(1);
+  for (auto& x : raw) x = static_cast<std::byte>(rng());
+  CodecPolicy p;
+  p.base = *ParseCodecSpec("raw");
+  p.lossless = Lossless::kLz4;
+  auto c = std::move(MakeCodec(p)).value();
+  const Bytes e = Encode(*c, s, raw);
+  CHECK(InspectBlock(e)->lossless == Lossless::kNone);
+  CHECK(Decode(*c, s, e) == raw);
+}
+
+TEST_CASE("Lowrank projects onto a fitted basis and reports its residual", "[codec][lowrank]") {
+  const BlockShape s{0, 2, 0, 2, 64, 64, DType::kFp16};
+  std::vector<Bytes> cal;
+  std::vector<std::span<const std::byte>> spans;
+  for (int i = 0; i < 4; ++i) cal.push_back(Generate(s, 900 + i));
+  for (auto& c : cal) spans.push_back(c);
+  auto basis = LowRankBasis::Fit(s, spans, 16);
+  REQUIRE(basis.ok());
+  CHECK(basis->mean_residual() > 0.0);
+  CHECK(basis->mean_residual() < 0.5);
+  auto shared = std::make_shared<LowRankBasis>(std::move(basis).value());
+  const Bytes raw = Generate(s, 1);
+  auto codec = Make("lowrank:r16", false, shared);
+  const Bytes blob = Encode(*codec, s, raw);
+  CHECK(blob.size() < s.bytes() / 3);
+  const Bytes back = Decode(*codec, s, blob);
+  const double err = CompareBlocks(s, raw, back).rel_l2;
+  CHECK(err > 0);
+  CHECK(err < 0.6);
+  // More rank, less error.
+  auto codec8 = Make("lowrank:r8", false, shared);
+  CHECK(CompareBlocks(s, raw, Decode(*codec8, s, Encode(*codec8, s, raw))).rel_l2 > err);
+  // The basis serialises; a block refuses a different basis.
+  auto parsed = LowRankBasis::Parse(shared->Serialize());
+  REQUIRE(parsed.ok());
+  CHECK(parsed->id() == shared->id());
+  Bytes out(s.bytes());
+  DecodeOptions o;
+  CHECK(DecodeBlock(blob, out, o).code() == StatusCode::kFailedPrecondition);
+  auto other = LowRankBasis::Fit(s, std::span(spans).subspan(0, 2), 16);
+  REQUIRE(other.ok());
+  o.basis = &*other;
+  CHECK(DecodeBlock(blob, out, o).code() == StatusCode::kFailedPrecondition);
+  o.basis = &*parsed;
+  REQUIRE(DecodeBlock(blob, out, o).ok());
+  CHECK(out == back);
+  std::vector<std::byte> ser = shared->Serialize();
+  ser[100] ^= std::byte{1};
+  CHECK(LowRankBasis::Parse(ser).status().code() == StatusCode::kDataLoss);
+}
+
+TEST_CASE("Corrupt and truncated blocks are rejected with a clear status", "[codec][format]") {
+  const BlockShape s{0, 2, 0, 2, 16, 64, DType::kFp16};
+  const Bytes raw = Generate(s, 9);
+  for (const char* name : {"int8", "int4:token", "fp8-e5m2"})
+    for (Lossless ll : {Lossless::kNone, Lossless::kZstd, Lossless::kLz4}) {
+      INFO(name << " " << LosslessName(ll));
+      CodecPolicy p;
+      p.base = *ParseCodecSpec(name);
+      p.lossless = ll;
+      auto codec = std::move(MakeCodec(p)).value();
+      const Bytes blob = Encode(*codec, s, raw);
+      Bytes out(s.bytes());
+      // Every truncation.
+      for (size_t n = 0; n < blob.size(); ++n) {
+        Status st = DecodeBlock(std::span(blob).first(n), out);
+        REQUIRE(!st.ok());
+        REQUIRE(st.code() == StatusCode::kDataLoss);
+      }
+      // Every single-bit flip (one bit per byte, rotating).
+      for (size_t i = 0; i < blob.size(); ++i) {
+        Bytes bad = blob;
+        bad[i] ^= static_cast<std::byte>(1u << (i % 8));
+        Status st = DecodeBlock(bad, out);
+        INFO("flipped byte " << i);
+        REQUIRE(!st.ok());
+        REQUIRE((st.code() == StatusCode::kDataLoss || st.code() == StatusCode::kInvalidArgument));
+      }
+      // A short output buffer.
+      Bytes small(s.bytes() - 1);
+      CHECK(DecodeBlock(blob, small).code() == StatusCode::kInvalidArgument);
+    }
+}
+
+TEST_CASE("Blocks whose checksum matches but whose lengths lie are rejected", "[codec][format]") {
+  const BlockShape s{0, 2, 0, 2, 16, 64, DType::kFp16};
+  const Bytes raw = Generate(s, 10);
+  auto codec = Make("int8");
+  const Bytes blob = Encode(*codec, s, raw);
+  Bytes out(s.bytes());
+  auto resealed = [&](size_t off, const void* v, size_t n) {
+    Bytes b = blob;
+    std::memcpy(b.data() + off, v, n);
+    SealBlock(reinterpret_cast<uint8_t*>(b.data()), b.size());
+    return b;
+  };
+  const uint32_t huge = 0xFFFFFFFFu, zero = 0, two = 2;
+  const uint64_t big = uint64_t{1} << 50;
+  const uint16_t many = 1000;
+  const uint8_t kind = 99, axis = 7;
+  CHECK(DecodeBlock(resealed(12, &huge, 4), out).code() == StatusCode::kDataLoss);  // layers
+  CHECK(DecodeBlock(resealed(24, &zero, 4), out).code() == StatusCode::kDataLoss);  // tokens
+  CHECK(DecodeBlock(resealed(28, &two, 4), out).code() == StatusCode::kDataLoss);   // head_dim
+  CHECK(DecodeBlock(resealed(32, &many, 2), out).code() == StatusCode::kDataLoss);  // segments
+  CHECK(DecodeBlock(resealed(64 + 0, &kind, 1), out).code() == StatusCode::kInvalidArgument);
+  CHECK(DecodeBlock(resealed(64 + 1, &axis, 1), out).code() == StatusCode::kDataLoss);
+  CHECK(DecodeBlock(resealed(64 + 4, &zero, 4), out).code() == StatusCode::kDataLoss);  // group 0
+  CHECK(DecodeBlock(resealed(64 + 4, &two, 4), out).code() == StatusCode::kDataLoss);   // group changes the length
+  CHECK(DecodeBlock(resealed(64 + 40, &big, 8), out).code() == StatusCode::kDataLoss);  // segment bytes
+  CHECK(DecodeBlock(resealed(40, &big, 8), out).code() == StatusCode::kDataLoss);       // body bytes
+  const uint16_t v2 = 2;
+  Status st = DecodeBlock(resealed(4, &v2, 2), out);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(st.message().find("version 2") != std::string::npos);
+  CHECK(DecodeBlock(raw, out).code() == StatusCode::kInvalidArgument);  // not a block at all
+}
+
+TEST_CASE("Codec names parse and print", "[codec]") {
+  for (const char* n : {"int8:g128:kivi", "int4:g64:token", "fp8-e4m3:g32:channel", "fp16", "lowrank:r32", "raw"}) {
+    auto s = ParseCodecSpec(n);
+    REQUIRE(s.ok());
+    CHECK(CodecSpecName(*s) == n);
+  }
+  CHECK(ParseCodecSpec("int9").status().code() == StatusCode::kNotFound);
+  CHECK(ParseCodecSpec("int8:g0").status().code() == StatusCode::kInvalidArgument);
+  CHECK(ParseCodecSpec("fp16:g64").status().code() == StatusCode::kInvalidArgument);
+  CHECK(ParseCodecSpec("int8:r4").status().code() == StatusCode::kInvalidArgument);
+  CHECK(ListCodecs().size() == kCodecKindCount);
+  CodecPolicy p;
+  p.base = *ParseCodecSpec("lowrank");
+  CHECK(MakeCodec(p).status().code() == StatusCode::kInvalidArgument);  // no basis
+}
+
+TEST_CASE("The codec bench meets the issue's ratio and error floors", "[codec][bench]") {
+  BenchOptions o;
+  o.quick = true;
+  o.layers = 2;
+  o.heads = 2;
+  o.tokens = 64;
+  o.head_dims = {128};
+  o.accuracy_blocks = 2;
+  o.codecs = {"int8", "int4", "int4:token", "fp16"};
+  auto r = RunCodecBench(o);
+  REQUIRE(r.ok());
+  REQUIRE(r->rows.size() == 4);
+  CHECK(r->memcpy_gbps > 0);
+  CHECK(r->rows[0].ratio >= 1.9);
+  CHECK(r->rows[0].error.rel_l2 < 0.01);
+  CHECK(r->rows[0].attn_rel_err < 0.03);
+  CHECK(r->rows[1].ratio >= 3.5);
+  CHECK(r->rows[2].ratio >= 3.5);
+  CHECK(r->rows[3].ratio == Approx(1.0).epsilon(0.01));  // fp16 of fp16 input
+  CHECK(r->rows[3].error.rel_l2 == 0.0);
+  CHECK(r->rows[3].attn_rel_err < 1e-12);
+}
