@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvmesh::bench {
@@ -33,6 +34,28 @@ inline Sample MeasureRate(int trials, const std::function<double()>& fn) {
   }
   std::sort(rates.begin(), rates.end());
   return Sample{rates[rates.size() / 2], rates.front(), rates.back()};
+}
+
+// Measures a candidate and its baseline in alternating trials (A B A B ...),
+// so both see the same machine load; returns {candidate, baseline}.
+inline std::pair<Sample, Sample> MeasurePair(int trials, const std::function<double()>& a,
+                                             const std::function<double()>& b) {
+  a();
+  b();
+  std::vector<double> ra, rb;
+  for (int t = 0; t < trials; ++t) {
+    for (int which = 0; which < 2; ++which) {
+      const auto& fn = which == 0 ? a : b;
+      double t0 = NowSeconds();
+      double units = fn();
+      (which == 0 ? ra : rb).push_back(units / (NowSeconds() - t0));
+    }
+  }
+  auto summarise = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return Sample{v[v.size() / 2], v.front(), v.back()};
+  };
+  return {summarise(ra), summarise(rb)};
 }
 
 }  // namespace kvmesh::bench

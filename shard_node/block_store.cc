@@ -23,6 +23,11 @@ struct Slot {
   SlotState state = SlotState::kFree;
 };
 
+Status DestinationTooSmall(size_t have, size_t need) {
+  return ResourceExhausted("destination of " + std::to_string(have) + " bytes is smaller than the block (" +
+                           std::to_string(need) + " bytes)");
+}
+
 AccessInfo InfoOf(const BlockMeta& m, float score = 0.0f) {
   return AccessInfo{m.priority, m.size, score, m.key.lo ^ m.key.hi};
 }
@@ -177,8 +182,13 @@ Status BlockStore::Put(const BlockKey& key, std::span<const std::byte> payload, 
   // Copy and checksum outside the lock: the slot is reserved (kWriting), so
   // readers miss it and duplicate puts return early.
   std::byte* dst = s.base + slot * slot_bytes_;
-  backend_->CopyIn(dst, payload.data(), payload.size());
-  const uint64_t sum = Checksum64(payload.data(), payload.size());
+  uint64_t sum;
+  if (backend_->host_accessible()) {
+    sum = CopyWithChecksum64(dst, payload.data(), payload.size());
+  } else {
+    backend_->CopyIn(dst, payload.data(), payload.size());
+    sum = Checksum64(payload.data(), payload.size());
+  }
 
   std::lock_guard<std::mutex> lock(s.mu);
   Slot& sl = s.slots[slot];
@@ -203,7 +213,7 @@ Status BlockStore::Put(const BlockKey& key, std::span<const std::byte> payload, 
   return Status::Ok();
 }
 
-Result<BlockRef> BlockStore::Get(const BlockKey& key) {
+Result<BlockRef> BlockStore::Pin(const BlockKey& key, bool verify) {
   Stripe& s = StripeOf(key);
   BlockRef ref;
   {
@@ -229,36 +239,53 @@ Result<BlockRef> BlockStore::Get(const BlockKey& key) {
     ref.data_ = s.base + slot * slot_bytes_;
     ref.meta_ = sl.meta;
   }
-  if (verify_ && backend_->host_accessible() &&
-      Checksum64(ref.data_, ref.meta_.size) != ref.meta_.checksum) {
-    {
-      std::lock_guard<std::mutex> lock(s.mu);
-      ++s.stats.corrupt;
-      --s.stats.hits;
-      ++s.stats.misses;
-      Slot& sl = s.slots[ref.slot_];
-      if (sl.state == SlotState::kLive) {
-        s.index.erase(key);
-        sl.state = SlotState::kDoomed;
-        --s.stats.blocks;
-        s.stats.bytes_stored -= sl.meta.size;
-        s.stats.bytes_logical -= sl.meta.logical_size;
-      }
-    }
-    ref.Release();  // frees the slot if we held the last pin
+  if (verify && Checksum64(ref.data_, ref.meta_.size) != ref.meta_.checksum) {
+    DropCorrupt(ref);
     return DataLoss("block " + key.ToHex() + " failed its checksum; dropped");
   }
   return ref;
 }
 
-Result<size_t> BlockStore::GetInto(const BlockKey& key, std::span<std::byte> dst) {
-  KVMESH_ASSIGN_OR_RETURN(BlockRef ref, Get(key));
-  const size_t n = ref.meta().size;
-  if (dst.size() < n) {
-    return ResourceExhausted("destination of " + std::to_string(dst.size()) + " bytes is smaller than the block (" +
-                             std::to_string(n) + " bytes)");
+void BlockStore::DropCorrupt(BlockRef& ref) {
+  Stripe& s = stripes_[ref.stripe_];
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    ++s.stats.corrupt;
+    --s.stats.hits;
+    ++s.stats.misses;
+    Slot& sl = s.slots[ref.slot_];
+    if (sl.state == SlotState::kLive) {
+      s.index.erase(sl.meta.key);
+      sl.state = SlotState::kDoomed;
+      --s.stats.blocks;
+      s.stats.bytes_stored -= sl.meta.size;
+      s.stats.bytes_logical -= sl.meta.logical_size;
+    }
   }
-  backend_->CopyOut(dst.data(), ref.data().data(), n);
+  ref.Release();  // frees the slot if this was the last pin
+}
+
+Result<BlockRef> BlockStore::Get(const BlockKey& key) {
+  return Pin(key, verify_ && backend_->host_accessible());
+}
+
+Result<size_t> BlockStore::GetInto(const BlockKey& key, std::span<std::byte> dst) {
+  if (!verify_ || !backend_->host_accessible()) {
+    KVMESH_ASSIGN_OR_RETURN(BlockRef ref, Get(key));
+    const size_t n = ref.meta().size;
+    if (dst.size() < n) return DestinationTooSmall(dst.size(), n);
+    backend_->CopyOut(dst.data(), ref.data().data(), n);
+    return n;
+  }
+  // Verify while copying (one pass over the payload): pin without verifying,
+  // copy + hash, then drop the block if the sum is wrong.
+  KVMESH_ASSIGN_OR_RETURN(BlockRef ref, Pin(key, /*verify=*/false));
+  const size_t n = ref.meta().size;
+  if (dst.size() < n) return DestinationTooSmall(dst.size(), n);
+  if (CopyWithChecksum64(dst.data(), ref.data().data(), n) != ref.meta().checksum) {
+    DropCorrupt(ref);
+    return DataLoss("block " + key.ToHex() + " failed its checksum; dropped");
+  }
   return n;
 }
 

@@ -153,6 +153,10 @@ class BlockStore {
   BlockStore() = default;
   Stripe& StripeOf(const BlockKey& k) const;
   void ReleaseRef(uint32_t stripe, uint32_t slot);
+  // Pins a live block; with verify, checks its checksum first.
+  Result<BlockRef> Pin(const BlockKey& key, bool verify);
+  // Hides a block whose checksum failed and releases `ref`'s pin.
+  void DropCorrupt(BlockRef& ref);
 
   std::unique_ptr<MemoryBackend> backend_;
   std::unique_ptr<Stripe[]> stripes_;

@@ -1,5 +1,6 @@
 // The in-process channel: embedded mode and tests. Calls the node directly;
-// Get copies from pool memory straight into the caller's buffer.
+// Get copies from pool memory straight into the caller's buffer, verifying
+// the checksum in the same pass.
 #include "shard_node/shard_node.h"
 #include "transport/shard_channel.h"
 
@@ -20,18 +21,18 @@ class InProcessChannel final : public ShardChannel {
   }
   Status Get(std::span<GetItem> items, const RequestOptions&) override {
     for (GetItem& it : items) {
-      Result<BlockRef> ref = node_->Get(it.key);
-      if (!ref.ok()) {
-        it.status = ref.status();
-        continue;
+      Result<size_t> n = node_->GetInto(it.key, it.dst);  // verifies while copying
+      if (n.ok()) {
+        it.size = *n;
+        it.status = Status::Ok();
+      } else if (n.status().code() == StatusCode::kResourceExhausted) {
+        // The caller's buffer is too small: report the size it needs.
+        Result<BlockRef> ref = node_->Get(it.key);
+        it.size = ref.ok() ? ref->meta().size : 0;
+        it.status = n.status();
+      } else {
+        it.status = n.status();
       }
-      it.size = ref->meta().size;
-      if (it.dst.size() < it.size) {
-        it.status = ResourceExhausted("destination smaller than the block");
-        continue;
-      }
-      node_->store().backend().CopyOut(it.dst.data(), ref->data().data(), it.size);
-      it.status = Status::Ok();
     }
     return Status::Ok();
   }
