@@ -1,0 +1,673 @@
+#include "shard_node/tiered_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/codec.h"
+
+namespace kvmesh {
+namespace {
+
+constexpr size_t kMaxEvents = 64;
+
+// Per-thread staging buffers for moving a block between tiers. Promotion
+// (kPromote) and device copy-out (kCopyOut) use different buffers, because a
+// promoting Put may evict, and the eviction listener copies out on the same
+// thread before the Put has copied its payload in.
+enum StagingUse { kPromote = 0, kCopyOut = 1 };
+std::span<std::byte> Staging(size_t n, StagingUse use) {
+  thread_local std::vector<std::byte> bufs[2];
+  std::vector<std::byte>& buf = bufs[use];
+  if (buf.size() < n) buf.resize(n);
+  return {buf.data(), n};
+}
+
+// Copies a block out of a store's memory (which may be device memory).
+std::span<const std::byte> HostCopy(BlockStore& store, std::span<const std::byte> data) {
+  if (store.backend().host_accessible()) return data;
+  std::span<std::byte> tmp = Staging(data.size(), kCopyOut);
+  store.backend().CopyOut(tmp.data(), data.data(), data.size());
+  return tmp;
+}
+
+PutOptions PutOptionsOf(const BlockMeta& m) {
+  PutOptions p;
+  p.priority = m.priority;
+  p.codec = m.codec;
+  p.logical_size = m.logical_size;
+  return p;
+}
+
+}  // namespace
+
+std::string_view TierName(Tier t) {
+  switch (t) {
+    case Tier::kPrimary: return "primary";
+    case Tier::kHost: return "host";
+    default: return "ssd";
+  }
+}
+
+Result<std::unique_ptr<TieredStore>> TieredStore::Create(BlockStore* primary, TieredStoreOptions o) {
+  if (primary == nullptr) return InvalidArgument("tiered store: no primary store");
+  if (!(o.low_watermark > 0 && o.low_watermark < o.high_watermark && o.high_watermark <= 1))
+    return InvalidArgument("tiered store: watermarks must satisfy 0 < low < high <= 1");
+  if (o.offload_idle_s < 0) return InvalidArgument("tiered store: offload_idle_s must be >= 0");
+  if (!(o.pressure_evict_fraction > 0 && o.pressure_evict_fraction <= 1))
+    return InvalidArgument("tiered store: pressure_evict_fraction must be in (0, 1]");
+  std::unique_ptr<TieredStore> t(new TieredStore());
+  t->primary_ = primary;
+  t->clock_ = o.clock ? o.clock : SystemClock();
+  if (o.host_bytes > 0) {
+    StoreOptions so;
+    so.capacity_bytes = o.host_bytes;
+    so.slot_bytes = primary->slot_bytes();
+    so.stripes = o.host_stripes;
+    so.policy = o.host_policy;
+    so.clock = t->clock_;
+    auto host = BlockStore::Create(std::move(so));
+    if (!host.ok()) return host.status().WithContext("host tier");
+    t->host_ = std::move(host).value();
+  }
+  if (o.ssd_bytes > 0) {
+    SsdTierOptions so;
+    so.path = o.ssd_path;
+    so.capacity_bytes = o.ssd_bytes;
+    so.slot_bytes = primary->slot_bytes();
+    so.policy = o.ssd_policy;
+    so.clock = t->clock_;
+    auto ssd = SsdTier::Create(so);
+    if (!ssd.ok()) return ssd.status().WithContext("ssd tier");
+    t->ssd_ = std::move(ssd).value();
+  }
+  if (o.pressure.enabled && !o.reencode_codec.empty()) {
+    kernels::CodecPolicy cp;
+    auto spec = kernels::ParseCodecSpec(o.reencode_codec);
+    if (!spec.ok()) return spec.status().WithContext("pressure reencode codec");
+    cp.base = *spec;
+    cp.threads = 1;
+    auto codec = kernels::MakeCodec(cp);
+    if (!codec.ok()) return codec.status().WithContext("pressure reencode codec");
+    t->reencoder_ = std::move(codec).value();
+  }
+  o.pressure.high_watermark = o.high_watermark;
+  o.pressure.low_watermark = o.low_watermark;
+  t->pressure_ = PressureController(o.pressure);
+  t->o_ = std::move(o);
+
+  TieredStore* self = t.get();
+  primary->SetEvictionListener(
+      [self](const BlockMeta& m, std::span<const std::byte> d) { self->OnPrimaryEvict(m, d); });
+  if (t->host_)
+    t->host_->SetEvictionListener(
+        [self](const BlockMeta& m, std::span<const std::byte> d) { self->OnHostEvict(m, d); });
+  if (t->o_.background) t->thread_ = std::thread([self] { self->Loop(); });
+  return t;
+}
+
+TieredStore::~TieredStore() {
+  {
+    std::lock_guard<std::mutex> lock(thread_mu_);
+    stop_ = true;
+  }
+  thread_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  primary_->SetEvictionListener(nullptr);
+}
+
+void TieredStore::Loop() {
+  std::unique_lock<std::mutex> lock(thread_mu_);
+  while (!stop_) {
+    thread_cv_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(o_.interval_ms, 1)));
+    if (stop_) break;
+    lock.unlock();
+    RunMaintenance();
+    lock.lock();
+  }
+}
+
+// ---- Shadow index ----------------------------------------------------------------
+
+void TieredStore::SetShadow(const BlockKey& key, Tier tier, std::optional<Priority> pri, bool touch) {
+  const int64_t now = clock_->NowNanos();
+  std::lock_guard<std::mutex> lock(shadow_mu_);
+  auto [it, fresh] = shadow_.try_emplace(key);
+  it->second.tier = tier;
+  if (pri) it->second.priority = *pri;
+  if (fresh || touch) it->second.last_ns = now;
+}
+
+void TieredStore::DropShadow(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(shadow_mu_);
+  shadow_.erase(key);
+}
+
+std::optional<Tier> TieredStore::Locate(const BlockKey& key) const {
+  std::lock_guard<std::mutex> lock(shadow_mu_);
+  auto it = shadow_.find(key);
+  if (it == shadow_.end()) return std::nullopt;
+  return it->second.tier;
+}
+
+// ---- Demotion ----------------------------------------------------------------------
+
+// Under the primary stripe lock: copy the victim down (never call back into primary).
+void TieredStore::OnPrimaryEvict(const BlockMeta& m, std::span<const std::byte> data) {
+  if (host_) {
+    if (host_->Put(m.key, HostCopy(*primary_, data), PutOptionsOf(m)).ok()) {
+      c_.demoted_on_evict.fetch_add(1, std::memory_order_relaxed);
+      SetShadow(m.key, Tier::kHost, m.priority, false);
+      return;
+    }
+    c_.demote_failed.fetch_add(1, std::memory_order_relaxed);
+  } else if (ssd_) {
+    SsdBlockMeta sm{m.size, m.logical_size, m.codec, m.priority};
+    if (ssd_->Put(m.key, HostCopy(*primary_, data), sm).ok()) {
+      c_.demoted_on_evict.fetch_add(1, std::memory_order_relaxed);
+      SetShadow(m.key, Tier::kSsd, m.priority, false);
+      return;
+    }
+    c_.demote_failed.fetch_add(1, std::memory_order_relaxed);
+  }
+  DropShadow(m.key);
+}
+
+// Under the host stripe lock.
+void TieredStore::OnHostEvict(const BlockMeta& m, std::span<const std::byte> data) {
+  if (ssd_) {
+    SsdBlockMeta sm{m.size, m.logical_size, m.codec, m.priority};
+    if (ssd_->Put(m.key, data, sm).ok()) {
+      c_.demoted_on_evict.fetch_add(1, std::memory_order_relaxed);
+      SetShadow(m.key, Tier::kSsd, m.priority, false);
+      return;
+    }
+    c_.demote_failed.fetch_add(1, std::memory_order_relaxed);
+  }
+  DropShadow(m.key);
+}
+
+bool TieredStore::DemoteFromPrimary(const BlockKey& key, bool allow_drop, bool* dropped) {
+  *dropped = false;
+  {
+    Result<BlockRef> ref = primary_->Get(key);
+    if (!ref.ok()) return false;
+    const BlockMeta meta = ref->meta();
+    Status moved = FailedPrecondition("no lower tier");
+    if (host_) {
+      moved = host_->Put(key, HostCopy(*primary_, ref->data()), PutOptionsOf(meta));
+      if (moved.ok()) SetShadow(key, Tier::kHost, meta.priority, false);
+    } else if (ssd_) {
+      moved = ssd_->Put(key, HostCopy(*primary_, ref->data()),
+                        SsdBlockMeta{meta.size, meta.logical_size, meta.codec, meta.priority});
+      if (moved.ok()) SetShadow(key, Tier::kSsd, meta.priority, false);
+    }
+    if (!moved.ok()) {
+      if (host_ || ssd_) c_.demote_failed.fetch_add(1, std::memory_order_relaxed);
+      if (!allow_drop) return false;
+      *dropped = true;
+    }
+  }  // the pin is released before erasing
+  if (!primary_->Erase(key).ok()) return false;
+  if (*dropped) DropShadow(key);
+  return true;
+}
+
+bool TieredStore::DemoteFromHost(const BlockKey& key) {
+  if (!host_ || !ssd_) return false;
+  {
+    Result<BlockRef> ref = host_->Get(key);
+    if (!ref.ok()) return false;
+    const BlockMeta m = ref->meta();
+    if (!ssd_->Put(key, ref->data(), SsdBlockMeta{m.size, m.logical_size, m.codec, m.priority}).ok()) {
+      c_.demote_failed.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    SetShadow(key, Tier::kSsd, m.priority, false);
+  }
+  return host_->Erase(key).ok();
+}
+
+// ---- Promotion ---------------------------------------------------------------------
+
+Status TieredStore::Promote(const BlockKey& key) {
+  if (primary_->Exists(key, false)) return Status::Ok();
+  if (host_) {
+    Result<BlockRef> ref = host_->Get(key);
+    if (ref.ok()) {
+      const BlockMeta m = ref->meta();
+      std::span<std::byte> buf = Staging(m.size, kPromote);
+      std::memcpy(buf.data(), ref->data().data(), m.size);
+      ref->Release();
+      KVMESH_RETURN_IF_ERROR(primary_->Put(key, buf, PutOptionsOf(m)));
+      (void)host_->Erase(key);
+      SetShadow(key, Tier::kPrimary, m.priority, true);
+      c_.promotions.fetch_add(1, std::memory_order_relaxed);
+      return Status::Ok();
+    }
+    if (ref.status().code() != StatusCode::kNotFound) return ref.status();
+  }
+  if (ssd_) {
+    std::span<std::byte> buf = Staging(ssd_->slot_bytes(), kPromote);
+    Result<SsdBlockMeta> m = ssd_->Read(key, buf);
+    if (!m.ok()) {
+      if (m.status().code() == StatusCode::kDataLoss) {
+        c_.ssd_corrupt.fetch_add(1, std::memory_order_relaxed);
+        DropShadow(key);
+      }
+      return m.status();
+    }
+    PutOptions po;
+    po.priority = m->priority;
+    po.codec = m->codec;
+    po.logical_size = m->logical_size;
+    KVMESH_RETURN_IF_ERROR(primary_->Put(key, buf.first(m->size), po));
+    (void)ssd_->Erase(key);
+    SetShadow(key, Tier::kPrimary, m->priority, true);
+    c_.promotions.fetch_add(1, std::memory_order_relaxed);
+    return Status::Ok();
+  }
+  return NotFound("block " + key.ToHex() + " is not stored");
+}
+
+// ---- Request path ------------------------------------------------------------------
+
+Status TieredStore::Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {
+  if (level_.load(std::memory_order_acquire) >= 3) {
+    c_.busy_refusals.fetch_add(1, std::memory_order_relaxed);
+    return Busy("node " + o_.node_id + " is under memory pressure (level 3): new blocks are refused, reads still work");
+  }
+  std::optional<Tier> was = Locate(key);
+  KVMESH_RETURN_IF_ERROR(primary_->Put(key, payload, o));
+  SetShadow(key, Tier::kPrimary, o.priority, true);
+  // Keep tiers exclusive: a re-put of a demoted block replaces the lower copy.
+  if (was == Tier::kHost && host_) (void)host_->Erase(key);
+  if (was == Tier::kSsd && ssd_) (void)ssd_->Erase(key);
+  return Status::Ok();
+}
+
+Result<BlockRef> TieredStore::Get(const BlockKey& key) {
+  Result<BlockRef> r = primary_->Get(key);
+  if (r.ok()) {
+    SetShadow(key, Tier::kPrimary, r->meta().priority, true);
+    return r;
+  }
+  if (r.status().code() != StatusCode::kNotFound) return r;
+  const bool in_place = !o_.promote_on_hit || pressure_level() >= 3;
+  if (host_) {
+    if (in_place) {
+      Result<BlockRef> h = host_->Get(key);
+      if (h.ok()) {
+        c_.host_hits.fetch_add(1, std::memory_order_relaxed);
+        c_.served_in_place.fetch_add(1, std::memory_order_relaxed);
+        SetShadow(key, Tier::kHost, h->meta().priority, true);
+        return h;
+      }
+      if (h.status().code() != StatusCode::kNotFound) return h;
+    } else if (host_->Exists(key, false)) {
+      c_.host_hits.fetch_add(1, std::memory_order_relaxed);
+      Status p = Promote(key);
+      if (p.ok()) return primary_->Get(key);
+      Result<BlockRef> h = host_->Get(key);  // the primary tier refused: serve in place
+      if (h.ok()) c_.served_in_place.fetch_add(1, std::memory_order_relaxed);
+      return h;
+    }
+  }
+  if (ssd_ && ssd_->Contains(key)) {
+    Status p = Promote(key);
+    if (p.ok()) {
+      c_.ssd_hits.fetch_add(1, std::memory_order_relaxed);
+      return primary_->Get(key);
+    }
+    if (IsMiss(p)) return p;
+    return Busy("block " + key.ToHex() + " is on the ssd tier and cannot be promoted now (" + p.ToString() +
+                "); read it with GetInto");
+  }
+  return r;
+}
+
+Result<size_t> TieredStore::GetInto(const BlockKey& key, std::span<std::byte> dst) {
+  Result<size_t> r = primary_->GetInto(key, dst);
+  if (r.ok() || r.status().code() != StatusCode::kNotFound) {
+    if (r.ok()) SetShadow(key, Tier::kPrimary, std::nullopt, true);
+    return r;
+  }
+  const bool in_place = !o_.promote_on_hit || pressure_level() >= 3;
+  if (!in_place && (host_ || ssd_)) {
+    const bool on_host = host_ && host_->Exists(key, false);
+    const bool on_ssd = !on_host && ssd_ && ssd_->Contains(key);
+    if (on_host || on_ssd) {
+      Status p = Promote(key);
+      if (p.ok()) {
+        (on_host ? c_.host_hits : c_.ssd_hits).fetch_add(1, std::memory_order_relaxed);
+        return primary_->GetInto(key, dst);
+      }
+      if (p.code() == StatusCode::kDataLoss) return p;
+    }
+  }
+  if (host_) {
+    Result<size_t> h = host_->GetInto(key, dst);
+    if (h.ok()) {
+      c_.host_hits.fetch_add(1, std::memory_order_relaxed);
+      c_.served_in_place.fetch_add(1, std::memory_order_relaxed);
+      SetShadow(key, Tier::kHost, std::nullopt, true);
+      return h;
+    }
+    if (h.status().code() != StatusCode::kNotFound) return h;
+  }
+  if (ssd_) {
+    Result<SsdBlockMeta> m = ssd_->Read(key, dst);
+    if (m.ok()) {
+      c_.ssd_hits.fetch_add(1, std::memory_order_relaxed);
+      c_.served_in_place.fetch_add(1, std::memory_order_relaxed);
+      return size_t{m->size};
+    }
+    if (m.status().code() == StatusCode::kDataLoss) {
+      c_.ssd_corrupt.fetch_add(1, std::memory_order_relaxed);
+      DropShadow(key);
+    }
+    if (m.status().code() != StatusCode::kNotFound) return m.status();
+  }
+  return r;
+}
+
+bool TieredStore::Exists(const BlockKey& key, bool touch) {
+  if (primary_->Exists(key, touch)) return true;
+  if (host_ && host_->Exists(key, touch)) return true;
+  return ssd_ && ssd_->Contains(key);
+}
+
+Status TieredStore::Erase(const BlockKey& key) {
+  bool any = primary_->Erase(key).ok();
+  if (host_) any = host_->Erase(key).ok() || any;
+  if (ssd_) any = ssd_->Erase(key).ok() || any;
+  DropShadow(key);
+  return any ? Status::Ok() : NotFound("block " + key.ToHex() + " is not stored");
+}
+
+Status TieredStore::Pin(const BlockKey& key) {
+  if (!primary_->Exists(key, false)) KVMESH_RETURN_IF_ERROR(Promote(key));
+  return primary_->Pin(key);
+}
+
+Status TieredStore::Unpin(const BlockKey& key) { return primary_->Unpin(key); }
+
+void TieredStore::Prefetch(std::span<const BlockKey> keys) {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  for (const BlockKey& k : keys) prefetch_.push_back(k);
+  c_.prefetch_requested.fetch_add(keys.size(), std::memory_order_relaxed);
+}
+
+// ---- Maintenance -------------------------------------------------------------------
+
+uint64_t TieredStore::PrimaryLimit() const {
+  const uint64_t cap = primary_->Stats().capacity_bytes;
+  const uint64_t lim = limit_bytes_.load(std::memory_order_acquire);
+  return lim == 0 ? cap : std::min(lim, cap);
+}
+
+void TieredStore::SetPrimaryLimit(uint64_t bytes) { limit_bytes_.store(bytes, std::memory_order_release); }
+
+// Blocks of tier `t`, in offload order: idle (>= offload_idle_s) first, then
+// lower priority, then least recently used.
+std::vector<TieredStore::Candidate> TieredStore::CandidatesIn(Tier t) const {
+  const int64_t now = clock_->NowNanos();
+  const int64_t idle_ns = static_cast<int64_t>(o_.offload_idle_s * 1e9);
+  std::vector<Candidate> out;
+  {
+    std::lock_guard<std::mutex> lock(shadow_mu_);
+    for (const auto& [k, s] : shadow_)
+      if (s.tier == t) out.push_back({k, s});
+  }
+  std::sort(out.begin(), out.end(), [&](const Candidate& a, const Candidate& b) {
+    const bool ia = now - a.s.last_ns >= idle_ns, ib = now - b.s.last_ns >= idle_ns;
+    if (ia != ib) return ia;
+    if (a.s.priority != b.s.priority) return a.s.priority < b.s.priority;
+    return a.s.last_ns < b.s.last_ns;
+  });
+  return out;
+}
+
+void TieredStore::OffloadPrimary(uint64_t limit) {
+  if (!host_ && !ssd_) return;
+  const uint64_t high = static_cast<uint64_t>(o_.high_watermark * static_cast<double>(limit));
+  const uint64_t low = static_cast<uint64_t>(o_.low_watermark * static_cast<double>(limit));
+  uint64_t used = primary_->Stats().bytes_stored;
+  if (used <= high) return;
+  const uint64_t before = used;
+  uint64_t moved = 0;
+  for (const Candidate& c : CandidatesIn(Tier::kPrimary)) {
+    if (used <= low) break;
+    bool dropped = false;
+    if (DemoteFromPrimary(c.key, /*allow_drop=*/false, &dropped)) {
+      ++moved;
+      used = primary_->Stats().bytes_stored;
+    }
+  }
+  c_.offload_runs.fetch_add(1, std::memory_order_relaxed);
+  c_.demoted_offload.fetch_add(moved, std::memory_order_relaxed);
+  Emit(nlohmann::json{{"event", "offload"}, {"tier", "primary"}, {"blocks", moved},
+                      {"bytes_before", before}, {"bytes_after", used}, {"limit_bytes", limit}}
+           .dump());
+}
+
+void TieredStore::OffloadHost() {
+  if (!host_ || !ssd_) return;
+  const StoreStats hs = host_->Stats();
+  const uint64_t high = static_cast<uint64_t>(o_.high_watermark * static_cast<double>(hs.capacity_bytes));
+  const uint64_t low = static_cast<uint64_t>(o_.low_watermark * static_cast<double>(hs.capacity_bytes));
+  uint64_t used = hs.bytes_stored;
+  if (used <= high) return;
+  const uint64_t before = used;
+  uint64_t moved = 0;
+  for (const Candidate& c : CandidatesIn(Tier::kHost)) {
+    if (used <= low) break;
+    if (DemoteFromHost(c.key)) {
+      ++moved;
+      used = host_->Stats().bytes_stored;
+    }
+  }
+  c_.offload_runs.fetch_add(1, std::memory_order_relaxed);
+  c_.demoted_offload.fetch_add(moved, std::memory_order_relaxed);
+  Emit(nlohmann::json{{"event", "offload"}, {"tier", "host"}, {"blocks", moved},
+                      {"bytes_before", before}, {"bytes_after", used}}
+           .dump());
+}
+
+void TieredStore::ReencodePrimary() {
+  if (!reencoder_) return;
+  const kernels::BlockShape shape = kernels::BlockShape::FromLayout(BlockLayout::Full(o_.model));
+  if (!o_.model.Validate().ok() || !shape.Validate().ok()) {
+    c_.reencode_skipped.fetch_add(1, std::memory_order_relaxed);
+    Emit(nlohmann::json{{"event", "reencode_skipped"}, {"reason", "no valid model spec"}}.dump());
+    return;
+  }
+  auto max = reencoder_->MaxEncodedSize(shape);
+  if (!max.ok()) return;
+  std::vector<std::byte> raw(shape.bytes());
+  std::vector<std::byte> enc(*max);
+  const uint8_t codec_id = kernels::PrimaryCodecId(reencoder_->policy());
+  uint64_t blocks = 0, saved = 0, skipped = 0;
+  for (const Candidate& c : CandidatesIn(Tier::kPrimary)) {
+    BlockMeta meta;
+    {
+      Result<BlockRef> ref = primary_->Get(c.key);
+      if (!ref.ok()) continue;
+      meta = ref->meta();
+      if (meta.codec != 0 || meta.size != shape.bytes()) {  // already encoded, or not a full raw block
+        ++skipped;
+        continue;
+      }
+      std::span<const std::byte> d = HostCopy(*primary_, ref->data());
+      std::memcpy(raw.data(), d.data(), d.size());
+    }
+    Result<size_t> n = reencoder_->Encode(shape, raw, enc);
+    if (!n.ok() || *n >= meta.size) {
+      ++skipped;
+      continue;
+    }
+    PutOptions po;
+    po.priority = meta.priority;
+    po.codec = codec_id;
+    po.logical_size = meta.logical_size;
+    // Replace in place: content-addressed, so readers between the two calls just miss.
+    if (!primary_->Erase(c.key).ok()) continue;
+    if (primary_->Put(c.key, std::span<const std::byte>(enc.data(), *n), po).ok()) {
+      ++blocks;
+      saved += meta.size - *n;
+    } else {
+      DropShadow(c.key);
+    }
+  }
+  c_.reencoded_blocks.fetch_add(blocks, std::memory_order_relaxed);
+  c_.reencode_bytes_saved.fetch_add(saved, std::memory_order_relaxed);
+  c_.reencode_skipped.fetch_add(skipped, std::memory_order_relaxed);
+  Emit(nlohmann::json{{"event", "reencode"}, {"codec", reencoder_->name()}, {"blocks", blocks},
+                      {"bytes_saved", saved}, {"skipped", skipped}}
+           .dump());
+}
+
+void TieredStore::EnterLevel(int level, double ratio) {
+  if (level == 1) {
+    std::vector<Candidate> all = CandidatesIn(Tier::kPrimary);
+    // Oldest first, regardless of priority: level 1 is about age.
+    std::sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) { return a.s.last_ns < b.s.last_ns; });
+    const size_t n = static_cast<size_t>(static_cast<double>(all.size()) * o_.pressure_evict_fraction + 0.5);
+    uint64_t demoted = 0, dropped_n = 0;
+    for (size_t i = 0; i < n && i < all.size(); ++i) {
+      bool dropped = false;
+      if (DemoteFromPrimary(all[i].key, /*allow_drop=*/true, &dropped)) (dropped ? dropped_n : demoted)++;
+    }
+    c_.demoted_pressure.fetch_add(demoted, std::memory_order_relaxed);
+    c_.dropped_pressure.fetch_add(dropped_n, std::memory_order_relaxed);
+    Emit(nlohmann::json{{"event", "pressure_evict"}, {"demoted", demoted}, {"dropped", dropped_n}}.dump());
+  } else if (level == 2) {
+    ReencodePrimary();
+  }
+  (void)ratio;
+}
+
+void TieredStore::RunMaintenance() {
+  std::lock_guard<std::mutex> lock(maint_mu_);
+  c_.ticks.fetch_add(1, std::memory_order_relaxed);
+  std::deque<BlockKey> todo;
+  {
+    std::lock_guard<std::mutex> q(queue_mu_);
+    todo.swap(prefetch_);
+  }
+  if (pressure_level() < 3)
+    for (const BlockKey& k : todo)
+      if (!primary_->Exists(k, false) && Promote(k).ok()) c_.prefetch_promoted.fetch_add(1, std::memory_order_relaxed);
+
+  const uint64_t limit = PrimaryLimit();
+  OffloadPrimary(limit);
+  OffloadHost();
+
+  // A single-tier node full at its own budget is a normal cache (the store
+  // evicts on put): pressure counts only when the limit was lowered or lower
+  // tiers exist but could not take the offload.
+  const StoreStats ps = primary_->Stats();
+  const bool limited = limit < ps.capacity_bytes;
+  const double ratio =
+      limit && (limited || host_ || ssd_) ? static_cast<double>(ps.bytes_stored) / static_cast<double>(limit) : 0;
+  const int before = pressure_.level();
+  const int after = pressure_.Update(ratio);
+  if (after != before) {
+    level_.store(after, std::memory_order_release);
+    c_.entered[after].fetch_add(1, std::memory_order_relaxed);
+    Emit(nlohmann::json{{"event", "pressure_level"}, {"from", before}, {"to", after},
+                        {"name", PressureController::LevelName(after)}, {"usage_ratio", ratio},
+                        {"limit_bytes", limit}}
+             .dump());
+    if (after > before) EnterLevel(after, ratio);
+  }
+}
+
+// ---- Observability -----------------------------------------------------------------
+
+void TieredStore::Emit(std::string json) {
+  // Add the common fields without re-parsing: the events are objects.
+  nlohmann::json j = nlohmann::json::parse(json);
+  j["node"] = o_.node_id;
+  j["ts_ns"] = clock_->NowNanos();
+  std::string line = j.dump();
+  if (o_.event_sink) o_.event_sink(line);
+  std::lock_guard<std::mutex> lock(events_mu_);
+  events_.push_back(std::move(line));
+  while (events_.size() > kMaxEvents) events_.pop_front();
+}
+
+std::vector<std::string> TieredStore::RecentEvents() const {
+  std::lock_guard<std::mutex> lock(events_mu_);
+  return {events_.begin(), events_.end()};
+}
+
+TierStats TieredStore::Stats() const {
+  TierStats s;
+  s.pressure_level = pressure_level();
+  for (int i = 0; i < 4; ++i) s.pressure_entered[i] = c_.entered[i].load(std::memory_order_relaxed);
+  s.primary_limit_bytes = PrimaryLimit();
+  s.primary_used_bytes = primary_->Stats().bytes_stored;
+  s.has_host = host_ != nullptr;
+  s.has_ssd = ssd_ != nullptr;
+  if (host_) s.host = host_->Stats();
+  if (ssd_) s.ssd = ssd_->Stats();
+  auto ld = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  s.demoted_on_evict = ld(c_.demoted_on_evict);
+  s.demoted_offload = ld(c_.demoted_offload);
+  s.demoted_pressure = ld(c_.demoted_pressure);
+  s.dropped_pressure = ld(c_.dropped_pressure);
+  s.demote_failed = ld(c_.demote_failed);
+  s.promotions = ld(c_.promotions);
+  s.served_in_place = ld(c_.served_in_place);
+  s.host_hits = ld(c_.host_hits);
+  s.ssd_hits = ld(c_.ssd_hits);
+  s.ssd_corrupt = ld(c_.ssd_corrupt);
+  s.prefetch_requested = ld(c_.prefetch_requested);
+  s.prefetch_promoted = ld(c_.prefetch_promoted);
+  s.offload_runs = ld(c_.offload_runs);
+  s.reencoded_blocks = ld(c_.reencoded_blocks);
+  s.reencode_bytes_saved = ld(c_.reencode_bytes_saved);
+  s.reencode_skipped = ld(c_.reencode_skipped);
+  s.busy_refusals = ld(c_.busy_refusals);
+  s.maintenance_ticks = ld(c_.ticks);
+  return s;
+}
+
+std::string TieredStore::StatsJson() const {
+  const TierStats s = Stats();
+  nlohmann::json j = {
+      {"pressure_level", s.pressure_level},
+      {"pressure_level_name", PressureController::LevelName(s.pressure_level)},
+      {"pressure_entered", s.pressure_entered},
+      {"primary_limit_bytes", s.primary_limit_bytes},
+      {"primary_used_bytes", s.primary_used_bytes},
+      {"demoted_on_evict", s.demoted_on_evict},
+      {"demoted_offload", s.demoted_offload},
+      {"demoted_pressure", s.demoted_pressure},
+      {"dropped_pressure", s.dropped_pressure},
+      {"demote_failed", s.demote_failed},
+      {"promotions", s.promotions},
+      {"served_in_place", s.served_in_place},
+      {"host_hits", s.host_hits},
+      {"ssd_hits", s.ssd_hits},
+      {"ssd_corrupt", s.ssd_corrupt},
+      {"prefetch_requested", s.prefetch_requested},
+      {"prefetch_promoted", s.prefetch_promoted},
+      {"offload_runs", s.offload_runs},
+      {"reencoded_blocks", s.reencoded_blocks},
+      {"reencode_bytes_saved", s.reencode_bytes_saved},
+      {"busy_refusals", s.busy_refusals},
+  };
+  if (s.has_host)
+    j["host"] = {{"capacity_bytes", s.host.capacity_bytes}, {"blocks", s.host.blocks},
+                 {"bytes_stored", s.host.bytes_stored}, {"evictions", s.host.evictions}};
+  if (s.has_ssd)
+    j["ssd"] = {{"capacity_bytes", s.ssd.capacity_bytes}, {"blocks", s.ssd.blocks},
+                {"bytes_stored", s.ssd.bytes_stored}, {"reads", s.ssd.reads}, {"writes", s.ssd.writes},
+                {"corrupt", s.ssd.corrupt}, {"evictions", s.ssd.evictions}};
+  return j.dump();
+}
+
+}  // namespace kvmesh

@@ -1,0 +1,432 @@
+// Tiers (issue 5): SSD round trip and corrupt-is-a-miss, demotion and
+// promotion, watermark offload idle-first with an injected clock, prefetch,
+// and pressure levels 1 -> 2 -> 3 and back.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/codec.h"
+#include "kernels/codec_math.h"
+#include "shard_node/pressure.h"
+#include "shard_node/ssd_tier.h"
+#include "shard_node/tiered_store.h"
+
+using namespace kvmesh;
+
+namespace {
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/kvmesh-tiers-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+BlockKey Key(uint64_t i) { return BlockKey{0x1000 + i, i * 0x9E3779B97F4A7C15ull + 7}; }
+
+std::vector<std::byte> Payload(uint64_t seed, size_t n) {
+  std::vector<std::byte> v(n);
+  std::mt19937_64 rng(seed);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+// A raw fp16 block with values in [-1, 1] (so lower-precision codecs apply).
+std::vector<std::byte> Fp16Block(uint64_t seed, size_t bytes) {
+  std::vector<std::byte> v(bytes);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (size_t i = 0; i + 1 < bytes; i += 2) {
+    uint16_t h = kernels::FloatToHalf(d(rng));
+    std::memcpy(&v[i], &h, 2);
+  }
+  return v;
+}
+
+std::unique_ptr<BlockStore> MakeStore(uint64_t slots, uint64_t slot_bytes, Clock* clock) {
+  StoreOptions so;
+  so.capacity_bytes = slots * slot_bytes;
+  so.slot_bytes = slot_bytes;
+  so.stripes = 1;
+  so.policy = "lru";
+  so.clock = clock;
+  auto s = BlockStore::Create(std::move(so));
+  REQUIRE(s.ok());
+  return std::move(s).value();
+}
+
+std::vector<uint8_t> Read(TieredStore& t, const BlockKey& k, size_t n) {
+  std::vector<std::byte> buf(n);
+  auto r = t.GetInto(k, buf);
+  if (!r.ok()) return {};
+  std::vector<uint8_t> out(*r);
+  std::memcpy(out.data(), buf.data(), *r);
+  return out;
+}
+
+std::vector<uint8_t> Bytes(const std::vector<std::byte>& v) {
+  std::vector<uint8_t> out(v.size());
+  std::memcpy(out.data(), v.data(), v.size());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("SSD tier: round trip, and a corrupt or torn block is a miss", "[tiers]") {
+  TempDir dir;
+  ManualClock clock;
+  SsdTierOptions o;
+  o.path = dir.path.string();
+  o.capacity_bytes = 4 * 8192;
+  o.slot_bytes = 4096;  // stride 8192 (header + payload rounded to 4 KiB)
+  o.clock = &clock;
+  auto t = SsdTier::Create(o);
+  REQUIRE(t.ok());
+  SsdTier& ssd = **t;
+  CHECK(ssd.Stats().slots_total == 4);
+
+  auto a = Payload(1, 3000);
+  REQUIRE(ssd.Put(Key(1), a, {3000, 6000, 3, 2}).ok());
+  std::vector<std::byte> buf(4096);
+  auto m = ssd.Read(Key(1), buf);
+  REQUIRE(m.ok());
+  CHECK(m->size == 3000);
+  CHECK(m->logical_size == 6000);
+  CHECK(m->codec == 3);
+  CHECK(m->priority == 2);
+  CHECK(std::memcmp(buf.data(), a.data(), 3000) == 0);
+
+  // Flip one payload byte on disk: the read is DataLoss, then the block is gone.
+  auto off = ssd.PayloadOffsetForTest(Key(1));
+  REQUIRE(off.ok());
+  int fd = ::open(ssd.file().c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  uint8_t byte = 0;
+  REQUIRE(::pread(fd, &byte, 1, static_cast<off_t>(*off + 100)) == 1);
+  byte ^= 0x40;
+  REQUIRE(::pwrite(fd, &byte, 1, static_cast<off_t>(*off + 100)) == 1);
+  CHECK(ssd.Read(Key(1), buf).status().code() == StatusCode::kDataLoss);
+  CHECK(ssd.Read(Key(1), buf).status().code() == StatusCode::kNotFound);
+  CHECK_FALSE(ssd.Contains(Key(1)));
+
+  // A torn write (header intact, second half of the payload never written).
+  auto b = Payload(2, 4096);
+  REQUIRE(ssd.Put(Key(2), b, {4096, 0, 0, 1}).ok());
+  off = ssd.PayloadOffsetForTest(Key(2));
+  REQUIRE(off.ok());
+  std::vector<char> zeros(2048, 0);
+  REQUIRE(::pwrite(fd, zeros.data(), zeros.size(), static_cast<off_t>(*off + 2048)) == 2048);
+  CHECK(ssd.Read(Key(2), buf).status().code() == StatusCode::kDataLoss);
+  // A corrupt header.
+  REQUIRE(ssd.Put(Key(3), b, {4096, 0, 0, 1}).ok());
+  off = ssd.PayloadOffsetForTest(Key(3));
+  REQUIRE(::pwrite(fd, zeros.data(), 8, static_cast<off_t>(*off - 48)) == 8);
+  CHECK(ssd.Read(Key(3), buf).status().code() == StatusCode::kDataLoss);
+  ::close(fd);
+  CHECK(ssd.Stats().corrupt == 3);
+
+  // Full: LRU inside the tier.
+  for (uint64_t i = 10; i < 14; ++i) REQUIRE(ssd.Put(Key(i), Payload(i, 100), {100, 0, 0, 1}).ok());
+  REQUIRE(ssd.Read(Key(10), buf).ok());  // 11 is now the least recently used
+  REQUIRE(ssd.Put(Key(14), Payload(14, 100), {100, 0, 0, 1}).ok());
+  CHECK_FALSE(ssd.Contains(Key(11)));
+  CHECK(ssd.Contains(Key(10)));
+  CHECK(ssd.Stats().evictions == 1);
+  CHECK(ssd.Put(Key(99), Payload(99, 5000), {5000, 0, 0, 1}).code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Tiers: evicted blocks are demoted device -> host -> SSD and promoted on a hit", "[tiers]") {
+  TempDir dir;
+  ManualClock clock;
+  const uint64_t slot = 4096;
+  auto primary = MakeStore(4, slot, &clock);
+  TieredStoreOptions o;
+  o.node_id = "n0";
+  o.host_bytes = 4 * slot;
+  o.host_stripes = 1;
+  o.ssd_bytes = 8 * 8192;
+  o.ssd_path = dir.path.string();
+  o.background = false;
+  o.clock = &clock;
+  o.reencode_codec = "";
+  auto t = TieredStore::Create(primary.get(), o);
+  REQUIRE(t.ok());
+  TieredStore& ts = **t;
+
+  std::vector<std::vector<std::byte>> data;
+  for (uint64_t i = 0; i < 10; ++i) {
+    data.push_back(Payload(i, slot));
+    REQUIRE(ts.Put(Key(i), data.back(), {}).ok());
+    clock.AdvanceSeconds(1);
+  }
+  // 10 blocks: the 4 newest in the primary tier, the next 4 on host, the 2 oldest on SSD.
+  for (uint64_t i = 0; i < 10; ++i) {
+    INFO(i);
+    Tier want = i >= 6 ? Tier::kPrimary : i >= 2 ? Tier::kHost : Tier::kSsd;
+    CHECK(ts.Locate(Key(i)) == want);
+  }
+  CHECK(ts.Stats().demoted_on_evict == 6 + 2);  // 6 primary evictions, 2 host evictions
+  CHECK(ts.Stats().ssd.blocks == 2);
+
+  // A hit on the SSD promotes the block (its bytes intact) into the primary tier.
+  CHECK(Read(ts, Key(0), slot) == Bytes(data[0]));
+  CHECK(ts.Locate(Key(0)) == Tier::kPrimary);
+  CHECK_FALSE(ts.ssd()->Contains(Key(0)));
+  // A host hit through Get (a pinned view) promotes as well.
+  {
+    auto ref = ts.Get(Key(5));
+    REQUIRE(ref.ok());
+    CHECK(std::memcmp(ref->data().data(), data[5].data(), slot) == 0);
+  }
+  CHECK(ts.Locate(Key(5)) == Tier::kPrimary);
+  const TierStats s = ts.Stats();
+  CHECK(s.promotions == 2);
+  CHECK(s.ssd_hits == 1);
+  CHECK(s.host_hits == 1);
+  // Every block is still somewhere, byte for byte.
+  for (uint64_t i = 0; i < 10; ++i) CHECK(Read(ts, Key(i), slot) == Bytes(data[i]));
+  // Erase removes it from whichever tier holds it.
+  REQUIRE(ts.Erase(Key(3)).ok());
+  CHECK_FALSE(ts.Exists(Key(3), false));
+}
+
+TEST_CASE("Tiers: a corrupt SSD block is a miss through the tiered store too", "[tiers]") {
+  TempDir dir;
+  ManualClock clock;
+  auto primary = MakeStore(1, 4096, &clock);
+  TieredStoreOptions o;
+  o.ssd_bytes = 4 * 8192;
+  o.ssd_path = (dir.path / "tier.bin").string();
+  o.background = false;
+  o.clock = &clock;
+  o.reencode_codec = "";
+  auto t = TieredStore::Create(primary.get(), o);
+  REQUIRE(t.ok());
+  TieredStore& ts = **t;
+  REQUIRE(ts.Put(Key(1), Payload(1, 4096), {}).ok());
+  REQUIRE(ts.Put(Key(2), Payload(2, 4096), {}).ok());  // demotes 1 straight to SSD
+  REQUIRE(ts.Locate(Key(1)) == Tier::kSsd);
+  auto off = ts.ssd()->PayloadOffsetForTest(Key(1));
+  REQUIRE(off.ok());
+  int fd = ::open(ts.ssd()->file().c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  const char junk[4] = {1, 2, 3, 4};
+  REQUIRE(::pwrite(fd, junk, 4, static_cast<off_t>(*off)) == 4);
+  ::close(fd);
+  std::vector<std::byte> buf(4096);
+  auto r = ts.GetInto(Key(1), buf);
+  CHECK(IsMiss(r.status()));
+  CHECK_FALSE(ts.Exists(Key(1), false));
+  CHECK(ts.Stats().ssd_corrupt == 1);
+}
+
+TEST_CASE("Watermarks: offload starts above 80%, stops at 70%, idle blocks first", "[tiers]") {
+  ManualClock clock;
+  const uint64_t slot = 4096;
+  auto primary = MakeStore(10, slot, &clock);
+  TieredStoreOptions o;
+  o.host_bytes = 20 * slot;
+  o.host_stripes = 1;
+  o.background = false;
+  o.clock = &clock;
+  o.offload_idle_s = 10;
+  o.reencode_codec = "";
+  auto t = TieredStore::Create(primary.get(), o);
+  REQUIRE(t.ok());
+  TieredStore& ts = **t;
+
+  for (uint64_t i = 0; i < 8; ++i) {  // 80%: not above the high watermark
+    PutOptions po;
+    po.priority = i == 6 ? 0 : 2;
+    REQUIRE(ts.Put(Key(i), Payload(i, slot), po).ok());
+    clock.AdvanceSeconds(1);
+  }
+  ts.RunMaintenance();
+  CHECK(ts.Stats().demoted_offload == 0);
+  PutOptions p2;
+  p2.priority = 2;
+  REQUIRE(ts.Put(Key(8), Payload(8, slot), p2).ok());  // 90%
+  clock.AdvanceSeconds(30);
+  // 0, 1 and 2 are the oldest puts but were just read: not idle.
+  for (uint64_t i : {0, 1, 2}) REQUIRE(ts.Get(Key(i)).ok());
+  ts.RunMaintenance();
+  // Down to 70% = 7 blocks: two moved. Idle first; among the idle, the
+  // low-priority block 6 before the oldest (3).
+  CHECK(ts.Stats().demoted_offload == 2);
+  CHECK(ts.Locate(Key(6)) == Tier::kHost);
+  CHECK(ts.Locate(Key(3)) == Tier::kHost);
+  for (uint64_t i : {0, 1, 2, 4, 5, 7, 8}) CHECK(ts.Locate(Key(i)) == Tier::kPrimary);
+  CHECK(primary->Stats().blocks == 7);
+  // Between the watermarks nothing moves.
+  ts.RunMaintenance();
+  CHECK(ts.Stats().demoted_offload == 2);
+  CHECK(ts.Stats().offload_runs == 1);
+  bool logged = false;
+  for (const std::string& e : ts.RecentEvents()) {
+    auto j = nlohmann::json::parse(e);
+    if (j["event"] == "offload") logged = j["blocks"] == 2 && j["tier"] == "primary";
+  }
+  CHECK(logged);
+}
+
+TEST_CASE("Prefetch promotes ahead of use in the maintenance tick", "[tiers]") {
+  ManualClock clock;
+  const uint64_t slot = 4096;
+  auto primary = MakeStore(4, slot, &clock);
+  TieredStoreOptions o;
+  o.host_bytes = 8 * slot;
+  o.host_stripes = 1;
+  o.background = false;
+  o.clock = &clock;
+  o.reencode_codec = "";
+  auto t = TieredStore::Create(primary.get(), o);
+  REQUIRE(t.ok());
+  TieredStore& ts = **t;
+  for (uint64_t i = 0; i < 5; ++i) {
+    REQUIRE(ts.Put(Key(i), Payload(i, slot), {}).ok());
+    clock.AdvanceSeconds(1);
+  }
+  REQUIRE(ts.Locate(Key(0)) == Tier::kHost);
+  const BlockKey want[] = {Key(0)};
+  ts.Prefetch(want);
+  CHECK(ts.Locate(Key(0)) == Tier::kHost);  // nothing on the caller's path
+  ts.RunMaintenance();
+  // Promoted; the full primary tier then offloads its least recently used
+  // blocks (1 went down when 0 came up, then 2 and 3 by the watermark).
+  CHECK(ts.Locate(Key(0)) == Tier::kPrimary);
+  CHECK(ts.Locate(Key(4)) == Tier::kPrimary);
+  for (uint64_t i : {1, 2, 3}) CHECK(ts.Locate(Key(i)) == Tier::kHost);
+  CHECK(ts.Stats().prefetch_requested == 1);
+  CHECK(ts.Stats().prefetch_promoted == 1);
+}
+
+TEST_CASE("Pressure controller: one level per tick up, hysteresis, one level per tick down", "[tiers]") {
+  PressureController p(PressureOptions{});
+  CHECK(p.Update(0.85) == 1);
+  CHECK(p.Update(0.90) == 2);
+  CHECK(p.Update(0.75) == 2);  // between the watermarks: hold
+  CHECK(p.Update(0.81) == 3);
+  CHECK(p.Update(2.00) == 3);  // the top
+  CHECK(p.Update(0.60) == 2);
+  CHECK(p.Update(0.60) == 1);
+  CHECK(p.Update(0.60) == 0);
+  CHECK(p.Update(0.10) == 0);
+  CHECK(p.entered() == std::array<uint64_t, 4>{1, 2, 2, 1});
+  PressureOptions off;
+  off.enabled = false;
+  PressureController q(off);
+  CHECK(q.Update(5.0) == 0);
+}
+
+TEST_CASE("A node under pressure walks through levels 1, 2 and 3 and back", "[tiers]") {
+  ManualClock clock;
+  ModelSpec model;
+  model.model_id = "tiny";
+  model.num_layers = 2;
+  model.num_kv_heads = 2;
+  model.head_dim = 64;
+  model.block_tokens = 16;
+  model.dtype = DType::kFp16;
+  const uint64_t block = model.FullBlockBytes();  // 16 KiB
+  REQUIRE(block == 16384);
+  auto primary = MakeStore(16, block, &clock);
+  TieredStoreOptions o;
+  o.node_id = "n0";
+  o.model = model;
+  o.background = false;
+  o.clock = &clock;
+  std::vector<std::string> sink;
+  std::mutex sink_mu;
+  o.event_sink = [&](const std::string& e) {
+    std::lock_guard<std::mutex> l(sink_mu);
+    sink.push_back(e);
+  };
+  auto t = TieredStore::Create(primary.get(), o);
+  REQUIRE(t.ok());
+  TieredStore& ts = **t;
+
+  std::vector<std::vector<std::byte>> raw;
+  for (uint64_t i = 0; i < 16; ++i) {
+    raw.push_back(Fp16Block(i, block));
+    REQUIRE(ts.Put(Key(i), raw.back(), {}).ok());
+    clock.AdvanceSeconds(1);
+  }
+  ts.RunMaintenance();
+  CHECK(ts.pressure_level() == 0);  // full at its own budget: a normal cache, no pressure
+
+  // The engine takes half of the memory back: 16 blocks against a limit of 8.
+  ts.SetPrimaryLimit(8 * block);
+  ts.RunMaintenance();
+  CHECK(ts.pressure_level() == 1);  // level 1: the oldest 25% (4 blocks) leave
+  CHECK(ts.Stats().dropped_pressure == 4);
+  for (uint64_t i = 0; i < 4; ++i) CHECK_FALSE(ts.Exists(Key(i), false));
+  CHECK(primary->Stats().blocks == 12);
+
+  ts.RunMaintenance();              // 12 raw blocks = 150% of the limit
+  CHECK(ts.pressure_level() == 2);  // level 2: re-encode at int8
+  TierStats s = ts.Stats();
+  CHECK(s.reencoded_blocks == 12);
+  CHECK(s.reencode_bytes_saved > 12 * block * 4 / 10);
+  CHECK(primary->Stats().bytes_stored < 12 * block * 6 / 10);
+  {
+    // Re-encoded blocks are self-describing and decode close to the original.
+    auto ref = ts.Get(Key(10));
+    REQUIRE(ref.ok());
+    CHECK(ref->meta().logical_size == block);
+    CHECK(ref->meta().codec == kernels::kCodecInt8);
+    std::vector<std::byte> back(block);
+    REQUIRE(kernels::DecodeBlock(ref->data(), back).ok());
+    double worst = 0;
+    for (size_t i = 0; i < block; i += 2) {
+      uint16_t a, b;
+      std::memcpy(&a, &raw[10][i], 2);
+      std::memcpy(&b, &back[i], 2);
+      worst = std::max(worst, static_cast<double>(std::fabs(kernels::HalfToFloat(a) - kernels::HalfToFloat(b))));
+    }
+    CHECK(worst < 0.02);
+  }
+
+  const uint64_t used = primary->Stats().bytes_stored;
+  ts.SetPrimaryLimit(static_cast<uint64_t>(used / 0.75));  // between the watermarks: hold
+  ts.RunMaintenance();
+  CHECK(ts.pressure_level() == 2);
+  ts.SetPrimaryLimit(used / 2);     // the engine needs even more
+  ts.RunMaintenance();
+  CHECK(ts.pressure_level() == 3);  // level 3: admissions refused, reads work
+  CHECK(ts.Put(Key(100), raw[0], {}).code() == StatusCode::kBusy);
+  CHECK(ts.Get(Key(12)).ok());
+  CHECK(ts.Stats().busy_refusals == 1);
+
+  ts.SetPrimaryLimit(0);            // memory is back: step down one level per tick
+  ts.RunMaintenance();
+  CHECK(ts.pressure_level() == 2);
+  CHECK(ts.Put(Key(100), raw[0], {}).ok());  // admissions resume below level 3
+  ts.RunMaintenance();
+  CHECK(ts.pressure_level() == 1);
+  ts.RunMaintenance();
+  CHECK(ts.pressure_level() == 0);
+
+  s = ts.Stats();
+  CHECK(s.pressure_entered == std::array<uint64_t, 4>{1, 2, 2, 1});
+  std::vector<std::pair<int, int>> steps;
+  for (const std::string& e : sink) {
+    auto j = nlohmann::json::parse(e);
+    CHECK(j["node"] == "n0");
+    CHECK(j.contains("ts_ns"));
+    if (j["event"] == "pressure_level") steps.emplace_back(j["from"].get<int>(), j["to"].get<int>());
+  }
+  CHECK(steps == std::vector<std::pair<int, int>>{{0, 1}, {1, 2}, {2, 3}, {3, 2}, {2, 1}, {1, 0}});
+  auto stats = nlohmann::json::parse(ts.StatsJson());
+  CHECK(stats["pressure_level"] == 0);
+  CHECK(stats["pressure_entered"][3] == 1);
+}
