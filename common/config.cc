@@ -1,5 +1,6 @@
 #include "kvmesh/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -181,6 +182,70 @@ Status ReadCoordinator(const json& j, CoordinatorConfig* c) {
   return Status::Ok();
 }
 
+// Syntax of a codec string: a known codec name, then :gN, :rN, :kivi,
+// :token or :channel options (kernels::ParseCodecSpec checks the semantics
+// when a node builds the codec; tests keep the two in step).
+bool ValidCodecString(const std::string& s, bool allow_none) {
+  static const char* const kNames[] = {"raw", "fp16", "bf16", "int8", "int4", "fp8-e4m3", "fp8-e5m2", "lowrank"};
+  const size_t colon = s.find(':');
+  const std::string name = s.substr(0, colon);
+  if (allow_none && s == "none") return true;
+  if (std::find(std::begin(kNames), std::end(kNames), name) == std::end(kNames)) return false;
+  for (size_t i = colon; i != std::string::npos && i < s.size();) {
+    const size_t next = s.find(':', i + 1);
+    const std::string opt = s.substr(i + 1, next == std::string::npos ? std::string::npos : next - i - 1);
+    const bool numbered = opt.size() > 1 && (opt[0] == 'g' || opt[0] == 'r') &&
+                          opt.find_first_not_of("0123456789", 1) == std::string::npos && opt.size() < 10;
+    if (!numbered && opt != "kivi" && opt != "token" && opt != "channel") return false;
+    i = next;
+  }
+  return true;
+}
+
+Status ReadCodec(const json& j, uint32_t num_layers, CodecConfig* c) {
+  ObjectReader r(j, "$.codec");
+  r.Optional("codec", &c->codec)
+      .Optional("lossless", &c->lossless)
+      .Optional("zstd_level", &c->zstd_level)
+      .Optional("basis", &c->basis)
+      .Optional("threads", &c->threads);
+  if (const json* rules = r.Child("layers")) {
+    const std::string rpath = r.PathOf("layers");
+    if (!rules->is_array()) return InvalidArgument(rpath + ": expected an array, got " + JsonTypeName(*rules));
+    for (size_t i = 0; i < rules->size(); ++i) {
+      const std::string path = Idx(rpath, i);
+      ObjectReader rr((*rules)[i], path);
+      CodecLayerRule rule;
+      rr.Required("codec", &rule.codec);
+      const json* v = rr.Child("layers", /*required=*/true);
+      KVMESH_RETURN_IF_ERROR(rr.Finish());
+      if (!ParseValueRange(*v, &rule.layers))
+        return InvalidArgument(path + ".layers: expected a layer index or \"a-b\" range, got " + v->dump());
+      if (rule.layers.end > num_layers)
+        return InvalidArgument(path + ".layers: the model has " + std::to_string(num_layers) + " layers");
+      if (!ValidCodecString(rule.codec, false))
+        return InvalidArgument(path + ".codec: unknown codec \"" + rule.codec + "\"");
+      for (size_t k = 0; k < c->layers.size(); ++k)
+        if (c->layers[k].layers.begin < rule.layers.end && rule.layers.begin < c->layers[k].layers.end)
+          return InvalidArgument(path + ".layers: overlaps " + Idx(rpath, k));
+      c->layers.push_back(std::move(rule));
+    }
+  }
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  if (!ValidCodecString(c->codec, true)) return InvalidArgument("$.codec.codec: unknown codec \"" + c->codec + "\"");
+  if (c->lossless != "none" && c->lossless != "lz4" && c->lossless != "zstd")
+    return InvalidArgument("$.codec.lossless: expected none, lz4 or zstd, got \"" + c->lossless + "\"");
+  if (c->zstd_level < 1 || c->zstd_level > 22) return InvalidArgument("$.codec.zstd_level: must be in 1..22");
+  if (c->threads > 256) return InvalidArgument("$.codec.threads: must be in 0..256");
+  const bool lowrank = c->codec.rfind("lowrank", 0) == 0 ||
+                       std::any_of(c->layers.begin(), c->layers.end(),
+                                   [](const CodecLayerRule& l) { return l.codec.rfind("lowrank", 0) == 0; });
+  if (lowrank && c->basis.empty()) return InvalidArgument("$.codec.basis: required by the lowrank codec");
+  if (c->codec == "none" && !c->layers.empty())
+    return InvalidArgument("$.codec.codec: layer rules need a codec for the other layers (not \"none\")");
+  return Status::Ok();
+}
+
 }  // namespace
 
 const NodeConfig* ClusterConfig::FindNode(std::string_view id) const {
@@ -249,6 +314,7 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
     KVMESH_RETURN_IF_ERROR(ar.Finish());
     if (c.auth.token.size() > 256) return InvalidArgument("$.auth.token: at most 256 bytes");
   }
+  if (const json* k = r.Child("codec")) KVMESH_RETURN_IF_ERROR(ReadCodec(*k, c.model.num_layers, &c.codec));
   KVMESH_RETURN_IF_ERROR(r.Finish());
   if (c.store.slot_bytes != 0 && c.store.slot_bytes < 64)
     return InvalidArgument("$.store.slot_bytes: must be at least 64 bytes");

@@ -1,5 +1,8 @@
 #include "shard_node/shard_node.h"
 
+#include <cstring>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 namespace kvmesh {
@@ -12,9 +15,16 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
   n->id_ = node_id;
   n->model_ = config.model;
 
+  auto codec = CodecStage::Create(config);
+  if (!codec.ok()) return codec.status().WithContext("node " + node_id);
+  n->codec_ = std::move(codec).value();
+
   StoreOptions so;
   so.capacity_bytes = nc->primary_budget();
-  so.slot_bytes = config.store.slot_bytes ? config.store.slot_bytes : config.model.FullBlockBytes();
+  // With a codec, a slot holds one encoded full block: compression saves memory.
+  so.slot_bytes = config.store.slot_bytes ? config.store.slot_bytes
+                  : n->codec_         ? n->codec_->encoded_block_bytes()
+                                      : config.model.FullBlockBytes();
   so.stripes = config.store.stripes;
   so.verify_checksums = config.store.verify_checksums;
   so.policy = config.eviction.policy;
@@ -28,11 +38,34 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
 }
 
 Status ShardNode::Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {
+  if (codec_ && o.codec == 0 && codec_->Encodes(payload)) {
+    KVMESH_ASSIGN_OR_RETURN(std::span<const std::byte> enc, codec_->Encode(payload));
+    PutOptions po = o;
+    po.codec = codec_->codec_id();
+    po.logical_size = static_cast<uint32_t>(payload.size());
+    return store_->Put(key, enc, po);
+  }
   return store_->Put(key, payload, o);
 }
 Result<BlockRef> ShardNode::Get(const BlockKey& key) { return store_->Get(key); }
 Result<size_t> ShardNode::GetInto(const BlockKey& key, std::span<std::byte> dst) {
-  return store_->GetInto(key, dst);
+  if (!codec_) return store_->GetInto(key, dst);
+  KVMESH_ASSIGN_OR_RETURN(BlockRef ref, store_->Get(key));  // verified against its checksum
+  std::vector<std::byte> host;
+  std::span<const std::byte> data = ref.data();
+  if (!store_->backend().host_accessible()) {
+    host.resize(data.size());
+    store_->backend().CopyOut(host.data(), data.data(), data.size());
+    data = host;
+  }
+  if (ref.meta().codec == 0) {
+    if (dst.size() < data.size())
+      return ResourceExhausted("destination of " + std::to_string(dst.size()) + " bytes is smaller than the block (" +
+                               std::to_string(data.size()) + " bytes)");
+    std::memcpy(dst.data(), data.data(), data.size());
+    return data.size();
+  }
+  return codec_->Decode(data, dst);
 }
 bool ShardNode::Exists(const BlockKey& key, bool touch) { return store_->Exists(key, touch); }
 Status ShardNode::Erase(const BlockKey& key) { return store_->Erase(key); }
@@ -49,6 +82,7 @@ std::string ShardNode::StatsJson() const {
   nlohmann::json j = {
       {"node_id", st.node_id},
       {"policy", store_->policy_name()},
+      {"codec", codec_ ? codec_->name() : "none"},
       {"capacity_bytes", s.capacity_bytes},
       {"slot_bytes", s.slot_bytes},
       {"slots_total", s.slots_total},

@@ -16,6 +16,7 @@
 #include "kvmesh/config.h"
 #include "kvmesh/request.h"
 #include "shard_node/block_store.h"
+#include "shard_node/codec_stage.h"
 
 namespace kvmesh {
 
@@ -36,6 +37,10 @@ class ShardNode {
   const std::string& id() const { return id_; }
   const ModelSpec& model() const { return model_; }
 
+  // With a codec configured (config.codec), Put encodes full raw blocks and
+  // GetInto decodes them; Get returns the stored view, which for an encoded
+  // block (meta().codec != 0) is the self-describing compressed block
+  // (kernels/codec.h DecodeBlock reads it anywhere).
   Status Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o);
   Result<BlockRef> Get(const BlockKey& key);
   Result<size_t> GetInto(const BlockKey& key, std::span<std::byte> dst);
@@ -47,12 +52,14 @@ class ShardNode {
   NodeStats Stats() const;
   std::string StatsJson() const;
   BlockStore& store() { return *store_; }
+  const CodecStage* codec() const { return codec_.get(); }  // nullptr: blocks stored as given
 
  private:
   ShardNode() = default;
   std::string id_;
   ModelSpec model_;
   std::unique_ptr<BlockStore> store_;
+  std::unique_ptr<CodecStage> codec_;
 };
 
 }  // namespace kvmesh

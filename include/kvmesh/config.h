@@ -95,6 +95,26 @@ struct AuthConfig {
   std::string token;
 };
 
+// Block compression (issue 4; docs/block-format.md): shard nodes encode each
+// full block on put with the codec of its layers and decode it on get.
+// Codec strings: none | raw | fp16 | bf16 | int8 | int4 | fp8-e4m3 | fp8-e5m2 |
+// lowrank, with options :gN (group), :kivi|token|channel (axes), :rN (rank),
+// e.g. "int4:g64:kivi" (see kernels/codec.h ParseCodecSpec).
+struct CodecLayerRule {
+  Range layers;        // absolute model layers, from 3 or "0-1" (inclusive)
+  std::string codec;   // a codec string (not "none")
+};
+struct CodecConfig {
+  std::string codec = "none";      // "none": store blocks as they come
+  std::string lossless = "none";   // none | lz4 | zstd, after the codec
+  int32_t zstd_level = 3;          // 1..22
+  std::string basis;               // lowrank basis file (kvmesh codec fit-basis)
+  uint32_t threads = 1;            // codec threads per block (0: all cores)
+  std::vector<CodecLayerRule> layers;  // mixed precision: first matching rule wins
+
+  bool enabled() const { return codec != "none" || !layers.empty(); }
+};
+
 struct ClusterConfig {
   std::string name = "kvmesh";
   ModelSpec model;
@@ -105,6 +125,7 @@ struct ClusterConfig {
   TransportConfig transport;
   CoordinatorConfig coordinator;
   AuthConfig auth;
+  CodecConfig codec;
 
   std::string source;  // file name or "<string>", for messages
 

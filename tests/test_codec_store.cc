@@ -1,0 +1,175 @@
+// The codec in the cluster config and in the shard node: config parsing with
+// path-qualified errors, encode on put / decode on get, slot sizes and stats.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/codec.h"
+#include "kernels/codec_bench.h"
+#include "kvmesh/config.h"
+#include "shard_node/shard_node.h"
+
+using namespace kvmesh;
+using nlohmann::json;
+
+namespace {
+
+json Base(json codec) {
+  json j = json::parse(R"({
+    "model": {"model_id": "m", "num_layers": 4, "num_kv_heads": 4, "head_dim": 128, "block_tokens": 32},
+    "nodes": [{"id": "n0", "memory": {"host": "8MiB"}}],
+    "store": {"stripes": 1}
+  })");
+  if (!codec.is_null()) j["codec"] = codec;
+  return j;
+}
+
+std::string Error(const json& j) {
+  auto r = ParseConfig(j.dump());
+  return r.ok() ? "" : r.status().message();
+}
+
+std::vector<std::byte> Block(const ModelSpec& m, uint64_t seed) {
+  const kernels::BlockShape s = kernels::BlockShape::FromLayout(BlockLayout::Full(m));
+  std::vector<std::byte> b(s.bytes());
+  kernels::GenerateKvBlock(s, seed, b);
+  return b;
+}
+
+BlockKey Key(uint64_t i) { return BlockKey{i * 7 + 1, i}; }
+
+}  // namespace
+
+TEST_CASE("The codec config section parses and names bad fields by path", "[codec][config]") {
+  auto ok = ParseConfig(Base({{"codec", "int4:g64"},
+                              {"lossless", "zstd"},
+                              {"layers", {{{"layers", "0-1"}, {"codec", "fp16"}}, {{"layers", 3}, {"codec", "int8"}}}}})
+                            .dump());
+  REQUIRE(ok.ok());
+  CHECK(ok->codec.codec == "int4:g64");
+  CHECK(ok->codec.lossless == "zstd");
+  REQUIRE(ok->codec.layers.size() == 2);
+  CHECK(ok->codec.layers[0].layers == Range{0, 2});
+  CHECK(ok->codec.layers[1].layers == Range{3, 4});
+  CHECK(ParseConfig(Base(nullptr).dump())->codec.enabled() == false);
+
+  CHECK(Error(Base({{"codec", "int9"}})) == "$.codec.codec: unknown codec \"int9\"");
+  CHECK(Error(Base({{"codec", "int8:x3"}})) == "$.codec.codec: unknown codec \"int8:x3\"");
+  CHECK(Error(Base({{"codec", 8}})).rfind("$.codec.codec: expected a string", 0) == 0);
+  CHECK(Error(Base({{"lossless", "gzip"}, {"codec", "int8"}})).rfind("$.codec.lossless:", 0) == 0);
+  CHECK(Error(Base({{"codec", "int8"}, {"zstd_level", 0}})) == "$.codec.zstd_level: must be in 1..22");
+  CHECK(Error(Base({{"codec", "lowrank"}})) == "$.codec.basis: required by the lowrank codec");
+  CHECK(Error(Base({{"codec", "int8"}, {"bogus", 1}})).find("$.codec.bogus") != std::string::npos);
+  CHECK(Error(Base({{"codec", "int8"}, {"layers", {{{"layers", "0-2"}, {"codec", "fp16"}}, {{"layers", 2}, {"codec", "int4"}}}}})) ==
+        "$.codec.layers[1].layers: overlaps $.codec.layers[0]");
+  CHECK(Error(Base({{"codec", "int8"}, {"layers", {{{"layers", "2-9"}, {"codec", "fp16"}}}}})) ==
+        "$.codec.layers[0].layers: the model has 4 layers");
+  CHECK(Error(Base({{"codec", "int8"}, {"layers", {{{"layers", 1}}}}})).find("$.codec.layers[0].codec") !=
+        std::string::npos);
+}
+
+TEST_CASE("Codec strings the config accepts are the ones the kernels accept", "[codec][config]") {
+  // Syntax the config checks; the node then checks semantics (e.g. rN on int8)
+  // and reports them with the same path.
+  for (const char* s : {"int8", "int4:g64:kivi", "fp8-e4m3:g32:token", "bf16", "fp16", "fp8-e5m2:channel", "raw"}) {
+    INFO(s);
+    CHECK(Error(Base({{"codec", s}})).empty());
+    CHECK(kernels::ParseCodecSpec(s).ok());
+  }
+  for (const auto& info : kernels::ListCodecs()) {
+    if (info.kind == kernels::kCodecLowRank) continue;  // needs a basis file
+    CHECK(Error(Base({{"codec", std::string(info.name)}})).empty());
+  }
+  auto c = ParseConfig(Base({{"codec", "int8:r4"}}).dump());
+  REQUIRE(c.ok());
+  auto node = ShardNode::Create(*c, "n0");
+  REQUIRE(!node.ok());
+  CHECK(node.status().message().find("$.codec.codec: codec \"int8:r4\": bad option") != std::string::npos);
+}
+
+TEST_CASE("A node with a codec stores encoded blocks in smaller slots and decodes on get", "[codec][store]") {
+  auto raw_cfg = ParseConfig(Base(nullptr).dump());
+  auto int8_cfg = ParseConfig(Base({{"codec", "int8"}}).dump());
+  REQUIRE(raw_cfg.ok());
+  REQUIRE(int8_cfg.ok());
+  auto rn = ShardNode::Create(*raw_cfg, "n0");
+  auto cn = ShardNode::Create(*int8_cfg, "n0");
+  INFO(rn.status().ToString() << " / " << cn.status().ToString());
+  REQUIRE(rn.ok());
+  REQUIRE(cn.ok());
+  auto raw_node = std::move(rn).value();
+  auto node = std::move(cn).value();
+  const ModelSpec& m = int8_cfg->model;
+  const size_t full = m.FullBlockBytes();
+  REQUIRE(node->codec() != nullptr);
+  CHECK(node->store().slot_bytes() >= node->codec()->encoded_block_bytes());  // the store may round up
+  CHECK(node->store().slot_bytes() < node->codec()->encoded_block_bytes() + 4096);
+  CHECK(node->store().slot_bytes() * 19 < full * 10);  // ratio >= 1.9
+  CHECK(node->Stats().store.slots_total >= 19 * raw_node->Stats().store.slots_total / 10);
+
+  const auto block = Block(m, 5);
+  REQUIRE(node->Put(Key(1), block, {}).ok());
+  const StoreStats st = node->Stats().store;
+  CHECK(st.bytes_logical == full);
+  CHECK(st.bytes_stored < full / 1.9);
+
+  std::vector<std::byte> out(full);
+  auto n = node->GetInto(Key(1), out);
+  REQUIRE(n.ok());
+  CHECK(*n == full);
+  const auto shape = kernels::BlockShape::FromLayout(BlockLayout::Full(m));
+  CHECK(kernels::CompareBlocks(shape, block, out).rel_l2 < 0.01);
+
+  // Get returns the self-describing encoded block.
+  auto ref = node->Get(Key(1));
+  REQUIRE(ref.ok());
+  CHECK(ref->meta().codec == node->codec()->codec_id());
+  CHECK(ref->meta().logical_size == full);
+  std::vector<std::byte> again(full);
+  REQUIRE(kernels::DecodeBlock(ref->data(), again).ok());
+  CHECK(again == out);
+  ref->Release();
+
+  // A short destination names the size it needs.
+  std::vector<std::byte> small(full / 2);
+  CHECK(node->GetInto(Key(1), small).status().code() == StatusCode::kResourceExhausted);
+  // Payloads that are not full blocks are stored as given.
+  std::vector<std::byte> tiny(100, std::byte{7});
+  REQUIRE(node->Put(Key(2), tiny, {}).ok());
+  std::vector<std::byte> got(full);
+  auto tn = node->GetInto(Key(2), got);
+  REQUIRE(tn.ok());
+  CHECK(*tn == 100);
+  CHECK(std::equal(tiny.begin(), tiny.end(), got.begin()));
+  CHECK(node->Get(Key(2))->meta().codec == 0);
+  CHECK(node->StatsJson().find("\"codec\":\"int8:g128:kivi\"") != std::string::npos);
+}
+
+TEST_CASE("A node with int4 and a mixed layer policy holds more blocks in the same budget", "[codec][store]") {
+  auto cfg = ParseConfig(
+      Base({{"codec", "int4"}, {"layers", {{{"layers", 0}, {"codec", "fp16"}}}}}).dump());
+  auto raw_cfg = ParseConfig(Base(nullptr).dump());
+  REQUIRE(cfg.ok());
+  auto cn = ShardNode::Create(*cfg, "n0");
+  auto rn = ShardNode::Create(*raw_cfg, "n0");
+  INFO(rn.status().ToString() << " / " << cn.status().ToString());
+  REQUIRE(rn.ok());
+  REQUIRE(cn.ok());
+  auto node = std::move(cn).value();
+  auto raw_node = std::move(rn).value();
+  const ModelSpec& m = cfg->model;
+  const auto block = Block(m, 9);
+  uint64_t stored = 0;
+  for (uint64_t i = 0; i < 200; ++i) {
+    REQUIRE(node->Put(Key(100 + i), block, {}).ok());
+    REQUIRE(raw_node->Put(Key(100 + i), block, {}).ok());
+  }
+  stored = node->Stats().store.blocks;
+  const uint64_t raw_stored = raw_node->Stats().store.blocks;
+  CHECK(stored >= 2 * raw_stored);  // fp16 layer 0 + int4 layers 1-3: ratio ~2.3
+  std::vector<std::byte> out(m.FullBlockBytes());
+  REQUIRE(node->GetInto(Key(299), out).ok());
+  // Layer 0 (fp16) comes back exactly.
+  const size_t layer0 = m.FullBlockBytes() / m.num_layers;
+  CHECK(std::memcmp(out.data(), block.data(), layer0) == 0);
+}
