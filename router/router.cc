@@ -51,6 +51,22 @@ struct Router::Impl {
     std::lock_guard<std::mutex> lock(mu);
     return view;
   }
+  // Runs pass(view, &stale) on the current view; when a node answered
+  // StaleEpoch and a refresh hook is set, refreshes the map once and reruns it.
+  template <typename Pass>
+  void WithRefresh(Router& self, Pass pass) {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      bool stale = false;
+      pass(*Snapshot(), &stale);
+      if (!(stale && attempt == 0 && options.refresh && options.refresh(self).ok())) return;
+    }
+  }
+  // Bookkeeping shared by every node call: a StaleEpoch answer asks for a
+  // refresh; any call-level failure counts as a node error (its items miss).
+  void NoteCall(const Status& s, bool* stale) {
+    if (s.code() == StatusCode::kStaleEpoch) *stale = true;
+    if (!s.ok()) counters.node_errors.fetch_add(1, std::memory_order_relaxed);
+  }
   Range Layers(const RequestOptions& o) const { return o.layers.empty() ? Range{0, model.num_layers} : o.layers; }
   Range Heads(const RequestOptions& o) const { return o.heads.empty() ? Range{0, model.num_kv_heads} : o.heads; }
 };
@@ -89,37 +105,51 @@ std::vector<BlockKey> Router::Keys(std::span<const TokenId> tokens, const Reques
   return impl_->deriver.Keys(tokens, impl_->Layers(o), impl_->Heads(o));
 }
 
+namespace {
+
+// Groups the indices i < n for which want(i) holds by the node at replica
+// position `rank` of key_of(i)'s placement (into sc.by_node). Returns false
+// when no index was placed.
+template <typename KeyOf, typename Want>
+bool GroupByNode(const ShardMap& map, size_t n, const Affinity& hint, uint32_t rank, KeyOf key_of, Want want,
+                 Scratch& sc) {
+  sc.Reset(map.nodes().size());
+  bool any = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (!want(i)) continue;
+    uint32_t place[ShardMap::kMaxReplicas];
+    if (rank < map.Place(key_of(i), hint, place)) {
+      sc.by_node[place[rank]].push_back(i);
+      any = true;
+    }
+  }
+  return any;
+}
+
+}  // namespace
+
 Status Router::PutBatch(std::span<PutItem> items, const RequestOptions& o) {
   Impl& im = *impl_;
   im.counters.puts.fetch_add(1, std::memory_order_relaxed);
   im.counters.put_blocks.fetch_add(items.size(), std::memory_order_relaxed);
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    auto view = im.Snapshot();
-    const ShardMap& map = *view->map;
-    const size_t nn = map.nodes().size();
+  im.WithRefresh(*this, [&](const View& view, bool* stale) {
     Scratch& sc = t_scratch;
-    bool stale = false;
     std::vector<uint8_t> stored(items.size(), 0);
     for (PutItem& it : items) it.status = Unavailable("no live node for this key");
-    for (uint32_t rank = 0; rank < map.replicas(); ++rank) {
-      sc.Reset(nn);
-      for (size_t i = 0; i < items.size(); ++i) {
-        uint32_t place[ShardMap::kMaxReplicas];
-        size_t np = map.Place(items[i].key, o.affinity, place);
-        if (rank < np) sc.by_node[place[rank]].push_back(i);
-      }
-      for (size_t node = 0; node < nn; ++node) {
+    // Every replica gets every block; a block counts as stored when any replica stored it.
+    for (uint32_t rank = 0; rank < view.map->replicas(); ++rank) {
+      auto key_of = [&](size_t i) { return items[i].key; };
+      if (!GroupByNode(*view.map, items.size(), o.affinity, rank, key_of, [](size_t) { return true; }, sc)) break;
+      for (size_t node = 0; node < sc.by_node.size(); ++node) {
         auto& idx = sc.by_node[node];
         if (idx.empty()) continue;
         sc.put.clear();
         for (size_t i : idx) sc.put.push_back(PutItem{items[i].key, items[i].data, {}});
-        Status s = view->channels[node]->Put(sc.put, o);
-        if (s.code() == StatusCode::kStaleEpoch) stale = true;
-        if (!s.ok()) im.counters.node_errors.fetch_add(1, std::memory_order_relaxed);
+        Status s = view.channels[node]->Put(sc.put, o);
+        im.NoteCall(s, stale);
         for (size_t k = 0; k < idx.size(); ++k) {
           PutItem& it = items[idx[k]];
           const Status& r = s.ok() ? sc.put[k].status : s;
-          // A block counts as stored when any replica stored it.
           if (r.ok()) {
             it.status = Status::Ok();
             stored[idx[k]] = 1;
@@ -129,9 +159,7 @@ Status Router::PutBatch(std::span<PutItem> items, const RequestOptions& o) {
         }
       }
     }
-    if (stale && attempt == 0 && im.options.refresh && im.options.refresh(*this).ok()) continue;
-    break;
-  }
+  });
   for (const PutItem& it : items)
     if (!it.status.ok()) return it.status;
   return Status::Ok();
@@ -141,49 +169,29 @@ Status Router::GetBatch(std::span<GetItem> items, const RequestOptions& o) {
   Impl& im = *impl_;
   im.counters.gets.fetch_add(1, std::memory_order_relaxed);
   im.counters.get_blocks.fetch_add(items.size(), std::memory_order_relaxed);
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    auto view = im.Snapshot();
-    const ShardMap& map = *view->map;
-    const size_t nn = map.nodes().size();
+  im.WithRefresh(*this, [&](const View& view, bool* stale) {
     Scratch& sc = t_scratch;
-    bool stale = false;
     for (GetItem& it : items) it.status = NotFound("not stored");
-    // Replica r is asked only for items every earlier replica missed.
-    for (uint32_t rank = 0; rank < map.replicas(); ++rank) {
-      sc.Reset(nn);
-      bool any = false;
-      for (size_t i = 0; i < items.size(); ++i) {
-        if (items[i].status.ok() || !IsMiss(items[i].status)) continue;
-        uint32_t place[ShardMap::kMaxReplicas];
-        size_t np = map.Place(items[i].key, o.affinity, place);
-        if (rank < np) {
-          sc.by_node[place[rank]].push_back(i);
-          any = true;
-        }
-      }
-      if (!any) break;
-      for (size_t node = 0; node < nn; ++node) {
+    // Replica r is asked only for the items every earlier replica missed.
+    for (uint32_t rank = 0; rank < view.map->replicas(); ++rank) {
+      auto key_of = [&](size_t i) { return items[i].key; };
+      auto missed = [&](size_t i) { return IsMiss(items[i].status); };
+      if (!GroupByNode(*view.map, items.size(), o.affinity, rank, key_of, missed, sc)) break;
+      for (size_t node = 0; node < sc.by_node.size(); ++node) {
         auto& idx = sc.by_node[node];
         if (idx.empty()) continue;
         sc.get.clear();
         for (size_t i : idx) sc.get.push_back(GetItem{items[i].key, items[i].dst, 0, {}});
-        Status s = view->channels[node]->Get(sc.get, o);
-        if (s.code() == StatusCode::kStaleEpoch) stale = true;
-        if (!s.ok()) im.counters.node_errors.fetch_add(1, std::memory_order_relaxed);
+        Status s = view.channels[node]->Get(sc.get, o);
+        im.NoteCall(s, stale);
         for (size_t k = 0; k < idx.size(); ++k) {
           GetItem& it = items[idx[k]];
-          if (s.ok()) {
-            it.status = sc.get[k].status;
-            it.size = sc.get[k].size;
-          } else {
-            it.status = s;
-          }
+          it.status = s.ok() ? sc.get[k].status : s;
+          it.size = s.ok() ? sc.get[k].size : 0;
         }
       }
     }
-    if (stale && attempt == 0 && im.options.refresh && im.options.refresh(*this).ok()) continue;
-    break;
-  }
+  });
   uint64_t hits = 0;
   for (const GetItem& it : items) hits += it.status.ok();
   im.counters.get_hits.fetch_add(hits, std::memory_order_relaxed);
@@ -193,49 +201,31 @@ Status Router::GetBatch(std::span<GetItem> items, const RequestOptions& o) {
 Status Router::ExistsBatch(std::span<const BlockKey> keys, std::span<uint8_t> found, const RequestOptions& o) {
   Impl& im = *impl_;
   if (found.size() < keys.size()) return InvalidArgument("found[] shorter than keys[]");
-  std::fill(found.begin(), found.begin() + static_cast<ptrdiff_t>(keys.size()), 0);
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    auto view = im.Snapshot();
-    const ShardMap& map = *view->map;
-    const size_t nn = map.nodes().size();
+  im.WithRefresh(*this, [&](const View& view, bool* stale) {
     Scratch& sc = t_scratch;
-    bool stale = false;
+    std::fill(found.begin(), found.begin() + static_cast<ptrdiff_t>(keys.size()), 0);
     // Primary first; a key whose primary is unreachable is asked of its next replica.
     std::vector<uint8_t> unreachable(keys.size(), 1);
-    for (uint32_t rank = 0; rank < map.replicas(); ++rank) {
-      sc.Reset(nn);
-      bool any = false;
-      for (size_t i = 0; i < keys.size(); ++i) {
-        if (!unreachable[i]) continue;
-        uint32_t place[ShardMap::kMaxReplicas];
-        size_t np = map.Place(keys[i], o.affinity, place);
-        if (rank < np) {
-          sc.by_node[place[rank]].push_back(i);
-          any = true;
-        }
-      }
-      if (!any) break;
-      for (size_t node = 0; node < nn; ++node) {
+    for (uint32_t rank = 0; rank < view.map->replicas(); ++rank) {
+      auto key_of = [&](size_t i) { return keys[i]; };
+      auto pending = [&](size_t i) { return unreachable[i] != 0; };
+      if (!GroupByNode(*view.map, keys.size(), o.affinity, rank, key_of, pending, sc)) break;
+      for (size_t node = 0; node < sc.by_node.size(); ++node) {
         auto& idx = sc.by_node[node];
         if (idx.empty()) continue;
         sc.keys.clear();
         for (size_t i : idx) sc.keys.push_back(keys[i]);
         sc.found.assign(idx.size(), 0);
-        Status s = view->channels[node]->Exists(sc.keys, sc.found, /*touch=*/true, o);
-        if (s.code() == StatusCode::kStaleEpoch) stale = true;
-        if (!s.ok()) {
-          im.counters.node_errors.fetch_add(1, std::memory_order_relaxed);
-          continue;
-        }
+        Status s = view.channels[node]->Exists(sc.keys, sc.found, /*touch=*/true, o);
+        im.NoteCall(s, stale);
+        if (!s.ok()) continue;
         for (size_t k = 0; k < idx.size(); ++k) {
           found[idx[k]] = sc.found[k];
           unreachable[idx[k]] = 0;
         }
       }
     }
-    if (stale && attempt == 0 && im.options.refresh && im.options.refresh(*this).ok()) continue;
-    break;
-  }
+  });
   return Status::Ok();
 }
 

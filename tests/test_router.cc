@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <atomic>
 #include <numeric>
 
 #include "coordinator/demo.h"
@@ -197,4 +198,119 @@ TEST_CASE("Router: Put beyond the tokens' full blocks is an error", "[router]") 
   std::vector<std::byte> blk(64);
   std::vector<std::span<const std::byte>> spans(3, std::span<const std::byte>(blk));
   CHECK(cluster->router().Put(Tokens(17, 0), spans).code() == StatusCode::kInvalidArgument);
+}
+
+namespace {
+// Wraps a real channel; can play a dead node or a node on a newer epoch.
+class FaultyChannel final : public ShardChannel {
+ public:
+  explicit FaultyChannel(std::unique_ptr<ShardChannel> inner) : inner_(std::move(inner)) {}
+  std::atomic<bool> down{false};
+  std::atomic<int> stale_answers{0};  // answer StaleEpoch this many times
+  std::string_view transport() const override { return "faulty"; }
+  Status Fail() {
+    if (down) return Unavailable("node down");
+    if (stale_answers > 0) {
+      --stale_answers;
+      return StaleEpoch("map is old");
+    }
+    return Status::Ok();
+  }
+  Status Put(std::span<PutItem> i, const RequestOptions& o) override { auto s = Fail(); return s.ok() ? inner_->Put(i, o) : s; }
+  Status Get(std::span<GetItem> i, const RequestOptions& o) override { auto s = Fail(); return s.ok() ? inner_->Get(i, o) : s; }
+  Status Exists(std::span<const BlockKey> k, std::span<uint8_t> f, bool t, const RequestOptions& o) override {
+    auto s = Fail();
+    return s.ok() ? inner_->Exists(k, f, t, o) : s;
+  }
+  Status Erase(std::span<const BlockKey> k, std::span<Status> st) override { auto s = Fail(); return s.ok() ? inner_->Erase(k, st) : s; }
+  Status Pin(std::span<const BlockKey> k, std::span<Status> st) override { return inner_->Pin(k, st); }
+  Status Unpin(std::span<const BlockKey> k, std::span<Status> st) override { return inner_->Unpin(k, st); }
+  Result<std::string> StatsJson() override { return inner_->StatsJson(); }
+
+ private:
+  std::unique_ptr<ShardChannel> inner_;
+};
+
+struct FaultyCluster {
+  std::vector<std::unique_ptr<ShardNode>> nodes;
+  std::vector<std::shared_ptr<FaultyChannel>> faulty;
+  std::unique_ptr<Router> router;
+  FaultyCluster(int n, uint32_t replicas, RouterOptions ro = {}) {
+    ClusterConfig c = Config(n);
+    c.placement.replicas = replicas;
+    std::vector<std::shared_ptr<ShardChannel>> ch;
+    for (const NodeConfig& nc : c.nodes) {
+      nodes.push_back(ShardNode::Create(c, nc.id).value());
+      faulty.push_back(std::make_shared<FaultyChannel>(MakeInProcessChannel(nodes.back().get())));
+      ch.push_back(faulty.back());
+    }
+    router = Router::Create(c.model, ShardMap::FromConfig(c).value(), ch, std::move(ro)).value();
+  }
+};
+}  // namespace
+
+TEST_CASE("Router: a dead node turns its keys into misses, never an error or a crash", "[router][faults]") {
+  FaultyCluster fc(3, 1);
+  Router& r = *fc.router;
+  auto prompt = Tokens(8 * 30, 7);
+  std::vector<std::byte> blk(r.model().FullBlockBytes(), std::byte{9});
+  std::vector<std::span<const std::byte>> spans(30, std::span<const std::byte>(blk));
+  REQUIRE(r.Put(prompt, spans).ok());
+  REQUIRE(*r.MatchPrefix(prompt) == 30);
+  fc.faulty[1]->down = true;
+  auto keys = r.Keys(prompt);
+  size_t first_dead = 0;
+  auto map = ShardMap::FromConfig(Config(3)).value();
+  while (map->Primary(keys[first_dead], {}) != 1) ++first_dead;
+  auto m = r.MatchPrefix(prompt);
+  REQUIRE(m.ok());
+  CHECK(*m == first_dead);  // the prefix stops at the first block on the dead node
+  std::vector<std::byte> out(blk.size());
+  auto g = r.Get(keys[first_dead]);
+  CHECK(IsMiss(g.status()));
+  CHECK(r.Stats().node_errors > 0);
+  fc.faulty[1]->down = false;
+  CHECK(*r.MatchPrefix(prompt) == 30);  // the node is back with its blocks
+}
+
+TEST_CASE("Router: with replicas a dead primary is read from the next replica", "[router][faults]") {
+  FaultyCluster fc(3, 2);
+  Router& r = *fc.router;
+  auto prompt = Tokens(8 * 20, 3);
+  std::vector<std::vector<std::byte>> data(20, std::vector<std::byte>(r.model().FullBlockBytes()));
+  std::vector<std::span<const std::byte>> spans;
+  auto keys = r.Keys(prompt);
+  for (size_t i = 0; i < 20; ++i) {
+    FillBlock(keys[i], data[i]);
+    spans.emplace_back(data[i]);
+  }
+  REQUIRE(r.Put(prompt, spans).ok());
+  uint64_t stored = 0;
+  for (auto& n : fc.nodes) stored += n->Stats().store.blocks;
+  CHECK(stored == 40);  // two copies of each block
+  fc.faulty[0]->down = true;
+  CHECK(*r.MatchPrefix(prompt) == 20);
+  for (size_t i = 0; i < 20; ++i) {
+    auto g = r.Get(keys[i]);
+    REQUIRE(g.ok());
+    CHECK(*g == data[i]);
+  }
+}
+
+TEST_CASE("Router: a StaleEpoch answer triggers one refresh and a retry", "[router][faults]") {
+  int refreshes = 0;
+  RouterOptions ro;
+  ro.refresh = [&](Router&) {
+    ++refreshes;
+    return Status::Ok();
+  };
+  FaultyCluster fc(2, 1, ro);
+  Router& r = *fc.router;
+  auto prompt = Tokens(8 * 4, 1);
+  std::vector<std::byte> blk(r.model().FullBlockBytes(), std::byte{1});
+  std::vector<std::span<const std::byte>> spans(4, std::span<const std::byte>(blk));
+  REQUIRE(r.Put(prompt, spans).ok());
+  for (auto& f : fc.faulty) f->stale_answers = 1;
+  CHECK(*r.MatchPrefix(prompt) == 4);  // first pass refused, refreshed, retried
+  CHECK(refreshes == 1);
 }
