@@ -386,7 +386,7 @@ Result<std::unique_ptr<Codec>> MakeCodec(CodecPolicy p) {
   return std::unique_ptr<Codec>(new PolicyCodec(std::move(p)));
 }
 
-uint8_t PrimaryCodecId(const CodecPolicy& p) { return static_cast<uint8_t>(p.base.kind); }
+uint8_t PrimaryCodecId(const CodecPolicy& p) { return static_cast<uint8_t>(1 + p.base.kind); }
 
 Status DecodeBlock(std::span<const std::byte> block, std::span<std::byte> raw, const DecodeOptions& o) {
   KVMESH_ASSIGN_OR_RETURN(BlockInfo info, InspectBlock(block));

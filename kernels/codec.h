@@ -165,7 +165,8 @@ struct DecodeOptions {
 Status DecodeBlock(std::span<const std::byte> block, std::span<std::byte> raw,
                    const DecodeOptions& o = {});
 
-// The primary codec of a policy, for BlockMeta::codec (1 byte).
+// BlockMeta::codec for blocks encoded under `p`: 1 + the base spec's
+// CodecKind, so it is never 0 (0 means "stored as given, not a KVB1 block").
 uint8_t PrimaryCodecId(const CodecPolicy& p);
 
 // ---- Internals shared with the CUDA path and tests ---------------------------------

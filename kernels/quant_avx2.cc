@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels/codec_math.h"
 #include "kernels/quant_cpu.h"
@@ -155,15 +156,66 @@ inline __m256 LoadHalf8(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// int8 per token in three passes, so that no group waits on the latency of
+// its own scale (two divisions and two conversions): 1) every group's absmax,
+// 2) all scales and inverses, 8 groups per vector, 3) the codes.
+template <uint8_t kType>
+void EncodePerTokenSymmetric(const PlaneGeom& g, const uint8_t* in, uint8_t* out) {
+  thread_local std::vector<float> amax, inv;
+  amax.resize(g.groups + 8);
+  inv.resize(g.groups + 8);
+  for (size_t gi = 0; gi < g.groups; ++gi) {
+    const size_t e0 = gi * g.group;  // groups tile the plane in element order
+    if constexpr (kType == kElemFp32) {
+      // Two accumulators halve the max dependency chain (max is order-free).
+      __m256 acc = _mm256_setzero_ps(), acc2 = acc;
+      for (uint32_t k = 0; k < g.group; k += 16) {
+        acc = _mm256_max_ps(Abs(Load8<kType>(in, e0 + k)), acc);
+        acc2 = _mm256_max_ps(Abs(Load8<kType>(in, e0 + k + 8)), acc2);
+      }
+      amax[gi] = HMax(_mm256_max_ps(acc, acc2));
+    } else {
+      __m256i acc = _mm256_setzero_si256();
+      for (uint32_t k = 0; k < g.group; k += 16) acc = _mm256_max_epu16(AbsBits16<kType>(in, e0 + k), acc);
+      const uint16_t bits = HMaxU16(acc);
+      amax[gi] = kType == kElemFp16 ? HalfToFloat(bits) : Bf16ToFloat(bits);
+    }
+  }
+  // SymmetricScale and SafeInv, lane-wise (same roundings as the scalar path).
+  const __m256 cmax = _mm256_set1_ps(CodeMax(g.codec));
+  size_t gi = 0;
+  for (; gi + 8 <= g.groups; gi += 8) {
+    __m256 a = _mm256_min_ps(_mm256_loadu_ps(&amax[gi]), _mm256_set1_ps(kFp16Max));
+    __m128i s16 = _mm256_cvtps_ph(_mm256_div_ps(a, cmax), kRne);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g.scales_off + 2 * gi), s16);
+    _mm256_storeu_ps(&inv[gi], SafeInv8(_mm256_cvtph_ps(s16)));
+  }
+  for (; gi < g.groups; ++gi) {
+    const uint16_t s16 = SymmetricScale(amax[gi], g.codec);
+    StoreU16(out + g.scales_off, gi, s16);
+    inv[gi] = SafeInv(HalfToFloat(s16));
+  }
+  for (gi = 0; gi < g.groups; ++gi) {
+    const size_t e0 = gi * g.group;
+    const __m256 v = _mm256_set1_ps(inv[gi]);
+    uint8_t* codes = out + g.codes_off + e0;
+    uint32_t k = 0;
+    for (; k + 32 <= g.group; k += 32)
+      StoreInt8x32(codes + k, Load8<kType>(in, e0 + k), Load8<kType>(in, e0 + k + 8), Load8<kType>(in, e0 + k + 16),
+                   Load8<kType>(in, e0 + k + 24), v, v, v, v);
+    for (; k < g.group; k += 8) StoreInt8x8(codes + k, Load8<kType>(in, e0 + k), v);
+  }
+}
+
 // ---- per token ---------------------------------------------------------------
 // REQUIRES: g.group % 16 == 0 and g.dim % g.group == 0.
 // g by value: `out` may alias a reference, which forces reloads in the loops.
 template <uint8_t kType>
 void EncodePerToken(const PlaneGeom g, const uint8_t* in, uint8_t* out) {
   const bool int4 = g.codec == kCodecInt4;
-  for (size_t gi = 0; gi < g.groups; ++gi) {
+  for (size_t gi = 0; int4 && gi < g.groups; ++gi) {
     const size_t e0 = gi * g.group;  // groups tile the plane in element order
-    if (int4) {
+    {
       __m256 mn = _mm256_set1_ps(3.0e38f), mx = _mm256_set1_ps(-3.0e38f);
       for (uint32_t k = 0; k < g.group; k += 8) {
         __m256 x = Load8<kType>(in, e0 + k);
@@ -182,36 +234,9 @@ void EncodePerToken(const PlaneGeom g, const uint8_t* in, uint8_t* out) {
         __m256i q1 = QuantInt4x8(Load8<kType>(in, e0 + k + 8), zero, inv);
         StoreInt4x16(codes + k / 2, q0, q1);
       }
-    } else {
-      float amax;
-      uint32_t k = 0;
-      if constexpr (kType == kElemFp32) {
-        // Two accumulators halve the max dependency chain (max is order-free).
-        __m256 acc = _mm256_setzero_ps(), acc2 = acc;
-        for (; k + 16 <= g.group; k += 16) {
-          acc = _mm256_max_ps(Abs(Load8<kType>(in, e0 + k)), acc);
-          acc2 = _mm256_max_ps(Abs(Load8<kType>(in, e0 + k + 8)), acc2);
-        }
-        amax = HMax(_mm256_max_ps(acc, acc2));
-      } else {
-        __m256i acc = _mm256_setzero_si256();
-        for (; k + 16 <= g.group; k += 16) acc = _mm256_max_epu16(AbsBits16<kType>(in, e0 + k), acc);
-        const uint16_t bits = HMaxU16(acc);
-        amax = kType == kElemFp16 ? HalfToFloat(bits) : Bf16ToFloat(bits);
-      }
-      // SymmetricScale and SafeInv with F16C scalar conversions (same rounding).
-      amax = std::min(amax, kFp16Max);
-      const uint16_t s16 = _cvtss_sh(amax / CodeMax(g.codec), kRne);
-      StoreU16(out + g.scales_off, gi, s16);
-      const __m256 inv = _mm256_set1_ps(SafeInv(_cvtsh_ss(s16)));
-      uint8_t* codes = out + g.codes_off + e0;
-      k = 0;
-      for (; k + 32 <= g.group; k += 32)
-        StoreInt8x32(codes + k, Load8<kType>(in, e0 + k), Load8<kType>(in, e0 + k + 8), Load8<kType>(in, e0 + k + 16),
-                     Load8<kType>(in, e0 + k + 24), inv, inv, inv, inv);
-      for (; k < g.group; k += 8) StoreInt8x8(codes + k, Load8<kType>(in, e0 + k), inv);
     }
   }
+  if (!int4) EncodePerTokenSymmetric<kType>(g, in, out);
 }
 
 void DecodePerToken(const PlaneGeom g, const uint8_t* enc, uint8_t* out, uint8_t out_type) {
