@@ -17,4 +17,9 @@ void AddBenchCodecsCommand(CLI::App& app, int* exit_code);
 // The codec benchmark's options and callback on any app (bench/bench_codecs).
 void ConfigureCodecBench(CLI::App* cmd, int* exit_code);
 
+// Issue 3 daemons: kvmesh node / coordinator / serve (mpirun) (cli/cmd_node.cc, cmd_coordinator.cc, cmd_serve.cc).
+void AddNodeCommand(CLI::App& app, int* exit_code);
+void AddCoordinatorCommand(CLI::App& app, int* exit_code);
+void AddServeCommand(CLI::App& app, int* exit_code);
+
 }  // namespace kvmesh::cli

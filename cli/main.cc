@@ -14,6 +14,9 @@ int main(int argc, char** argv) {
   kvmesh::cli::AddReplayCommand(app, &exit_code);
   kvmesh::cli::AddCodecCommand(app, &exit_code);
   kvmesh::cli::AddBenchCodecsCommand(app, &exit_code);
+  kvmesh::cli::AddNodeCommand(app, &exit_code);
+  kvmesh::cli::AddCoordinatorCommand(app, &exit_code);
+  kvmesh::cli::AddServeCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,133 @@
+// kvmesh serve --config F — the mpirun launch mode (ARCHITECTURE 6.3):
+//   mpirun -np N kvmesh serve --config cluster_configs/mpi-local.json
+// Rank 0 runs the coordinator, rank r >= 1 runs node config.nodes[r-1].
+// MPI only bootstraps: rank 0 broadcasts the coordinator's address, every
+// rank's data endpoint is all-gathered (and, with NCCL, rank 0 broadcasts the
+// NCCL unique id). The data plane stays on TCP/UCX; MPI is idle afterwards.
+#include <cstring>
+#include <iostream>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/daemon_signals.h"
+#include "coordinator/coordinator_server.h"
+#include "kvmesh/config.h"
+#include "shard_node/server/node_daemon.h"
+
+#if defined(KVMESH_HAVE_MPI)
+#include <mpi.h>
+#endif
+#if defined(KVMESH_HAVE_NCCL)
+#include <nccl.h>
+#endif
+
+namespace kvmesh::cli {
+
+#if defined(KVMESH_HAVE_MPI)
+namespace {
+
+constexpr int kEndpointBytes = 512;
+
+int Fail(const std::string& why) {
+  std::cerr << "kvmesh serve: " << why << "\n";
+  return 1;
+}
+
+int Serve(const std::string& config_path) {
+  BlockStopSignals();  // before MPI starts its threads
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  auto finish = [](int code) {
+    if (code != 0) MPI_Abort(MPI_COMM_WORLD, code);
+    MPI_Finalize();
+    return code;
+  };
+  Result<ClusterConfig> c = LoadConfigFile(config_path);
+  if (!c.ok()) return finish(Fail(c.status().ToString()));
+  if (size < 2) return finish(Fail("needs at least 2 ranks (rank 0 coordinator, ranks 1.. nodes)"));
+  if (static_cast<size_t>(size - 1) > c->nodes.size())
+    return finish(Fail(std::to_string(size - 1) + " node ranks but the config lists only " +
+                       std::to_string(c->nodes.size()) + " nodes"));
+
+  // 1. Rank 0 starts the coordinator and broadcasts its address.
+  std::unique_ptr<CoordinatorServer> coord;
+  char coord_addr[kEndpointBytes] = {0};
+  if (rank == 0) {
+    auto s = CoordinatorServer::Start(*c);
+    if (!s.ok()) return finish(Fail(s.status().ToString()));
+    coord = std::move(*s);
+    std::snprintf(coord_addr, sizeof(coord_addr), "%s:%u", c->coordinator.host.c_str(), coord->port());
+    PrintLine(coord->ListeningJson());
+  }
+  MPI_Bcast(coord_addr, kEndpointBytes, MPI_CHAR, 0, MPI_COMM_WORLD);
+
+  // 2. Node ranks start their daemons against it.
+  std::unique_ptr<NodeDaemon> node;
+  char endpoint[kEndpointBytes] = {0};
+  if (rank > 0) {
+    NodeDaemonOptions o;
+    o.node_id = c->nodes[rank - 1].id;
+    o.coordinator = coord_addr;
+    auto d = NodeDaemon::Start(*c, o);
+    if (!d.ok()) return finish(Fail("rank " + std::to_string(rank) + ": " + d.status().ToString()));
+    node = std::move(*d);
+    PrintLine(node->ListeningJson());
+    std::snprintf(endpoint, sizeof(endpoint), "node %s tcp://%s:%u", o.node_id.c_str(),
+                  c->nodes[rank - 1].host.c_str(), node->data_port());
+  } else {
+    std::snprintf(endpoint, sizeof(endpoint), "coordinator http://%s", coord_addr);
+  }
+
+  // 3. Exchange every rank's endpoint (UCX worker addresses ride here when the UCX backend is on).
+  std::vector<char> all(static_cast<size_t>(kEndpointBytes) * size);
+  MPI_Allgather(endpoint, kEndpointBytes, MPI_CHAR, all.data(), kEndpointBytes, MPI_CHAR, MPI_COMM_WORLD);
+
+  // 4. The NCCL unique id, for the block mover's communicator.
+  std::string nccl = "absent";
+#if defined(KVMESH_HAVE_NCCL)
+  ncclUniqueId id{};
+  if (rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) std::memset(&id, 0, sizeof(id));
+  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+  nccl = "broadcast";
+#endif
+  if (rank == 0) {
+    std::string ranks;
+    for (int r = 0; r < size; ++r) {
+      std::string e(all.data() + static_cast<size_t>(r) * kEndpointBytes);
+      ranks += (r ? "," : "") + std::string("\"") + e + "\"";
+    }
+    PrintLine("{\"event\":\"bootstrap\",\"role\":\"coordinator\",\"ranks\":" + std::to_string(size) +
+              ",\"coordinator\":\"" + coord_addr + "\",\"nccl_unique_id\":\"" + nccl + "\",\"endpoints\":[" + ranks +
+              "]}");
+  }
+
+  int sig = WaitForStopSignal();
+  if (node) node->Stop();
+  if (coord) coord->Stop();
+  PrintLine("{\"event\":\"stopped\",\"role\":\"" + std::string(rank == 0 ? "coordinator" : "node") +
+            "\",\"rank\":" + std::to_string(rank) + ",\"signal\":" + std::to_string(sig) + "}");
+  MPI_Finalize();
+  return 0;
+}
+
+}  // namespace
+#endif
+
+void AddServeCommand(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand("serve", "Run under mpirun: rank 0 coordinator, ranks 1.. shard nodes");
+  auto config = std::make_shared<std::string>();
+  cmd->add_option("--config", *config, "cluster config JSON")->required();
+  cmd->callback([config, exit_code] {
+#if defined(KVMESH_HAVE_MPI)
+    *exit_code = Serve(*config);
+#else
+    std::cerr << "kvmesh serve: this build has no MPI (KVMESH_WITH_MPI); use `kvmesh coordinator` and `kvmesh node`\n";
+    *exit_code = 1;
+#endif
+  });
+}
+
+}  // namespace kvmesh::cli

@@ -1,0 +1,45 @@
+// coordinator/coordinator_server.h — the `kvmesh coordinator` daemon: cluster
+// membership, heartbeats and shard-map epochs, behind an HTTP/JSON control API
+// (docs/launch.md lists every endpoint).
+//
+//   POST /register  {"id","host","weight","ports":{"data","http","resp"}} -> {"epoch","heartbeat_ms"}
+//   POST /heartbeat {"id","stats":{...}}  -> {"epoch"}  (404: unknown, register again)
+//   POST /leave     {"id"}                -> {"epoch"}  (clean shutdown)
+//   GET  /map     the published shard map (router/map_json.h)
+//   GET  /nodes   members with their last heartbeat age
+//   GET  /stats   counters and the sum of the nodes' last reported stats
+//   GET  /healthz
+//
+// Every membership change (a node joins, rejoins with new ports, leaves, or
+// misses heartbeats for dead_after_ms) advances the epoch by one. Placement is
+// rendezvous hashing, so a join or a removal moves only the keys whose top
+// node changes (about 1/N).
+//
+// Thread-safety: Start/Stop from one thread; handlers and the reaper share
+// state under one mutex.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kvmesh/config.h"
+#include "kvmesh/status.h"
+
+namespace kvmesh {
+
+class CoordinatorServer {
+ public:
+  // Serves on config.coordinator.host:port (port_override when non-zero... or
+  // 0 = a free port when both are 0).
+  static Result<std::unique_ptr<CoordinatorServer>> Start(const ClusterConfig& config, uint16_t port_override = 0);
+  virtual ~CoordinatorServer() = default;
+  virtual uint16_t port() const = 0;
+  virtual uint64_t epoch() const = 0;
+  virtual size_t live_nodes() const = 0;
+  // {"event":"listening","role":"coordinator","node_id":"coordinator","ports":{"http":P}}
+  virtual std::string ListeningJson() const = 0;
+  virtual void Stop() = 0;
+};
+
+}  // namespace kvmesh

@@ -1,0 +1,59 @@
+// kvmesh/network.h — the router over the network (launch modes 2 and 3).
+//
+// A NetworkClient asks the coordinator for the shard map (GET /map: model,
+// live nodes and their ports, groups, epoch), opens a pooled, pipelined TCP
+// channel per node, and hands out the same Router API as the embedded mode.
+// When a node answers "stale epoch" the router refreshes the map and retries
+// once; a background thread also refreshes every refresh_ms so that nodes the
+// coordinator removed (dead) or added (joined) are routed around / to.
+// Channels to nodes whose address did not change are kept across refreshes.
+//
+//   kvmesh::NetworkClientOptions o;
+//   o.coordinator = "127.0.0.1:7070";
+//   auto client = kvmesh::NetworkClient::Connect(o).value();
+//   kvmesh::Router& r = client->router();
+//   r.Put(tokens, blocks);
+//   size_t cached = r.MatchPrefix(tokens).value();
+//
+// Thread-safety: every method is thread-safe; the Router is shared.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kvmesh/router.h"
+#include "kvmesh/status.h"
+
+namespace kvmesh {
+
+struct NetworkClientOptions {
+  std::string coordinator;  // "host:port" of the coordinator's HTTP API (required)
+  std::string client_id = "kvmesh-client";
+  std::string tenant_salt;  // keys of different salts never meet
+  std::string token;        // shared secret when the cluster sets $.auth.token
+  int64_t timeout_ms = 2000;
+  int64_t connect_timeout_ms = 1000;
+  uint32_t connections_per_node = 2;
+  int64_t refresh_ms = 1000;  // background map refresh period (0: only on stale epoch)
+};
+
+class NetworkClient {
+ public:
+  // Fetches the map (retrying until timeout_ms) and builds the router.
+  static Result<std::unique_ptr<NetworkClient>> Connect(NetworkClientOptions options);
+  ~NetworkClient();
+
+  Router& router();
+  // Fetches the coordinator's map now; installs it when its epoch is newer.
+  Status Refresh();
+  uint64_t epoch() const;
+  size_t num_nodes() const;
+
+ private:
+  struct Impl;
+  explicit NetworkClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvmesh

@@ -1,0 +1,142 @@
+#include "kvmesh/network.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "router/map_json.h"
+#include "transport/http_client.h"
+#include "transport/socket_util.h"
+#include "transport/tcp_channel.h"
+
+namespace kvmesh {
+
+struct NetworkClient::Impl {
+  NetworkClientOptions o;
+  std::string host;
+  uint16_t port = 0;
+  std::unique_ptr<Router> router;
+  mutable std::mutex mu;  // serialises refreshes; guards channels and epoch
+  std::map<std::string, std::shared_ptr<TcpChannel>> channels;  // by "id@host:port"
+  uint64_t epoch = 0;
+  size_t nodes = 0;
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  bool stopping = false;
+  std::thread refresher;
+
+  Result<PublishedMap> Fetch() {
+    KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/map", "", o.timeout_ms));
+    if (r.status != 200) return Unavailable("coordinator answered HTTP " + std::to_string(r.status) + " for /map");
+    return ParsePublishedMap(r.body);
+  }
+
+  // Builds the map and channels for `pm`; REQUIRES mu held.
+  Status Install(const PublishedMap& pm) {
+    if (router && pm.epoch <= epoch) return Status::Ok();
+    KVMESH_ASSIGN_OR_RETURN(auto map, BuildShardMap(pm));
+    std::vector<std::shared_ptr<ShardChannel>> list;
+    std::map<std::string, std::shared_ptr<TcpChannel>> next;
+    for (const ShardInfo& n : map->nodes()) {
+      const std::string key = n.id + "@" + n.host + ":" + std::to_string(n.ports.data);
+      std::shared_ptr<TcpChannel> ch;
+      auto it = channels.find(key);
+      if (it != channels.end()) {
+        ch = it->second;
+      } else {
+        TcpChannelOptions co;
+        co.host = n.host;
+        co.port = n.ports.data;
+        co.client_id = o.client_id;
+        co.tenant = o.tenant_salt;
+        co.token = o.token;
+        co.connections = o.connections_per_node;
+        co.timeout_ms = o.timeout_ms;
+        co.connect_timeout_ms = o.connect_timeout_ms;
+        ch = TcpChannel::Create(co);
+      }
+      ch->set_epoch(pm.epoch);
+      next[key] = ch;
+      list.push_back(ch);
+    }
+    if (!router) {
+      RouterOptions ro;
+      ro.tenant_salt = o.tenant_salt;
+      ro.timeout_ms = o.timeout_ms;
+      ro.refresh = [this](Router&) { return Refresh(); };
+      KVMESH_ASSIGN_OR_RETURN(router, Router::Create(pm.model, map, std::move(list), ro));
+    } else {
+      Status s = router->UpdateMap(map, std::move(list));
+      if (!s.ok() && s.code() != StatusCode::kFailedPrecondition) return s;
+    }
+    channels = std::move(next);
+    epoch = pm.epoch;
+    nodes = map->nodes().size();
+    return Status::Ok();
+  }
+
+  Status Refresh() {
+    KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, Fetch());
+    std::lock_guard<std::mutex> lock(mu);
+    return Install(pm);
+  }
+};
+
+NetworkClient::NetworkClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+NetworkClient::~NetworkClient() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->stop_mu);
+    impl_->stopping = true;
+  }
+  impl_->stop_cv.notify_all();
+  if (impl_->refresher.joinable()) impl_->refresher.join();
+}
+
+Result<std::unique_ptr<NetworkClient>> NetworkClient::Connect(NetworkClientOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->o = std::move(options);
+  KVMESH_RETURN_IF_ERROR(SplitHostPort(impl->o.coordinator, &impl->host, &impl->port));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(impl->o.timeout_ms);
+  Status last;
+  for (;;) {
+    Result<PublishedMap> pm = impl->Fetch();
+    if (pm.ok()) {
+      std::lock_guard<std::mutex> lock(impl->mu);
+      last = impl->Install(*pm);
+      if (last.ok()) break;
+    } else {
+      last = pm.status();
+    }
+    if (std::chrono::steady_clock::now() >= deadline)
+      return last.WithContext("fetching the shard map from " + impl->o.coordinator);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  Impl* raw = impl.get();
+  if (raw->o.refresh_ms > 0) {
+    raw->refresher = std::thread([raw] {
+      std::unique_lock<std::mutex> lock(raw->stop_mu);
+      while (!raw->stop_cv.wait_for(lock, std::chrono::milliseconds(raw->o.refresh_ms), [raw] { return raw->stopping; })) {
+        lock.unlock();
+        (void)raw->Refresh();  // a coordinator hiccup keeps the old map
+        lock.lock();
+      }
+    });
+  }
+  return std::unique_ptr<NetworkClient>(new NetworkClient(std::move(impl)));
+}
+
+Router& NetworkClient::router() { return *impl_->router; }
+Status NetworkClient::Refresh() { return impl_->Refresh(); }
+uint64_t NetworkClient::epoch() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->epoch;
+}
+size_t NetworkClient::num_nodes() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->nodes;
+}
+
+}  // namespace kvmesh

@@ -1,0 +1,198 @@
+#include "shard_node/server/node_daemon.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "shard_node/server/data_server.h"
+#include "shard_node/server/resp_server.h"
+#include "shard_node/shard_node.h"
+#include "transport/http_client.h"
+#include "transport/http_server.h"
+#include "transport/socket_util.h"
+
+namespace kvmesh {
+namespace {
+
+using nlohmann::json;
+
+void LogEvent(const std::string& node_id, json j) {
+  j["ts_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::system_clock::now().time_since_epoch()).count();
+  j["role"] = "node";
+  j["node_id"] = node_id;
+  std::fprintf(stderr, "%s\n", j.dump().c_str());
+  std::fflush(stderr);
+}
+
+class Daemon final : public NodeDaemon {
+ public:
+  Daemon(const ClusterConfig& c, NodeDaemonOptions o) : config_(c), o_(std::move(o)) {}
+  ~Daemon() override { Stop(); }
+
+  Status Start() {
+    const NodeConfig* nc = config_.FindNode(o_.node_id);
+    if (nc == nullptr) return NotFound("node id \"" + o_.node_id + "\" is not in the config");
+    node_cfg_ = *nc;
+    KVMESH_ASSIGN_OR_RETURN(node_, ShardNode::Create(config_, o_.node_id));
+    DataServerOptions d;
+    d.host = nc->host;
+    d.port = nc->ports.data;
+    d.threads = config_.transport.io_threads;
+    d.token = config_.auth.token;
+    d.limits.max_body_bytes = static_cast<uint32_t>(std::min<uint64_t>(config_.transport.max_frame_bytes, UINT32_MAX));
+    d.limits.max_items = config_.transport.max_batch_items;
+    d.limits.max_block_bytes = static_cast<uint32_t>(std::min<uint64_t>(node_->store().slot_bytes(), UINT32_MAX));
+    KVMESH_ASSIGN_OR_RETURN(data_, DataServer::Start(node_.get(), d, &epoch_));
+    if (o_.resp) {
+      RespServerOptions r;
+      r.host = nc->host;
+      r.port = nc->ports.resp;
+      r.max_value_bytes = node_->store().slot_bytes();
+      KVMESH_ASSIGN_OR_RETURN(resp_, RespServer::Start(node_.get(), r));
+    }
+    KVMESH_ASSIGN_OR_RETURN(http_, HttpServer::Start(nc->host, nc->ports.http,
+                                                     [this](const HttpServerRequest& r) { return Http(r); }));
+    if (!o_.coordinator.empty()) {
+      KVMESH_RETURN_IF_ERROR(SplitHostPort(o_.coordinator, &coord_host_, &coord_port_));
+      heart_ = std::thread([this] { Heartbeats(); });
+    }
+    return Status::Ok();
+  }
+
+  std::string ListeningJson() const override {
+    json ports = {{"data", data_->port()}, {"http", http_->port()}};
+    if (resp_) ports["resp"] = resp_->port();
+    return json{{"event", "listening"}, {"role", "node"}, {"node_id", o_.node_id}, {"host", node_cfg_.host},
+                {"pid", ::getpid()}, {"ports", ports}}
+        .dump();
+  }
+  uint16_t data_port() const override { return data_->port(); }
+  uint64_t epoch() const override { return epoch_.load(); }
+
+  void Stop() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (heart_.joinable()) heart_.join();
+    if (registered_)  // let routers move on at once instead of after dead_after_ms
+      (void)HttpRequest(coord_host_, coord_port_, "POST", "/leave", json{{"id", o_.node_id}}.dump(), 500);
+    if (http_) http_->Stop();
+    if (resp_) resp_->Stop();
+    if (data_) data_->Stop();
+  }
+
+ private:
+  HttpServerResponse Http(const HttpServerRequest& r) {
+    std::string path = r.target.substr(0, r.target.find('?'));
+    if (path == "/healthz") return {200, "text/plain", "ok\n"};
+    if (path == "/stats") return {200, "application/json", node_->StatsJson() + "\n"};
+    if (path == "/metrics") return {200, "text/plain; version=0.0.4", Metrics()};
+    return {404, "text/plain", "not found\n"};
+  }
+
+  std::string Metrics() const {
+    NodeStats st = node_->Stats();
+    const StoreStats& s = st.store;
+    std::string out = data_->MetricsText();
+    auto g = [&](const char* name, const char* type, uint64_t v) {
+      out += std::string("# TYPE ") + name + " " + type + "\n" + name + " " + std::to_string(v) + "\n";
+    };
+    g("kvmesh_store_blocks", "gauge", s.blocks);
+    g("kvmesh_store_bytes", "gauge", s.bytes_stored);
+    g("kvmesh_store_capacity_bytes", "gauge", s.capacity_bytes);
+    g("kvmesh_store_pinned_blocks", "gauge", s.pinned_blocks);
+    g("kvmesh_store_hits_total", "counter", s.hits);
+    g("kvmesh_store_misses_total", "counter", s.misses);
+    g("kvmesh_store_puts_total", "counter", s.puts);
+    g("kvmesh_store_evictions_total", "counter", s.evictions);
+    g("kvmesh_store_corrupt_total", "counter", s.corrupt);
+    g("kvmesh_shard_map_epoch", "gauge", epoch_.load());
+    if (resp_) g("kvmesh_resp_commands_total", "counter", resp_->commands());
+    return out;
+  }
+
+  void Heartbeats() {
+    const auto period = std::chrono::milliseconds(config_.coordinator.heartbeat_ms);
+    std::unique_lock<std::mutex> lock(mu_);
+    bool logged_unreachable = false;
+    do {
+      lock.unlock();
+      Status s = registered_ ? Heartbeat() : Register();
+      if (!s.ok() && !logged_unreachable) {
+        LogEvent(o_.node_id, {{"event", "coordinator_unreachable"}, {"error", s.ToString()}});
+        logged_unreachable = true;
+      } else if (s.ok()) {
+        logged_unreachable = false;
+      }
+      lock.lock();
+    } while (!cv_.wait_for(lock, period, [this] { return stopping_; }));
+  }
+
+  Status Register() {
+    json body = {{"id", o_.node_id}, {"host", node_cfg_.host}, {"weight", node_cfg_.weight},
+                 {"ports", {{"data", data_->port()}, {"http", http_->port()}, {"resp", resp_ ? resp_->port() : 0}}}};
+    KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(coord_host_, coord_port_, "POST", "/register", body.dump(),
+                                                      config_.coordinator.heartbeat_ms * 2));
+    if (r.status != 200) return Unavailable("register: HTTP " + std::to_string(r.status) + " " + r.body);
+    json a = json::parse(r.body, nullptr, false);
+    if (a.is_discarded() || !a.contains("epoch")) return Unavailable("register: bad answer");
+    epoch_.store(a["epoch"].get<uint64_t>());
+    registered_ = true;
+    LogEvent(o_.node_id, {{"event", "registered"}, {"epoch", epoch_.load()}});
+    return Status::Ok();
+  }
+
+  Status Heartbeat() {
+    StoreStats s = node_->Stats().store;
+    json body = {{"id", o_.node_id},
+                 {"stats", {{"blocks", s.blocks}, {"bytes_stored", s.bytes_stored}, {"hits", s.hits},
+                            {"misses", s.misses}, {"puts", s.puts}, {"evictions", s.evictions}}}};
+    KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(coord_host_, coord_port_, "POST", "/heartbeat", body.dump(),
+                                                      config_.coordinator.heartbeat_ms * 2));
+    if (r.status == 404) {  // the coordinator dropped us (restart or a long pause): join again
+      registered_ = false;
+      return Register();
+    }
+    if (r.status != 200) return Unavailable("heartbeat: HTTP " + std::to_string(r.status));
+    json a = json::parse(r.body, nullptr, false);
+    if (!a.is_discarded() && a.contains("epoch")) epoch_.store(a["epoch"].get<uint64_t>());
+    return Status::Ok();
+  }
+
+  const ClusterConfig config_;
+  NodeDaemonOptions o_;
+  NodeConfig node_cfg_;
+  std::unique_ptr<ShardNode> node_;
+  std::atomic<uint64_t> epoch_{0};
+  std::unique_ptr<DataServer> data_;
+  std::unique_ptr<RespServer> resp_;
+  std::unique_ptr<HttpServer> http_;
+  std::string coord_host_;
+  uint16_t coord_port_ = 0;
+  std::thread heart_;
+  std::atomic<bool> registered_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;  // guarded by mu_
+};
+
+}  // namespace
+
+Result<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(const ClusterConfig& config, NodeDaemonOptions options) {
+  auto d = std::make_unique<Daemon>(config, std::move(options));
+  KVMESH_RETURN_IF_ERROR(d->Start());
+  return std::unique_ptr<NodeDaemon>(std::move(d));
+}
+
+}  // namespace kvmesh

@@ -1,0 +1,124 @@
+// tests/cluster_process.h — child processes for the multi-process tests:
+// start `kvmesh ...` (or mpirun, redis-cli) with stdout on a pipe, read its
+// JSON event lines with a deadline, signal it, and always kill its whole
+// process group on destruction so a failing test leaves nothing behind.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace kvmesh::testing {
+
+class Process {
+ public:
+  Process() = default;
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+  ~Process() { Kill(SIGKILL), Wait(std::chrono::seconds(5)); }
+
+  // Starts argv[0] (a path) in its own process group.
+  bool Start(const std::vector<std::string>& argv) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return false;
+    pid_ = ::fork();
+    if (pid_ < 0) return false;
+    if (pid_ == 0) {
+      ::setpgid(0, 0);
+      ::dup2(fds[1], 1);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    ::setpgid(pid_, pid_);
+    ::close(fds[1]);
+    out_ = fds[0];
+    ::fcntl(out_, F_SETFL, O_NONBLOCK);
+    return true;
+  }
+
+  pid_t pid() const { return pid_; }
+  bool running() const { return pid_ > 0 && !exited_; }
+
+  // The next stdout line, or nullopt at the deadline / EOF.
+  std::optional<std::string> ReadLine(std::chrono::milliseconds timeout) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      size_t nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        std::string line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return line;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || out_ < 0) return std::nullopt;
+      pollfd p{out_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char b[4096];
+      ssize_t n = ::read(out_, b, sizeof(b));
+      if (n > 0) buf_.append(b, static_cast<size_t>(n));
+      else if (n == 0) {
+        ::close(out_);
+        out_ = -1;
+      }
+    }
+  }
+
+  // The next line that is a JSON object whose "event" is `event`.
+  std::optional<nlohmann::json> WaitEvent(const std::string& event, std::chrono::milliseconds timeout) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return std::nullopt;
+      auto line = ReadLine(left);
+      if (!line) return std::nullopt;
+      auto j = nlohmann::json::parse(*line, nullptr, false);
+      if (!j.is_discarded() && j.is_object() && j.value("event", "") == event) return j;
+    }
+  }
+
+  // Signals the whole process group.
+  void Kill(int sig) {
+    if (running()) ::kill(-pid_, sig);
+  }
+
+  // Exit status (as from waitpid) or nullopt if still running at the deadline.
+  std::optional<int> Wait(std::chrono::milliseconds timeout) {
+    if (pid_ <= 0) return std::nullopt;
+    if (exited_) return status_;
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      int st = 0;
+      pid_t r = ::waitpid(pid_, &st, WNOHANG);
+      if (r == pid_) {
+        exited_ = true;
+        status_ = st;
+        if (out_ >= 0) ::close(out_), out_ = -1;
+        return st;
+      }
+      if (std::chrono::steady_clock::now() >= end) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string buf_;
+  bool exited_ = false;
+  int status_ = 0;
+};
+
+}  // namespace kvmesh::testing

@@ -1,0 +1,284 @@
+// Four real processes from cluster_configs/daemons-local.json (a coordinator
+// and three `kvmesh node`s on 127.0.0.1, ports chosen at run time): put, get
+// and prefix match through the network router, a node killed with SIGKILL
+// under load and rejoining, garbage on a data port, and clean SIGTERM exits.
+#include <catch2/catch.hpp>
+
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "cluster_process.h"
+#include "kvmesh/config.h"
+#include "kvmesh/network.h"
+#include "transport/http_client.h"
+#include "transport/socket_util.h"
+
+using namespace kvmesh;
+using kvmesh::testing::Process;
+using SteadyClock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kBin = KVMESH_BIN;
+const std::string kConfig = std::string(KVMESH_SOURCE_DIR) + "/cluster_configs/daemons-local.json";
+
+struct Cluster {
+  Process coord;
+  std::map<std::string, std::unique_ptr<Process>> nodes;
+  uint16_t coord_port = 0;
+  std::map<std::string, nlohmann::json> listening;
+
+  std::string addr() const { return "127.0.0.1:" + std::to_string(coord_port); }
+
+  void StartCoordinator() {
+    REQUIRE(coord.Start({kBin, "coordinator", "--config", kConfig, "--port", "0"}));
+    auto j = coord.WaitEvent("listening", 10s);
+    REQUIRE(j);
+    coord_port = (*j)["ports"]["http"].get<uint16_t>();
+  }
+  void StartNode(const std::string& id) {
+    auto p = std::make_unique<Process>();
+    REQUIRE(p->Start({kBin, "node", "--config", kConfig, "--id", id, "--coordinator", addr()}));
+    auto j = p->WaitEvent("listening", 10s);
+    REQUIRE(j);
+    CHECK((*j)["role"] == "node");
+    CHECK((*j)["node_id"] == id);
+    CHECK((*j)["ports"]["data"].get<int>() > 0);
+    listening[id] = *j;
+    nodes[id] = std::move(p);
+  }
+  // Waits until the coordinator lists exactly n nodes; returns its epoch.
+  uint64_t WaitNodes(size_t n, std::chrono::milliseconds timeout = 10s) {
+    const auto end = SteadyClock::now() + timeout;
+    while (SteadyClock::now() < end) {
+      auto r = HttpRequest("127.0.0.1", coord_port, "GET", "/nodes", "", 1000);
+      if (r.ok() && r->status == 200) {
+        auto j = nlohmann::json::parse(r->body);
+        if (j["nodes"].size() == n) return j["epoch"].get<uint64_t>();
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    FAIL("coordinator did not reach " << n << " nodes");
+    return 0;
+  }
+};
+
+std::vector<TokenId> Tokens(size_t n, TokenId base) {
+  std::vector<TokenId> t(n);
+  std::iota(t.begin(), t.end(), base);
+  return t;
+}
+
+std::vector<std::vector<std::byte>> Blocks(size_t n, size_t bytes, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<std::byte>> v(n, std::vector<std::byte>(bytes));
+  for (auto& b : v)
+    for (auto& x : b) x = static_cast<std::byte>(rng());
+  return v;
+}
+
+std::unique_ptr<NetworkClient> Client(const Cluster& c, int64_t timeout_ms = 1000) {
+  NetworkClientOptions o;
+  o.coordinator = c.addr();
+  o.timeout_ms = timeout_ms;
+  o.refresh_ms = 200;
+  auto r = NetworkClient::Connect(o);
+  REQUIRE(r.ok());
+  return std::move(*r);
+}
+
+// Puts the blocks of `seqs` sequences (each `per` full blocks) and returns the payloads.
+struct Workload {
+  std::vector<std::vector<TokenId>> seqs;
+  std::vector<std::vector<std::vector<std::byte>>> blocks;
+};
+Workload MakeWorkload(size_t seqs, size_t per, uint32_t block_tokens, size_t block_bytes, uint64_t seed) {
+  Workload w;
+  for (size_t s = 0; s < seqs; ++s) {
+    w.seqs.push_back(Tokens(per * block_tokens, static_cast<TokenId>(seed * 100000 + s * 1000)));
+    w.blocks.push_back(Blocks(per, block_bytes, seed * 7919 + s));
+  }
+  return w;
+}
+Status PutAll(Router& r, const Workload& w) {
+  for (size_t s = 0; s < w.seqs.size(); ++s) {
+    std::vector<std::span<const std::byte>> spans(w.blocks[s].begin(), w.blocks[s].end());
+    KVMESH_RETURN_IF_ERROR(r.Put(w.seqs[s], spans));
+  }
+  return Status::Ok();
+}
+// Number of blocks read back byte-for-byte.
+size_t CountHits(Router& r, const Workload& w) {
+  size_t hits = 0;
+  for (size_t s = 0; s < w.seqs.size(); ++s) {
+    auto keys = r.Keys(w.seqs[s]);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto got = r.Get(keys[i]);
+      if (got.ok() && *got == w.blocks[s][i]) ++hits;
+    }
+  }
+  return hits;
+}
+
+}  // namespace
+
+TEST_CASE("Daemons: coordinator + 3 nodes serve put/get/match through the network router", "[cluster][daemons]") {
+  Cluster c;
+  c.StartCoordinator();
+  for (const char* id : {"n0", "n1", "n2"}) c.StartNode(id);
+  c.WaitNodes(3);
+  auto client = Client(c);
+  REQUIRE(client->num_nodes() == 3);
+  Router& r = client->router();
+  const size_t block_bytes = r.model().FullBlockBytes();
+  Workload w = MakeWorkload(6, 8, r.block_tokens(), block_bytes, 1);
+  REQUIRE(PutAll(r, w).ok());
+  CHECK(CountHits(r, w) == 48);
+  for (auto& s : w.seqs) {
+    auto m = r.MatchPrefix(s);
+    REQUIRE(m.ok());
+    CHECK(*m == 8);
+  }
+  // A sequence that diverges after 5 blocks matches 5.
+  std::vector<TokenId> div = w.seqs[0];
+  div[5 * r.block_tokens() + 3] += 1;
+  CHECK(r.MatchPrefix(div).value() == 5);
+  // Blocks spread over the nodes (rendezvous placement across three processes).
+  auto stats = HttpRequest("127.0.0.1", c.coord_port, "GET", "/stats", "", 1000);
+  REQUIRE(stats.ok());
+  std::this_thread::sleep_for(400ms);  // one heartbeat carries the node stats
+  stats = HttpRequest("127.0.0.1", c.coord_port, "GET", "/stats", "", 1000);
+  auto sj = nlohmann::json::parse(stats->body);
+  CHECK(sj["totals"]["blocks"].get<uint64_t>() == 48);
+  int nonempty = 0;
+  for (auto& [id, st] : sj["nodes"].items()) nonempty += st.value("blocks", 0) > 0;
+  CHECK(nonempty == 3);
+  // /metrics and /healthz on a node.
+  uint16_t http = c.listening["n0"]["ports"]["http"].get<uint16_t>();
+  auto health = HttpRequest("127.0.0.1", http, "GET", "/healthz", "", 1000);
+  REQUIRE(health.ok());
+  CHECK(health->status == 200);
+  auto metrics = HttpRequest("127.0.0.1", http, "GET", "/metrics", "", 1000);
+  REQUIRE(metrics.ok());
+  CHECK_THAT(metrics->body, Catch::Contains("kvmesh_requests_total{op=\"PUT\"}"));
+  CHECK_THAT(metrics->body, Catch::Contains("kvmesh_store_blocks"));
+
+  // Garbage on a data port closes that connection only.
+  uint16_t data = c.listening["n1"]["ports"]["data"].get<uint16_t>();
+  for (int i = 0; i < 5; ++i) {
+    auto fd = ConnectTcp("127.0.0.1", data, SteadyClock::now() + 1s);
+    REQUIRE(fd.ok());
+    std::string junk(1000 + i * 37, static_cast<char>(0xA5 + i));
+    (void)WriteAll(fd->get(), junk.data(), junk.size(), SteadyClock::now() + 1s);
+  }
+  CHECK(CountHits(r, w) == 48);
+
+  // SIGTERM: every daemon stops cleanly and says so.
+  for (auto& [id, p] : c.nodes) p->Kill(SIGTERM);
+  for (auto& [id, p] : c.nodes) {
+    CHECK(p->WaitEvent("stopped", 5s));
+    auto st = p->Wait(5s);
+    REQUIRE(st);
+    CHECK(WIFEXITED(*st));
+    CHECK(WEXITSTATUS(*st) == 0);
+  }
+  c.coord.Kill(SIGTERM);
+  auto st = c.coord.Wait(5s);
+  REQUIRE(st);
+  CHECK(WEXITSTATUS(*st) == 0);
+}
+
+TEST_CASE("Daemons: a node killed under load, then rejoining", "[cluster][daemons][faults]") {
+  Cluster c;
+  c.StartCoordinator();
+  for (const char* id : {"n0", "n1", "n2"}) c.StartNode(id);
+  const uint64_t epoch3 = c.WaitNodes(3);
+  auto client = Client(c, 800);
+  Router& r = client->router();
+  const size_t block_bytes = r.model().FullBlockBytes();
+  Workload w = MakeWorkload(12, 4, r.block_tokens(), block_bytes, 2);
+  REQUIRE(PutAll(r, w).ok());
+  REQUIRE(CountHits(r, w) == 48);
+
+  // Readers hammer the cluster while n1 is SIGKILLed.
+  std::atomic<bool> stop{false};
+  std::atomic<int> calls{0}, slow{0}, wrong{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 3; ++t) {
+    readers.emplace_back([&, t] {
+      size_t i = t;
+      while (!stop) {
+        const size_t s = i++ % w.seqs.size();
+        auto keys = r.Keys(w.seqs[s]);
+        auto t0 = SteadyClock::now();
+        for (size_t b = 0; b < keys.size(); ++b) {
+          auto got = r.Get(keys[b]);
+          if (got.ok() && *got != w.blocks[s][b]) ++wrong;  // a hit is always the right bytes
+        }
+        if (SteadyClock::now() - t0 > 3s) ++slow;  // never a hang
+        ++calls;
+      }
+    });
+  }
+  std::this_thread::sleep_for(300ms);
+  c.nodes["n1"]->Kill(SIGKILL);
+  REQUIRE(c.nodes["n1"]->Wait(5s));
+  // The coordinator notices the missed heartbeats and advances the epoch.
+  const uint64_t epoch2 = c.WaitNodes(2, 10s);
+  CHECK(epoch2 > epoch3);
+  std::this_thread::sleep_for(600ms);  // the client's background refresh
+  stop = true;
+  for (auto& t : readers) t.join();
+  CHECK(calls > 0);
+  CHECK(slow == 0);
+  CHECK(wrong == 0);
+  CHECK(client->num_nodes() == 2);
+  CHECK(client->epoch() >= epoch2);
+  // Survivors still serve their blocks; re-putting lands every block on a live node.
+  const size_t survivors = CountHits(r, w);
+  CHECK(survivors > 0);
+  CHECK(survivors < 48);
+  REQUIRE(PutAll(r, w).ok());
+  CHECK(CountHits(r, w) == 48);
+
+  // n1 rejoins (a fresh process, new ports): the epoch advances again, the
+  // client routes to it, and only the keys n1 now owns move (they miss once).
+  c.StartNode("n1");
+  const uint64_t epoch_back = c.WaitNodes(3, 10s);
+  CHECK(epoch_back > epoch2);
+  const auto end = SteadyClock::now() + 5s;
+  while (client->num_nodes() != 3 && SteadyClock::now() < end) std::this_thread::sleep_for(50ms);
+  REQUIRE(client->num_nodes() == 3);
+  const size_t after_rejoin = CountHits(r, w);
+  CHECK(after_rejoin >= 16);  // about 2/3 stay where they are
+  CHECK(after_rejoin < 48);   // the rest moved to the empty n1
+  REQUIRE(PutAll(r, w).ok());
+  CHECK(CountHits(r, w) == 48);
+}
+
+TEST_CASE("Daemons: a cluster with a token refuses clients without it", "[cluster][daemons][auth]") {
+  Cluster c;
+  c.StartCoordinator();
+  auto p = std::make_unique<Process>();
+  REQUIRE(p->Start({kBin, "node", "--config", kConfig, "--id", "n0", "--coordinator", c.addr(), "--token", "s3cret"}));
+  REQUIRE(p->WaitEvent("listening", 10s));
+  c.nodes["n0"] = std::move(p);
+  c.WaitNodes(1);
+  NetworkClientOptions o;
+  o.coordinator = c.addr();
+  o.timeout_ms = 1000;
+  auto bad = NetworkClient::Connect(o);
+  REQUIRE(bad.ok());
+  Router& r = (*bad)->router();
+  auto blocks = Blocks(1, r.model().FullBlockBytes(), 5);
+  std::vector<std::span<const std::byte>> spans(blocks.begin(), blocks.end());
+  auto seq = Tokens(r.block_tokens(), 1);
+  CHECK(r.Put(seq, spans).code() == StatusCode::kPermissionDenied);
+  o.token = "s3cret";
+  auto good = NetworkClient::Connect(o);
+  REQUIRE(good.ok());
+  REQUIRE((*good)->router().Put(seq, spans).ok());
+  CHECK((*good)->router().MatchPrefix(seq).value() == 1);
+}
