@@ -108,6 +108,71 @@ inline void StoreInt8x32(uint8_t* dst, __m256 x0, __m256 x1, __m256 x2, __m256 x
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), c);
 }
 
+// FloatToFp8 (codec_math.h) on 8 lanes: the same integer steps, with the
+// subnormal / normal / NaN cases computed side by side and blended.
+template <int kMant, int kBias, uint32_t kMaxCode>
+inline __m256i Fp8x8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
+  const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000));
+  const __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((127 + 1 - kBias) << 23), a);
+  const __m256 scaled = _mm256_mul_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(_mm256_set1_epi32((127 + kBias - 1 + kMant) << 23)));
+  const __m256i sub_code = _mm256_cvtps_epi32(scaled);
+  constexpr int kShift = 23 - kMant;
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, kShift), _mm256_set1_epi32(1));
+  __m256i n = _mm256_sub_epi32(a, _mm256_set1_epi32((127 - kBias) << 23));
+  n = _mm256_add_epi32(n, _mm256_add_epi32(_mm256_set1_epi32((1 << (kShift - 1)) - 1), odd));
+  __m256i code = _mm256_blendv_epi8(_mm256_srli_epi32(n, kShift), sub_code, sub);
+  code = _mm256_min_epu32(code, _mm256_set1_epi32(kMaxCode));
+  code = _mm256_or_si256(code, sign);
+  return _mm256_blendv_epi8(code, _mm256_or_si256(sign, _mm256_set1_epi32(0x7F)), nan);
+}
+
+inline __m256i QuantFp8x8(uint8_t codec, __m256 x, __m256 inv) {
+  const __m256 v = _mm256_mul_ps(x, inv);
+  return codec == kCodecFp8E4M3 ? Fp8x8<3, 7, 0x7Eu>(v) : Fp8x8<2, 15, 0x7Bu>(v);
+}
+
+// Codes of a symmetric quantiser (int8 or fp8), 8 and 32 at a time.
+inline void StoreSym8(uint8_t codec, uint8_t* dst, __m256 x, __m256 inv) {
+  if (codec == kCodecInt8) return StoreInt8x8(dst, x, inv);
+  __m256i c = QuantFp8x8(codec, x, inv);
+  __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packus_epi16(w, w));
+}
+inline void StoreSym32(uint8_t codec, uint8_t* dst, __m256 x0, __m256 x1, __m256 x2, __m256 x3, __m256 i0, __m256 i1,
+                       __m256 i2, __m256 i3) {
+  if (codec == kCodecInt8) return StoreInt8x32(dst, x0, x1, x2, x3, i0, i1, i2, i3);
+  __m256i a = _mm256_packus_epi32(QuantFp8x8(codec, x0, i0), QuantFp8x8(codec, x1, i1));
+  __m256i b = _mm256_packus_epi32(QuantFp8x8(codec, x2, i2), QuantFp8x8(codec, x3, i3));
+  __m256i c = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), c);
+}
+
+// fp8 code -> float, for decode by gather.
+struct Fp8Tables {
+  float e4m3[256], e5m2[256];
+  Fp8Tables() {
+    for (int i = 0; i < 256; ++i) {
+      e4m3[i] = E4M3ToFloat(static_cast<uint8_t>(i));
+      e5m2[i] = E5M2ToFloat(static_cast<uint8_t>(i));
+    }
+  }
+};
+const Fp8Tables& Fp8Lut() {
+  static const Fp8Tables t;
+  return t;
+}
+
+// 8 codes of a symmetric quantiser -> floats (before the scale).
+inline __m256 SymCodes8(uint8_t codec, const uint8_t* p) {
+  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  if (codec == kCodecInt8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+  const float* lut = codec == kCodecFp8E4M3 ? Fp8Lut().e4m3 : Fp8Lut().e5m2;
+  return _mm256_i32gather_ps(lut, _mm256_cvtepu8_epi32(b), 4);
+}
+
 // (x - zero) * inv clamped to [0, 15], rounded, as 8 int32 lanes.
 inline __m256i QuantInt4x8(__m256 x, __m256 zero, __m256 inv) {
   __m256 q = _mm256_mul_ps(_mm256_sub_ps(x, zero), inv);
@@ -201,9 +266,9 @@ void EncodePerTokenSymmetric(const PlaneGeom& g, const uint8_t* in, uint8_t* out
     uint8_t* codes = out + g.codes_off + e0;
     uint32_t k = 0;
     for (; k + 32 <= g.group; k += 32)
-      StoreInt8x32(codes + k, Load8<kType>(in, e0 + k), Load8<kType>(in, e0 + k + 8), Load8<kType>(in, e0 + k + 16),
-                   Load8<kType>(in, e0 + k + 24), v, v, v, v);
-    for (; k < g.group; k += 8) StoreInt8x8(codes + k, Load8<kType>(in, e0 + k), v);
+      StoreSym32(g.codec, codes + k, Load8<kType>(in, e0 + k), Load8<kType>(in, e0 + k + 8),
+                 Load8<kType>(in, e0 + k + 16), Load8<kType>(in, e0 + k + 24), v, v, v, v);
+    for (; k < g.group; k += 8) StoreSym8(g.codec, codes + k, Load8<kType>(in, e0 + k), v);
   }
 }
 
@@ -258,11 +323,8 @@ void DecodePerToken(const PlaneGeom g, const uint8_t* enc, uint8_t* out, uint8_t
       }
     } else {
       const uint8_t* codes = enc + g.codes_off + e0;
-      for (uint32_t k = 0; k < g.group; k += 8) {
-        __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k));
-        __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-        Store8(out, e0 + k, out_type, _mm256_mul_ps(f, scale));
-      }
+      for (uint32_t k = 0; k < g.group; k += 8)
+        Store8(out, e0 + k, out_type, _mm256_mul_ps(SymCodes8(g.codec, codes + k), scale));
     }
   }
 }
@@ -314,8 +376,8 @@ void EncodePerChannel(const PlaneGeom g, const uint8_t* in, uint8_t* out) {
                      i3 = scale_inv(a3, gi + 24);
         for (uint32_t t = t0; t < t1; ++t) {
           const size_t e = static_cast<size_t>(t) * g.dim + c;
-          StoreInt8x32(out + g.codes_off + e, Load8<kType>(in, e), Load8<kType>(in, e + 8), Load8<kType>(in, e + 16),
-                       Load8<kType>(in, e + 24), i0, i1, i2, i3);
+          StoreSym32(g.codec, out + g.codes_off + e, Load8<kType>(in, e), Load8<kType>(in, e + 8),
+                     Load8<kType>(in, e + 16), Load8<kType>(in, e + 24), i0, i1, i2, i3);
         }
       }
     }
@@ -349,12 +411,12 @@ void EncodePerChannel(const PlaneGeom g, const uint8_t* in, uint8_t* out) {
         for (uint32_t t = t0; t < t1; ++t)
           acc = _mm256_max_ps(Abs(Load8<kType>(in, static_cast<size_t>(t) * g.dim + c)), acc);
         acc = _mm256_min_ps(acc, _mm256_set1_ps(kFp16Max));
-        __m128i s16 = _mm256_cvtps_ph(_mm256_div_ps(acc, _mm256_set1_ps(127.0f)), kRne);
+        __m128i s16 = _mm256_cvtps_ph(_mm256_div_ps(acc, _mm256_set1_ps(CodeMax(g.codec))), kRne);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g.scales_off + 2 * gi), s16);
         const __m256 inv = SafeInv8(_mm256_cvtph_ps(s16));
         for (uint32_t t = t0; t < t1; ++t) {
           const size_t e = static_cast<size_t>(t) * g.dim + c;
-          StoreInt8x8(out + g.codes_off + e, Load8<kType>(in, e), inv);
+          StoreSym8(g.codec, out + g.codes_off + e, Load8<kType>(in, e), inv);
         }
       }
     }
@@ -387,8 +449,7 @@ void DecodePerChannel(const PlaneGeom g, const uint8_t* enc, uint8_t* out, uint8
         f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
         f = _mm256_add_ps(_mm256_mul_ps(f, scale), LoadHalf8(enc + g.zeros_off + 2 * (jd + c)));
       } else {
-        __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(enc + g.codes_off + e));
-        f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), scale);
+        f = _mm256_mul_ps(SymCodes8(g.codec, enc + g.codes_off + e), scale);
       }
       Store8(out, e, out_type, f);
     }
@@ -402,7 +463,7 @@ void DecodePerChannel(const PlaneGeom g, const uint8_t* enc, uint8_t* out, uint8
 }  // namespace
 
 bool EncodePlaneAvx2(const PlaneGeom& g, const uint8_t* in, uint8_t* out) {
-  if (g.codec != kCodecInt8 && g.codec != kCodecInt4) return false;
+  if (!IsQuantising(g.codec)) return false;
   if (g.axis == kPerToken) {
     if (g.group % 16 != 0 || g.dim % g.group != 0) return false;
     switch (g.in_type) {
@@ -424,7 +485,7 @@ bool EncodePlaneAvx2(const PlaneGeom& g, const uint8_t* in, uint8_t* out) {
 }
 
 bool DecodePlaneAvx2(const PlaneGeom& g, const uint8_t* enc, uint8_t* out, uint8_t out_type) {
-  if (g.codec != kCodecInt8 && g.codec != kCodecInt4) return false;
+  if (!IsQuantising(g.codec)) return false;
   if (out_type != kElemFp16 && out_type != kElemFp32) return false;
   if (g.axis == kPerToken) {
     if (g.group % 16 != 0 || g.dim % g.group != 0) return false;
