@@ -22,4 +22,7 @@ void AddNodeCommand(CLI::App& app, int* exit_code);
 void AddCoordinatorCommand(CLI::App& app, int* exit_code);
 void AddServeCommand(CLI::App& app, int* exit_code);
 
+// Issue 6: kvmesh decode (cli/cmd_decode.cc).
+void AddDecodeCommand(CLI::App& app, int* exit_code);
+
 }  // namespace kvmesh::cli

@@ -40,6 +40,11 @@ class MpiComm final : public StepComm {
                                    MPI_COMM_WORLD));
     return Status::Ok();
   }
+  Status AllReduceSumU64(std::span<uint64_t> data) override {
+    KVMESH_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_UINT64_T, MPI_SUM,
+                                   MPI_COMM_WORLD));
+    return Status::Ok();
+  }
   Status Broadcast(std::span<std::byte> data, int root) override {
     KVMESH_MPI_CHECK(MPI_Bcast(data.data(), static_cast<int>(data.size()), MPI_BYTE, root, MPI_COMM_WORLD));
     return Status::Ok();

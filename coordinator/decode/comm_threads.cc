@@ -27,6 +27,9 @@ class ThreadComm final : public StepComm {
   Status AllReduceMin(std::span<uint64_t> data) override {
     return Reduce(data, [](uint64_t a, uint64_t b) { return a < b ? a : b; });
   }
+  Status AllReduceSumU64(std::span<uint64_t> data) override {
+    return Reduce(data, [](uint64_t a, uint64_t b) { return a + b; });
+  }
   Status Broadcast(std::span<std::byte> data, int root) override {
     if (g_->size == 1) return Status::Ok();
     g_->ptrs[rank_] = data.data();

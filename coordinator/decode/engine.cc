@@ -205,7 +205,7 @@ void RankEngine::Logits(std::span<const float> hidden, std::vector<float>* logit
   const ModelConfig& c = w_->config;
   const size_t rows = hidden.size() / c.hidden;
   logits->resize(rows * c.vocab);
-  MatMul(w_->embed.data(), c.hidden, c.vocab, c.hidden, hidden.data(), c.hidden, rows, logits->data(), c.vocab);
+  MatMul(w_->lm_head.data(), c.hidden, c.vocab, c.hidden, hidden.data(), c.hidden, rows, logits->data(), c.vocab);
   const float ls = LogitScale(c);
   for (float& z : *logits) z *= ls;
 }

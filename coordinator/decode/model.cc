@@ -60,7 +60,7 @@ uint64_t ModelConfig::Params() const {
   const uint64_t attn = uint64_t{hidden} * head_dim * (2 * q_heads + 2 * kv_heads);
   const uint64_t ffn_one = 3ull * hidden * ffn;
   const uint64_t per_layer = attn + (experts ? experts * ffn_one + uint64_t{experts} * hidden : ffn_one) + 2 * hidden;
-  return per_layer * layers + uint64_t{vocab} * hidden + hidden;
+  return per_layer * layers + 2ull * vocab * hidden + hidden;
 }
 
 Result<std::shared_ptr<const Weights>> Weights::Generate(const ModelConfig& c) {
@@ -71,6 +71,7 @@ Result<std::shared_ptr<const Weights>> Weights::Generate(const ModelConfig& c) {
   const float a_attn = std::sqrt(3.0f / (c.q_heads * c.head_dim));
   const float a_ffn = std::sqrt(3.0f / c.ffn);
   Fill(w->embed, size_t{c.vocab} * c.hidden, c.seed, Tag(0xFFFF, 1), std::sqrt(3.0f));
+  Fill(w->lm_head, size_t{c.vocab} * c.hidden, c.seed, Tag(0xFFFF, 3), std::sqrt(3.0f));
   Fill(w->final_norm, c.hidden, c.seed, Tag(0xFFFF, 2), 0.1f);
   for (float& g : w->final_norm) g += 1.0f;
   w->layers.resize(c.layers);
@@ -264,7 +265,7 @@ std::vector<float> ReferenceModel::Step(Seq& s, TokenId tok) {
   ++s.len;
   RmsNorm(x.data(), w_->final_norm.data(), H, h.data());
   std::vector<float> logits(c.vocab);
-  MatMul(w_->embed.data(), H, c.vocab, H, h.data(), H, 1, logits.data(), c.vocab);
+  MatMul(w_->lm_head.data(), H, c.vocab, H, h.data(), H, 1, logits.data(), c.vocab);
   const float ls = LogitScale(c);
   for (float& z : logits) z *= ls;
   return logits;

@@ -10,7 +10,7 @@
 //   h2 = RMSNorm(x) ; x += FFN(h2)
 // FFN is SwiGLU: W2 (silu(W1 h) * (W3 h)). With experts > 0 it is an MoE: a
 // linear gate scores the experts, the top_k are mixed with softmax weights.
-// Logits = Embed · RMSNorm(x) (tied embedding).
+// Logits = LmHead · RMSNorm(x).
 //
 // Thread-safety: Weights are immutable after Generate and shared read-only.
 #pragma once
@@ -62,7 +62,9 @@ struct LayerWeights {
 
 struct Weights {
   ModelConfig config;
-  std::vector<float> embed;       // [vocab][hidden], also the LM head
+  std::vector<float> embed;       // [vocab][hidden]
+  std::vector<float> lm_head;     // [vocab][hidden] (untied: a tied head makes a
+                                  // random model echo its input token)
   std::vector<float> final_norm;  // [hidden]
   std::vector<LayerWeights> layers;
 
@@ -82,7 +84,7 @@ void RmsNorm(const float* x, const float* gain, size_t n, float* out);
 // Rotates pairs (i, i + dim/2) of one head vector for position pos.
 void Rope(float* v, uint32_t dim, uint32_t pos, float theta);
 float Silu(float x);
-// Logits = LogitScale * Embed . RMSNorm(x): keeps logits of a random model in a
+// Logits = LogitScale * LmHead . RMSNorm(x): keeps logits of a random model in a
 // range where sampling is neither uniform nor always greedy.
 inline float LogitScale(const ModelConfig& c) { return 4.0f / std::sqrt(static_cast<float>(c.hidden)); }
 // Indices and softmax weights of the top_k gate logits (ties: lower index).

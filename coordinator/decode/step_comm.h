@@ -30,8 +30,9 @@ class StepComm {
   // data := elementwise sum over ranks, on every rank. The sum runs in rank
   // order on the thread backend; MPI chooses its own order (fp32 tolerance).
   virtual Status AllReduceSum(std::span<float> data) = 0;
-  // data := elementwise min over ranks, on every rank.
+  // data := elementwise min (sum) over ranks, on every rank.
   virtual Status AllReduceMin(std::span<uint64_t> data) = 0;
+  virtual Status AllReduceSumU64(std::span<uint64_t> data) = 0;
   // data := root's data, on every rank (same size everywhere).
   virtual Status Broadcast(std::span<std::byte> data, int root) = 0;
   virtual Status Barrier() = 0;

@@ -1,0 +1,334 @@
+// kvmesh decode: model-parallel decode over KV that lives in kvmesh (issue 6).
+//
+//   kvmesh decode [--config F] [--json] [--ranks N]        threads, embedded cluster
+//   mpirun -np 4 kvmesh decode --mpi [--config F] [--json]  one rank per process
+//
+// Runs the seeded conversation + agent-loop workload twice on fresh shards,
+// with and without prefix reuse, then (optionally) a batch-size sweep for the
+// latency-throughput curve and the speculative-decoding demo.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/default_config.h"
+#include "coordinator/decode/cluster.h"
+#include "kvmesh/size.h"
+
+namespace kvmesh::cli {
+namespace {
+
+using namespace kvmesh::decode;
+
+struct DecodeArgs {
+  std::string config;
+  bool json = false;
+  bool mpi = false;
+  int ranks = 4;
+  uint32_t batch = 8;
+  std::string sweep = "1,2,4,8,16";
+  std::string plot;        // PNG path for the latency-throughput curve
+  std::string events;      // JSON-lines event log path
+  bool spec = true;
+  ModelConfig model;
+  DecodeWorkloadOptions workload;
+  float temperature = 0.8f;
+  SpecOptions spec_options;
+};
+
+double Ms(uint64_t ns) { return static_cast<double>(ns) / 1e6; }
+
+struct Runner {
+  const DecodeArgs& a;
+  ClusterConfig cfg;
+  std::shared_ptr<const Weights> w;
+  StepComm* mpi = nullptr;  // set in MPI mode
+  int ranks = 1;
+  bool is_driver = true;
+
+  // Runs body on every rank (threads or this MPI rank).
+  Status Run(const RankBody& body) {
+    return mpi ? RunOnMpi(cfg, w, *mpi, body) : RunOnThreads(cfg, w, ranks, body);
+  }
+
+  Result<DecodeReport> Workload(uint32_t batch, bool reuse, const std::string& label, std::ostream* events) {
+    DecodeRunOptions o;
+    o.batch = batch;
+    o.prefix_reuse = reuse;
+    o.temperature = a.temperature;
+    o.label = label;
+    std::mutex mu;
+    if (events) o.events = [events](const std::string& line) { *events << line << '\n'; };
+    DecodeReport rep;
+    Status s = Run([&](RankEngine& e, const PrefixLookup& lookup, BlockStore& store) -> Status {
+      KVMESH_ASSIGN_OR_RETURN(DecodeReport r, RunDecodeWorkload(e, lookup, store, a.workload, o));
+      if (e.comm().rank() == 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        rep = r;
+      }
+      return Status::Ok();
+    });
+    if (!s.ok()) return s;
+    return rep;
+  }
+
+  Result<SpecReport> Spec() {
+    SpecReport rep;
+    Status s = Run([&](RankEngine& e, const PrefixLookup&, BlockStore&) -> Status {
+      KVMESH_ASSIGN_OR_RETURN(SpecReport r, RunSpeculative(e, a.spec_options));
+      if (e.comm().rank() == 0) rep = r;
+      return Status::Ok();
+    });
+    if (!s.ok()) return s;
+    return rep;
+  }
+};
+
+nlohmann::json ReportJson(const DecodeReport& r) {
+  return {{"requests", r.requests},
+          {"generated_tokens", r.generated_tokens},
+          {"prompt_tokens", r.prompt_tokens},
+          {"computed_prompt_tokens", r.computed_prompt_tokens},
+          {"prefix_hit_rate", r.prefix_hit_rate()},
+          {"ttft_ms", {{"p50", Ms(r.ttft.Percentile(0.5))}, {"p99", Ms(r.ttft.Percentile(0.99))}}},
+          {"tpot_ms", {{"p50", Ms(r.tpot.Percentile(0.5))}, {"p99", Ms(r.tpot.Percentile(0.99))}}},
+          {"e2e_ms", {{"p50", Ms(r.e2e.Percentile(0.5))}, {"p99", Ms(r.e2e.Percentile(0.99))}}},
+          {"tokens_per_s", r.tokens_per_s()},
+          {"requests_per_s", r.requests_per_s()},
+          {"steps", r.steps},
+          {"kv_bytes", {{"device", r.kv_bytes_stored}, {"host", 0}, {"ssd", 0}}},
+          {"kv_blocks", r.kv_blocks_stored},
+          {"seals", r.kv_seals},
+          {"seal_dedups", r.kv_seal_dedups},
+          {"wall_s", r.wall_s},
+          {"token_digest", r.token_digest}};
+}
+
+double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
+
+std::vector<uint32_t> ParseList(const std::string& s) {
+  std::vector<uint32_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) v.push_back(static_cast<uint32_t>(std::stoul(item)));
+  return v;
+}
+
+int Fail(const Status& s) {
+  std::cerr << "kvmesh decode: " << s.ToString() << "\n";
+  return 1;
+}
+
+int Run(const DecodeArgs& a) {
+  std::unique_ptr<MpiSession> session;
+  std::unique_ptr<StepComm> mpi;
+  Runner run{a, {}, nullptr};
+  if (a.mpi) {
+    auto s = MpiSession::Init(nullptr, nullptr);
+    if (!s.ok()) return Fail(s.status());
+    session = std::move(s).value();
+    auto c = MakeMpiComm();
+    if (!c.ok()) return Fail(c.status());
+    mpi = std::move(c).value();
+    run.mpi = mpi.get();
+    run.ranks = mpi->size();
+    run.is_driver = mpi->rank() == 0;
+  } else {
+    run.ranks = a.ranks;
+  }
+  Result<ClusterConfig> base = a.config.empty()
+                                   ? ParseConfig(kDefaultLocalConfig, "cluster_configs/local.json (built in)")
+                                   : LoadConfigFile(a.config);
+  if (!base.ok()) return Fail(base.status());
+  ModelConfig mc = a.model;
+  mc.block_tokens = base->model.block_tokens;
+  auto cfg = DecodeClusterConfig(*base, mc, run.ranks);
+  if (!cfg.ok()) return Fail(cfg.status());
+  run.cfg = *cfg;
+  auto w = Weights::Generate(mc);
+  if (!w.ok()) return Fail(w.status());
+  run.w = *w;
+
+  std::unique_ptr<std::ofstream> events;
+  if (run.is_driver && !a.events.empty()) {
+    events = std::make_unique<std::ofstream>(a.events);
+    if (!*events) return Fail(IoError("cannot write " + a.events));
+  }
+  const bool say = run.is_driver && !a.json;
+  if (say) {
+    std::printf("kvmesh decode: %d rank%s (%s), model %u layers, %u q / %u kv heads x %u, hidden %u, %s, %.2fM params\n",
+                run.ranks, run.ranks == 1 ? "" : "s", a.mpi ? "MPI collectives" : "threads", mc.layers, mc.q_heads,
+                mc.kv_heads, mc.head_dim, mc.hidden,
+                mc.experts ? ("MoE " + std::to_string(mc.experts) + " experts top-" + std::to_string(mc.top_k)).c_str()
+                           : "dense FFN",
+                mc.Params() / 1e6);
+    std::printf("  cluster \"%s\", %zu nodes, block %u tokens, batch %u, %u conversations + %u agent loops\n",
+                run.cfg.name.c_str(), run.cfg.nodes.size(), mc.block_tokens, a.batch, a.workload.conversations,
+                a.workload.agents);
+    std::fflush(stdout);
+  }
+
+  auto with = run.Workload(a.batch, true, "reuse", events.get());
+  if (!with.ok()) return Fail(with.status());
+  auto without = run.Workload(a.batch, false, "no-reuse", events.get());
+  if (!without.ok()) return Fail(without.status());
+  const DecodeReport& R = *with;
+  const DecodeReport& N = *without;
+  const bool same_tokens = R.token_digest == N.token_digest;
+
+  // Latency-throughput sweep over batch sizes (with reuse).
+  std::vector<std::pair<uint32_t, DecodeReport>> sweep;
+  if (!a.sweep.empty()) {
+    for (uint32_t b : ParseList(a.sweep)) {
+      auto r = b == a.batch ? with : run.Workload(b, true, "sweep-b" + std::to_string(b), nullptr);
+      if (!r.ok()) return Fail(r.status());
+      sweep.emplace_back(b, *r);
+    }
+  }
+  Result<SpecReport> spec = SpecReport{};
+  if (a.spec) {
+    spec = run.Spec();
+    if (!spec.ok()) return Fail(spec.status());
+  }
+  if (!run.is_driver) return 0;
+
+  if (!a.plot.empty() && !sweep.empty()) {
+    const std::string dat = a.plot + ".dat";
+    {
+      std::ofstream f(dat);
+      f << "# batch tokens_per_s tpot_p50_ms ttft_p50_ms\n";
+      for (const auto& [b, r] : sweep)
+        f << b << ' ' << r.tokens_per_s() << ' ' << Ms(r.tpot.Percentile(0.5)) << ' ' << Ms(r.ttft.Percentile(0.5))
+          << '\n';
+    }
+    const std::string gp = a.plot + ".gp";
+    {
+      std::ofstream f(gp);
+      f << "set terminal pngcairo size 800,500\nset output '" << a.plot << "'\n"
+        << "set title 'kvmesh decode: latency vs throughput over batch sizes (" << run.ranks << " ranks)'\n"
+        << "set xlabel 'throughput (generated tokens/s)'\nset ylabel 'TPOT p50 (ms)'\nset grid\n"
+        << "set key top left\n"
+        << "plot '" << dat << "' using 2:3 with linespoints pt 7 title 'TPOT p50', '' using 2:3:(sprintf('b=%d',$1)) "
+        << "with labels offset 0,1 notitle\n";
+    }
+    const std::string cmd = "gnuplot '" + gp + "'";
+    if (std::system(cmd.c_str()) != 0) std::cerr << "kvmesh decode: gnuplot failed; data in " << dat << "\n";
+  }
+
+  if (a.json) {
+    nlohmann::json j = {{"ranks", run.ranks},
+                        {"transport", a.mpi ? "mpi" : "threads"},
+                        {"batch", a.batch},
+                        {"params", mc.Params()},
+                        {"with_reuse", ReportJson(R)},
+                        {"without_reuse", ReportJson(N)},
+                        {"ratio_with_over_without",
+                         {{"ttft_p50", Ratio(R.ttft.Percentile(0.5), N.ttft.Percentile(0.5))},
+                          {"tpot_p50", Ratio(R.tpot.Percentile(0.5), N.tpot.Percentile(0.5))},
+                          {"tokens_per_s", Ratio(R.tokens_per_s(), N.tokens_per_s())},
+                          {"requests_per_s", Ratio(R.requests_per_s(), N.requests_per_s())},
+                          {"computed_prompt_tokens", Ratio(R.computed_prompt_tokens, N.computed_prompt_tokens)}}},
+                        {"same_tokens_with_and_without_reuse", same_tokens}};
+    nlohmann::json sj = nlohmann::json::array();
+    for (const auto& [b, r] : sweep)
+      sj.push_back({{"batch", b}, {"tokens_per_s", r.tokens_per_s()}, {"tpot_p50_ms", Ms(r.tpot.Percentile(0.5))},
+                    {"ttft_p50_ms", Ms(r.ttft.Percentile(0.5))}});
+    j["sweep"] = sj;
+    if (a.spec) {
+      const SpecReport& s = *spec;
+      j["speculative"] = {{"draft_tokens", a.spec_options.draft_tokens},
+                          {"draft_layers", a.spec_options.draft_layers},
+                          {"acceptance_rate", s.acceptance()},
+                          {"rolled_back_tokens", s.rolled_back},
+                          {"tpot_p50_ms_plain", Ms(s.plain_tpot.Percentile(0.5))},
+                          {"tpot_p50_ms_spec", Ms(s.spec_tpot.Percentile(0.5))},
+                          {"tpot_ratio_spec_over_plain",
+                           Ratio(s.spec_tpot.Percentile(0.5), s.plain_tpot.Percentile(0.5))},
+                          {"same_tokens_as_plain", s.same_tokens}};
+    }
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("\n  %-26s %14s %14s %10s\n", "", "with reuse", "without", "ratio");
+    auto row = [](const char* name, double x, double y, const char* fmt) {
+      char bx[32], by[32];
+      std::snprintf(bx, sizeof bx, fmt, x);
+      std::snprintf(by, sizeof by, fmt, y);
+      std::printf("  %-26s %14s %14s %9.2fx\n", name, bx, by, Ratio(x, y));
+    };
+    row("TTFT p50 (ms)", Ms(R.ttft.Percentile(0.5)), Ms(N.ttft.Percentile(0.5)), "%.2f");
+    row("TTFT p99 (ms)", Ms(R.ttft.Percentile(0.99)), Ms(N.ttft.Percentile(0.99)), "%.2f");
+    row("TPOT p50 (ms)", Ms(R.tpot.Percentile(0.5)), Ms(N.tpot.Percentile(0.5)), "%.3f");
+    row("throughput (tokens/s)", R.tokens_per_s(), N.tokens_per_s(), "%.1f");
+    row("requests/s", R.requests_per_s(), N.requests_per_s(), "%.2f");
+    row("prefix hit rate (%)", 100 * R.prefix_hit_rate(), 100 * N.prefix_hit_rate(), "%.1f");
+    row("prompt tokens computed", double(R.computed_prompt_tokens), double(N.computed_prompt_tokens), "%.0f");
+    row("KV bytes (device tier)", double(R.kv_bytes_stored), double(N.kv_bytes_stored), "%.0f");
+    std::printf("  requests %llu, generated tokens %llu, prompt tokens %llu; same tokens with and without reuse: %s\n",
+                (unsigned long long)R.requests, (unsigned long long)R.generated_tokens,
+                (unsigned long long)R.prompt_tokens, same_tokens ? "yes" : "NO");
+    if (!sweep.empty()) {
+      std::printf("\n  batch sweep (with reuse)   %8s %14s %14s %14s\n", "batch", "tokens/s", "TPOT p50 ms", "TTFT p50 ms");
+      for (const auto& [b, r] : sweep)
+        std::printf("  %-26s %8u %14.1f %14.3f %14.2f\n", "", b, r.tokens_per_s(), Ms(r.tpot.Percentile(0.5)),
+                    Ms(r.ttft.Percentile(0.5)));
+      if (!a.plot.empty()) std::printf("  plot: %s\n", a.plot.c_str());
+    }
+    if (a.spec) {
+      const SpecReport& s = *spec;
+      std::printf("\n  speculative decoding (early-exit self-draft: %u of %u layers, k=%u, greedy, %u prompts)\n",
+                  std::clamp(a.spec_options.draft_layers, 1u, mc.layers), mc.layers, a.spec_options.draft_tokens,
+                  a.spec_options.prompts);
+      std::printf("    acceptance rate %.1f%%, %llu rounds, %llu drafted tokens rolled back with truncate\n",
+                  100 * s.acceptance(), (unsigned long long)s.rounds, (unsigned long long)s.rolled_back);
+      std::printf("    TPOT p50 plain %.3f ms, speculative %.3f ms (%.2fx); same tokens as plain greedy: %s\n",
+                  Ms(s.plain_tpot.Percentile(0.5)), Ms(s.spec_tpot.Percentile(0.5)),
+                  Ratio(s.spec_tpot.Percentile(0.5), s.plain_tpot.Percentile(0.5)), s.same_tokens ? "yes" : "NO");
+    }
+  }
+  return (a.spec && !spec->same_tokens) ? 2 : 0;
+}
+
+}  // namespace
+
+void AddDecodeCommand(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand(
+      "decode", "Model-parallel decode of a seeded reference model whose KV lives in kvmesh (TTFT/TPOT, reuse)");
+  auto a = std::make_shared<DecodeArgs>();
+  cmd->add_option("--config", a->config, "cluster config (default: the built-in cluster_configs/local.json)");
+  cmd->add_flag("--json", a->json, "print one JSON object instead of text");
+  cmd->add_flag("--mpi", a->mpi, "one rank per MPI process (run under mpirun); steps use MPI collectives");
+  cmd->add_option("--ranks", a->ranks, "tensor/expert-parallel ranks as threads (without --mpi)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--batch", a->batch, "requests decoded together")->check(CLI::Range(1, 1024));
+  cmd->add_option("--sweep", a->sweep, "batch sizes for the latency-throughput curve ('' = none)");
+  cmd->add_option("--plot", a->plot, "write the latency-throughput curve to this PNG (gnuplot)");
+  cmd->add_option("--events", a->events, "write JSON-lines events (admit, first_token, token, finish) here");
+  cmd->add_option("--temperature", a->temperature, "sampling temperature (0 = greedy)");
+  cmd->add_option("--seed", a->workload.seed, "workload seed");
+  cmd->add_option("--conversations", a->workload.conversations, "chat conversations");
+  cmd->add_option("--agents", a->workload.agents, "agent loops");
+  cmd->add_option("--model-seed", a->model.seed, "weights seed");
+  cmd->add_option("--layers", a->model.layers, "model layers")->check(CLI::Range(1, 256));
+  cmd->add_option("--hidden", a->model.hidden, "hidden size")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--q-heads", a->model.q_heads, "query heads")->check(CLI::Range(1, 1024));
+  cmd->add_option("--kv-heads", a->model.kv_heads, "KV heads (GQA)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--head-dim", a->model.head_dim, "head dimension (even)")->check(CLI::Range(2, 1024));
+  cmd->add_option("--ffn", a->model.ffn, "FFN inner size")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--experts", a->model.experts, "MoE experts (0 = dense)")->check(CLI::Range(0, 1024));
+  cmd->add_option("--top-k", a->model.top_k, "experts per token")->check(CLI::Range(1, 1024));
+  cmd->add_option("--vocab", a->model.vocab, "vocabulary size")->check(CLI::Range(2, 1 << 20));
+  cmd->add_flag("!--no-spec", a->spec, "skip the speculative-decoding demo");
+  cmd->add_option("--draft-tokens", a->spec_options.draft_tokens, "speculative: drafted tokens per round")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--draft-layers", a->spec_options.draft_layers, "speculative: layers of the early-exit draft")
+      ->check(CLI::Range(1, 256));
+  cmd->callback([a, exit_code] { *exit_code = Run(*a); });
+}
+
+}  // namespace kvmesh::cli

@@ -1,0 +1,37 @@
+// coordinator/decode/cluster.h — where the decode ranks and their KV live.
+//
+// Threads mode (tests, `kvmesh decode`): one process, an EmbeddedCluster,
+// one thread per rank joined by thread collectives. Rank r's KV slice (all
+// layers, its KV heads) is placed with Affinity::Rank(r) in group
+// "decode-rank-r" = {node r mod N}, so Router::MatchPrefix with that hint
+// asks exactly the shard where rank r seals its blocks.
+//
+// MPI mode (`mpirun ... kvmesh decode --mpi`): one process per rank, each
+// with its own ShardNode (config node r mod N) in its address space; prefix
+// lookups ask the local store and the ranks agree with AllReduceMin.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "coordinator/decode/driver.h"
+#include "kvmesh/config.h"
+
+namespace kvmesh::decode {
+
+// `base` with the decode model's KV spec, slots sized to one rank's slice,
+// and one rank-affinity group per rank. InvalidArgument when base has no nodes.
+Result<ClusterConfig> DecodeClusterConfig(const ClusterConfig& base, const ModelConfig& m, int ranks);
+
+// What a rank body gets: its engine (with its comm and sequence table), the
+// prefix lookup for its slice, and its shard's store.
+using RankBody = std::function<Status(RankEngine&, const PrefixLookup&, BlockStore&)>;
+
+// Runs body on `ranks` threads over a fresh embedded cluster of `config`
+// (from DecodeClusterConfig). Returns the first rank error.
+Status RunOnThreads(const ClusterConfig& config, std::shared_ptr<const Weights> w, int ranks, const RankBody& body);
+
+// Runs body for this MPI rank over a fresh ShardNode of `config`.
+Status RunOnMpi(const ClusterConfig& config, std::shared_ptr<const Weights> w, StepComm& comm, const RankBody& body);
+
+}  // namespace kvmesh::decode
