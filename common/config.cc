@@ -168,6 +168,39 @@ Status ReadTransport(const json& j, TransportConfig* t) {
   return Status::Ok();
 }
 
+Status ReadTiers(const json& j, TierConfig* t) {
+  ObjectReader r(j, "$.eviction.tiers");
+  r.Optional("high_watermark", &t->high_watermark)
+      .Optional("low_watermark", &t->low_watermark)
+      .Optional("offload_idle_s", &t->offload_idle_s)
+      .Optional("promote_on_hit", &t->promote_on_hit)
+      .Optional("host_policy", &t->host_policy)
+      .Optional("ssd_policy", &t->ssd_policy)
+      .Optional("interval_ms", &t->interval_ms);
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  if (!(t->high_watermark > 0 && t->high_watermark <= 1))
+    return InvalidArgument("$.eviction.tiers.high_watermark: must be in (0, 1]");
+  if (!(t->low_watermark > 0 && t->low_watermark < t->high_watermark))
+    return InvalidArgument("$.eviction.tiers.low_watermark: must be in (0, high_watermark)");
+  if (t->offload_idle_s < 0) return InvalidArgument("$.eviction.tiers.offload_idle_s: must be >= 0");
+  if (t->interval_ms == 0 || t->interval_ms > 60000)
+    return InvalidArgument("$.eviction.tiers.interval_ms: must be in 1..60000");
+  return Status::Ok();
+}
+
+Status ReadPressure(const json& j, PressureConfig* p) {
+  ObjectReader r(j, "$.eviction.pressure");
+  r.Optional("enabled", &p->enabled)
+      .Optional("max_level", &p->max_level)
+      .Optional("evict_fraction", &p->evict_fraction)
+      .Optional("reencode_codec", &p->reencode_codec);
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  if (p->max_level > 3) return InvalidArgument("$.eviction.pressure.max_level: must be in 0..3");
+  if (!(p->evict_fraction > 0 && p->evict_fraction <= 1))
+    return InvalidArgument("$.eviction.pressure.evict_fraction: must be in (0, 1]");
+  return Status::Ok();
+}
+
 Status ReadCoordinator(const json& j, CoordinatorConfig* c) {
   ObjectReader r(j, "$.coordinator");
   r.Optional("host", &c->host)
@@ -300,6 +333,8 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
     er.Optional("policy", &c.eviction.policy)
         .Optional("priority_classes", &c.eviction.priority_classes)
         .Optional("aging_s", &c.eviction.aging_s);
+    if (const json* t = er.Child("tiers")) KVMESH_RETURN_IF_ERROR(ReadTiers(*t, &c.eviction.tiers));
+    if (const json* p = er.Child("pressure")) KVMESH_RETURN_IF_ERROR(ReadPressure(*p, &c.eviction.pressure));
     KVMESH_RETURN_IF_ERROR(er.Finish());
     if (c.eviction.priority_classes == 0 || c.eviction.priority_classes > kMaxPriorityClasses)
       return InvalidArgument("$.eviction.priority_classes: must be in 1.." + std::to_string(kMaxPriorityClasses));

@@ -1,5 +1,7 @@
 #include "shard_node/shard_node.h"
 
+#include <cstdio>
+
 #include <cstring>
 #include <vector>
 
@@ -34,7 +36,43 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
   auto store = BlockStore::Create(std::move(so));
   if (!store.ok()) return store.status().WithContext("node " + node_id);
   n->store_ = std::move(store).value();
+
+  // Tiers: a host and/or SSD budget besides the device budget (issue 5).
+  const uint64_t host_tier = nc->memory.device ? nc->memory.host : 0;
+  if (host_tier > 0 || nc->memory.ssd > 0) {
+    const EvictionConfig& ev = config.eviction;
+    TieredStoreOptions to;
+    to.node_id = node_id;
+    to.host_bytes = host_tier;
+    to.ssd_bytes = nc->memory.ssd;
+    to.ssd_path = nc->memory.ssd_path;
+    to.host_policy = ev.tiers.host_policy;
+    to.ssd_policy = ev.tiers.ssd_policy;
+    to.high_watermark = ev.tiers.high_watermark;
+    to.low_watermark = ev.tiers.low_watermark;
+    to.offload_idle_s = ev.tiers.offload_idle_s;
+    to.promote_on_hit = ev.tiers.promote_on_hit;
+    to.interval_ms = ev.tiers.interval_ms;
+    to.pressure.enabled = ev.pressure.enabled;
+    to.pressure.max_level = static_cast<int>(ev.pressure.max_level);
+    to.pressure_evict_fraction = ev.pressure.evict_fraction;
+    to.reencode_codec = ev.pressure.reencode_codec == "none" ? "" : ev.pressure.reencode_codec;
+    to.model = config.model;
+    to.clock = clock;
+    to.event_sink = [](const std::string& e) { std::fprintf(stderr, "%s\n", e.c_str()); };
+    auto tiers = TieredStore::Create(n->store_.get(), std::move(to));
+    if (!tiers.ok()) return tiers.status().WithContext("node " + node_id);
+    n->tiers_ = std::move(tiers).value();
+  }
   return n;
+}
+
+Status ShardNode::StorePut(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {
+  return tiers_ ? tiers_->Put(key, payload, o) : store_->Put(key, payload, o);
+}
+Result<BlockRef> ShardNode::StoreGet(const BlockKey& key) { return tiers_ ? tiers_->Get(key) : store_->Get(key); }
+void ShardNode::Prefetch(std::span<const BlockKey> keys) {
+  if (tiers_) tiers_->Prefetch(keys);
 }
 
 Status ShardNode::Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {
@@ -43,14 +81,14 @@ Status ShardNode::Put(const BlockKey& key, std::span<const std::byte> payload, c
     PutOptions po = o;
     po.codec = codec_->codec_id();
     po.logical_size = static_cast<uint32_t>(payload.size());
-    return store_->Put(key, enc, po);
+    return StorePut(key, enc, po);
   }
-  return store_->Put(key, payload, o);
+  return StorePut(key, payload, o);
 }
-Result<BlockRef> ShardNode::Get(const BlockKey& key) { return store_->Get(key); }
+Result<BlockRef> ShardNode::Get(const BlockKey& key) { return StoreGet(key); }
 Result<size_t> ShardNode::GetInto(const BlockKey& key, std::span<std::byte> dst) {
-  if (!codec_) return store_->GetInto(key, dst);
-  KVMESH_ASSIGN_OR_RETURN(BlockRef ref, store_->Get(key));  // verified against its checksum
+  if (!codec_) return tiers_ ? tiers_->GetInto(key, dst) : store_->GetInto(key, dst);
+  KVMESH_ASSIGN_OR_RETURN(BlockRef ref, StoreGet(key));  // verified against its checksum
   std::vector<std::byte> host;
   std::span<const std::byte> data = ref.data();
   if (!store_->backend().host_accessible()) {
@@ -67,9 +105,11 @@ Result<size_t> ShardNode::GetInto(const BlockKey& key, std::span<std::byte> dst)
   }
   return codec_->Decode(data, dst);
 }
-bool ShardNode::Exists(const BlockKey& key, bool touch) { return store_->Exists(key, touch); }
-Status ShardNode::Erase(const BlockKey& key) { return store_->Erase(key); }
-Status ShardNode::Pin(const BlockKey& key) { return store_->Pin(key); }
+bool ShardNode::Exists(const BlockKey& key, bool touch) {
+  return tiers_ ? tiers_->Exists(key, touch) : store_->Exists(key, touch);
+}
+Status ShardNode::Erase(const BlockKey& key) { return tiers_ ? tiers_->Erase(key) : store_->Erase(key); }
+Status ShardNode::Pin(const BlockKey& key) { return tiers_ ? tiers_->Pin(key) : store_->Pin(key); }
 Status ShardNode::Unpin(const BlockKey& key) { return store_->Unpin(key); }
 
 NodeStats ShardNode::Stats() const { return NodeStats{id_, store_->Stats()}; }
@@ -101,6 +141,7 @@ std::string ShardNode::StatsJson() const {
       {"evictions", s.evictions},
       {"evictions_by_class", by_class},
   };
+  if (tiers_) j["tiers"] = nlohmann::json::parse(tiers_->StatsJson());
   return j.dump();
 }
 

@@ -16,6 +16,7 @@
 #include "kvmesh/config.h"
 #include "kvmesh/request.h"
 #include "shard_node/block_store.h"
+#include "shard_node/tiered_store.h"
 #include "shard_node/codec_stage.h"
 
 namespace kvmesh {
@@ -48,10 +49,16 @@ class ShardNode {
   Status Erase(const BlockKey& key);
   Status Pin(const BlockKey& key);
   Status Unpin(const BlockKey& key);
+  // Router hint: these blocks will be read soon. With tiers, queues their
+  // promotion from lower tiers for the background worker; otherwise a no-op.
+  void Prefetch(std::span<const BlockKey> keys);
 
   NodeStats Stats() const;
   std::string StatsJson() const;
   BlockStore& store() { return *store_; }
+  // The memory hierarchy (device -> host -> SSD, watermarks, pressure levels);
+  // nullptr when the node's memory config has only one tier.
+  TieredStore* tiers() { return tiers_.get(); }
   const CodecStage* codec() const { return codec_.get(); }  // nullptr: blocks stored as given
 
  private:
@@ -59,6 +66,10 @@ class ShardNode {
   std::string id_;
   ModelSpec model_;
   std::unique_ptr<BlockStore> store_;
+  std::unique_ptr<TieredStore> tiers_;  // over store_ (declared after it: destroyed first)
+  // Through the tiers when there are any, else straight to the block store.
+  Status StorePut(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o);
+  Result<BlockRef> StoreGet(const BlockKey& key);
   std::unique_ptr<CodecStage> codec_;
 };
 

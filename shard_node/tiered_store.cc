@@ -328,6 +328,29 @@ Result<BlockRef> TieredStore::Get(const BlockKey& key) {
 }
 
 Result<size_t> TieredStore::GetInto(const BlockKey& key, std::span<std::byte> dst) {
+  if (o_.decode_on_read) {
+    Result<BlockRef> ref = Get(key);
+    if (ref.ok()) {
+      const BlockMeta& m = ref->meta();
+      std::span<const std::byte> data = ref->data();
+      if (ref->valid() && !primary_->backend().host_accessible()) data = HostCopy(*primary_, data);
+      if (m.codec != 0) {
+        KVMESH_RETURN_IF_ERROR(kernels::DecodeBlock(data, dst));
+        return size_t{m.logical_size};
+      }
+      if (dst.size() < data.size())
+        return ResourceExhausted("destination of " + std::to_string(dst.size()) + " bytes is smaller than the " +
+                                 std::to_string(data.size()) + "-byte block");
+      std::memcpy(dst.data(), data.data(), data.size());
+      return data.size();
+    }
+    if (ref.status().code() != StatusCode::kBusy) return ref.status();
+    // An SSD block that cannot be promoted now: read it in place below.
+  }
+  return GetIntoStored(key, dst);
+}
+
+Result<size_t> TieredStore::GetIntoStored(const BlockKey& key, std::span<std::byte> dst) {
   Result<size_t> r = primary_->GetInto(key, dst);
   if (r.ok() || r.status().code() != StatusCode::kNotFound) {
     if (r.ok()) SetShadow(key, Tier::kPrimary, std::nullopt, true);
@@ -357,10 +380,18 @@ Result<size_t> TieredStore::GetInto(const BlockKey& key, std::span<std::byte> ds
     if (h.status().code() != StatusCode::kNotFound) return h;
   }
   if (ssd_) {
-    Result<SsdBlockMeta> m = ssd_->Read(key, dst);
+    std::span<std::byte> buf = o_.decode_on_read ? Staging(ssd_->slot_bytes(), kPromote) : dst;
+    Result<SsdBlockMeta> m = ssd_->Read(key, buf);
     if (m.ok()) {
       c_.ssd_hits.fetch_add(1, std::memory_order_relaxed);
       c_.served_in_place.fetch_add(1, std::memory_order_relaxed);
+      if (!o_.decode_on_read) return size_t{m->size};
+      if (m->codec != 0) {
+        KVMESH_RETURN_IF_ERROR(kernels::DecodeBlock(buf.first(m->size), dst));
+        return size_t{m->logical_size};
+      }
+      if (dst.size() < m->size) return ResourceExhausted("destination smaller than the block");
+      std::memcpy(dst.data(), buf.data(), m->size);
       return size_t{m->size};
     }
     if (m.status().code() == StatusCode::kDataLoss) {

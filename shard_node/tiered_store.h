@@ -75,6 +75,10 @@ struct TieredStoreOptions {
   double low_watermark = 0.70;
   double offload_idle_s = 10.0;
   bool promote_on_hit = true;
+  // GetInto returns raw bytes: blocks stored encoded (codec != 0, e.g. by
+  // pressure level 2) are decoded with kernels::DecodeBlock. Off: GetInto
+  // returns the stored bytes as they are.
+  bool decode_on_read = true;
   PressureOptions pressure;          // its watermarks default to the ones above
   double pressure_evict_fraction = 0.25;
   std::string reencode_codec = "int8";  // level 2 target (a kernels/codec spec)
@@ -119,9 +123,11 @@ class TieredStore {
   // Stores in the primary tier. Busy at pressure level 3.
   Status Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o = {});
   // A pinned view from the primary tier (after promotion) or, served in place,
-  // from the host tier. An SSD hit that cannot be promoted reads as Busy only
-  // via Get; use GetInto to read SSD blocks in place.
+  // from the host tier. An SSD hit that cannot be promoted now reads as Busy
+  // here; GetInto reads such blocks in place.
   Result<BlockRef> Get(const BlockKey& key);
+  // Copies the block into `dst` (decoded to raw bytes with decode_on_read) and
+  // returns its size. Misses: NotFound, or DataLoss for a corrupt SSD block.
   Result<size_t> GetInto(const BlockKey& key, std::span<std::byte> dst);
   bool Exists(const BlockKey& key, bool touch);
   Status Erase(const BlockKey& key);
@@ -171,6 +177,8 @@ class TieredStore {
   // when allow_drop). Returns true when it left the primary tier.
   bool DemoteFromPrimary(const BlockKey& key, bool allow_drop, bool* dropped);
   bool DemoteFromHost(const BlockKey& key);
+  // GetInto of the stored bytes (no decoding), promoting as configured.
+  Result<size_t> GetIntoStored(const BlockKey& key, std::span<std::byte> dst);
   // Moves `key` into the primary tier from wherever it is. OK when it is there.
   Status Promote(const BlockKey& key);
   std::vector<Candidate> CandidatesIn(Tier t) const;

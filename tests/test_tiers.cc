@@ -10,12 +10,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "kernels/codec.h"
 #include "kernels/codec_math.h"
+#include "kvmesh/config.h"
 #include "shard_node/pressure.h"
+#include "shard_node/shard_node.h"
 #include "shard_node/ssd_tier.h"
 #include "shard_node/tiered_store.h"
 
@@ -383,7 +386,11 @@ TEST_CASE("A node under pressure walks through levels 1, 2 and 3 and back", "[ti
     auto ref = ts.Get(Key(10));
     REQUIRE(ref.ok());
     CHECK(ref->meta().logical_size == block);
-    CHECK(ref->meta().codec == kernels::kCodecInt8);
+    CHECK(ref->meta().codec != 0);
+    auto info = kernels::InspectBlock(ref->data());
+    REQUIRE(info.ok());
+    REQUIRE(info->segments.size() == 1);
+    CHECK(info->segments[0].spec.kind == kernels::kCodecInt8);
     std::vector<std::byte> back(block);
     REQUIRE(kernels::DecodeBlock(ref->data(), back).ok());
     double worst = 0;
@@ -429,4 +436,79 @@ TEST_CASE("A node under pressure walks through levels 1, 2 and 3 and back", "[ti
   auto stats = nlohmann::json::parse(ts.StatsJson());
   CHECK(stats["pressure_level"] == 0);
   CHECK(stats["pressure_entered"][3] == 1);
+}
+
+namespace {
+std::string TieredConfig(const std::string& ssd_dir, const std::string& tiers_extra = "") {
+  // Blocks of 2x2x16x64 fp16 = 16 KiB; device 8 blocks, host 8, SSD 16 (+ headers).
+  return R"({
+    "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "dtype": "fp16",
+              "block_tokens": 16},
+    "nodes": [{"id": "n0", "memory": {"device": "128KiB", "host": "128KiB", "ssd": "640KiB",
+                                     "ssd_path": ")" +
+         ssd_dir + R"("}}],
+    "store": {"stripes": 1},
+    "eviction": {"policy": "lru-priority",
+                 "tiers": {"high_watermark": 0.8, "low_watermark": 0.7, "offload_idle_s": 10,
+                           "interval_ms": 5)" +
+         tiers_extra + R"(},
+                 "pressure": {"enabled": true, "reencode_codec": "int8"}}
+  })";
+}
+}  // namespace
+
+TEST_CASE("Config: eviction.tiers and eviction.pressure are parsed strictly", "[tiers]") {
+  auto c = ParseConfig(TieredConfig("/tmp"));
+  REQUIRE(c.ok());
+  CHECK(c->eviction.tiers.high_watermark == 0.8);
+  CHECK(c->eviction.tiers.interval_ms == 5);
+  CHECK(c->eviction.pressure.reencode_codec == "int8");
+  CHECK(c->eviction.pressure.max_level == 3);
+  auto bad = ParseConfig(TieredConfig("/tmp", R"(, "low_watermark": 0.9)"));
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("$.eviction.tiers.low_watermark") != std::string::npos);
+  bad = ParseConfig(TieredConfig("/tmp", R"(, "high_mark": 0.9)"));
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("$.eviction.tiers.high_mark") != std::string::npos);
+  bad = ParseConfig(TieredConfig("/tmp", R"(, "offload_idle_s": "ten")"));
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("$.eviction.tiers.offload_idle_s") != std::string::npos);
+}
+
+TEST_CASE("A shard node with tiers demotes, promotes and offloads in the background", "[tiers]") {
+  TempDir dir;
+  auto c = ParseConfig(TieredConfig(dir.path.string()));
+  REQUIRE(c.ok());
+  auto node = ShardNode::Create(*c, "n0");
+  REQUIRE(node.ok());
+  ShardNode& n = **node;
+  REQUIRE(n.tiers() != nullptr);
+  const size_t block = c->model.FullBlockBytes();
+  std::vector<std::vector<std::byte>> raw;
+  for (uint64_t i = 0; i < 20; ++i) {
+    raw.push_back(Fp16Block(100 + i, block));
+    PutOptions po;
+    REQUIRE(n.Put(Key(i), raw.back(), po).ok());
+  }
+  // The background worker keeps the device tier at or under the high watermark.
+  for (int i = 0; i < 400 && n.tiers()->Stats().primary_used_bytes > 0.8 * 8 * block; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  TierStats s = n.tiers()->Stats();
+  CHECK(s.primary_used_bytes <= 0.8 * 8 * block);
+  CHECK(s.demoted_on_evict + s.demoted_offload >= 12);
+  CHECK(s.ssd.blocks > 0);
+  // Every block reads back intact from whichever tier holds it.
+  std::vector<std::byte> buf(block);
+  for (uint64_t i = 0; i < 20; ++i) {
+    INFO(i);
+    auto r = n.GetInto(Key(i), buf);
+    REQUIRE(r.ok());
+    CHECK(*r == block);
+    CHECK(std::memcmp(buf.data(), raw[i].data(), block) == 0);
+  }
+  CHECK(n.tiers()->Stats().promotions > 0);
+  auto j = nlohmann::json::parse(n.StatsJson());
+  REQUIRE(j.contains("tiers"));
+  CHECK(j["tiers"]["pressure_level"] == 0);
+  CHECK(j["tiers"]["ssd"]["blocks"].get<uint64_t>() > 0);
 }

@@ -50,10 +50,32 @@ struct StoreConfig {
   bool verify_checksums = true;  // verify each payload's checksum on read
 };
 
+// Tier movement (shard_node/tiered_store.h). Tiers are on for a node whose
+// memory has a host or ssd budget besides its primary (device) budget.
+struct TierConfig {
+  double high_watermark = 0.80;  // offload from a tier above this share of its budget ...
+  double low_watermark = 0.70;   // ... down to this one
+  double offload_idle_s = 10.0;  // blocks idle this long are offloaded first
+  bool promote_on_hit = true;    // false: serve lower-tier hits in place
+  std::string host_policy = "lru";
+  std::string ssd_policy = "lru";
+  uint32_t interval_ms = 100;    // background maintenance period
+};
+
+// Pressure recovery levels (shard_node/pressure.h).
+struct PressureConfig {
+  bool enabled = true;
+  uint32_t max_level = 3;              // highest level a node may reach (0..3)
+  double evict_fraction = 0.25;        // level 1: share of the oldest blocks to evict
+  std::string reencode_codec = "int8"; // level 2: lower-precision codec ("none": skip)
+};
+
 struct EvictionConfig {
   std::string policy = "lru-priority";  // see eviction/eviction_policy.h: MakeEvictionPolicy
   uint32_t priority_classes = 4;        // 1..kMaxPriorityClasses
   double aging_s = 60.0;                // an untouched block drops one class per aging_s (0: off)
+  TierConfig tiers;                     // $.eviction.tiers
+  PressureConfig pressure;              // $.eviction.pressure
 };
 
 // An affinity rule: requests whose hint falls in [values.begin, values.end)
