@@ -55,6 +55,8 @@ struct BenchRow {
   double attn_rel_err = 0;
   double basis_residual = -1;  // lowrank: calibration residual energy (-1: n/a)
   double encode_gbps = 0, decode_gbps = 0;  // of raw input bytes, medians
+  // Medians of per-repetition ratios codec GB/s / memcpy GB/s, memcpy of the
+  // same working set timed right before each repetition.
   double encode_vs_memcpy = 0, decode_vs_memcpy = 0;
   bool vector_path = false;    // the AVX2 path served this codec and shape
 };

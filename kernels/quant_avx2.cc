@@ -150,27 +150,30 @@ inline void StoreSym32(uint8_t codec, uint8_t* dst, __m256 x0, __m256 x1, __m256
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), c);
 }
 
-// fp8 code -> float, for decode by gather.
-struct Fp8Tables {
-  float e4m3[256], e5m2[256];
-  Fp8Tables() {
-    for (int i = 0; i < 256; ++i) {
-      e4m3[i] = E4M3ToFloat(static_cast<uint8_t>(i));
-      e5m2[i] = E5M2ToFloat(static_cast<uint8_t>(i));
-    }
-  }
-};
-const Fp8Tables& Fp8Lut() {
-  static const Fp8Tables t;
-  return t;
-}
-
-// 8 codes of a symmetric quantiser -> floats (before the scale).
+// 8 codes of a symmetric quantiser -> floats (before the scale). fp8 codes
+// become floats by placing exponent and mantissa in a float's top bits and
+// multiplying by 2^(127 - bias), which is exact for normals and subnormals
+// alike; NaN (and e5m2 inf) lanes are patched to Fp8ToFloat's bits.
 inline __m256 SymCodes8(uint8_t codec, const uint8_t* p) {
   __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   if (codec == kCodecInt8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-  const float* lut = codec == kCodecFp8E4M3 ? Fp8Lut().e4m3 : Fp8Lut().e5m2;
-  return _mm256_i32gather_ps(lut, _mm256_cvtepu8_epi32(b), 4);
+  const __m256i c = _mm256_cvtepu8_epi32(b);
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
+  const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7F));
+  const bool e4m3 = codec == kCodecFp8E4M3;
+  const __m256 m = _mm256_castsi256_ps(_mm256_slli_epi32(mag, e4m3 ? 20 : 21));
+  const __m256 f = _mm256_mul_ps(m, _mm256_castsi256_ps(_mm256_set1_epi32((e4m3 ? 127 + 120 : 127 + 112) << 23)));
+  __m256i v = _mm256_or_si256(_mm256_castps_si256(f), sign);
+  if (e4m3) {
+    const __m256i nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
+    v = _mm256_blendv_epi8(v, _mm256_or_si256(sign, _mm256_set1_epi32(0x7FC00000)), nan);
+  } else {
+    const __m256i special = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7B));
+    const __m256i inf = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7C));
+    const __m256i bits = _mm256_blendv_epi8(_mm256_set1_epi32(0x7FC00000), _mm256_set1_epi32(0x7F800000), inf);
+    v = _mm256_blendv_epi8(v, _mm256_or_si256(sign, bits), special);
+  }
+  return _mm256_castsi256_ps(v);
 }
 
 // (x - zero) * inv clamped to [0, 15], rounded, as 8 int32 lanes.

@@ -483,3 +483,22 @@ TEST_CASE("Resealed blocks with random header and table damage never read out of
   }
   CHECK(accepted < 4000);
 }
+
+TEST_CASE("The AVX2 fp8 decoder maps all 256 codes like the scalar decoder", "[codec][simd]") {
+  if (!HaveAvx2Path()) {
+    WARN("AVX2+F16C not available");
+    return;
+  }
+  for (uint8_t codec : {uint8_t{kCodecFp8E4M3}, uint8_t{kCodecFp8E5M2}})
+    for (uint8_t out_type : {uint8_t{kElemFp16}, uint8_t{kElemFp32}}) {
+      const PlaneGeom g = MakePlaneGeom(codec, kPerToken, 128, 2, 128, kElemFp16, 0);
+      std::vector<uint8_t> enc(g.bytes, 0);
+      StoreU16(enc.data() + g.scales_off, 0, FloatToHalf(0.75f));
+      StoreU16(enc.data() + g.scales_off, 1, FloatToHalf(3.0f));
+      for (int i = 0; i < 256; ++i) enc[g.codes_off + i] = static_cast<uint8_t>(i);
+      std::vector<uint8_t> a(256 * ElemSize(out_type)), b(a.size());
+      REQUIRE(DecodePlaneAvx2(g, enc.data(), a.data(), out_type));
+      DecodePlaneScalar(g, enc.data(), b.data(), out_type);
+      CHECK(a == b);
+    }
+}
