@@ -89,6 +89,11 @@ class Process {
     }
   }
 
+  // Signals the process itself (mpirun forwards it to its ranks).
+  void Signal(int sig) {
+    if (running()) ::kill(pid_, sig);
+  }
+
   // Signals the whole process group.
   void Kill(int sig) {
     if (running()) ::kill(-pid_, sig);
