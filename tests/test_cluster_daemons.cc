@@ -165,6 +165,18 @@ TEST_CASE("Daemons: coordinator + 3 nodes serve put/get/match through the networ
   CHECK_THAT(metrics->body, Catch::Contains("kvmesh_requests_total{op=\"PUT\"}"));
   CHECK_THAT(metrics->body, Catch::Contains("kvmesh_store_blocks"));
 
+  // The C ABI example program, against the same cluster.
+  {
+    Process ex;
+    REQUIRE(ex.Start({KVMESH_C_EXAMPLE, c.addr()}));
+    auto ok = ex.WaitEvent("c_client_ok", 20s);
+    REQUIRE(ok);
+    CHECK((*ok)["matched"] == 4);
+    auto st = ex.Wait(5s);
+    REQUIRE(st);
+    CHECK(WEXITSTATUS(*st) == 0);
+  }
+
   // Garbage on a data port closes that connection only.
   uint16_t data = c.listening["n1"]["ports"]["data"].get<uint16_t>();
   for (int i = 0; i < 5; ++i) {

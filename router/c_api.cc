@@ -1,0 +1,166 @@
+// The C ABI (include/kvmesh/kvmesh.h) over kvmesh::NetworkClient.
+// Every entry point converts Status to a code plus a thread-local message and
+// catches everything: no exception crosses the boundary.
+#include "kvmesh/kvmesh.h"
+
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "kvmesh/network.h"
+
+struct kvmesh_client {
+  std::unique_ptr<kvmesh::NetworkClient> net;
+};
+
+namespace {
+
+thread_local std::string t_error;
+
+int Fail(const kvmesh::Status& s) {
+  t_error = s.ToString();
+  return static_cast<int>(s.code());
+}
+int Ok() {
+  t_error.clear();
+  return KVMESH_OK;
+}
+
+template <typename F>
+int Guard(F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return Fail(kvmesh::ResourceExhausted("out of memory"));
+  } catch (const std::exception& e) {
+    return Fail(kvmesh::Internal(e.what()));
+  } catch (...) {
+    return Fail(kvmesh::Internal("unknown exception"));
+  }
+}
+
+std::span<const kvmesh::TokenId> Tokens(const int32_t* t, size_t n) { return {t, n}; }
+kvmesh::BlockKey Key(kvmesh_key k) { return kvmesh::BlockKey{k.hi, k.lo}; }
+
+}  // namespace
+
+extern "C" {
+
+kvmesh_options kvmesh_default_options(void) {
+  kvmesh_options o;
+  o.coordinator = nullptr;
+  o.client_id = nullptr;
+  o.tenant_salt = nullptr;
+  o.token = nullptr;
+  o.timeout_ms = 2000;
+  return o;
+}
+
+int kvmesh_connect(const kvmesh_options* options, kvmesh_client** out) {
+  return Guard([&] {
+    if (options == nullptr || out == nullptr || options->coordinator == nullptr)
+      return Fail(kvmesh::InvalidArgument("kvmesh_connect needs options with a coordinator and an out pointer"));
+    kvmesh::NetworkClientOptions o;
+    o.coordinator = options->coordinator;
+    o.client_id = options->client_id ? options->client_id : "kvmesh-c";
+    if (options->tenant_salt) o.tenant_salt = options->tenant_salt;
+    if (options->token) o.token = options->token;
+    if (options->timeout_ms > 0) o.timeout_ms = options->timeout_ms;
+    auto c = kvmesh::NetworkClient::Connect(o);
+    if (!c.ok()) return Fail(c.status());
+    *out = new kvmesh_client{std::move(*c)};
+    return Ok();
+  });
+}
+
+void kvmesh_close(kvmesh_client* client) {
+  try {
+    delete client;
+  } catch (...) {
+  }
+}
+
+const char* kvmesh_last_error(void) { return t_error.c_str(); }
+
+uint32_t kvmesh_block_tokens(const kvmesh_client* c) { return c ? c->net->router().block_tokens() : 0; }
+size_t kvmesh_block_bytes(const kvmesh_client* c) { return c ? c->net->router().model().FullBlockBytes() : 0; }
+uint64_t kvmesh_epoch(const kvmesh_client* c) { return c ? c->net->epoch() : 0; }
+
+int kvmesh_block_keys(kvmesh_client* c, const int32_t* tokens, size_t n, kvmesh_key* keys, size_t cap,
+                      size_t* count) {
+  return Guard([&] {
+    if (!c || (!tokens && n) || !count || (!keys && cap)) return Fail(kvmesh::InvalidArgument("null argument"));
+    auto k = c->net->router().Keys(Tokens(tokens, n));
+    for (size_t i = 0; i < k.size() && i < cap; ++i) keys[i] = kvmesh_key{k[i].hi, k[i].lo};
+    *count = k.size();
+    return Ok();
+  });
+}
+
+int kvmesh_match_prefix(kvmesh_client* c, const int32_t* tokens, size_t n, size_t* matched) {
+  return Guard([&] {
+    if (!c || (!tokens && n) || !matched) return Fail(kvmesh::InvalidArgument("null argument"));
+    auto m = c->net->router().MatchPrefix(Tokens(tokens, n));
+    if (!m.ok()) return Fail(m.status());
+    *matched = *m;
+    return Ok();
+  });
+}
+
+int kvmesh_put_blocks(kvmesh_client* c, const int32_t* tokens, size_t n, size_t first_block,
+                      const void* const* blocks, const size_t* sizes, size_t count) {
+  return Guard([&] {
+    if (!c || (!tokens && n) || ((!blocks || !sizes) && count)) return Fail(kvmesh::InvalidArgument("null argument"));
+    std::vector<std::span<const std::byte>> spans;
+    for (size_t i = 0; i < count; ++i) spans.emplace_back(static_cast<const std::byte*>(blocks[i]), sizes[i]);
+    kvmesh::Status s = c->net->router().Put(Tokens(tokens, n), spans, {}, first_block);
+    return s.ok() ? Ok() : Fail(s);
+  });
+}
+
+int kvmesh_get_block(kvmesh_client* c, const int32_t* tokens, size_t n, size_t index, void* dst, size_t cap,
+                     size_t* size) {
+  return Guard([&] {
+    if (!c || (!tokens && n) || !size) return Fail(kvmesh::InvalidArgument("null argument"));
+    auto keys = c->net->router().Keys(Tokens(tokens, n));
+    if (index >= keys.size()) return Fail(kvmesh::InvalidArgument("block index past the full blocks of tokens"));
+    return kvmesh_get(c, kvmesh_key{keys[index].hi, keys[index].lo}, dst, cap, size);
+  });
+}
+
+int kvmesh_put(kvmesh_client* c, const kvmesh_key* keys, const void* const* data, const size_t* sizes, size_t count) {
+  return Guard([&] {
+    if (!c || ((!keys || !data || !sizes) && count)) return Fail(kvmesh::InvalidArgument("null argument"));
+    std::vector<kvmesh::PutItem> items;
+    for (size_t i = 0; i < count; ++i)
+      items.push_back(kvmesh::PutItem{Key(keys[i]), {static_cast<const std::byte*>(data[i]), sizes[i]}, {}});
+    kvmesh::Status s = c->net->router().PutBatch(items);
+    return s.ok() ? Ok() : Fail(s);
+  });
+}
+
+int kvmesh_get(kvmesh_client* c, kvmesh_key key, void* dst, size_t cap, size_t* size) {
+  return Guard([&] {
+    if (!c || (!dst && cap) || !size) return Fail(kvmesh::InvalidArgument("null argument"));
+    kvmesh::GetItem it{Key(key), {static_cast<std::byte*>(dst), cap}, 0, {}};
+    kvmesh::Status s = c->net->router().GetBatch(std::span<kvmesh::GetItem>(&it, 1));
+    if (!s.ok()) return Fail(s);
+    if (it.status.code() == kvmesh::StatusCode::kResourceExhausted) *size = it.size;
+    if (!it.status.ok()) return Fail(it.status);
+    *size = it.size;
+    return Ok();
+  });
+}
+
+int kvmesh_erase(kvmesh_client* c, const kvmesh_key* keys, size_t count) {
+  return Guard([&] {
+    if (!c || (!keys && count)) return Fail(kvmesh::InvalidArgument("null argument"));
+    std::vector<kvmesh::BlockKey> k;
+    for (size_t i = 0; i < count; ++i) k.push_back(Key(keys[i]));
+    kvmesh::Status s = c->net->router().Erase(k);
+    return s.ok() ? Ok() : Fail(s);
+  });
+}
+
+}  // extern "C"
