@@ -249,8 +249,8 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--capacity-fractions", a->capacity_fractions,
                   "capacities as fractions of the distinct blocks, e.g. 0.01,0.05,0.1");
   cmd->add_option("--policy", a->policies,
-                  "policies, comma-separated or repeated: a factory name, optionally @<aging seconds> "
-                  "(e.g. lru-priority@120); lru is always included");
+                  "policies, comma-separated or repeated: a factory name, optionally @<aging seconds>[/<classes>] "
+                  "(e.g. lru-priority@120/8); lru is always included");
   cmd->add_flag("--json", a->json, "print JSON instead of a table");
   cmd->add_option("--plot", a->plot, "draw prefix hit rate vs capacity into this PNG (gnuplot)");
   cmd->add_flag("--no-hints", a->no_hints, "do not derive client priority hints (all accesses get defaults)");

@@ -87,11 +87,13 @@ struct ReplayResult {
   double prefix_hit_rate() const { return lookups ? static_cast<double>(prefix_hits) / lookups : 0; }
 };
 
-// A policy as the replay names it: "<factory name>[@<aging seconds>]", e.g.
-// "lru-priority@120" (PolicyOptions::aging_ns for that run only).
+// A policy as the replay names it: "<factory name>[@<aging seconds>[/<classes>]]",
+// e.g. "lru-priority@120/8": PolicyOptions::aging_ns and the number of priority
+// classes (of the policy and of DeriveHints) for that run only.
 struct PolicySpec {
   std::string name;
   std::optional<int64_t> aging_ns;
+  std::optional<uint32_t> classes;
 };
 Result<PolicySpec> ParsePolicySpec(std::string_view spec);
 

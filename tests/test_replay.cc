@@ -2,6 +2,7 @@
 // random traces, the hint rule, and parse errors (issue 5).
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <random>
 #include <sstream>
 
@@ -107,6 +108,12 @@ TEST_CASE("Replay hints use only request-time knowledge", "[replay]") {
   CHECK(DeriveHints(t, 0, 1, 1, o).priority == 2);  // carried by one earlier request
   CHECK(DeriveHints(t, 0, 1, 9, o).priority == 3);  // widely shared
   CHECK(DeriveHints(t, 0, 2, 9, o).priority == 0);  // partial last block
+  o.priority_classes = 8;                           // classes scale: 1 + min(shares, K-2)
+  CHECK(DeriveHints(t, 0, 0, 0, o).priority == 7);
+  CHECK(DeriveHints(t, 0, 1, 3, o).priority == 4);
+  CHECK(DeriveHints(t, 0, 1, 5, o).priority == 6);
+  CHECK(DeriveHints(t, 0, 1, 9, o).priority == 7);
+  CHECK(DeriveHints(t, 0, 2, 9, o).priority == 0);
   o.priority_classes = 2;
   CHECK(DeriveHints(t, 0, 1, 9, o).priority == 1);  // clamped to the top class
 }
@@ -128,4 +135,37 @@ TEST_CASE("Replay rejects bad traces with the line, and bad policy specs", "[rep
   REQUIRE(spec.ok());
   CHECK(spec->name == "lru-priority");
   CHECK(*spec->aging_ns == 120'000'000'000);
+  CHECK_FALSE(spec->classes.has_value());
+  spec = ParsePolicySpec("lru-priority@30/8");
+  REQUIRE(spec.ok());
+  CHECK(*spec->classes == 8);
+  CHECK_FALSE(ParsePolicySpec("lru-priority@30/9").ok());
+  CHECK_FALSE(ParsePolicySpec("lru-priority@30/").ok());
+}
+
+TEST_CASE("Mooncake trace: the default policy's prefix hit rate is at least LRU's at 1-10% capacity",
+          "[replay][trace]") {
+  // The shared trace lives next to the repository (../shared/traces); skip without it.
+  const std::string path =
+      (std::filesystem::path(__FILE__).parent_path() / "../../shared/traces/conversation_trace.jsonl").string();
+  if (!std::filesystem::exists(path)) {
+    WARN("SKIP: no trace at " << path);
+    return;
+  }
+  auto t = LoadMooncakeTrace(path);
+  REQUIRE(t.ok());
+  CHECK(t->requests() == 12031);
+  CHECK(t->lookups() == 288500);
+  CHECK(t->distinct == 182790);
+  CHECK(ReplayInfinite(*t).hit_rate() == Approx(0.3664).epsilon(0.001));
+  for (double f : {0.01, 0.02, 0.05, 0.1}) {
+    INFO("capacity fraction " << f);
+    const size_t cap = static_cast<size_t>(f * static_cast<double>(t->distinct));
+    auto lru = ReplayPolicy(*t, "lru", cap);
+    auto def = ReplayPolicy(*t, "lru-priority", cap);
+    REQUIRE(lru.ok());
+    REQUIRE(def.ok());
+    CHECK(def->prefix_hit_rate() >= lru->prefix_hit_rate());
+    CHECK(ReplayBelady(*t, cap).hits >= def->hits);
+  }
 }
