@@ -81,6 +81,12 @@ Status WritePlot(const std::string& png, const std::vector<Column>& cols, const 
       f << " " << 100 * c.belady.prefix_hit_rate() << " " << 100 * infinite.prefix_hit_rate() << "\n";
     }
   }
+  double lo = 1, hi = 0;
+  for (const Column& c : cols) {
+    const double f = static_cast<double>(c.capacity) / static_cast<double>(distinct);
+    lo = std::min(lo, f);
+    hi = std::max(hi, f);
+  }
   std::string gp = png + ".gp";
   {
     std::ofstream f(gp);
@@ -90,7 +96,9 @@ Status WritePlot(const std::string& png, const std::vector<Column>& cols, const 
       << "set title 'Prefix hit rate vs capacity (Mooncake replay)'\n"
       << "set xlabel 'capacity (fraction of distinct blocks, log scale)'\n"
       << "set ylabel 'prefix hit rate (%)'\n"
+      << "set termoption noenhanced\n"
       << "set logscale x\nset grid\nset key outside right\n"
+      << "set xrange [" << lo / 1.3 << ":" << hi * 1.3 << "]\nset yrange [0:*]\n"
       << "set format x '%g'\n"
       << "plot ";
     const size_t n = names.size();
