@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -511,4 +512,49 @@ TEST_CASE("A shard node with tiers demotes, promotes and offloads in the backgro
   REQUIRE(j.contains("tiers"));
   CHECK(j["tiers"]["pressure_level"] == 0);
   CHECK(j["tiers"]["ssd"]["blocks"].get<uint64_t>() > 0);
+}
+
+TEST_CASE("Tiers under concurrent puts, gets and erases with the background worker", "[tiers]") {
+  TempDir dir;
+  const uint64_t slot = 4096;
+  auto primary = MakeStore(16, slot, nullptr);
+  TieredStoreOptions o;
+  o.host_bytes = 16 * slot;
+  o.host_stripes = 1;
+  o.ssd_bytes = 32 * 8192;
+  o.ssd_path = dir.path.string();
+  o.interval_ms = 1;
+  o.offload_idle_s = 0;
+  o.reencode_codec = "";
+  auto t = TieredStore::Create(primary.get(), o);
+  REQUIRE(t.ok());
+  TieredStore& ts = **t;
+  std::atomic<uint64_t> wrong{0}, reads{0};
+  auto worker = [&](uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::byte> buf(slot);
+    for (int i = 0; i < 3000; ++i) {
+      const uint64_t k = rng() % 96;
+      const int op = static_cast<int>(rng() % 10);
+      if (op < 4) {
+        (void)ts.Put(Key(k), Payload(k, slot), {});
+      } else if (op < 9) {
+        auto r = ts.GetInto(Key(k), buf);
+        if (r.ok()) {
+          reads.fetch_add(1);
+          if (*r != slot || std::memcmp(buf.data(), Payload(k, slot).data(), slot) != 0) wrong.fetch_add(1);
+        }
+      } else {
+        (void)ts.Erase(Key(k));
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (uint64_t s = 0; s < 4; ++s) threads.emplace_back(worker, s + 1);
+  for (auto& th : threads) th.join();
+  CHECK(wrong.load() == 0);
+  CHECK(reads.load() > 1000);
+  const TierStats s = ts.Stats();
+  CHECK(s.maintenance_ticks > 0);
+  CHECK(s.ssd.corrupt == 0);
 }
