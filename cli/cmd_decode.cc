@@ -313,6 +313,8 @@ void AddDecodeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", a->workload.seed, "workload seed");
   cmd->add_option("--conversations", a->workload.conversations, "chat conversations");
   cmd->add_option("--agents", a->workload.agents, "agent loops");
+  cmd->add_option("--reply-min", a->workload.reply_tokens_min, "shortest chat reply (tokens)");
+  cmd->add_option("--reply-max", a->workload.reply_tokens_max, "longest chat reply (tokens)");
   cmd->add_option("--model-seed", a->model.seed, "weights seed");
   cmd->add_option("--layers", a->model.layers, "model layers")->check(CLI::Range(1, 256));
   cmd->add_option("--hidden", a->model.hidden, "hidden size")->check(CLI::Range(1, 1 << 16));

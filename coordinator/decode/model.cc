@@ -112,9 +112,15 @@ float Dot(const float* a, const float* b, size_t n) {
 
 void MatMul(const float* W, size_t ldw, size_t rows, size_t cols, const float* x, size_t ldx, size_t batch, float* y,
             size_t ldy) {
-  for (size_t r = 0; r < rows; ++r) {
-    const float* wr = W + r * ldw;
-    for (size_t b = 0; b < batch; ++b) y[b * ldy + r] = Dot(wr, x + b * ldx, cols);
+  // Tiles of batch rows stay in L1 while the weight rows stream past them;
+  // each output is still one Dot, so tiling never changes a result.
+  constexpr size_t kTile = 8;
+  for (size_t b0 = 0; b0 < batch; b0 += kTile) {
+    const size_t b1 = std::min(batch, b0 + kTile);
+    for (size_t r = 0; r < rows; ++r) {
+      const float* wr = W + r * ldw;
+      for (size_t b = b0; b < b1; ++b) y[b * ldy + r] = Dot(wr, x + b * ldx, cols);
+    }
   }
 }
 
