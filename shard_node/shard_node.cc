@@ -1,11 +1,12 @@
 #include "shard_node/shard_node.h"
 
 #include <cstdio>
-
 #include <cstring>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "shard_node/cuda_memory.h"
 
 namespace kvmesh {
 
@@ -33,6 +34,21 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
   so.policy_options.priority_classes = config.eviction.priority_classes;
   so.policy_options.aging_ns = static_cast<int64_t>(config.eviction.aging_s * 1e9);
   so.clock = clock;
+  // A GPU node's device budget is one CUDA pool when a GPU is usable;
+  // otherwise the store uses host memory (and says so once).
+  if (nc->gpu >= 0 && nc->memory.device > 0) {
+    auto dev = MakeCudaDeviceMemory(nc->memory.device, nc->gpu);
+    if (dev.ok()) {
+      so.backend = std::move(dev).value();
+    } else {
+      std::fprintf(stderr, "%s\n",
+                   nlohmann::json{{"event", "device_memory_fallback"}, {"node", node_id}, {"gpu", nc->gpu},
+                                  {"reason", dev.status().ToString()}}
+                       .dump()
+                       .c_str());
+    }
+  }
+  const bool on_device = so.backend != nullptr;
   auto store = BlockStore::Create(std::move(so));
   if (!store.ok()) return store.status().WithContext("node " + node_id);
   n->store_ = std::move(store).value();
@@ -48,6 +64,7 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
     to.ssd_path = nc->memory.ssd_path;
     to.host_policy = ev.tiers.host_policy;
     to.ssd_policy = ev.tiers.ssd_policy;
+    to.pinned_host = on_device;
     to.high_watermark = ev.tiers.high_watermark;
     to.low_watermark = ev.tiers.low_watermark;
     to.offload_idle_s = ev.tiers.offload_idle_s;

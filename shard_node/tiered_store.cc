@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/codec.h"
+#include "shard_node/cuda_memory.h"
 
 namespace kvmesh {
 namespace {
@@ -67,6 +68,11 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Create(BlockStore* primary, Ti
     so.stripes = o.host_stripes;
     so.policy = o.host_policy;
     so.clock = t->clock_;
+    if (o.pinned_host) {
+      // Pinned when CUDA is there (DMA to and from the device); plain host memory otherwise.
+      auto pinned = MakePinnedHostMemory(o.host_bytes);
+      if (pinned.ok()) so.backend = std::move(pinned).value();
+    }
     auto host = BlockStore::Create(std::move(so));
     if (!host.ok()) return host.status().WithContext("host tier");
     t->host_ = std::move(host).value();

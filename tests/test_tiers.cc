@@ -558,3 +558,34 @@ TEST_CASE("Tiers under concurrent puts, gets and erases with the background work
   CHECK(s.maintenance_ticks > 0);
   CHECK(s.ssd.corrupt == 0);
 }
+
+TEST_CASE("A GPU node keeps its device budget in a CUDA pool, or falls back to host memory", "[tiers]") {
+  TempDir dir;
+  std::string cfg = TieredConfig(dir.path.string());
+  const std::string mem = R"("memory": {"device")";
+  cfg.replace(cfg.find(mem), mem.size(), R"("gpu": 0, "memory": {"device")");
+  auto c = ParseConfig(cfg);
+  REQUIRE(c.ok());
+  REQUIRE(c->nodes[0].gpu == 0);
+  auto node = ShardNode::Create(*c, "n0");
+  REQUIRE(node.ok());
+  ShardNode& n = **node;
+  const std::string backend(n.store().backend().name());
+  INFO("primary backend: " << backend);
+  CHECK((backend == "cuda-device" || backend == "host"));
+  // Either way blocks round-trip through the primary tier and through
+  // demotion (which copies out of device memory when it is device memory).
+  const size_t block = c->model.FullBlockBytes();
+  std::vector<std::vector<std::byte>> raw;
+  for (uint64_t i = 0; i < 12; ++i) {
+    raw.push_back(Fp16Block(500 + i, block));
+    REQUIRE(n.Put(Key(i), raw.back(), {}).ok());
+  }
+  std::vector<std::byte> buf(block);
+  for (uint64_t i = 0; i < 12; ++i) {
+    INFO(i);
+    auto r = n.GetInto(Key(i), buf);
+    REQUIRE(r.ok());
+    CHECK(std::memcmp(buf.data(), raw[i].data(), block) == 0);
+  }
+}
