@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <climits>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -39,16 +40,15 @@ struct Pending {
   std::span<GetItem> get_items; // GET: payloads go straight to the callers' dst
 };
 
+// One connection. There is no reader thread: a caller waiting for its answer
+// becomes the connection's reader (leader/follower) and routes every answer it
+// reads to its waiter, so an uncontended call costs no thread hand-off; when
+// it has its own answer it hands the reader role to another waiter.
 class Connection {
  public:
   Connection(int fd, int64_t stall_timeout_ms, ProtocolLimits limits)
-      : fd_(fd), stall_ms_(stall_timeout_ms), limits_(limits) {
-    reader_ = std::thread([this] { ReadLoop(); });
-  }
-  ~Connection() {
-    ::shutdown(fd_.get(), SHUT_RDWR);
-    if (reader_.joinable()) reader_.join();
-  }
+      : fd_(fd), stall_ms_(stall_timeout_ms), limits_(limits) {}
+  ~Connection() { ::shutdown(fd_.get(), SHUT_RDWR); }
   bool broken() const { return broken_.load(std::memory_order_acquire); }
 
   // Sends one frame made of `iov` and waits for its answer until `deadline`.
@@ -65,18 +65,38 @@ class Connection {
     }
     if (!ws.ok()) {
       MarkBroken(ws);
-      Forget(id);
       std::lock_guard<std::mutex> lock(p->mu);
       return p->done ? p->call : ws;
     }
-    std::unique_lock<std::mutex> lock(p->mu);
-    if (!p->cv.wait_until(lock, deadline, [p] { return p->done; })) {
-      p->abandoned = true;
-      lock.unlock();
-      Forget(id);
-      return DeadlineExceeded("no answer from the node within the timeout");
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(p->mu);
+        // Follow while someone else reads; lead when the role is free.
+        p->cv.wait_until(lock, deadline, [&] { return p->done || !reading_.load(std::memory_order_acquire); });
+        if (p->done) return p->call;
+        if (Clock::now() >= deadline) {
+          p->abandoned = true;
+          lock.unlock();
+          Forget(id);
+          return DeadlineExceeded("no answer from the node within the timeout");
+        }
+      }
+      bool expected = false;
+      if (!reading_.compare_exchange_strong(expected, true, std::memory_order_acq_rel)) continue;
+      Status rs = Status::Ok();
+      for (;;) {
+        {
+          std::lock_guard<std::mutex> lock(p->mu);
+          if (p->done) break;
+        }
+        rs = ReadOne(deadline);
+        if (!rs.ok()) break;
+      }
+      reading_.store(false, std::memory_order_release);
+      WakeFollowers();
+      if (rs.code() == StatusCode::kDeadlineExceeded) continue;  // nothing arrived in time: loop times out
+      if (!rs.ok()) MarkBroken(rs);
     }
-    return p->call;
   }
 
  private:
@@ -84,14 +104,24 @@ class Connection {
     std::lock_guard<std::mutex> lock(map_mu_);
     pending_.erase(id);
   }
+  void WakeFollowers() {
+    std::vector<std::shared_ptr<Pending>> waiters;
+    {
+      std::lock_guard<std::mutex> lock(map_mu_);
+      for (auto& [id, q] : pending_) waiters.push_back(q);
+    }
+    for (auto& q : waiters) {
+      std::lock_guard<std::mutex> lock(q->mu);
+      q->cv.notify_all();
+    }
+  }
   void MarkBroken(const Status& why) {
     std::unordered_map<uint64_t, std::shared_ptr<Pending>> failed;
     {
       std::lock_guard<std::mutex> lock(map_mu_);
-      if (broken_.exchange(true)) return;
+      if (!broken_.exchange(true)) ::shutdown(fd_.get(), SHUT_RDWR);
       failed.swap(pending_);
     }
-    ::shutdown(fd_.get(), SHUT_RDWR);
     for (auto& [id, p] : failed) {
       std::lock_guard<std::mutex> lock(p->mu);
       if (p->done) continue;
@@ -101,77 +131,77 @@ class Connection {
     }
   }
 
-  // Reads n bytes; `mid_frame` bounds how long the peer may stall.
-  Status Read(void* dst, size_t n, bool mid_frame) {
-    return ReadFull(fd_.get(), dst, n, mid_frame ? stall_ms_ : -1, [this] { return broken(); });
-  }
+  // Reads n bytes of a frame already under way (the peer may stall at most stall_ms_).
+  Status Read(void* dst, size_t n) { return ReadFull(fd_.get(), dst, n, stall_ms_, {}); }
 
-  void ReadLoop() {
-    std::vector<std::byte> scratch;
-    for (;;) {
-      HeaderBytes hb;
-      Status s = Read(hb.data(), hb.size(), /*mid_frame=*/false);
-      FrameHeader h;
-      if (s.ok()) s = DecodeHeader(hb, limits_, &h);
-      if (s.ok() && !h.is_response()) s = InvalidArgument("node sent a request frame");
-      if (!s.ok()) return MarkBroken(s);
-      std::shared_ptr<Pending> p;
-      {
-        std::lock_guard<std::mutex> lock(map_mu_);
-        auto it = pending_.find(h.request_id);
-        if (it != pending_.end()) {
-          p = it->second;
-          pending_.erase(it);
-        }
+  // Reads one answer frame and completes its waiter. DeadlineExceeded when no
+  // frame started before `deadline` (the stream is intact); other errors break it.
+  Status ReadOne(Clock::time_point deadline) {
+    if (broken()) return Unavailable("connection lost");
+    pollfd pf{fd_.get(), POLLIN, 0};
+    const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return DeadlineExceeded("deadline");
+    int pr = ::poll(&pf, 1, static_cast<int>(std::min<int64_t>(left, INT32_MAX)));
+    if (pr == 0) return DeadlineExceeded("deadline");
+    HeaderBytes hb;
+    KVMESH_RETURN_IF_ERROR(Read(hb.data(), hb.size()));
+    FrameHeader h;
+    KVMESH_RETURN_IF_ERROR(DecodeHeader(hb, limits_, &h));
+    if (!h.is_response()) return InvalidArgument("node sent a request frame");
+    std::shared_ptr<Pending> p;
+    {
+      std::lock_guard<std::mutex> lock(map_mu_);
+      auto it = pending_.find(h.request_id);
+      if (it != pending_.end()) {
+        p = it->second;
+        pending_.erase(it);
       }
-      if (p == nullptr) {  // the caller gave up: drain the body
-        scratch.resize(h.body_len);
-        s = Read(scratch.data(), h.body_len, true);
-        if (!s.ok()) return MarkBroken(s);
-        continue;
-      }
-      std::unique_lock<std::mutex> lock(p->mu);
-      s = Fill(h, p.get(), &scratch);
-      if (!s.ok()) p->call = Unavailable("bad answer from the node: " + s.message());
-      p->done = true;
-      p->cv.notify_all();
-      lock.unlock();
-      if (!s.ok()) return MarkBroken(s);
     }
+    if (p == nullptr) {  // the caller gave up: drain the body
+      scratch_.resize(h.body_len);
+      return Read(scratch_.data(), h.body_len);
+    }
+    std::unique_lock<std::mutex> lock(p->mu);
+    Status s = Fill(h, p.get());
+    if (!s.ok()) p->call = Unavailable("bad answer from the node: " + s.message());
+    p->done = true;
+    p->cv.notify_all();
+    return s;
   }
 
-  // Reads the body of answer `h` into p. Returns non-OK only when the stream is unusable.
-  Status Fill(const FrameHeader& h, Pending* p, std::vector<std::byte>* scratch) {
+  // Reads the body of answer `h` into p (REQUIRES p->mu held, so an
+  // abandoning caller cannot free its buffers meanwhile).
+  Status Fill(const FrameHeader& h, Pending* p) {
     p->header = h;
     if (h.status != StatusCode::kOk || h.opcode != Opcode::kGet || p->abandoned) {
       p->body.resize(h.body_len);
-      KVMESH_RETURN_IF_ERROR(Read(p->body.data(), h.body_len, true));
+      KVMESH_RETURN_IF_ERROR(Read(p->body.data(), h.body_len));
       p->call = h.status == StatusCode::kOk ? Status::Ok() : ParseErrorBody(h, p->body);
       return Status::Ok();
     }
     // GET: the item table, then each hit straight into its caller's buffer.
     if (h.count != p->get_items.size()) return InvalidArgument("GET answer count differs from the request");
-    scratch->resize(size_t{h.count} * kGetItemSize);
-    KVMESH_RETURN_IF_ERROR(Read(scratch->data(), scratch->size(), true));
+    std::vector<std::byte> table(size_t{h.count} * kGetItemSize);
+    KVMESH_RETURN_IF_ERROR(Read(table.data(), table.size()));
     std::vector<GetRecord> recs;
-    KVMESH_RETURN_IF_ERROR(ParseGetTable(h, *scratch, limits_, &recs));
+    KVMESH_RETURN_IF_ERROR(ParseGetTable(h, table, limits_, &recs));
     for (size_t i = 0; i < recs.size(); ++i) {
       GetItem& it = p->get_items[i];
       const GetRecord& r = recs[i];
       it.size = r.size;
       if (r.status != StatusCode::kOk) {
-        it.status = r.status == StatusCode::kNotFound ? NotFound("not stored")
-                                                      : Status(r.status, "node answered " +
-                                                               std::string(StatusCodeName(r.status)));
+        it.status = r.status == StatusCode::kNotFound
+                        ? NotFound("not stored")
+                        : Status(r.status, "node answered " + std::string(StatusCodeName(r.status)));
         continue;
       }
       if (it.dst.size() < r.size) {
-        scratch->resize(r.size);
-        KVMESH_RETURN_IF_ERROR(Read(scratch->data(), r.size, true));
+        std::vector<std::byte> sink(r.size);
+        KVMESH_RETURN_IF_ERROR(Read(sink.data(), r.size));
         it.status = ResourceExhausted("destination smaller than the block");
         continue;
       }
-      KVMESH_RETURN_IF_ERROR(Read(it.dst.data(), r.size, true));
+      KVMESH_RETURN_IF_ERROR(Read(it.dst.data(), r.size));
       it.status = Checksum64(it.dst.data(), r.size) == r.checksum ? Status::Ok()
                                                                   : DataLoss("payload checksum mismatch in transit");
     }
@@ -186,7 +216,8 @@ class Connection {
   std::mutex map_mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending_;  // guarded by map_mu_
   std::atomic<bool> broken_{false};
-  std::thread reader_;
+  std::atomic<bool> reading_{false};  // one caller at a time reads (leader)
+  std::vector<std::byte> scratch_;    // used by the reader only
 };
 
 class TcpChannelImpl final : public TcpChannel {
@@ -389,7 +420,7 @@ class TcpChannelImpl final : public TcpChannel {
   Result<std::shared_ptr<Connection>> Open() {
     const auto deadline = Clock::now() + std::chrono::milliseconds(o_.connect_timeout_ms);
     KVMESH_ASSIGN_OR_RETURN(UniqueFd fd, ConnectTcp(o_.host, o_.port, deadline));
-    // HELLO, synchronously, before the reader thread owns the socket.
+    // HELLO, synchronously, before any caller shares the socket.
     Hello hello;
     hello.client_id = o_.client_id;
     hello.tenant = o_.tenant;

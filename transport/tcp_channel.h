@@ -4,9 +4,11 @@
 // A channel keeps a small pool of connections to its node, each opened with a
 // HELLO (client id, tenant, token). Callers share connections: a call writes
 // its frame under the connection's write lock and waits for the answer with
-// its request id, so many calls are in flight on one connection (pipelining);
-// one reader thread per connection routes answers and reads GET payloads
-// straight into the callers' buffers. Every call is bounded by the timeout:
+// its request id, so many calls are in flight on one connection (pipelining).
+// There is no reader thread: one waiting caller at a time reads the socket
+// (leader/follower), routes each answer to its waiter and reads GET payloads
+// straight into the callers' buffers, so an uncontended call has no thread
+// hand-off. Every call is bounded by the timeout:
 // a node that dies or stalls gives Unavailable / DeadlineExceeded, never a hang.
 // After a failed connect the channel answers Unavailable without retrying for
 // `reconnect_backoff_ms`, so a dead node costs callers nothing.

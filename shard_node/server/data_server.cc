@@ -46,7 +46,11 @@ bool TokenEquals(const std::string& a, const std::string& b) {
 class Server final : public DataServer {
  public:
   Server(ShardNode* node, DataServerOptions o, const std::atomic<uint64_t>* epoch)
-      : node_(node), o_(std::move(o)), epoch_(epoch), io_(static_cast<int>(o_.threads)), acceptor_(io_) {}
+      : node_(node), o_(std::move(o)), epoch_(epoch), acceptor_(accept_io_) {
+    // One single-threaded io_context per I/O thread (connections are spread
+    // round robin): a connection's handlers never hop threads.
+    for (uint32_t i = 0; i < o_.threads; ++i) ios_.push_back(std::make_unique<asio::io_context>(1));
+  }
   ~Server() override { Stop(); }
 
   Status Bind() {
@@ -60,8 +64,10 @@ class Server final : public DataServer {
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) return Unavailable("data listen on " + o_.host + ":" + std::to_string(o_.port) + ": " + ec.message());
     port_ = acceptor_.local_endpoint().port();
-    asio::co_spawn(io_, Accept(), asio::detached);
-    for (uint32_t i = 0; i < o_.threads; ++i) threads_.emplace_back([this] { io_.run(); });
+    asio::co_spawn(accept_io_, Accept(), asio::detached);
+    for (auto& io : ios_) guards_.emplace_back(asio::make_work_guard(*io));
+    threads_.emplace_back([this] { accept_io_.run(); });
+    for (auto& io : ios_) threads_.emplace_back([p = io.get()] { p->run(); });
     return Status::Ok();
   }
 
@@ -69,11 +75,12 @@ class Server final : public DataServer {
 
   void Stop() override {
     if (stopped_.exchange(true)) return;
-    asio::post(io_, [this] {
+    asio::post(accept_io_, [this] {
       boost::system::error_code ec;
       acceptor_.close(ec);
-      io_.stop();
+      accept_io_.stop();
     });
+    for (auto& io : ios_) io->stop();
     for (auto& t : threads_)
       if (t.joinable()) t.join();
   }
@@ -118,12 +125,13 @@ class Server final : public DataServer {
   asio::awaitable<void> Accept() {
     for (;;) {
       boost::system::error_code ec;
-      tcp::socket s = co_await acceptor_.async_accept(asio::redirect_error(asio::use_awaitable, ec));
+      asio::io_context& io = *ios_[next_io_++ % ios_.size()];
+      tcp::socket s = co_await acceptor_.async_accept(io, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) {
         if (!acceptor_.is_open()) co_return;
         continue;
       }
-      asio::co_spawn(s.get_executor(), Session(std::move(s)), asio::detached);
+      asio::co_spawn(io, Session(std::move(s)), asio::detached);
     }
   }
 
@@ -364,7 +372,10 @@ class Server final : public DataServer {
   ShardNode* node_;
   DataServerOptions o_;
   const std::atomic<uint64_t>* epoch_;
-  asio::io_context io_;
+  asio::io_context accept_io_{1};
+  std::vector<std::unique_ptr<asio::io_context>> ios_;
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards_;
+  size_t next_io_ = 0;
   tcp::acceptor acceptor_;
   std::vector<std::thread> threads_;
   uint16_t port_ = 0;
