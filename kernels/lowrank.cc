@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/checksum.h"
+#include "kernels/quant_cpu.h"
 
 namespace kvmesh::kernels {
 namespace {
@@ -152,7 +153,17 @@ std::vector<std::byte> LowRankBasis::Serialize() const {
   return out;
 }
 
+void LowRankBasis::ComputeTranspose() {
+  const size_t planes = size_t{2} * layers_ * heads_;
+  basis_t_.resize(basis_.size());
+  for (size_t p = 0; p < planes; ++p)
+    for (uint32_t r = 0; r < rank_; ++r)
+      for (uint32_t d = 0; d < head_dim_; ++d)
+        basis_t_[(p * head_dim_ + d) * rank_ + r] = basis_[(p * rank_ + r) * head_dim_ + d];
+}
+
 void LowRankBasis::ComputeId() {
+  ComputeTranspose();
   std::vector<std::byte> s = Serialize();
   std::memcpy(&id_, s.data() + s.size() - 8, 8);
 }
@@ -190,6 +201,7 @@ Result<LowRankBasis> LowRankBasis::Parse(std::span<const std::byte> bytes) {
   take(&b.basis_, planes * b.rank_ * b.head_dim_);
   take(&b.residual_, planes);
   b.id_ = sum;
+  b.ComputeTranspose();
   return b;
 }
 
@@ -245,17 +257,28 @@ float LowRankBasis::residual(uint32_t layer, uint32_t kv, uint32_t head) const {
 void LowRankBasis::EncodePlane(uint32_t layer, uint32_t kv, uint32_t head, uint32_t rank, const uint8_t* in,
                                uint8_t in_type, uint32_t tokens, uint8_t* out) const {
   const float* m = mean(layer, kv, head);
-  const float* b = basis(layer, kv, head);
+  // Transposed basis [dim][rank]: c[r] accumulates over d in order (the same
+  // sums as row . basis_r), with the inner loop over r free to vectorise.
+  const float* bt = &basis_t_[Index(layer, kv, head) * rank_ * head_dim_];
   const uint32_t n = head_dim_;
-  std::vector<float> row(n);
+  thread_local std::vector<float> row, coef;
+  row.resize(n);
+  coef.resize(rank_);
+  const bool avx2 = HaveAvx2Path();
   for (uint32_t t = 0; t < tokens; ++t) {
     for (uint32_t d = 0; d < n; ++d) row[d] = LoadElem(in, size_t{t} * n + d, in_type) - m[d];
-    for (uint32_t r = 0; r < rank; ++r) {
-      const float* v = b + size_t{r} * n;
-      float s = 0;
-      for (uint32_t d = 0; d < n; ++d) s += row[d] * v[d];
-      StoreU16(out, size_t{t} * rank + r, FloatToHalf(s));
+    if (avx2) {
+      LowRankProjectAvx2(row.data(), n, bt, rank_, rank, coef.data());
+      for (uint32_t r = 0; r < rank; ++r) StoreU16(out, size_t{t} * rank + r, FloatToHalf(coef[r]));
+      continue;
     }
+    std::fill(coef.begin(), coef.end(), 0.0f);
+    for (uint32_t d = 0; d < n; ++d) {
+      const float x = row[d];
+      const float* v = bt + size_t{d} * rank_;
+      for (uint32_t r = 0; r < rank; ++r) coef[r] += x * v[r];
+    }
+    for (uint32_t r = 0; r < rank; ++r) StoreU16(out, size_t{t} * rank + r, FloatToHalf(coef[r]));
   }
   const size_t used = size_t{tokens} * rank * 2;
   std::memset(out + used, 0, AlignUp(used, kPlaneAlign) - used);
@@ -266,9 +289,17 @@ void LowRankBasis::DecodePlane(uint32_t layer, uint32_t kv, uint32_t head, uint3
   const float* m = mean(layer, kv, head);
   const float* b = basis(layer, kv, head);
   const uint32_t n = head_dim_;
-  std::vector<float> acc(n), coef(rank);
+  thread_local std::vector<float> acc, coef;
+  acc.resize(n);
+  coef.resize(rank);
+  const bool avx2 = HaveAvx2Path();
   for (uint32_t t = 0; t < tokens; ++t) {
     for (uint32_t r = 0; r < rank; ++r) coef[r] = HalfToFloat(LoadU16(enc, size_t{t} * rank + r));
+    if (avx2) {
+      LowRankReconstructAvx2(coef.data(), rank, b, m, n, acc.data());
+      for (uint32_t d = 0; d < n; ++d) StoreElem(out, size_t{t} * n + d, out_type, acc[d]);
+      continue;
+    }
     std::memcpy(acc.data(), m, n * 4);
     for (uint32_t r = 0; r < rank; ++r) {
       const float* v = b + size_t{r} * n;

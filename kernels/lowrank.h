@@ -60,12 +60,14 @@ class LowRankBasis {
   size_t Index(uint32_t layer, uint32_t kv, uint32_t head) const {
     return (static_cast<size_t>(layer - layer_begin_) * 2 + kv) * heads_ + (head - head_begin_);
   }
-  void ComputeId();
+  void ComputeId();  // also fills basis_t_
+  void ComputeTranspose();
 
   uint32_t layer_begin_ = 0, layers_ = 0, head_begin_ = 0, heads_ = 0, head_dim_ = 0, rank_ = 0;
   std::vector<float> mean_;      // [plane][dim]
   std::vector<float> basis_;     // [plane][rank][dim]
   std::vector<float> residual_;  // [plane]
+  std::vector<float> basis_t_;   // [plane][dim][rank], for encoding
   uint64_t id_ = 0;
 };
 

@@ -465,6 +465,47 @@ void DecodePerChannel(const PlaneGeom g, const uint8_t* enc, uint8_t* out, uint8
 
 }  // namespace
 
+void LowRankProjectAvx2(const float* row, uint32_t n, const float* bt, uint32_t ld, uint32_t rank, float* coef) {
+  uint32_t r = 0;
+  for (; r + 16 <= rank; r += 16) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    for (uint32_t d = 0; d < n; ++d) {
+      const __m256 x = _mm256_set1_ps(row[d]);
+      const float* v = bt + size_t{d} * ld + r;
+      a0 = _mm256_add_ps(a0, _mm256_mul_ps(x, _mm256_loadu_ps(v)));
+      a1 = _mm256_add_ps(a1, _mm256_mul_ps(x, _mm256_loadu_ps(v + 8)));
+    }
+    _mm256_storeu_ps(coef + r, a0);
+    _mm256_storeu_ps(coef + r + 8, a1);
+  }
+  for (; r < rank; ++r) {
+    float s = 0;
+    for (uint32_t d = 0; d < n; ++d) s += row[d] * bt[size_t{d} * ld + r];
+    coef[r] = s;
+  }
+}
+
+void LowRankReconstructAvx2(const float* coef, uint32_t rank, const float* b, const float* mean, uint32_t n,
+                            float* out) {
+  uint32_t d = 0;
+  for (; d + 16 <= n; d += 16) {
+    __m256 a0 = _mm256_loadu_ps(mean + d), a1 = _mm256_loadu_ps(mean + d + 8);
+    for (uint32_t r = 0; r < rank; ++r) {
+      const __m256 c = _mm256_set1_ps(coef[r]);
+      const float* v = b + size_t{r} * n + d;
+      a0 = _mm256_add_ps(a0, _mm256_mul_ps(c, _mm256_loadu_ps(v)));
+      a1 = _mm256_add_ps(a1, _mm256_mul_ps(c, _mm256_loadu_ps(v + 8)));
+    }
+    _mm256_storeu_ps(out + d, a0);
+    _mm256_storeu_ps(out + d + 8, a1);
+  }
+  for (; d < n; ++d) {
+    float a = mean[d];
+    for (uint32_t r = 0; r < rank; ++r) a += coef[r] * b[size_t{r} * n + d];
+    out[d] = a;
+  }
+}
+
 bool EncodePlaneAvx2(const PlaneGeom& g, const uint8_t* in, uint8_t* out) {
   if (!IsQuantising(g.codec)) return false;
   if (g.axis == kPerToken) {

@@ -76,6 +76,8 @@ void DecodePlane(const PlaneGeom& g, const uint8_t* enc, uint8_t* out, uint8_t o
 }
 
 #if !(defined(__x86_64__) || defined(__i386__))
+void LowRankProjectAvx2(const float*, uint32_t, const float*, uint32_t, uint32_t, float*) {}
+void LowRankReconstructAvx2(const float*, uint32_t, const float*, const float*, uint32_t, float*) {}
 bool EncodePlaneAvx2(const PlaneGeom&, const uint8_t*, uint8_t*) { return false; }
 bool DecodePlaneAvx2(const PlaneGeom&, const uint8_t*, uint8_t*, uint8_t) { return false; }
 #endif

@@ -35,4 +35,13 @@ bool DecodePlaneAvx2(const PlaneGeom& g, const uint8_t* enc, uint8_t* out, uint8
 // True when the AVX2 path is usable on this CPU (and not forced off).
 bool HaveAvx2Path();
 
+// Lowrank inner loops with 8 lanes, each lane doing exactly the scalar
+// sequence of separate multiplies and adds (so results equal the scalar
+// loops in kernels/lowrank.cc):
+//   coef[r] = sum over d in order of row[d] * bt[d * ld + r], r < rank;
+//   out[d] = mean[d] + sum over r in order of coef[r] * b[r * n + d], d < n.
+void LowRankProjectAvx2(const float* row, uint32_t n, const float* bt, uint32_t ld, uint32_t rank, float* coef);
+void LowRankReconstructAvx2(const float* coef, uint32_t rank, const float* b, const float* mean, uint32_t n,
+                            float* out);
+
 }  // namespace kvmesh::kernels
