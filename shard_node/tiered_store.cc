@@ -707,4 +707,45 @@ std::string TieredStore::StatsJson() const {
   return j.dump();
 }
 
+std::string TieredStore::PrometheusText() const {
+  const TierStats s = Stats();
+  std::string out;
+  auto metric = [&](const std::string& name, const char* type, const char* help) {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  };
+  auto sample = [&](const std::string& name, const std::string& labels, uint64_t v) {
+    out += name + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(v) + "\n";
+  };
+  metric("kvmesh_pressure_level", "gauge", "Memory pressure level: 0 normal, 1 evict-oldest, 2 reencode, 3 refuse-admissions");
+  sample("kvmesh_pressure_level", "", static_cast<uint64_t>(s.pressure_level));
+  metric("kvmesh_pressure_level_entered_total", "counter", "Times each pressure level was entered");
+  for (int l = 0; l < 4; ++l) sample("kvmesh_pressure_level_entered_total", "level=\"" + std::to_string(l) + "\"", s.pressure_entered[l]);
+  metric("kvmesh_tier_bytes", "gauge", "Bytes stored per tier");
+  sample("kvmesh_tier_bytes", "tier=\"primary\"", s.primary_used_bytes);
+  if (s.has_host) sample("kvmesh_tier_bytes", "tier=\"host\"", s.host.bytes_stored);
+  if (s.has_ssd) sample("kvmesh_tier_bytes", "tier=\"ssd\"", s.ssd.bytes_stored);
+  metric("kvmesh_tier_limit_bytes", "gauge", "Current byte limit of the primary tier");
+  sample("kvmesh_tier_limit_bytes", "tier=\"primary\"", s.primary_limit_bytes);
+  metric("kvmesh_tier_demotions_total", "counter", "Blocks moved to a lower tier, by reason");
+  sample("kvmesh_tier_demotions_total", "reason=\"evicted\"", s.demoted_on_evict);
+  sample("kvmesh_tier_demotions_total", "reason=\"offload\"", s.demoted_offload);
+  sample("kvmesh_tier_demotions_total", "reason=\"pressure\"", s.demoted_pressure);
+  metric("kvmesh_tier_dropped_total", "counter", "Blocks deleted by pressure level 1 (no lower tier)");
+  sample("kvmesh_tier_dropped_total", "", s.dropped_pressure);
+  metric("kvmesh_tier_promotions_total", "counter", "Blocks moved up into the primary tier");
+  sample("kvmesh_tier_promotions_total", "", s.promotions);
+  metric("kvmesh_tier_hits_total", "counter", "Hits served from a lower tier");
+  sample("kvmesh_tier_hits_total", "tier=\"host\"", s.host_hits);
+  sample("kvmesh_tier_hits_total", "tier=\"ssd\"", s.ssd_hits);
+  metric("kvmesh_tier_ssd_corrupt_total", "counter", "SSD blocks that failed verification (read as misses)");
+  sample("kvmesh_tier_ssd_corrupt_total", "", s.ssd_corrupt);
+  metric("kvmesh_tier_prefetch_promoted_total", "counter", "Blocks promoted ahead of use by prefetch hints");
+  sample("kvmesh_tier_prefetch_promoted_total", "", s.prefetch_promoted);
+  metric("kvmesh_pressure_reencoded_blocks_total", "counter", "Blocks re-encoded at lower precision (level 2)");
+  sample("kvmesh_pressure_reencoded_blocks_total", "", s.reencoded_blocks);
+  metric("kvmesh_pressure_busy_refusals_total", "counter", "Puts refused with Busy at level 3");
+  sample("kvmesh_pressure_busy_refusals_total", "", s.busy_refusals);
+  return out;
+}
+
 }  // namespace kvmesh

@@ -149,6 +149,9 @@ class TieredStore {
   int pressure_level() const { return level_.load(std::memory_order_acquire); }
   TierStats Stats() const;
   std::string StatsJson() const;
+  // Prometheus text exposition of the tier and pressure metrics
+  // (kvmesh_tier_*, kvmesh_pressure_*), for a node's /metrics.
+  std::string PrometheusText() const;
   // The last events (at most 64), oldest first.
   std::vector<std::string> RecentEvents() const;
 

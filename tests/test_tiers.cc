@@ -437,6 +437,11 @@ TEST_CASE("A node under pressure walks through levels 1, 2 and 3 and back", "[ti
   auto stats = nlohmann::json::parse(ts.StatsJson());
   CHECK(stats["pressure_level"] == 0);
   CHECK(stats["pressure_entered"][3] == 1);
+  const std::string prom = ts.PrometheusText();
+  CHECK(prom.find("kvmesh_pressure_level 0\n") != std::string::npos);
+  CHECK(prom.find("kvmesh_pressure_level_entered_total{level=\"3\"} 1\n") != std::string::npos);
+  CHECK(prom.find("kvmesh_pressure_busy_refusals_total 1\n") != std::string::npos);
+  CHECK(prom.find("kvmesh_pressure_reencoded_blocks_total 12\n") != std::string::npos);
 }
 
 namespace {

@@ -119,6 +119,7 @@ class Daemon final : public NodeDaemon {
     g("kvmesh_store_corrupt_total", "counter", s.corrupt);
     g("kvmesh_shard_map_epoch", "gauge", epoch_.load());
     if (resp_) g("kvmesh_resp_commands_total", "counter", resp_->commands());
+    if (TieredStore* t = node_->tiers()) out += t->PrometheusText();  // tiers and pressure (issue 5)
     return out;
   }
 
