@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include <xxhash.h>
+#include "kernels/xxh3_dispatch.h"
 
 namespace kvmesh::kernels {
 namespace {
@@ -20,8 +20,8 @@ T Get(const uint8_t* p, size_t off) {
 }
 
 uint64_t BlockChecksum(const uint8_t* block, size_t total) {
-  const uint64_t seed = XXH3_64bits(block, kChecksumOffset);
-  return XXH3_64bits_withSeed(block + kBlockHeaderBytes, total - kBlockHeaderBytes, seed);
+  const uint64_t seed = Xxh3(block, kChecksumOffset);
+  return Xxh3Seeded(block + kBlockHeaderBytes, total - kBlockHeaderBytes, seed);
 }
 
 bool ValidAxis(uint8_t a) { return a == kPerToken || a == kPerChannel; }
@@ -67,14 +67,10 @@ void WriteBlockMetadata(const BlockInfo& info, uint8_t* out) {
 
 void SealBlock(uint8_t* block, size_t total) { Put<uint64_t>(block, kChecksumOffset, BlockChecksum(block, total)); }
 
-BlockHasher::BlockHasher(const uint8_t* header) : state_(XXH3_createState()) {
-  XXH3_64bits_reset_withSeed(static_cast<XXH3_state_t*>(state_), XXH3_64bits(header, kChecksumOffset));
-}
-BlockHasher::~BlockHasher() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
-void BlockHasher::Update(const uint8_t* p, size_t n) { XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), p, n); }
-void BlockHasher::Seal(uint8_t* header) {
-  Put<uint64_t>(header, kChecksumOffset, XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_)));
-}
+BlockHasher::BlockHasher(const uint8_t* header) : stream_(std::make_unique<Xxh3Stream>(Xxh3(header, kChecksumOffset))) {}
+BlockHasher::~BlockHasher() = default;
+void BlockHasher::Update(const uint8_t* p, size_t n) { stream_->Update(p, n); }
+void BlockHasher::Seal(uint8_t* header) { Put<uint64_t>(header, kChecksumOffset, stream_->Digest()); }
 
 Result<BlockInfo> InspectBlock(std::span<const std::byte> block) {
   const auto* p = reinterpret_cast<const uint8_t*>(block.data());

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include "kernels/codec.h"
@@ -44,7 +45,7 @@ class BlockHasher {
   void Seal(uint8_t* header);
 
  private:
-  void* state_;
+  std::unique_ptr<class Xxh3Stream> stream_;
 };
 
 }  // namespace kvmesh::kernels
