@@ -91,6 +91,7 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Create(const SsdTierOptions& o) {
   if (::ftruncate(t->fd_, static_cast<off_t>(slots * t->slot_stride_)) != 0)
     return ErrnoStatus("ssd tier: sizing " + t->file_, errno);
   t->clock_ = o.clock ? o.clock : SystemClock();
+  t->on_evict_ = o.on_evict;
   t->slots_.resize(slots);
   for (uint64_t i = slots; i-- > 0;) t->free_.push_back(static_cast<uint32_t>(i));
   t->index_.reserve(slots);
@@ -135,6 +136,7 @@ Status SsdTier::Put(const BlockKey& key, std::span<const std::byte> payload, con
       policy_->Remove(*v, RemoveReason::kEvicted);
       index_.erase(slots_[vs].key);
       ++stats_.evictions;
+      if (on_evict_) on_evict_(slots_[vs].key);
       if (slots_[vs].readers > 0) {
         slots_[vs].doomed = true;  // the last reader frees it
       } else {

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -38,6 +39,9 @@ struct SsdTierOptions {
   uint64_t slot_bytes = 0;      // largest payload (> 0)
   std::string policy = "lru";
   Clock* clock = nullptr;
+  // Called (under the tier's mutex) with the key of each block the tier
+  // evicts to make room; must not call back into the tier. May be empty.
+  std::function<void(const BlockKey&)> on_evict;
 };
 
 struct SsdBlockMeta {
@@ -89,6 +93,7 @@ class SsdTier {
   uint64_t slot_payload_ = 0;
   uint64_t slot_stride_ = 0;
   Clock* clock_ = nullptr;
+  std::function<void(const BlockKey&)> on_evict_;
   mutable std::mutex mu_;
   std::vector<Slot> slots_;                             // guarded by mu_
   std::vector<uint32_t> free_;                          // guarded by mu_

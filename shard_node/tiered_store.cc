@@ -84,6 +84,8 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Create(BlockStore* primary, Ti
     so.slot_bytes = primary->slot_bytes();
     so.policy = o.ssd_policy;
     so.clock = t->clock_;
+    TieredStore* self = t.get();
+    so.on_evict = [self](const BlockKey& k) { self->DropShadow(k); };  // gone for good
     auto ssd = SsdTier::Create(so);
     if (!ssd.ok()) return ssd.status().WithContext("ssd tier");
     t->ssd_ = std::move(ssd).value();

@@ -202,6 +202,13 @@ TEST_CASE("Tiers: evicted blocks are demoted device -> host -> SSD and promoted 
   // Erase removes it from whichever tier holds it.
   REQUIRE(ts.Erase(Key(3)).ok());
   CHECK_FALSE(ts.Exists(Key(3), false));
+  CHECK_FALSE(ts.Locate(Key(3)).has_value());
+  // Blocks the SSD evicts are gone from every tier (and from the tier map).
+  for (uint64_t i = 20; i < 40; ++i) REQUIRE(ts.Put(Key(i), Payload(i, slot), {}).ok());
+  CHECK(ts.Stats().ssd.evictions > 0);
+  size_t located = 0;
+  for (uint64_t i = 0; i < 40; ++i) located += ts.Locate(Key(i)).has_value();
+  CHECK(located == 4 + 4 + 8);  // exactly what the three tiers hold
 }
 
 TEST_CASE("Tiers: a corrupt SSD block is a miss through the tiered store too", "[tiers]") {
