@@ -6,6 +6,7 @@
 // Runs the seeded conversation + agent-loop workload twice on fresh shards,
 // with and without prefix reuse, then (optionally) a batch-size sweep for the
 // latency-throughput curve and the speculative-decoding demo.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -35,6 +36,7 @@ struct DecodeArgs {
   std::string plot;        // PNG path for the latency-throughput curve
   std::string events;      // JSON-lines event log path
   bool spec = true;
+  uint32_t repeat = 1;
   ModelConfig model;
   DecodeWorkloadOptions workload;
   float temperature = 0.8f;
@@ -168,27 +170,44 @@ int Run(const DecodeArgs& a) {
                 mc.experts ? ("MoE " + std::to_string(mc.experts) + " experts top-" + std::to_string(mc.top_k)).c_str()
                            : "dense FFN",
                 mc.Params() / 1e6);
-    std::printf("  cluster \"%s\", %zu nodes, block %u tokens, batch %u, %u conversations + %u agent loops\n",
+    std::printf("  cluster \"%s\", %zu nodes, block %u tokens, batch %u, %u conversations + %u agent loops, "
+                "median of %u run%s\n",
                 run.cfg.name.c_str(), run.cfg.nodes.size(), mc.block_tokens, a.batch, a.workload.conversations,
-                a.workload.agents);
+                a.workload.agents, a.repeat, a.repeat == 1 ? "" : "s");
     std::fflush(stdout);
   }
 
-  auto with = run.Workload(a.batch, true, "reuse", events.get());
-  if (!with.ok()) return Fail(with.status());
-  auto without = run.Workload(a.batch, false, "no-reuse", events.get());
-  if (!without.ok()) return Fail(without.status());
-  const DecodeReport& R = *with;
-  const DecodeReport& N = *without;
+  // Each configuration runs `repeat` times (with and without reuse
+  // interleaved, so background load hits both alike); a figure is taken from
+  // the run of median wall time.
+  auto median_run = [](std::vector<DecodeReport> v) {
+    std::sort(v.begin(), v.end(), [](const DecodeReport& x, const DecodeReport& y) { return x.wall_s < y.wall_s; });
+    return v[v.size() / 2];
+  };
+  std::vector<DecodeReport> withs, withouts;
+  for (uint32_t i = 0; i < a.repeat; ++i) {
+    auto with = run.Workload(a.batch, true, "reuse", i == 0 ? events.get() : nullptr);
+    if (!with.ok()) return Fail(with.status());
+    auto without = run.Workload(a.batch, false, "no-reuse", i == 0 ? events.get() : nullptr);
+    if (!without.ok()) return Fail(without.status());
+    withs.push_back(*with);
+    withouts.push_back(*without);
+  }
+  const DecodeReport R = median_run(withs);
+  const DecodeReport N = median_run(withouts);
   const bool same_tokens = R.token_digest == N.token_digest;
 
   // Latency-throughput sweep over batch sizes (with reuse).
   std::vector<std::pair<uint32_t, DecodeReport>> sweep;
   if (!a.sweep.empty()) {
     for (uint32_t b : ParseList(a.sweep)) {
-      auto r = b == a.batch ? with : run.Workload(b, true, "sweep-b" + std::to_string(b), nullptr);
-      if (!r.ok()) return Fail(r.status());
-      sweep.emplace_back(b, *r);
+      std::vector<DecodeReport> runs;
+      for (uint32_t i = 0; i < a.repeat; ++i) {
+        auto r = run.Workload(b, true, "sweep-b" + std::to_string(b), nullptr);
+        if (!r.ok()) return Fail(r.status());
+        runs.push_back(*r);
+      }
+      sweep.emplace_back(b, median_run(runs));
     }
   }
   Result<SpecReport> spec = SpecReport{};
@@ -225,6 +244,7 @@ int Run(const DecodeArgs& a) {
     nlohmann::json j = {{"ranks", run.ranks},
                         {"transport", a.mpi ? "mpi" : "threads"},
                         {"batch", a.batch},
+                        {"repeat", a.repeat},
                         {"params", mc.Params()},
                         {"with_reuse", ReportJson(R)},
                         {"without_reuse", ReportJson(N)},
@@ -307,6 +327,8 @@ void AddDecodeCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 64));
   cmd->add_option("--batch", a->batch, "requests decoded together")->check(CLI::Range(1, 1024));
   cmd->add_option("--sweep", a->sweep, "batch sizes for the latency-throughput curve ('' = none)");
+  cmd->add_option("--repeat", a->repeat, "runs per configuration; figures come from the median-wall-time run")
+      ->check(CLI::Range(1, 99));
   cmd->add_option("--plot", a->plot, "write the latency-throughput curve to this PNG (gnuplot)");
   cmd->add_option("--events", a->events, "write JSON-lines events (admit, first_token, token, finish) here");
   cmd->add_option("--temperature", a->temperature, "sampling temperature (0 = greedy)");

@@ -78,7 +78,7 @@ TEST_CASE("Decode: a dense FFN split over 2 and 4 ranks matches the reference", 
   }
 }
 
-TEST_CASE("Decode: the comparison is sensitive (a wrong KV row changes the logits)", "[decode]") {
+TEST_CASE("Decode: the comparison is sensitive (one different history token moves the logits)", "[decode]") {
   // Guards the equality test against passing vacuously: one different token
   // in the history must move the logits far beyond the tolerance.
   ModelConfig mc = SmallModel(4);
