@@ -37,6 +37,7 @@ struct DecodeArgs {
   std::string events;      // JSON-lines event log path
   bool spec = true;
   uint32_t repeat = 1;
+  std::string draft = "int4";
   ModelConfig model;
   DecodeWorkloadOptions workload;
   float temperature = 0.8f;
@@ -262,7 +263,8 @@ int Run(const DecodeArgs& a) {
     j["sweep"] = sj;
     if (a.spec) {
       const SpecReport& s = *spec;
-      j["speculative"] = {{"draft_tokens", a.spec_options.draft_tokens},
+      j["speculative"] = {{"draft", a.spec_options.int4_draft ? "int4-kv" : "early-exit"},
+                          {"draft_tokens", a.spec_options.draft_tokens},
                           {"draft_layers", a.spec_options.draft_layers},
                           {"acceptance_rate", s.acceptance()},
                           {"rolled_back_tokens", s.rolled_back},
@@ -301,9 +303,14 @@ int Run(const DecodeArgs& a) {
     }
     if (a.spec) {
       const SpecReport& s = *spec;
-      std::printf("\n  speculative decoding (early-exit self-draft: %u of %u layers, k=%u, greedy, %u prompts)\n",
-                  std::clamp(a.spec_options.draft_layers, 1u, mc.layers), mc.layers, a.spec_options.draft_tokens,
-                  a.spec_options.prompts);
+      if (a.spec_options.int4_draft) {
+        std::printf("\n  speculative decoding (int4-KV self-draft: all %u layers over int4-rounded KV, k=%u, greedy, "
+                    "%u prompts)\n", mc.layers, a.spec_options.draft_tokens, a.spec_options.prompts);
+      } else {
+        std::printf("\n  speculative decoding (early-exit self-draft: %u of %u layers, k=%u, greedy, %u prompts)\n",
+                    std::clamp(a.spec_options.draft_layers, 1u, mc.layers), mc.layers, a.spec_options.draft_tokens,
+                    a.spec_options.prompts);
+      }
       std::printf("    acceptance rate %.1f%%, %llu rounds, %llu drafted tokens rolled back with truncate\n",
                   100 * s.acceptance(), (unsigned long long)s.rounds, (unsigned long long)s.rolled_back);
       std::printf("    TPOT p50 plain %.3f ms, speculative %.3f ms (%.2fx); same tokens as plain greedy: %s\n",
@@ -350,9 +357,16 @@ void AddDecodeCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("!--no-spec", a->spec, "skip the speculative-decoding demo");
   cmd->add_option("--draft-tokens", a->spec_options.draft_tokens, "speculative: drafted tokens per round")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--draft", a->draft,
+                  "speculative draft: int4 (the whole model over int4-rounded KV, QuantSpec-style) or early-exit "
+                  "(the first --draft-layers layers)")
+      ->check(CLI::IsMember({"int4", "early-exit"}));
   cmd->add_option("--draft-layers", a->spec_options.draft_layers, "speculative: layers of the early-exit draft")
       ->check(CLI::Range(1, 256));
-  cmd->callback([a, exit_code] { *exit_code = Run(*a); });
+  cmd->callback([a, exit_code] {
+    a->spec_options.int4_draft = a->draft == "int4";
+    *exit_code = Run(*a);
+  });
 }
 
 }  // namespace kvmesh::cli

@@ -168,12 +168,14 @@ TEST_CASE("Decode driver: prefix reuse computes less, finds shared blocks and ge
   CHECK(finishes == with.requests);
 }
 
-TEST_CASE("Speculative decoding: drafts rolled back with truncate, output equals plain greedy decode", "[decode]") {
+TEST_CASE("Speculative decoding (early-exit and int4-KV drafts): rollback by truncate, output equals plain greedy", "[decode]") {
   ModelConfig mc = SmallModel(4);
   auto w = Weights::Generate(mc).value();
-  for (int ranks : {1, 2}) {
+  double acceptance[2] = {0, 0};  // [early exit, int4 KV] on 2 ranks
+  for (auto [ranks, int4] : {std::pair{1, false}, std::pair{2, false}, std::pair{1, true}, std::pair{2, true}}) {
     ClusterConfig cfg = DecodeClusterConfig(ClusterFor(mc, ranks), mc, ranks).value();
     SpecOptions so;
+    so.int4_draft = int4;
     so.prompts = 2;
     so.prompt_tokens = 20;
     so.new_tokens = 24;
@@ -190,5 +192,9 @@ TEST_CASE("Speculative decoding: drafts rolled back with truncate, output equals
     CHECK(rep.proposed == rep.rounds * 3);
     CHECK(rep.accepted + rep.rolled_back == rep.proposed);
     CHECK(rep.rolled_back > 0);  // the run exercised rollback
+    if (ranks == 2) acceptance[int4] = rep.acceptance();
   }
+  // Rounding KV to int4 changes far fewer greedy choices than dropping a layer.
+  CHECK(acceptance[1] > acceptance[0]);
+  CHECK(acceptance[1] > 0.5);
 }

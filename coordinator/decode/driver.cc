@@ -349,7 +349,12 @@ Result<SpecReport> RunSpeculative(RankEngine& eng, const SpecOptions& o) {
         std::vector<TokenId> draft;
         TokenId cur = spec_out.back();
         ForwardOptions dfo;
-        dfo.layers = dl;
+        dfo.seal = false;
+        if (o.int4_draft) {
+          dfo.int4_kv = true;
+        } else {
+          dfo.layers = dl;
+        }
         for (uint32_t i = 0; i < k; ++i) {
           StepEntry d{s, std::span(&cur, 1)};
           KVMESH_RETURN_IF_ERROR(eng.Forward(std::span(&d, 1), dfo, &hidden));

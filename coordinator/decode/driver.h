@@ -94,19 +94,23 @@ Result<DecodeReport> RunDecodeWorkload(RankEngine& engine, const PrefixLookup& l
 
 // ---- Speculative decoding (item 6) -----------------------------------------
 //
-// Self-speculation with an early-exit draft: the draft is the target's first
-// draft_layers layers (plus the final norm and LM head), so it reads and
-// writes the target's own KV for those layers. Per round: the draft proposes
-// k tokens (greedy), the draft positions are rolled back, the target verifies
-// all k in one multi-token forward, and the rejected tokens are rolled back
-// with SequenceTable::Truncate. Greedy, so the output equals plain greedy
-// decode token for token.
+// Self-speculation, two drafts that need no second model:
+//  - early exit: the target's first draft_layers layers (plus the final norm
+//    and LM head), reading and writing the target's own KV for those layers;
+//  - int4 KV (QuantSpec-style): the whole target, with attention reading K/V
+//    rounded to int4. This models the numerics of an int4 cache (what decides
+//    acceptance), not its bandwidth saving: on this CPU it costs a full step.
+// Per round: the draft proposes k tokens (greedy), the draft positions are
+// rolled back, the target verifies all k in one multi-token forward, and the
+// rejected tokens are rolled back with SequenceTable::Truncate. Greedy, so the
+// output equals plain greedy decode token for token.
 struct SpecOptions {
   uint32_t prompts = 4;
   uint32_t prompt_tokens = 64;
   uint32_t new_tokens = 48;
   uint32_t draft_tokens = 4;  // k
   uint32_t draft_layers = 1;
+  bool int4_draft = false;    // int4-KV draft instead of early exit
   uint64_t seed = 7;
 };
 

@@ -17,6 +17,16 @@ std::span<const std::byte> Bytes(const float* p, size_t n) {
   return {reinterpret_cast<const std::byte*>(p), n * sizeof(float)};
 }
 
+// A head_dim row rounded to symmetric int4 (scale = absmax / 7), into out.
+const float* Int4(const float* row, uint32_t n, std::vector<float>& out) {
+  out.resize(n);
+  float amax = 0;
+  for (uint32_t i = 0; i < n; ++i) amax = std::max(amax, std::abs(row[i]));
+  const float scale = amax > 0 ? amax / 7.0f : 1.0f;
+  for (uint32_t i = 0; i < n; ++i) out[i] = std::clamp(std::nearbyint(row[i] / scale), -8.0f, 7.0f) * scale;
+  return out.data();
+}
+
 }  // namespace
 
 Result<RankPlan> PlanRank(const ModelConfig& c, int rank, int size) {
@@ -38,7 +48,8 @@ Result<RankPlan> PlanRank(const ModelConfig& c, int rank, int size) {
 RankEngine::RankEngine(std::shared_ptr<const Weights> w, RankPlan plan, SequenceTable* table, StepComm* comm)
     : w_(std::move(w)), plan_(plan), table_(table), comm_(comm) {}
 
-void RankEngine::Attention(const SequenceView& v, uint32_t layer, uint32_t pos, const float* q, float* out) {
+void RankEngine::Attention(const SequenceView& v, uint32_t layer, uint32_t pos, const float* q, float* out,
+                           bool int4) {
   const ModelConfig& c = w_->config;
   const uint32_t D = c.head_dim, group = c.q_heads / c.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -48,7 +59,9 @@ void RankEngine::Attention(const SequenceView& v, uint32_t layer, uint32_t pos, 
     const float* qi = q + i * D;
     float mx = -INFINITY;
     for (uint32_t p = 0; p <= pos; ++p) {
-      scores_[p] = Dot(qi, reinterpret_cast<const float*>(v.Row(layer, 0, kvh, p)), D) * scale;
+      const float* kr = reinterpret_cast<const float*>(v.Row(layer, 0, kvh, p));
+      if (int4) kr = Int4(kr, D, qrow_);
+      scores_[p] = Dot(qi, kr, D) * scale;
       mx = std::max(mx, scores_[p]);
     }
     float sum = 0;
@@ -58,6 +71,7 @@ void RankEngine::Attention(const SequenceView& v, uint32_t layer, uint32_t pos, 
     for (uint32_t p = 0; p <= pos; ++p) {
       const float wgt = scores_[p] / sum;
       const float* vr = reinterpret_cast<const float*>(v.Row(layer, 1, kvh, p));
+      if (int4) vr = Int4(vr, D, qrow_);
       for (uint32_t d = 0; d < D; ++d) o[d] += wgt * vr[d];
     }
   }
@@ -174,7 +188,7 @@ Status RankEngine::Forward(std::span<const StepEntry> entries, const ForwardOpti
                                            Bytes(v_.data() + r * KVr * D, n * KVr * D)));
     }
     for (size_t r = 0; r < rows; ++r)
-      Attention(views[row_entry_[r]], l, row_pos_[r], q_.data() + r * Qr * D, att_.data() + r * Qr * D);
+      Attention(views[row_entry_[r]], l, row_pos_[r], q_.data() + r * Qr * D, att_.data() + r * Qr * D, o.int4_kv);
     // This rank's columns of Wo, then the sum over ranks.
     MatMul(L.wo.data() + size_t{q0} * D, size_t{c.q_heads} * D, H, Qr * D, att_.data(), Qr * D, rows, part_.data(), H);
     KVMESH_RETURN_IF_ERROR(comm_->AllReduceSum(std::span(part_.data(), rows * H)));
@@ -185,7 +199,7 @@ Status RankEngine::Forward(std::span<const StepEntry> entries, const ForwardOpti
     KVMESH_RETURN_IF_ERROR(comm_->AllReduceSum(std::span(part_.data(), rows * H)));
     for (size_t i = 0; i < rows * H; ++i) x_[i] += part_[i];
   }
-  if (nl == c.layers) {
+  if (o.seal && nl == c.layers && !o.int4_kv) {
     for (const StepEntry& e : entries) KVMESH_RETURN_IF_ERROR(table_->Commit(e.seq));
   }
 

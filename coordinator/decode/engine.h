@@ -45,6 +45,10 @@ struct ForwardOptions {
   bool all_rows = false;  // hidden states of every fed token, not only each entry's last
   uint32_t layers = 0;    // run only the first `layers` layers (early-exit draft); 0 = all.
                           // A partial forward writes KV of those layers only and seals nothing.
+  bool int4_kv = false;   // attention reads K and V rounded to int4 (per row and head,
+                          // absmax scale): the numerics of an int4 KV cache, for a
+                          // QuantSpec-style self-draft. Such a forward seals nothing.
+  bool seal = true;       // false: leave full blocks open (draft tokens about to be rolled back)
 };
 
 class RankEngine {
@@ -68,7 +72,7 @@ class RankEngine {
   uint64_t rows_fed() const { return rows_fed_; }
 
  private:
-  void Attention(const SequenceView& v, uint32_t layer, uint32_t pos, const float* q, float* out);
+  void Attention(const SequenceView& v, uint32_t layer, uint32_t pos, const float* q, float* out, bool int4);
   void Ffn(uint32_t layer, size_t rows);
 
   std::shared_ptr<const Weights> w_;
@@ -77,7 +81,7 @@ class RankEngine {
   StepComm* comm_;
   uint64_t rows_fed_ = 0;
   // Scratch, reused across steps.
-  std::vector<float> x_, hn_, q_, k_, v_, att_, part_, scores_, gate_, a1_, a3_, tmp_;
+  std::vector<float> qrow_, x_, hn_, q_, k_, v_, att_, part_, scores_, gate_, a1_, a3_, tmp_;
   std::vector<uint32_t> row_pos_, row_entry_, topk_idx_;
   std::vector<float> topk_w_;
 };
