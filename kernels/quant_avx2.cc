@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/codec_math.h"
@@ -129,23 +130,28 @@ inline __m256i Fp8x8(__m256 v) {
   return _mm256_blendv_epi8(code, _mm256_or_si256(sign, _mm256_set1_epi32(0x7F)), nan);
 }
 
-inline __m256i QuantFp8x8(uint8_t codec, __m256 x, __m256 inv) {
+template <uint8_t kCodec>
+inline __m256i QuantFp8x8(__m256 x, __m256 inv) {
   const __m256 v = _mm256_mul_ps(x, inv);
-  return codec == kCodecFp8E4M3 ? Fp8x8<3, 7, 0x7Eu>(v) : Fp8x8<2, 15, 0x7Bu>(v);
+  if constexpr (kCodec == kCodecFp8E4M3) return Fp8x8<3, 7, 0x7Eu>(v);
+  return Fp8x8<2, 15, 0x7Bu>(v);
 }
 
-// Codes of a symmetric quantiser (int8 or fp8), 8 and 32 at a time.
-inline void StoreSym8(uint8_t codec, uint8_t* dst, __m256 x, __m256 inv) {
-  if (codec == kCodecInt8) return StoreInt8x8(dst, x, inv);
-  __m256i c = QuantFp8x8(codec, x, inv);
+// Codes of a symmetric quantiser (int8 or fp8), 8 and 32 at a time; the
+// codec is a template parameter so the inner loops carry no dispatch.
+template <uint8_t kCodec>
+inline void StoreSym8(uint8_t* dst, __m256 x, __m256 inv) {
+  if constexpr (kCodec == kCodecInt8) return StoreInt8x8(dst, x, inv);
+  __m256i c = QuantFp8x8<kCodec>(x, inv);
   __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packus_epi16(w, w));
 }
-inline void StoreSym32(uint8_t codec, uint8_t* dst, __m256 x0, __m256 x1, __m256 x2, __m256 x3, __m256 i0, __m256 i1,
-                       __m256 i2, __m256 i3) {
-  if (codec == kCodecInt8) return StoreInt8x32(dst, x0, x1, x2, x3, i0, i1, i2, i3);
-  __m256i a = _mm256_packus_epi32(QuantFp8x8(codec, x0, i0), QuantFp8x8(codec, x1, i1));
-  __m256i b = _mm256_packus_epi32(QuantFp8x8(codec, x2, i2), QuantFp8x8(codec, x3, i3));
+template <uint8_t kCodec>
+inline void StoreSym32(uint8_t* dst, __m256 x0, __m256 x1, __m256 x2, __m256 x3, __m256 i0, __m256 i1, __m256 i2,
+                       __m256 i3) {
+  if constexpr (kCodec == kCodecInt8) return StoreInt8x32(dst, x0, x1, x2, x3, i0, i1, i2, i3);
+  __m256i a = _mm256_packus_epi32(QuantFp8x8<kCodec>(x0, i0), QuantFp8x8<kCodec>(x1, i1));
+  __m256i b = _mm256_packus_epi32(QuantFp8x8<kCodec>(x2, i2), QuantFp8x8<kCodec>(x3, i3));
   __m256i c = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), c);
 }
@@ -227,7 +233,7 @@ inline __m256 LoadHalf8(const uint8_t* p) {
 // int8 per token in three passes, so that no group waits on the latency of
 // its own scale (two divisions and two conversions): 1) every group's absmax,
 // 2) all scales and inverses, 8 groups per vector, 3) the codes.
-template <uint8_t kType>
+template <uint8_t kType, uint8_t kCodec>
 void EncodePerTokenSymmetric(const PlaneGeom& g, const uint8_t* in, uint8_t* out) {
   thread_local std::vector<float> amax, inv;
   amax.resize(g.groups + 8);
@@ -269,18 +275,18 @@ void EncodePerTokenSymmetric(const PlaneGeom& g, const uint8_t* in, uint8_t* out
     uint8_t* codes = out + g.codes_off + e0;
     uint32_t k = 0;
     for (; k + 32 <= g.group; k += 32)
-      StoreSym32(g.codec, codes + k, Load8<kType>(in, e0 + k), Load8<kType>(in, e0 + k + 8),
+      StoreSym32<kCodec>(codes + k, Load8<kType>(in, e0 + k), Load8<kType>(in, e0 + k + 8),
                  Load8<kType>(in, e0 + k + 16), Load8<kType>(in, e0 + k + 24), v, v, v, v);
-    for (; k < g.group; k += 8) StoreSym8(g.codec, codes + k, Load8<kType>(in, e0 + k), v);
+    for (; k < g.group; k += 8) StoreSym8<kCodec>(codes + k, Load8<kType>(in, e0 + k), v);
   }
 }
 
 // ---- per token ---------------------------------------------------------------
 // REQUIRES: g.group % 16 == 0 and g.dim % g.group == 0.
 // g by value: `out` may alias a reference, which forces reloads in the loops.
-template <uint8_t kType>
+template <uint8_t kType, uint8_t kCodec>
 void EncodePerToken(const PlaneGeom g, const uint8_t* in, uint8_t* out) {
-  const bool int4 = g.codec == kCodecInt4;
+  constexpr bool int4 = kCodec == kCodecInt4;
   for (size_t gi = 0; int4 && gi < g.groups; ++gi) {
     const size_t e0 = gi * g.group;  // groups tile the plane in element order
     {
@@ -304,7 +310,7 @@ void EncodePerToken(const PlaneGeom g, const uint8_t* in, uint8_t* out) {
       }
     }
   }
-  if (!int4) EncodePerTokenSymmetric<kType>(g, in, out);
+  if constexpr (kCodec != kCodecInt4) EncodePerTokenSymmetric<kType, kCodec>(g, in, out);
 }
 
 void DecodePerToken(const PlaneGeom g, const uint8_t* enc, uint8_t* out, uint8_t out_type) {
@@ -335,9 +341,9 @@ void DecodePerToken(const PlaneGeom g, const uint8_t* enc, uint8_t* out, uint8_t
 // ---- per channel -------------------------------------------------------------
 // Channels in chunks of 8 lanes; the remaining dim % 8 channels go through the
 // scalar reference functions. REQUIRES (int4): g.dim even.
-template <uint8_t kType>
+template <uint8_t kType, uint8_t kCodec>
 void EncodePerChannel(const PlaneGeom g, const uint8_t* in, uint8_t* out) {
-  const bool int4 = g.codec == kCodecInt4;
+  constexpr bool int4 = kCodec == kCodecInt4;
   const uint32_t d_vec = g.dim / 8 * 8;
   for (uint32_t j = 0; j < g.groups_per_line; ++j) {
     const uint32_t t0 = j * g.group;
@@ -379,7 +385,7 @@ void EncodePerChannel(const PlaneGeom g, const uint8_t* in, uint8_t* out) {
                      i3 = scale_inv(a3, gi + 24);
         for (uint32_t t = t0; t < t1; ++t) {
           const size_t e = static_cast<size_t>(t) * g.dim + c;
-          StoreSym32(g.codec, out + g.codes_off + e, Load8<kType>(in, e), Load8<kType>(in, e + 8),
+          StoreSym32<kCodec>(out + g.codes_off + e, Load8<kType>(in, e), Load8<kType>(in, e + 8),
                      Load8<kType>(in, e + 16), Load8<kType>(in, e + 24), i0, i1, i2, i3);
         }
       }
@@ -419,7 +425,7 @@ void EncodePerChannel(const PlaneGeom g, const uint8_t* in, uint8_t* out) {
         const __m256 inv = SafeInv8(_mm256_cvtph_ps(s16));
         for (uint32_t t = t0; t < t1; ++t) {
           const size_t e = static_cast<size_t>(t) * g.dim + c;
-          StoreSym8(g.codec, out + g.codes_off + e, Load8<kType>(in, e), inv);
+          StoreSym8<kCodec>(out + g.codes_off + e, Load8<kType>(in, e), inv);
         }
       }
     }
@@ -460,6 +466,27 @@ void DecodePerChannel(const PlaneGeom g, const uint8_t* enc, uint8_t* out, uint8
       const size_t e = static_cast<size_t>(t) * g.dim + c;
       StoreElem(out, e, out_type, DecodeElement(g, enc, e));
     }
+  }
+}
+
+// Calls fn(integral_constant<type>, integral_constant<codec>) for g's input
+// type and quantiser, so each combination gets its own loops.
+template <uint8_t kType, typename Fn>
+void DispatchCodec(const PlaneGeom& g, Fn&& fn) {
+  using T = std::integral_constant<uint8_t, kType>;
+  switch (g.codec) {
+    case kCodecInt8: fn(T{}, std::integral_constant<uint8_t, kCodecInt8>{}); break;
+    case kCodecInt4: fn(T{}, std::integral_constant<uint8_t, kCodecInt4>{}); break;
+    case kCodecFp8E4M3: fn(T{}, std::integral_constant<uint8_t, kCodecFp8E4M3>{}); break;
+    default: fn(T{}, std::integral_constant<uint8_t, kCodecFp8E5M2>{}); break;
+  }
+}
+template <typename Fn>
+void Dispatch(const PlaneGeom& g, Fn&& fn) {
+  switch (g.in_type) {
+    case kElemFp16: DispatchCodec<kElemFp16>(g, fn); break;
+    case kElemBf16: DispatchCodec<kElemBf16>(g, fn); break;
+    default: DispatchCodec<kElemFp32>(g, fn); break;
   }
 }
 
@@ -510,18 +537,10 @@ bool EncodePlaneAvx2(const PlaneGeom& g, const uint8_t* in, uint8_t* out) {
   if (!IsQuantising(g.codec)) return false;
   if (g.axis == kPerToken) {
     if (g.group % 16 != 0 || g.dim % g.group != 0) return false;
-    switch (g.in_type) {
-      case kElemFp16: EncodePerToken<kElemFp16>(g, in, out); break;
-      case kElemBf16: EncodePerToken<kElemBf16>(g, in, out); break;
-      default: EncodePerToken<kElemFp32>(g, in, out); break;
-    }
+    Dispatch(g, [&](auto type, auto codec) { EncodePerToken<type(), codec()>(g, in, out); });
   } else {
     if (g.codec == kCodecInt4 && g.dim % 2 != 0) return false;
-    switch (g.in_type) {
-      case kElemFp16: EncodePerChannel<kElemFp16>(g, in, out); break;
-      case kElemBf16: EncodePerChannel<kElemBf16>(g, in, out); break;
-      default: EncodePerChannel<kElemFp32>(g, in, out); break;
-    }
+    Dispatch(g, [&](auto type, auto codec) { EncodePerChannel<type(), codec()>(g, in, out); });
   }
   const size_t used = g.codes_off + CodeBytes(g);
   std::memset(out + used, 0, g.bytes - used);
