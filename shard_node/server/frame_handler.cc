@@ -1,0 +1,214 @@
+#include "shard_node/server/frame_handler.h"
+
+#include "common/checksum.h"
+#include "shard_node/shard_node.h"
+
+namespace kvmesh {
+namespace {
+
+using namespace proto;
+
+bool TokenEquals(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+using namespace proto;
+
+FrameOutcome FrameHandler::Handle(const FrameHeader& h, std::span<const std::byte> body, bool* hello_done,
+                                  FrameReply* rep) {
+  if (!*hello_done || h.opcode == Opcode::kHello) {
+    Status st = HandleHello(h, body, *hello_done, rep);
+    if (st.code() == StatusCode::kInvalidArgument && rep->pieces.empty()) {
+      malformed.fetch_add(1);
+      return FrameOutcome::kClose;
+    }
+    if (!st.ok()) return FrameOutcome::kReplyThenClose;
+    *hello_done = true;
+    return FrameOutcome::kReply;
+  }
+  const uint64_t node_epoch = epoch_->load(std::memory_order_acquire);
+  if (h.epoch != 0 && h.epoch < node_epoch) {
+    stale.fetch_add(1);
+    ErrorReply(h, StaleEpoch("shard-map epoch " + std::to_string(h.epoch) + " is stale; node " + node_->id() +
+                             " is at epoch " + std::to_string(node_epoch) + ": refresh the map"),
+               rep);
+    return FrameOutcome::kReply;
+  }
+  if (!HandleData(h, body, rep).ok()) {
+    malformed.fetch_add(1);
+    return FrameOutcome::kClose;
+  }
+  return FrameOutcome::kReply;
+}
+
+// Returns OK when the connection is now authenticated; non-OK closes it
+// (InvalidArgument with an empty reply: malformed, close without answering).
+Status FrameHandler::HandleHello(const FrameHeader& h, std::span<const std::byte> body, bool hello_done, FrameReply* rep) {
+  if (hello_done) {
+    ErrorReply(h, InvalidArgument("HELLO sent twice"), rep);
+    return InvalidArgument("HELLO twice");
+  }
+  if (h.opcode != Opcode::kHello) {
+    auth_failures.fetch_add(1);
+    ErrorReply(h, PermissionDenied("the first frame must be HELLO"), rep);
+    return PermissionDenied("no HELLO");
+  }
+  Hello hello;
+  Status st = ParseHelloBody(body, &hello);
+  if (!st.ok()) return st;
+  if (hello.version_min > kVersion || hello.version_max < kVersion) {
+    ErrorReply(h, InvalidArgument("no common protocol version (node speaks " + std::to_string(kVersion) + ")"), rep);
+    return FailedPrecondition("version");
+  }
+  if (!token_.empty() && !TokenEquals(hello.token, token_)) {
+    auth_failures.fetch_add(1);
+    ErrorReply(h, PermissionDenied(hello.token.empty() ? "this node requires a token" : "wrong token"), rep);
+    return PermissionDenied("token");
+  }
+  HelloAnswer a{node_->id(), limits_};
+  OkReply(h, 0, EncodeHelloAnswerBody(a), rep);
+  return Status::Ok();
+}
+
+void FrameHandler::ErrorReply(const FrameHeader& req, const Status& s, FrameReply* rep) {
+  FrameHeader h;
+  h.epoch = epoch_->load(std::memory_order_relaxed);
+  h.opcode = req.opcode;
+  h.flags = kFlagResponse;
+  h.request_id = req.request_id;
+  h.status = s.code();
+  rep->body = s.message().substr(0, 1024);
+  h.body_len = static_cast<uint32_t>(rep->body.size());
+  rep->header = EncodeHeader(h);
+  rep->SetHeaderAndBody();
+}
+
+void FrameHandler::OkReply(const FrameHeader& req, uint32_t count, std::string body, FrameReply* rep) {
+  FrameHeader h;
+  h.opcode = req.opcode;
+  h.flags = kFlagResponse;
+  h.request_id = req.request_id;
+  h.epoch = epoch_->load(std::memory_order_relaxed);
+  h.count = count;
+  rep->body = std::move(body);
+  h.body_len = static_cast<uint32_t>(rep->body.size());
+  rep->header = EncodeHeader(h);
+  rep->SetHeaderAndBody();
+}
+
+// Answers one data frame. Non-OK only for a malformed body (closes the connection).
+Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+  std::vector<BlockKey> keys;
+  switch (h.opcode) {
+    case Opcode::kPut: {
+      const size_t table = size_t{h.count} * kPutItemSize;
+      std::vector<PutRecord> recs;
+      KVMESH_RETURN_IF_ERROR(ParsePutTable(h, body.first(table), limits_, &recs));
+      std::string codes(h.count, '\0');
+      size_t off = table;
+      for (size_t i = 0; i < recs.size(); ++i) {
+        std::span<const std::byte> data = body.subspan(off, recs[i].size);
+        off += recs[i].size;
+        Status s;
+        if (Checksum64(data.data(), data.size()) != recs[i].checksum) {
+          s = DataLoss("payload checksum mismatch");
+        } else {
+          PutOptions po;
+          po.priority = recs[i].priority;
+          po.codec = recs[i].codec;
+          s = node_->Put(recs[i].key, data, po);
+        }
+        codes[i] = static_cast<char>(s.code());
+      }
+      OkReply(h, h.count, std::move(codes), rep);
+      return Status::Ok();
+    }
+    case Opcode::kGet: {
+      KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
+      std::string table(keys.size() * kGetItemSize, '\0');
+      rep->refs.reserve(keys.size());
+      const bool host = node_->store().backend().host_accessible();
+      uint64_t total = table.size();
+      std::vector<std::span<const std::byte>> payloads;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        GetRecord r;
+        Result<BlockRef> ref = node_->Get(keys[i]);
+        if (!ref.ok()) {
+          r.status = ref.status().code();
+        } else if (total + ref->meta().size > limits_.max_body_bytes) {
+          r.status = StatusCode::kBusy;  // the answer is full: ask again in a smaller batch
+        } else {
+          r.size = ref->meta().size;
+          r.checksum = ref->meta().checksum;
+          total += r.size;
+          if (host) {
+            payloads.push_back(ref->data());
+            rep->refs.push_back(std::move(*ref));
+          } else {
+            std::string& c = rep->copies.emplace_back(r.size, '\0');
+            node_->store().backend().CopyOut(reinterpret_cast<std::byte*>(c.data()), ref->data().data(), r.size);
+            payloads.push_back(std::as_bytes(std::span<const char>(c)));
+          }
+        }
+        EncodeGetRecord(r, reinterpret_cast<std::byte*>(table.data()) + i * kGetItemSize);
+      }
+      OkReply(h, h.count, std::move(table), rep);
+      // Re-encode the header for the full body (table + payloads).
+      FrameHeader fh;
+      fh.opcode = h.opcode;
+      fh.flags = kFlagResponse;
+      fh.request_id = h.request_id;
+      fh.epoch = epoch_->load(std::memory_order_relaxed);
+      fh.count = h.count;
+      fh.body_len = static_cast<uint32_t>(total);
+      rep->header = EncodeHeader(fh);
+      for (auto p : payloads) rep->pieces.push_back(p);
+      return Status::Ok();
+    }
+    case Opcode::kExists: {
+      KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
+      const bool touch = h.flags & kFlagTouch;
+      std::string found(keys.size(), '\0');
+      for (size_t i = 0; i < keys.size(); ++i) found[i] = node_->Exists(keys[i], touch) ? 1 : 0;
+      OkReply(h, h.count, std::move(found), rep);
+      return Status::Ok();
+    }
+    case Opcode::kMatchPrefix: {
+      KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
+      uint32_t run = 0;
+      while (run < keys.size() && node_->Exists(keys[run], /*touch=*/true)) ++run;
+      std::string out(4, '\0');
+      for (int b = 0; b < 4; ++b) out[b] = static_cast<char>((run >> (8 * b)) & 0xFF);
+      OkReply(h, h.count, std::move(out), rep);
+      return Status::Ok();
+    }
+    case Opcode::kErase:
+    case Opcode::kPin:
+    case Opcode::kUnpin: {
+      KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
+      std::string codes(keys.size(), '\0');
+      for (size_t i = 0; i < keys.size(); ++i) {
+        Status s = h.opcode == Opcode::kErase ? node_->Erase(keys[i])
+                   : h.opcode == Opcode::kPin ? node_->Pin(keys[i])
+                                              : node_->Unpin(keys[i]);
+        codes[i] = static_cast<char>(s.code());
+      }
+      OkReply(h, h.count, std::move(codes), rep);
+      return Status::Ok();
+    }
+    case Opcode::kStats:
+      OkReply(h, 0, node_->StatsJson(), rep);
+      return Status::Ok();
+    case Opcode::kHello:
+      break;
+  }
+  return InvalidArgument("unexpected opcode");
+}
+
+
+}  // namespace kvmesh

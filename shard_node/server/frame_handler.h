@@ -1,0 +1,71 @@
+// shard_node/server/frame_handler.h — answers kvmesh protocol frames for one
+// ShardNode, whatever transport carried them (Asio TCP, UCX active messages).
+// Holds the per-frame logic every server shares: HELLO and token checks, the
+// stale-epoch refusal, and the batch operations. Answers are a list of byte
+// pieces (header, tables, then payloads straight from pool memory, pinned by
+// the BlockRefs the reply owns) for one gathered send.
+//
+// Thread-safety: Handle() may run concurrently for different connections.
+#pragma once
+
+#include <atomic>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shard_node/block_store.h"
+#include "transport/protocol.h"
+
+namespace kvmesh {
+
+class ShardNode;
+
+struct FrameReply {
+  proto::HeaderBytes header;
+  std::string body;
+  std::vector<BlockRef> refs;       // pins the payloads until the reply is sent
+  std::vector<std::string> copies;  // device-memory blocks copied out
+  std::vector<std::span<const std::byte>> pieces;  // what to send, in order
+  void SetHeaderAndBody() {
+    pieces = {std::as_bytes(std::span(header)), std::as_bytes(std::span<const char>(body.data(), body.size()))};
+  }
+  size_t bytes() const {
+    size_t n = 0;
+    for (auto p : pieces) n += p.size();
+    return n;
+  }
+};
+
+enum class FrameOutcome {
+  kReply,           // send the reply, keep the connection
+  kReplyThenClose,  // send the reply (an error answer), then close
+  kClose,           // malformed: close without answering
+};
+
+class FrameHandler {
+ public:
+  // REQUIRES: node and epoch outlive the handler.
+  FrameHandler(ShardNode* node, proto::ProtocolLimits limits, std::string token, const std::atomic<uint64_t>* epoch)
+      : node_(node), limits_(limits), token_(std::move(token)), epoch_(epoch) {}
+
+  // Answers frame `h` (body already read and within limits) of a connection
+  // whose handshake state is *hello_done.
+  FrameOutcome Handle(const proto::FrameHeader& h, std::span<const std::byte> body, bool* hello_done, FrameReply* rep);
+
+  const proto::ProtocolLimits& limits() const { return limits_; }
+
+  std::atomic<uint64_t> auth_failures{0}, stale{0}, malformed{0};
+
+ private:
+  Status HandleHello(const proto::FrameHeader& h, std::span<const std::byte> body, bool hello_done, FrameReply* rep);
+  void ErrorReply(const proto::FrameHeader& req, const Status& s, FrameReply* rep);
+  void OkReply(const proto::FrameHeader& req, uint32_t count, std::string body, FrameReply* rep);
+  Status HandleData(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+
+  ShardNode* node_;
+  const proto::ProtocolLimits limits_;
+  const std::string token_;
+  const std::atomic<uint64_t>* epoch_;
+};
+
+}  // namespace kvmesh

@@ -1,0 +1,39 @@
+// shard_node/server/ucx_server.h — serves one ShardNode over UCX active
+// messages with the kvmesh protocol (docs/protocol.md, "UCX"). The worker's
+// wakeup fd is driven by an Asio loop (no busy polling); requests arrive as
+// AM (header = frame header, data = body; large bodies by rendezvous straight
+// into a buffer sized from the checked header), answers go back on the
+// sender's reply endpoint with an iov gathered from pool memory.
+// Peers reach it by its worker address (address(), published through the
+// coordinator and exchanged over MPI in `kvmesh serve`).
+//
+// Thread-safety: Start/Stop from one thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "kvmesh/status.h"
+#include "transport/protocol.h"
+
+namespace kvmesh {
+
+class ShardNode;
+
+struct UcxServerOptions {
+  proto::ProtocolLimits limits;
+  std::string token;
+};
+
+class UcxServer {
+ public:
+  static Result<std::unique_ptr<UcxServer>> Start(ShardNode* node, UcxServerOptions options,
+                                                  const std::atomic<uint64_t>* epoch);
+  virtual ~UcxServer() = default;
+  virtual const std::string& address() const = 0;  // worker address bytes
+  virtual uint64_t requests() const = 0;
+  virtual void Stop() = 0;
+};
+
+}  // namespace kvmesh

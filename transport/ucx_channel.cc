@@ -1,0 +1,390 @@
+#include "transport/ucx_channel.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <array>
+#include <cstring>
+#include <thread>
+#include <unordered_map>
+
+#include "common/checksum.h"
+#include "transport/ucx_worker.h"
+
+namespace kvmesh {
+namespace {
+
+using namespace proto;
+using Clock = std::chrono::steady_clock;
+
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;       // answer arrived (or the call failed)
+  bool send_done = false;  // UCX no longer reads the request buffers
+  Status call;
+  FrameHeader header;
+  std::vector<std::byte> body;
+};
+
+class Channel final : public UcxChannel {
+ public:
+  explicit Channel(UcxChannelOptions o) : o_(std::move(o)) {}
+  ~Channel() override {
+    stop_ = true;
+    uint64_t one = 1;
+    if (wake_fd_ >= 0) (void)::write(wake_fd_, &one, sizeof(one));
+    if (thread_.joinable()) thread_.join();
+    if (ep_) {
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      void* r = ucp_ep_close_nbx(ep_, &p);
+      if (r != nullptr && !UCS_PTR_IS_ERR(r)) {
+        while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker_->get());
+        ucp_request_free(r);
+      }
+    }
+    worker_.reset();
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+  }
+
+  Status Init() {
+    KVMESH_ASSIGN_OR_RETURN(worker_, UcxWorker::Create(/*multi_thread=*/true));
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                    UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    hp.id = kUcxAmReply;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    hp.cb = &Channel::OnReply;
+    hp.arg = this;
+    KVMESH_UCX_RETURN(ucp_worker_set_am_recv_handler(worker_->get(), &hp));
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(o_.node_address.data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t st) { static_cast<Channel*>(arg)->FailAll(st); };
+    ep.err_handler.arg = this;
+    KVMESH_UCX_RETURN(ucp_ep_create(worker_->get(), &ep, &ep_));
+    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    thread_ = std::thread([this] { ProgressLoop(); });
+    Hello h;
+    h.client_id = o_.client_id;
+    h.tenant = o_.tenant;
+    h.token = o_.token;
+    std::string body = EncodeHelloBody(h);
+    auto p = std::make_shared<Pending>();
+    KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kHello, 0, 0, {{body.data(), body.size()}}, body.size(), p, {}));
+    HelloAnswer a;
+    KVMESH_RETURN_IF_ERROR(ParseHelloAnswerBody(p->body, &a));
+    server_limits_ = a.limits;
+    return Status::Ok();
+  }
+
+  std::string_view transport() const override { return "ucx"; }
+  void set_epoch(uint64_t e) override { epoch_.store(e); }
+
+  Status Put(std::span<PutItem> items, const RequestOptions& o) override {
+    if (items.empty()) return Status::Ok();
+    std::string table(items.size() * kPutItemSize, '\0');
+    std::vector<ucp_dt_iov_t> iov{{table.data(), table.size()}};
+    uint64_t body = table.size();
+    for (size_t i = 0; i < items.size(); ++i) {
+      PutRecord r{items[i].key, static_cast<uint32_t>(items[i].data.size()), o.priority, 0,
+                  Checksum64(items[i].data.data(), items[i].data.size())};
+      EncodePutRecord(r, reinterpret_cast<std::byte*>(table.data()) + i * kPutItemSize);
+      iov.push_back({const_cast<std::byte*>(items[i].data.data()), items[i].data.size()});
+      body += items[i].data.size();
+    }
+    auto p = std::make_shared<Pending>();
+    KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kPut, 0, items.size(), iov, body, p, o));
+    std::vector<uint8_t> codes;
+    KVMESH_RETURN_IF_ERROR(ParseStatusBytes(p->header, p->body, &codes));
+    for (size_t i = 0; i < items.size(); ++i) items[i].status = Item(codes[i]);
+    return Status::Ok();
+  }
+
+  Status Get(std::span<GetItem> items, const RequestOptions& o) override {
+    if (items.empty()) return Status::Ok();
+    std::string keys;
+    for (const GetItem& it : items) AppendKey(&keys, it.key);
+    auto p = std::make_shared<Pending>();
+    KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kGet, 0, items.size(), {{keys.data(), keys.size()}}, keys.size(), p, o));
+    const size_t table = size_t{p->header.count} * kGetItemSize;
+    if (p->header.count != items.size() || p->body.size() < table) return Unavailable("bad GET answer");
+    std::vector<GetRecord> recs;
+    KVMESH_RETURN_IF_ERROR(ParseGetTable(p->header, std::span(p->body).first(table), o_.limits, &recs));
+    size_t off = table;
+    for (size_t i = 0; i < items.size(); ++i) {
+      GetItem& it = items[i];
+      it.size = recs[i].size;
+      if (recs[i].status != StatusCode::kOk) {
+        it.status = recs[i].status == StatusCode::kNotFound ? NotFound("not stored") : Item(uint8_t(recs[i].status));
+        continue;
+      }
+      const std::byte* src = p->body.data() + off;
+      off += recs[i].size;
+      if (it.dst.size() < recs[i].size) {
+        it.status = ResourceExhausted("destination smaller than the block");
+        continue;
+      }
+      std::memcpy(it.dst.data(), src, recs[i].size);
+      it.status = Checksum64(src, recs[i].size) == recs[i].checksum ? Status::Ok() : DataLoss("payload checksum mismatch");
+    }
+    return Status::Ok();
+  }
+
+  Status Exists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch, const RequestOptions& o) override {
+    std::vector<uint8_t> codes;
+    KVMESH_RETURN_IF_ERROR(KeyCall(Opcode::kExists, touch ? kFlagTouch : 0, keys, o, &codes));
+    for (size_t i = 0; i < keys.size(); ++i) found[i] = codes[i] ? 1 : 0;
+    return Status::Ok();
+  }
+  Status Erase(std::span<const BlockKey> keys, std::span<Status> st) override { return StatusCall(Opcode::kErase, keys, st); }
+  Status Pin(std::span<const BlockKey> keys, std::span<Status> st) override { return StatusCall(Opcode::kPin, keys, st); }
+  Status Unpin(std::span<const BlockKey> keys, std::span<Status> st) override { return StatusCall(Opcode::kUnpin, keys, st); }
+  Result<std::string> StatsJson() override {
+    auto p = std::make_shared<Pending>();
+    KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kStats, 0, 0, {}, 0, p, {}));
+    return std::string(reinterpret_cast<const char*>(p->body.data()), p->body.size());
+  }
+
+ private:
+  static Status Item(uint8_t code) {
+    if (code == 0) return Status::Ok();
+    auto c = static_cast<StatusCode>(code);
+    return Status(c, "node answered " + std::string(StatusCodeName(c)));
+  }
+  Status KeyCall(Opcode op, uint8_t flags, std::span<const BlockKey> keys, const RequestOptions& o,
+                 std::vector<uint8_t>* codes) {
+    codes->clear();
+    if (keys.empty()) return Status::Ok();
+    std::string body;
+    for (const BlockKey& k : keys) AppendKey(&body, k);
+    auto p = std::make_shared<Pending>();
+    KVMESH_RETURN_IF_ERROR(Roundtrip(op, flags, keys.size(), {{body.data(), body.size()}}, body.size(), p, o));
+    return ParseStatusBytes(p->header, p->body, codes);
+  }
+  Status StatusCall(Opcode op, std::span<const BlockKey> keys, std::span<Status> st) {
+    std::vector<uint8_t> codes;
+    KVMESH_RETURN_IF_ERROR(KeyCall(op, 0, keys, {}, &codes));
+    for (size_t i = 0; i < keys.size(); ++i) st[i] = Item(codes[i]);
+    return Status::Ok();
+  }
+
+  // Posts one request (AM header = frame header, data = iov) and waits for the answer.
+  Status Roundtrip(Opcode op, uint8_t flags, size_t count, std::vector<ucp_dt_iov_t> iov, uint64_t body_len,
+                   const std::shared_ptr<Pending>& p, const RequestOptions& o) {
+    if (op != Opcode::kHello && (count > server_limits_.max_items || body_len > server_limits_.max_body_bytes))
+      return InvalidArgument("batch exceeds the node's limits");
+    if (broken_) return Unavailable("UCX endpoint to the node failed");
+    const auto deadline = Clock::now() + std::chrono::milliseconds(o.timeout_ms > 0 ? o.timeout_ms : o_.timeout_ms);
+    FrameHeader h;
+    h.opcode = op;
+    h.flags = flags;
+    h.request_id = next_id_++;
+    h.epoch = epoch_.load();
+    h.count = static_cast<uint32_t>(count);
+    h.body_len = static_cast<uint32_t>(body_len);
+    // AM header: the frame header, then this channel's session nonce.
+    std::array<std::byte, kHeaderSize + 8> amh;
+    HeaderBytes hb = EncodeHeader(h);
+    std::memcpy(amh.data(), hb.data(), kHeaderSize);
+    std::memcpy(amh.data() + kHeaderSize, &nonce_, 8);
+    {
+      std::lock_guard<std::mutex> lock(map_mu_);
+      pending_[h.request_id] = p;
+    }
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE |
+                      UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = UCP_AM_SEND_FLAG_REPLY;
+    rp.datatype = ucp_dt_make_iov();
+    auto* holder = new std::shared_ptr<Pending>(p);
+    rp.user_data = holder;
+    rp.cb.send = [](void* req, ucs_status_t, void* user) {
+      auto* hp = static_cast<std::shared_ptr<Pending>*>(user);
+      {
+        std::lock_guard<std::mutex> lock((*hp)->mu);
+        (*hp)->send_done = true;
+        (*hp)->cv.notify_all();
+      }
+      delete hp;
+      ucp_request_free(req);
+    };
+    void* r = ucp_am_send_nbx(ep_, kUcxAmRequest, amh.data(), amh.size(), iov.data(), iov.size(), &rp);
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+      delete holder;
+      std::lock_guard<std::mutex> lock(p->mu);
+      p->send_done = true;
+      if (UCS_PTR_IS_ERR(r)) {
+        Forget(h.request_id);
+        return UcxStatus(UCS_PTR_STATUS(r), "ucp_am_send_nbx", __FILE__, __LINE__);
+      }
+    }
+    Wake();
+    std::unique_lock<std::mutex> lock(p->mu);
+    const bool ok = p->cv.wait_until(lock, deadline, [&] { return p->done && p->send_done; });
+    if (!ok) {
+      Forget(h.request_id);
+      if (!p->send_done) {  // UCX still reads our buffers: cancel and wait for the callback
+        lock.unlock();
+        ucp_request_cancel(worker_->get(), r);
+        Wake();
+        lock.lock();
+        p->cv.wait(lock, [&] { return p->send_done; });
+      }
+      return p->done ? p->call : DeadlineExceeded("no answer from the node within the timeout");
+    }
+    return p->call;
+  }
+
+  void Forget(uint64_t id) {
+    std::lock_guard<std::mutex> lock(map_mu_);
+    pending_.erase(id);
+  }
+  void Wake() {
+    ucp_worker_signal(worker_->get());
+  }
+  void FailAll(ucs_status_t st) {
+    broken_ = true;
+    std::unordered_map<uint64_t, std::shared_ptr<Pending>> failed;
+    {
+      std::lock_guard<std::mutex> lock(map_mu_);
+      failed.swap(pending_);
+    }
+    for (auto& [id, p] : failed) {
+      std::lock_guard<std::mutex> lock(p->mu);
+      p->call = Unavailable(std::string("UCX endpoint failed: ") + ucs_status_string(st));
+      p->done = true;
+      p->cv.notify_all();
+    }
+  }
+
+  static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                              const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Channel*>(arg);
+    FrameHeader h;
+    if (header_length != kHeaderSize ||
+        !DecodeHeader(std::span(static_cast<const std::byte*>(header), header_length), self->o_.limits, &h).ok() ||
+        !h.is_response() || h.body_len != length)
+      return UCS_OK;  // not ours to trust: dropped (the caller times out)
+    std::shared_ptr<Pending> p;
+    {
+      std::lock_guard<std::mutex> lock(self->map_mu_);
+      auto it = self->pending_.find(h.request_id);
+      if (it == self->pending_.end()) return UCS_OK;
+      p = it->second;
+      self->pending_.erase(it);
+    }
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+      self->rndv_.push_back({p, h, data});
+      return UCS_INPROGRESS;
+    }
+    std::lock_guard<std::mutex> lock(p->mu);
+    p->header = h;
+    p->body.assign(static_cast<const std::byte*>(data), static_cast<const std::byte*>(data) + length);
+    Complete(p.get());
+    return UCS_OK;
+  }
+
+  static void Complete(Pending* p) {  // REQUIRES p->mu held
+    p->call = p->header.status == StatusCode::kOk ? Status::Ok() : ParseErrorBody(p->header, p->body);
+    p->done = true;
+    p->cv.notify_all();
+  }
+
+  struct Rndv {
+    std::shared_ptr<Pending> p;
+    FrameHeader h;
+    void* desc;
+  };
+
+  void StartRendezvous() {
+    while (!rndv_.empty()) {
+      Rndv rv = std::move(rndv_.front());
+      rndv_.pop_front();
+      {
+        std::lock_guard<std::mutex> lock(rv.p->mu);
+        rv.p->header = rv.h;
+        rv.p->body.resize(rv.h.body_len);  // bounded by the limits DecodeHeader checked
+      }
+      ucp_request_param_t rp{};
+      rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+      rp.datatype = ucp_dt_make_contig(1);
+      auto* holder = new std::shared_ptr<Pending>(rv.p);
+      rp.user_data = holder;
+      rp.cb.recv_am = [](void* req, ucs_status_t st, size_t, void* user) {
+        auto* hp = static_cast<std::shared_ptr<Pending>*>(user);
+        {
+          std::lock_guard<std::mutex> lock((*hp)->mu);
+          if (st == UCS_OK) Complete(hp->get());
+          else {
+            (*hp)->call = Unavailable("UCX receive failed");
+            (*hp)->done = true;
+            (*hp)->cv.notify_all();
+          }
+        }
+        delete hp;
+        ucp_request_free(req);
+      };
+      void* r = ucp_am_recv_data_nbx(worker_->get(), rv.desc, rv.p->body.data(), rv.p->body.size(), &rp);
+      if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+        delete holder;
+        std::lock_guard<std::mutex> lock(rv.p->mu);
+        if (r == nullptr) Complete(rv.p.get());
+        else {
+          rv.p->call = Unavailable("UCX receive failed");
+          rv.p->done = true;
+          rv.p->cv.notify_all();
+        }
+      }
+    }
+  }
+
+  // The progress thread: the only place the worker is progressed.
+  void ProgressLoop() {
+    while (!stop_) {
+      worker_->ProgressAll();
+      StartRendezvous();
+      if (!rndv_.empty() || !worker_->Arm()) continue;
+      pollfd fds[2] = {{worker_->efd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      ::poll(fds, 2, 100);
+      if (fds[1].revents & POLLIN) {
+        uint64_t v;
+        (void)::read(wake_fd_, &v, sizeof(v));
+      }
+    }
+  }
+
+  UcxChannelOptions o_;
+  std::unique_ptr<UcxWorker> worker_;
+  ucp_ep_h ep_ = nullptr;
+  int wake_fd_ = -1;
+  std::thread thread_;
+  std::atomic<bool> stop_{false}, broken_{false};
+  std::atomic<uint64_t> next_id_{1}, epoch_{0};
+  const uint64_t nonce_ = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
+  ProtocolLimits server_limits_;  // set once by the HELLO in Init, read-only after
+  std::mutex map_mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending_;  // guarded by map_mu_
+  std::deque<Rndv> rndv_;  // progress thread only
+};
+
+}  // namespace
+
+Result<std::unique_ptr<UcxChannel>> UcxChannel::Connect(UcxChannelOptions options) {
+  auto c = std::make_unique<Channel>(std::move(options));
+  KVMESH_RETURN_IF_ERROR(c->Init());
+  return std::unique_ptr<UcxChannel>(std::move(c));
+}
+
+}  // namespace kvmesh
