@@ -233,7 +233,7 @@ int Run(const DecodeArgs& a) {
       f << "set terminal pngcairo size 800,500\nset output '" << a.plot << "'\n"
         << "set title 'kvmesh decode: latency vs throughput over batch sizes (" << run.ranks << " ranks)'\n"
         << "set xlabel 'throughput (generated tokens/s)'\nset ylabel 'TPOT p50 (ms)'\nset grid\n"
-        << "set key top left\n"
+        << "set key top right\n"
         << "plot '" << dat << "' using 2:3 with linespoints pt 7 title 'TPOT p50', '' using 2:3:(sprintf('b=%d',$1)) "
         << "with labels offset 0,1 notitle\n";
     }
