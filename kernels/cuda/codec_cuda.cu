@@ -51,11 +51,12 @@ __global__ void ConvertEncodeKernel(PlaneSet s, const uint8_t* raw, uint8_t* enc
   const uint8_t* in = raw + RawOff(s, p);
   uint8_t* out = enc + EncOff(s, p);
   const uint32_t esize = g.codec == kCodecRaw ? ElemSize(g.in_type) : 2u;
+  const uint8_t t = g.codec == kCodecFp16 ? kElemFp16 : kElemBf16;
   if (e < elems) {
-    if (g.codec == kCodecRaw) {
+    if (g.codec == kCodecRaw || t == g.in_type) {  // bytes as they are (like the CPU's memcpy, NaN payloads too)
       for (uint32_t k = 0; k < esize; ++k) out[e * esize + k] = in[e * esize + k];
     } else {
-      StoreElem(out, e, g.codec == kCodecFp16 ? kElemFp16 : kElemBf16, LoadElem(in, e, g.in_type));
+      StoreElem(out, e, t, LoadElem(in, e, g.in_type));
     }
   } else {
     // Padding: elements past the end cover the bytes up to g.bytes.
@@ -83,7 +84,11 @@ __global__ void DecodeKernel(PlaneSet s, const uint8_t* enc, uint8_t* raw, uint8
     return;
   }
   const uint8_t t = g.codec == kCodecRaw ? g.in_type : (g.codec == kCodecFp16 ? kElemFp16 : kElemBf16);
-  StoreElem(out, b, out_type, LoadElem(in, b, t));
+  if (t == out_type) {  // bytes as they are, like the CPU's memcpy
+    for (uint32_t k = 0; k < ElemSize(t); ++k) out[b * ElemSize(t) + k] = in[b * ElemSize(t) + k];
+  } else {
+    StoreElem(out, b, out_type, LoadElem(in, b, t));
+  }
 }
 
 unsigned Blocks(size_t total) { return static_cast<unsigned>((total + kThreads - 1) / kThreads); }
