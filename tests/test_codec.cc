@@ -11,6 +11,7 @@
 #include "kernels/block_format.h"
 #include "kernels/codec.h"
 #include "kernels/codec_bench.h"
+#include "kernels/cuda/codec_cuda_threads.h"
 #include "kernels/lowrank.h"
 #include "kernels/quant_cpu.h"
 
@@ -531,4 +532,65 @@ TEST_CASE("The AVX2 lowrank loops equal the scalar loops bit for bit", "[codec][
       }
       REQUIRE(std::memcmp(o1.data(), o2.data(), n * 4) == 0);
     }
+}
+
+TEST_CASE("The CUDA kernels' per-thread work, run on the CPU over every index, equals the CPU codec", "[codec][cuda]") {
+  // kernels/cuda/codec_cuda.cu only computes a flat thread index and calls
+  // these functions, so this checks the GPU's index math, strides and
+  // padding here; gpu_codec_test checks the device itself.
+  using namespace kvmesh::kernels::cuda;
+  std::mt19937_64 rng(31);
+  const uint8_t codecs[] = {kCodecInt8, kCodecInt4, kCodecFp8E4M3, kCodecFp8E5M2, kCodecFp16, kCodecBf16, kCodecRaw};
+  int cases = 0;
+  for (uint8_t codec : codecs)
+    for (uint8_t axis : {uint8_t{kPerToken}, uint8_t{kPerChannel}})
+      for (uint32_t dim : {64u, 100u})
+        for (uint32_t t : {16u, 17u})
+          for (DType dt : {DType::kFp16, DType::kBf16, DType::kFp32}) {
+            if (!IsQuantising(codec) && axis != kPerToken) continue;
+            const uint8_t type = static_cast<uint8_t>(dt);
+            const uint32_t layers = 2, heads = 3;
+            const BlockShape s{0, layers, 0, heads, t, dim, dt};
+            const Bytes raw = Awkward(s, rng());
+            const PlaneGeom k = MakePlaneGeom(codec, axis, 48, t, dim, type, 0);
+            const PlaneGeom v = MakePlaneGeom(codec, kPerToken, 48, t, dim, type, 0);
+            PlaneSet sets[2];
+            size_t raw_base[2], enc_base[2];
+            SegmentPlaneSets(k, v, layers, heads, sets, raw_base, enc_base);
+            const size_t enc_bytes = size_t{layers} * heads * (k.bytes + v.bytes);
+            std::vector<uint8_t> cpu(enc_bytes, 0xAB), gpu(enc_bytes, 0xCD);
+            const auto* in = reinterpret_cast<const uint8_t*>(raw.data());
+            for (int kv = 0; kv < 2; ++kv)
+              for (uint32_t l = 0; l < layers; ++l)
+                for (uint32_t h = 0; h < heads; ++h)
+                  EncodePlaneScalar(sets[kv].geom, in + raw_base[kv] + l * sets[kv].raw_outer_stride + h * sets[kv].raw_inner_stride,
+                                    cpu.data() + enc_base[kv] + l * sets[kv].enc_outer_stride + h * sets[kv].enc_inner_stride);
+            const size_t planes = size_t{layers} * heads;
+            for (int kv = 0; kv < 2; ++kv) {
+              const PlaneSet& ps = sets[kv];
+              if (IsQuantising(codec)) {
+                for (size_t i = 0; i < planes * ps.geom.groups; ++i) threads::GroupStats(ps, in + raw_base[kv], gpu.data() + enc_base[kv], i);
+                for (size_t i = 0; i < planes * threads::CodesPerPlane(ps.geom); ++i)
+                  threads::Codes(ps, in + raw_base[kv], gpu.data() + enc_base[kv], i);
+              } else {
+                for (size_t i = 0; i < planes * threads::ConvertPerPlane(ps.geom); ++i)
+                  threads::Convert(ps, in + raw_base[kv], gpu.data() + enc_base[kv], i);
+              }
+            }
+            INFO("codec " << int(codec) << " axis " << int(axis) << " dim " << dim << " tokens " << t << " dtype " << int(type));
+            REQUIRE(cpu == gpu);
+            std::vector<uint8_t> dec_cpu(raw.size(), 1), dec_gpu(raw.size(), 2);
+            for (int kv = 0; kv < 2; ++kv) {
+              const PlaneSet& ps = sets[kv];
+              for (uint32_t l = 0; l < layers; ++l)
+                for (uint32_t h = 0; h < heads; ++h)
+                  DecodePlaneScalar(ps.geom, cpu.data() + enc_base[kv] + l * ps.enc_outer_stride + h * ps.enc_inner_stride,
+                                    dec_cpu.data() + raw_base[kv] + l * ps.raw_outer_stride + h * ps.raw_inner_stride, type);
+              for (size_t i = 0; i < planes * threads::DecodePerPlane(ps.geom); ++i)
+                threads::Decode(ps, cpu.data() + enc_base[kv], dec_gpu.data() + raw_base[kv], type, i);
+            }
+            REQUIRE(dec_cpu == dec_gpu);
+            ++cases;
+          }
+  CHECK(cases == (4 * 2 + 3) * 2 * 2 * 3);
 }

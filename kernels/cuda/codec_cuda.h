@@ -20,41 +20,9 @@
 #include <cstdint>
 
 #include "kernels/codec_math.h"
+#include "kernels/cuda/codec_cuda_threads.h"  // PlaneSet, SegmentPlaneSets
 
 namespace kvmesh::kernels::cuda {
-
-// Planes of one geometry inside caller-owned device buffers. Plane (i, j),
-// i < outer, j < inner, lives at
-//   raw + i * raw_outer_stride + j * raw_inner_stride   (geom.tokens x geom.dim elements)
-//   enc + i * enc_outer_stride + j * enc_inner_stride   (geom.bytes bytes)
-// For one segment of a block: outer = its layers, inner = heads; see SegmentPlaneSets.
-struct PlaneSet {
-  PlaneGeom geom;
-  uint32_t outer = 1, inner = 1;
-  size_t raw_outer_stride = 0, raw_inner_stride = 0;
-  size_t enc_outer_stride = 0, enc_inner_stride = 0;
-};
-
-// The K and V plane sets of a block segment of `layers` layers x `heads`
-// heads whose K/V plane geometries are k and v. raw_base/enc_base receive the
-// offsets of each set's first plane relative to the segment's first raw byte
-// and its body offset.
-inline void SegmentPlaneSets(const PlaneGeom& k, const PlaneGeom& v, uint32_t layers, uint32_t heads,
-                             PlaneSet sets[2], size_t raw_base[2], size_t enc_base[2]) {
-  const size_t raw_plane = static_cast<size_t>(k.tokens) * k.dim * ElemSize(k.in_type);
-  const PlaneGeom g[2] = {k, v};
-  for (int kv = 0; kv < 2; ++kv) {
-    sets[kv].geom = g[kv];
-    sets[kv].outer = layers;
-    sets[kv].inner = heads;
-    sets[kv].raw_outer_stride = 2 * static_cast<size_t>(heads) * raw_plane;
-    sets[kv].raw_inner_stride = raw_plane;
-    sets[kv].enc_outer_stride = static_cast<size_t>(heads) * (k.bytes + v.bytes);
-    sets[kv].enc_inner_stride = g[kv].bytes;
-    raw_base[kv] = kv * static_cast<size_t>(heads) * raw_plane;
-    enc_base[kv] = kv * static_cast<size_t>(heads) * k.bytes;
-  }
-}
 
 // Encodes every plane of `set` (raw -> enc), padding included.
 // cudaErrorInvalidValue for lowrank, an empty set or null pointers; else the launch status.
