@@ -89,19 +89,30 @@ void TieredStore::OffloadHost() {
            .dump());
 }
 
+namespace {
+
+// Codecs above the lower-precision ones: a block stored with only these is
+// decoded and re-encoded at level 2; int8/int4/fp8/lowrank blocks are left.
+bool HigherPrecision(const kernels::BlockInfo& info) {
+  for (const kernels::SegmentInfo& seg : info.segments)
+    if (seg.spec.kind != kernels::kCodecRaw && seg.spec.kind != kernels::kCodecFp16 &&
+        seg.spec.kind != kernels::kCodecBf16)
+      return false;
+  return !info.segments.empty();
+}
+
+}  // namespace
+
+// Level 2: each primary block that is raw (a full raw block of the model) or
+// stored with a higher-precision codec (fp16/bf16/raw segments, e.g. by the
+// node's codec stage) is re-encoded with the pressure codec when that makes
+// it smaller, and replaced in place.
 void TieredStore::ReencodePrimary() {
   if (!reencoder_) return;
-  const kernels::BlockShape shape = kernels::BlockShape::FromLayout(BlockLayout::Full(o_.model));
-  if (!o_.model.Validate().ok() || !shape.Validate().ok()) {
-    c_.reencode_skipped.fetch_add(1, std::memory_order_relaxed);
-    Emit(nlohmann::json{{"event", "reencode_skipped"}, {"reason", "no valid model spec"}}.dump());
-    return;
-  }
-  auto max = reencoder_->MaxEncodedSize(shape);
-  if (!max.ok()) return;
-  std::vector<std::byte> raw(shape.bytes());
-  std::vector<std::byte> enc(*max);
+  const kernels::BlockShape model_shape = kernels::BlockShape::FromLayout(BlockLayout::Full(o_.model));
+  const bool model_ok = o_.model.Validate().ok() && model_shape.Validate().ok();
   const uint8_t codec_id = kernels::PrimaryCodecId(reencoder_->policy());
+  std::vector<std::byte> stored, raw, enc;
   uint64_t blocks = 0, saved = 0, skipped = 0;
   for (const Candidate& c : CandidatesIn(Tier::kPrimary)) {
     BlockMeta meta;
@@ -109,13 +120,35 @@ void TieredStore::ReencodePrimary() {
       Result<BlockRef> ref = primary_->Get(c.key);
       if (!ref.ok()) continue;
       meta = ref->meta();
-      if (meta.codec != 0 || meta.size != shape.bytes()) {  // already encoded, or not a full raw block
+      std::span<const std::byte> d = HostCopy(*primary_, ref->data());
+      stored.assign(d.begin(), d.end());
+    }
+    kernels::BlockShape shape = model_shape;
+    if (meta.codec == 0) {  // raw bytes: must be one full block of the model
+      if (!model_ok || meta.size != model_shape.bytes()) {
         ++skipped;
         continue;
       }
-      std::span<const std::byte> d = HostCopy(*primary_, ref->data());
-      std::memcpy(raw.data(), d.data(), d.size());
+      raw.swap(stored);
+    } else {  // a self-describing block: re-encode only from higher precision
+      Result<kernels::BlockInfo> info = kernels::InspectBlock(stored);
+      if (!info.ok() || !HigherPrecision(*info)) {
+        ++skipped;
+        continue;
+      }
+      shape = info->shape;
+      raw.resize(shape.bytes());
+      if (!kernels::DecodeBlock(stored, raw).ok()) {
+        ++skipped;
+        continue;
+      }
     }
+    Result<size_t> max = reencoder_->MaxEncodedSize(shape);
+    if (!max.ok()) {
+      ++skipped;
+      continue;
+    }
+    enc.resize(*max);
     Result<size_t> n = reencoder_->Encode(shape, raw, enc);
     if (!n.ok() || *n >= meta.size) {
       ++skipped;

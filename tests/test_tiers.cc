@@ -601,3 +601,71 @@ TEST_CASE("A GPU node keeps its device budget in a CUDA pool, or falls back to h
     CHECK(std::memcmp(buf.data(), raw[i].data(), block) == 0);
   }
 }
+
+TEST_CASE("Pressure level 2 re-encodes fp16-codec blocks at int8 and leaves int8 blocks alone", "[tiers]") {
+  ManualClock clock;
+  ModelSpec model;
+  model.model_id = "tiny";
+  model.num_layers = 2;
+  model.num_kv_heads = 2;
+  model.head_dim = 64;
+  model.block_tokens = 16;
+  const kernels::BlockShape shape = kernels::BlockShape::FromLayout(BlockLayout::Full(model));
+  auto make_codec = [](const char* spec) {
+    kernels::CodecPolicy p;
+    p.base = *kernels::ParseCodecSpec(spec);
+    p.threads = 1;
+    return std::move(kernels::MakeCodec(p)).value();
+  };
+  auto fp16 = make_codec("fp16");
+  auto int8 = make_codec("int8");
+  auto primary = MakeStore(16, model.FullBlockBytes() + 4096, &clock);
+  TieredStoreOptions o;
+  o.model = model;
+  o.background = false;
+  o.clock = &clock;
+  auto t = TieredStore::Create(primary.get(), o);
+  REQUIRE(t.ok());
+  TieredStore& ts = **t;
+  std::vector<std::vector<std::byte>> raw;
+  for (uint64_t i = 0; i < 8; ++i) {
+    raw.push_back(Fp16Block(900 + i, shape.bytes()));
+    auto& codec = i < 6 ? fp16 : int8;  // 6 blocks at fp16, 2 already at int8
+    std::vector<std::byte> enc(*codec->MaxEncodedSize(shape));
+    auto n = codec->Encode(shape, raw.back(), enc);
+    REQUIRE(n.ok());
+    PutOptions po;
+    po.codec = kernels::PrimaryCodecId(codec->policy());
+    po.logical_size = static_cast<uint32_t>(shape.bytes());
+    REQUIRE(ts.Put(Key(i), std::span<const std::byte>(enc.data(), *n), po).ok());
+    clock.AdvanceSeconds(1);
+  }
+  const uint64_t before = primary->Stats().bytes_stored;
+  ts.SetPrimaryLimit(before / 2);
+  ts.RunMaintenance();  // level 1: the oldest 2 blocks (fp16) leave
+  ts.RunMaintenance();  // level 2
+  REQUIRE(ts.pressure_level() == 2);
+  const TierStats s = ts.Stats();
+  CHECK(s.reencoded_blocks == 4);
+  CHECK(s.reencode_skipped == 2);
+  std::vector<std::byte> back(shape.bytes());
+  for (uint64_t i = 2; i < 8; ++i) {
+    INFO(i);
+    auto r = ts.GetInto(Key(i), back);  // decoded to raw fp16
+    REQUIRE(r.ok());
+    CHECK(*r == shape.bytes());
+    double worst = 0;
+    for (size_t b = 0; b < back.size(); b += 2) {
+      uint16_t x, y;
+      std::memcpy(&x, &raw[i][b], 2);
+      std::memcpy(&y, &back[b], 2);
+      worst = std::max(worst, static_cast<double>(std::fabs(kernels::HalfToFloat(x) - kernels::HalfToFloat(y))));
+    }
+    CHECK(worst < 0.02);
+    auto ref = ts.Get(Key(i));
+    REQUIRE(ref.ok());
+    auto info = kernels::InspectBlock(ref->data());
+    REQUIRE(info.ok());
+    CHECK(info->segments[0].spec.kind == kernels::kCodecInt8);
+  }
+}
