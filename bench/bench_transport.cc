@@ -1,4 +1,4 @@
-// bench/bench_transport.cc — kvmesh over TCP vs Redis vs raw loopback TCP, in one run.
+// bench/bench_transport.cc — kvmesh over TCP (and UCX) vs Redis vs raw loopback TCP, in one run.
 //
 // Starts a standalone `kvmesh node` (binary protocol) and a `redis-server`
 // (no persistence) on 127.0.0.1, then for each block size (64 KiB, 256 KiB,
@@ -31,12 +31,22 @@
 #include "tests/cluster_process.h"
 #include "transport/socket_util.h"
 #include "transport/tcp_channel.h"
+#if defined(KVMESH_HAVE_UCX)
+#include "transport/ucx_channel.h"
+#include "transport/ucx_worker.h"
+#endif
 
 using namespace kvmesh;
 using SteadyClock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 namespace {
+
+#if defined(KVMESH_HAVE_UCX)
+constexpr bool KVMESH_UCX_ON = true;
+#else
+constexpr bool KVMESH_UCX_ON = false;
+#endif
 
 struct Cell {
   double gbps = 0, ops = 0, p50_us = 0, p99_us = 0;
@@ -260,7 +270,7 @@ int main(int argc, char** argv) {
             "nodes": [{"id": "b0", "memory": {"host": ")"
       << (sizes.size() * max_clients * keys_per_client + 160) << R"(MiB"}}],
             "store": {"slot_bytes": "1MiB", "stripes": 8},
-            "transport": {"io_threads": 2}})";
+            "transport": {"io_threads": 2, "backend": ")" << (KVMESH_UCX_ON ? "ucx" : "tcp") << R"("}})";
   }
   testing::Process node;
   if (!node.Start({kvmesh_bin, "node", "--config", cfg_path, "--id", "b0", "--no-resp"})) return 1;
@@ -270,6 +280,25 @@ int main(int argc, char** argv) {
     return 1;
   }
   const uint16_t data_port = (*ev)["ports"]["data"].get<uint16_t>();
+  std::vector<std::unique_ptr<ShardChannel>> ux;  // UCX channels, one per client (empty without UCX)
+#if defined(KVMESH_HAVE_UCX)
+  {
+    auto addr = HexDecode(ev->value("ucx_address", ""));
+    for (size_t c = 0; addr.ok() && !addr->empty() && c < max_clients; ++c) {
+      UcxChannelOptions uo;
+      uo.node_address = *addr;
+      uo.timeout_ms = 10000;
+      uo.limits.max_body_bytes = 64 << 20;
+      auto u = UcxChannel::Connect(uo);
+      if (!u.ok()) {
+        std::fprintf(stderr, "bench: UCX channel: %s\n", u.status().ToString().c_str());
+        ux.clear();
+        break;
+      }
+      ux.push_back(std::move(*u));
+    }
+  }
+#endif
 
   // redis-server with persistence off, on loopback.
   testing::Process redis;
@@ -293,9 +322,10 @@ int main(int argc, char** argv) {
   }
 
   std::printf("# kvmesh TCP vs redis-server vs raw loopback TCP — %d reps x %.1f s per cell, medians\n", reps, seconds);
-  std::printf("| op | block | clients | kvmesh GB/s | kvmesh ops/s | kvmesh p50/p99 us | redis GB/s | redis p50/p99 us | "
-              "raw req/ack GB/s | raw stream GB/s | kvmesh/redis | kvmesh/raw req |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| op | block | clients | kvmesh TCP GB/s | kvmesh TCP ops/s | kvmesh TCP p50/p99 us | kvmesh UCX GB/s | "
+              "kvmesh UCX p50/p99 us | redis GB/s | redis p50/p99 us | raw req/ack GB/s | raw stream GB/s | "
+              "TCP/redis | UCX/redis | TCP/raw req |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t size : sizes) {
     std::vector<std::vector<std::byte>> payload(max_clients, std::vector<std::byte>(size));
     std::mt19937_64 rng(size);
@@ -331,6 +361,16 @@ int main(int argc, char** argv) {
           if (!s.ok() || !it.status.ok()) std::fprintf(stderr, "GET: %s / %s\n", s.ToString().c_str(), it.status.ToString().c_str());
           return s.ok() && it.status.ok() && it.size == size;
         }));
+        if (!ux.empty()) {
+          cells["ux_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+            PutItem it{key(c, i), payload[c], {}};
+            return ux[c]->Put(std::span<PutItem>(&it, 1), {}).ok() && it.status.ok();
+          }));
+          cells["ux_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+            GetItem it{key(c, i), dst[c], 0, {}};
+            return ux[c]->Get(std::span<GetItem>(&it, 1), {}).ok() && it.status.ok() && it.size == size;
+          }));
+        }
         if (have_redis) {
           cells["rd_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
             return rc[c].Set("k" + std::to_string(c) + ":" + std::to_string(i % keys_per_client) + ":" + std::to_string(size), payload[c]);
@@ -358,10 +398,13 @@ int main(int argc, char** argv) {
       for (const char* op : {"put", "get"}) {
         const Cell kv = Median(cells[std::string("kv_") + op]);
         const Cell rd = have_redis ? Median(cells[std::string("rd_") + op]) : Cell{};
-        std::printf("| %s | %s | %zu | %.2f | %.0f | %.0f / %.0f | %.2f | %.0f / %.0f | %.2f | %.2f | %.2fx | %.2fx |\n",
+        const Cell uc = ux.empty() ? Cell{} : Median(cells[std::string("ux_") + op]);
+        std::printf("| %s | %s | %zu | %.2f | %.0f | %.0f / %.0f | %.2f | %.0f / %.0f | %.2f | %.0f / %.0f | %.2f | %.2f | "
+                    "%.2fx | %.2fx | %.2fx |\n",
                     std::string(op) == "put" ? "PUT/SET" : "GET", SizeName(size).c_str(), clients, kv.gbps, kv.ops,
-                    kv.p50_us, kv.p99_us, rd.gbps, rd.p50_us, rd.p99_us, raw_req.gbps, raw_stream.gbps,
-                    rd.gbps > 0 ? kv.gbps / rd.gbps : 0.0, raw_req.gbps > 0 ? kv.gbps / raw_req.gbps : 0.0);
+                    kv.p50_us, kv.p99_us, uc.gbps, uc.p50_us, uc.p99_us, rd.gbps, rd.p50_us, rd.p99_us, raw_req.gbps,
+                    raw_stream.gbps, rd.gbps > 0 ? kv.gbps / rd.gbps : 0.0, rd.gbps > 0 ? uc.gbps / rd.gbps : 0.0,
+                    raw_req.gbps > 0 ? kv.gbps / raw_req.gbps : 0.0);
         std::fflush(stdout);
       }
     }

@@ -66,7 +66,7 @@ int Serve(const std::string& config_path) {
 
   // 2. Node ranks start their daemons against it.
   std::unique_ptr<NodeDaemon> node;
-  char endpoint[kEndpointBytes] = {0};
+  std::string endpoint;
   if (rank > 0) {
     NodeDaemonOptions o;
     o.node_id = c->nodes[rank - 1].id;
@@ -75,15 +75,23 @@ int Serve(const std::string& config_path) {
     if (!d.ok()) return finish(Fail("rank " + std::to_string(rank) + ": " + d.status().ToString()));
     node = std::move(*d);
     PrintLine(node->ListeningJson());
-    std::snprintf(endpoint, sizeof(endpoint), "node %s tcp://%s:%u", o.node_id.c_str(),
-                  c->nodes[rank - 1].host.c_str(), node->data_port());
+    endpoint = "node " + o.node_id + " tcp://" + c->nodes[rank - 1].host + ":" + std::to_string(node->data_port());
+    if (!node->ucx_address().empty()) endpoint += " ucx:" + node->ucx_address();
   } else {
-    std::snprintf(endpoint, sizeof(endpoint), "coordinator http://%s", coord_addr);
+    endpoint = std::string("coordinator http://") + coord_addr;
   }
 
-  // 3. Exchange every rank's endpoint (UCX worker addresses ride here when the UCX backend is on).
-  std::vector<char> all(static_cast<size_t>(kEndpointBytes) * size);
-  MPI_Allgather(endpoint, kEndpointBytes, MPI_CHAR, all.data(), kEndpointBytes, MPI_CHAR, MPI_COMM_WORLD);
+  // 3. Exchange every rank's endpoint, UCX worker address included (variable length).
+  int len = static_cast<int>(endpoint.size());
+  std::vector<int> lens(size), displs(size);
+  MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    displs[r] = total;
+    total += lens[r];
+  }
+  std::vector<char> all(static_cast<size_t>(total));
+  MPI_Allgatherv(endpoint.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, MPI_COMM_WORLD);
 
   // 4. The NCCL unique id, for the block mover's communicator.
   std::string nccl = "absent";
@@ -95,13 +103,18 @@ int Serve(const std::string& config_path) {
 #endif
   if (rank == 0) {
     std::string ranks;
+    int ucx = 0;
     for (int r = 0; r < size; ++r) {
-      std::string e(all.data() + static_cast<size_t>(r) * kEndpointBytes);
+      std::string e(all.data() + displs[r], static_cast<size_t>(lens[r]));
+      if (size_t u = e.find(" ucx:"); u != std::string::npos) {
+        ++ucx;
+        e.resize(u);  // the address itself is long; the count is what the log needs
+      }
       ranks += (r ? "," : "") + std::string("\"") + e + "\"";
     }
     PrintLine("{\"event\":\"bootstrap\",\"role\":\"coordinator\",\"ranks\":" + std::to_string(size) +
-              ",\"coordinator\":\"" + coord_addr + "\",\"nccl_unique_id\":\"" + nccl + "\",\"endpoints\":[" + ranks +
-              "]}");
+              ",\"coordinator\":\"" + coord_addr + "\",\"nccl_unique_id\":\"" + nccl +
+              "\",\"ucx_addresses\":" + std::to_string(ucx) + ",\"endpoints\":[" + ranks + "]}");
   }
 
   int sig = WaitForStopSignal();

@@ -35,6 +35,7 @@ void LogEvent(json j) {
 
 struct Member {
   ShardInfo info;
+  std::string ucx;  // hex UCX worker address ("" without UCX)
   SteadyClock::time_point last;
   json stats = json::object();
 };
@@ -144,6 +145,7 @@ class Coordinator final : public CoordinatorServer {
     }
     Member& m = members_[id];
     m.info = s;
+    m.ucx = b.value("ucx", std::string());
     m.last = SteadyClock::now();
     return Json(200, {{"epoch", epoch_}, {"heartbeat_ms", config_.coordinator.heartbeat_ms}});
   }
@@ -154,7 +156,11 @@ class Coordinator final : public CoordinatorServer {
     pm.placement = config_.placement;
     std::lock_guard<std::mutex> lock(mu_);
     pm.epoch = epoch_;
-    for (const auto& [id, m] : members_) pm.nodes.push_back(m.info);
+    pm.backend = config_.transport.backend;
+    for (const auto& [id, m] : members_) {
+      pm.nodes.push_back(m.info);
+      if (!m.ucx.empty()) pm.ucx_addresses[id] = m.ucx;
+    }
     return PublishedMapToJson(pm);
   }
 

@@ -31,10 +31,13 @@ std::string PublishedMapToJson(const PublishedMap& m) {
   for (const AffinityRule& r : m.placement.affinity)
     affinity.push_back({{"kind", KindName(r.kind)}, {"begin", r.values.begin}, {"end", r.values.end}, {"group", r.group}});
   json nodes = json::array();
-  for (const ShardInfo& n : m.nodes)
-    nodes.push_back({{"id", n.id}, {"host", n.host}, {"weight", n.weight},
-                     {"ports", {{"data", n.ports.data}, {"http", n.ports.http}, {"resp", n.ports.resp}}}});
-  return json{{"epoch", m.epoch}, {"model", model}, {"replicas", m.placement.replicas},
+  for (const ShardInfo& n : m.nodes) {
+    json nj = {{"id", n.id}, {"host", n.host}, {"weight", n.weight},
+               {"ports", {{"data", n.ports.data}, {"http", n.ports.http}, {"resp", n.ports.resp}}}};
+    if (auto it = m.ucx_addresses.find(n.id); it != m.ucx_addresses.end()) nj["ucx"] = it->second;
+    nodes.push_back(std::move(nj));
+  }
+  return json{{"epoch", m.epoch}, {"model", model}, {"replicas", m.placement.replicas}, {"transport", m.backend},
               {"groups", groups}, {"affinity", affinity}, {"nodes", nodes}}
       .dump();
 }
@@ -44,7 +47,7 @@ Result<PublishedMap> ParsePublishedMap(std::string_view text) {
   if (j.is_discarded()) return InvalidArgument("shard map: not valid JSON");
   PublishedMap m;
   ObjectReader r(j, "$");
-  r.Required("epoch", &m.epoch).Required("replicas", &m.placement.replicas);
+  r.Required("epoch", &m.epoch).Required("replicas", &m.placement.replicas).Optional("transport", &m.backend);
   if (const json* mj = r.Child("model", true)) {
     ObjectReader mr(*mj, "$.model");
     std::string dtype;
@@ -92,13 +95,15 @@ Result<PublishedMap> ParsePublishedMap(std::string_view text) {
       const std::string path = "$.nodes[" + std::to_string(i) + "]";
       ObjectReader nr((*n)[i], path);
       ShardInfo s;
-      nr.Required("id", &s.id).Required("host", &s.host).Required("weight", &s.weight);
+      std::string ucx;
+      nr.Required("id", &s.id).Required("host", &s.host).Required("weight", &s.weight).Optional("ucx", &ucx);
       if (const json* p = nr.Child("ports", true)) {
         ObjectReader pr(*p, path + ".ports");
         pr.Required("data", &s.ports.data).Optional("http", &s.ports.http).Optional("resp", &s.ports.resp);
         KVMESH_RETURN_IF_ERROR(pr.Finish());
       }
       KVMESH_RETURN_IF_ERROR(nr.Finish());
+      if (!ucx.empty()) m.ucx_addresses[s.id] = ucx;
       m.nodes.push_back(std::move(s));
     }
   }

@@ -3,8 +3,9 @@
 //
 //   {"epoch": 7, "model": {...ModelSpec...}, "replicas": 1,
 //    "groups": {"g": ["n0", "n1"]}, "affinity": [{"kind": "expert", "begin": 0, "end": 4, "group": "g"}],
+//    "transport": "tcp",
 //    "nodes": [{"id": "n0", "host": "127.0.0.1", "weight": 1.0,
-//               "ports": {"data": 41234, "http": 41235, "resp": 41236}}]}
+//               "ports": {"data": 41234, "http": 41235, "resp": 41236}, "ucx": "<hex, optional>"}]}
 //
 // Parsing is strict (ObjectReader): a map a router cannot trust is an error, not a guess.
 #pragma once
@@ -23,6 +24,8 @@ struct PublishedMap {
   ModelSpec model;
   PlacementConfig placement;
   std::vector<ShardInfo> nodes;  // live nodes only
+  std::string backend = "tcp";   // $.transport.backend: what routers should use
+  std::map<std::string, std::string> ucx_addresses;  // node id -> hex UCX worker address
 };
 
 std::string PublishedMapToJson(const PublishedMap& m);

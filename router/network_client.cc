@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -10,8 +11,20 @@
 #include "transport/http_client.h"
 #include "transport/socket_util.h"
 #include "transport/tcp_channel.h"
+#if defined(KVMESH_HAVE_UCX)
+#include "transport/ucx_channel.h"
+#include "transport/ucx_worker.h"
+#endif
 
 namespace kvmesh {
+
+namespace {
+// A node's channel, whichever backend, with its epoch setter.
+struct NodeChannel {
+  std::shared_ptr<ShardChannel> channel;
+  std::function<void(uint64_t)> set_epoch;
+};
+}  // namespace
 
 struct NetworkClient::Impl {
   NetworkClientOptions o;
@@ -19,7 +32,7 @@ struct NetworkClient::Impl {
   uint16_t port = 0;
   std::unique_ptr<Router> router;
   mutable std::mutex mu;  // serialises refreshes; guards channels and epoch
-  std::map<std::string, std::shared_ptr<TcpChannel>> channels;  // by "id@host:port"
+  std::map<std::string, NodeChannel> channels;  // by "id@host:port[#ucx]"
   uint64_t epoch = 0;
   size_t nodes = 0;
   std::mutex stop_mu;
@@ -38,14 +51,35 @@ struct NetworkClient::Impl {
     if (router && pm.epoch <= epoch) return Status::Ok();
     KVMESH_ASSIGN_OR_RETURN(auto map, BuildShardMap(pm));
     std::vector<std::shared_ptr<ShardChannel>> list;
-    std::map<std::string, std::shared_ptr<TcpChannel>> next;
+    std::map<std::string, NodeChannel> next;
     for (const ShardInfo& n : map->nodes()) {
-      const std::string key = n.id + "@" + n.host + ":" + std::to_string(n.ports.data);
-      std::shared_ptr<TcpChannel> ch;
+      auto ucx_it = pm.ucx_addresses.find(n.id);
+      const bool want_ucx = pm.backend == "ucx" && ucx_it != pm.ucx_addresses.end();
+      const std::string key = n.id + "@" + n.host + ":" + std::to_string(n.ports.data) +
+                              (want_ucx ? "#" + ucx_it->second.substr(0, 64) : "");
+      NodeChannel ch;
       auto it = channels.find(key);
-      if (it != channels.end()) {
-        ch = it->second;
-      } else {
+      if (it != channels.end()) ch = it->second;
+#if defined(KVMESH_HAVE_UCX)
+      if (!ch.channel && want_ucx) {
+        // A node that cannot be reached over UCX now is served over TCP instead.
+        auto addr = HexDecode(ucx_it->second);
+        if (addr.ok()) {
+          UcxChannelOptions uo;
+          uo.node_address = *addr;
+          uo.client_id = o.client_id;
+          uo.tenant = o.tenant_salt;
+          uo.token = o.token;
+          uo.timeout_ms = o.timeout_ms;
+          auto u = UcxChannel::Connect(uo);
+          if (u.ok()) {
+            std::shared_ptr<UcxChannel> uc = std::move(*u);
+            ch = NodeChannel{uc, [uc](uint64_t e) { uc->set_epoch(e); }};
+          }
+        }
+      }
+#endif
+      if (!ch.channel) {
         TcpChannelOptions co;
         co.host = n.host;
         co.port = n.ports.data;
@@ -55,11 +89,12 @@ struct NetworkClient::Impl {
         co.connections = o.connections_per_node;
         co.timeout_ms = o.timeout_ms;
         co.connect_timeout_ms = o.connect_timeout_ms;
-        ch = TcpChannel::Create(co);
+        std::shared_ptr<TcpChannel> tc = TcpChannel::Create(co);
+        ch = NodeChannel{tc, [tc](uint64_t e) { tc->set_epoch(e); }};
       }
-      ch->set_epoch(pm.epoch);
+      ch.set_epoch(pm.epoch);
       next[key] = ch;
-      list.push_back(ch);
+      list.push_back(ch.channel);
     }
     if (!router) {
       RouterOptions ro;

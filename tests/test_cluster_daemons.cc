@@ -4,6 +4,7 @@
 // under load and rejoining, garbage on a data port, and clean SIGTERM exits.
 #include <catch2/catch.hpp>
 
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -25,6 +26,7 @@ const std::string kBin = KVMESH_BIN;
 const std::string kConfig = std::string(KVMESH_SOURCE_DIR) + "/cluster_configs/daemons-local.json";
 
 struct Cluster {
+  std::string config = kConfig;
   Process coord;
   std::map<std::string, std::unique_ptr<Process>> nodes;
   uint16_t coord_port = 0;
@@ -33,14 +35,14 @@ struct Cluster {
   std::string addr() const { return "127.0.0.1:" + std::to_string(coord_port); }
 
   void StartCoordinator() {
-    REQUIRE(coord.Start({kBin, "coordinator", "--config", kConfig, "--port", "0"}));
+    REQUIRE(coord.Start({kBin, "coordinator", "--config", config, "--port", "0"}));
     auto j = coord.WaitEvent("listening", 10s);
     REQUIRE(j);
     coord_port = (*j)["ports"]["http"].get<uint16_t>();
   }
   void StartNode(const std::string& id) {
     auto p = std::make_unique<Process>();
-    REQUIRE(p->Start({kBin, "node", "--config", kConfig, "--id", id, "--coordinator", addr()}));
+    REQUIRE(p->Start({kBin, "node", "--config", config, "--id", id, "--coordinator", addr()}));
     auto j = p->WaitEvent("listening", 10s);
     REQUIRE(j);
     CHECK((*j)["role"] == "node");
@@ -294,3 +296,36 @@ TEST_CASE("Daemons: a cluster with a token refuses clients without it", "[cluste
   REQUIRE((*good)->router().Put(seq, spans).ok());
   CHECK((*good)->router().MatchPrefix(seq).value() == 1);
 }
+
+#if defined(KVMESH_HAVE_UCX)
+TEST_CASE("Daemons: with $.transport.backend = ucx the router's data goes over UCX", "[cluster][daemons][ucx]") {
+  // daemons-local.json with the UCX backend, in a temporary file.
+  auto j = nlohmann::json::parse(std::ifstream(kConfig));
+  j["transport"]["backend"] = "ucx";
+  const std::string path = "/tmp/kvmesh-ucx-test-" + std::to_string(::getpid()) + ".json";
+  std::ofstream(path) << j.dump();
+  Cluster c;
+  c.config = path;
+  c.StartCoordinator();
+  for (const char* id : {"n0", "n1", "n2"}) c.StartNode(id);
+  ::unlink(path.c_str());
+  for (auto& [id, l] : c.listening) CHECK(l.value("ucx_address", "").size() > 16);
+  c.WaitNodes(3);
+  auto client = Client(c, 3000);
+  Router& r = client->router();
+  Workload w = MakeWorkload(4, 6, r.block_tokens(), r.model().FullBlockBytes(), 3);
+  REQUIRE(PutAll(r, w).ok());
+  CHECK(CountHits(r, w) == 24);
+  CHECK(r.MatchPrefix(w.seqs[0]).value() == 6);
+  uint64_t ucx_requests = 0;
+  for (auto& [id, l] : c.listening) {
+    auto m = HttpRequest("127.0.0.1", l["ports"]["http"].get<uint16_t>(), "GET", "/metrics", "", 1000);
+    REQUIRE(m.ok());
+    auto pos = m->body.find("\nkvmesh_ucx_requests_total ");  // the sample line, not the # TYPE line
+    REQUIRE(pos != std::string::npos);
+    ucx_requests += std::stoull(m->body.substr(pos + 27));
+    CHECK_THAT(m->body, Catch::Contains("kvmesh_requests_total{op=\"PUT\"} 0"));  // nothing over TCP
+  }
+  CHECK(ucx_requests >= 3 + 4 + 24);  // HELLOs, puts, gets
+}
+#endif

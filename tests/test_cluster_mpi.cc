@@ -4,6 +4,7 @@
 // byte-for-byte; SIGTERM to mpirun stops every rank cleanly.
 #include <catch2/catch.hpp>
 
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -17,12 +18,26 @@ using kvmesh::testing::Process;
 using namespace std::chrono_literals;
 
 TEST_CASE("mpirun -np 4 kvmesh serve brings up a cluster a router can use", "[cluster][mpi]") {
+  std::string config = std::string(KVMESH_SOURCE_DIR) + "/cluster_configs/mpi-local.json";
+  std::string backend = "tcp";
+#if defined(KVMESH_HAVE_UCX)
+  backend = GENERATE(as<std::string>{}, "tcp", "ucx");
+  if (backend == "ucx") {  // the same config with the UCX data plane (worker addresses exchanged over MPI)
+    auto j = nlohmann::json::parse(std::ifstream(config));
+    j["transport"]["backend"] = "ucx";
+    config = "/tmp/kvmesh-mpi-ucx-" + std::to_string(::getpid()) + ".json";
+    std::ofstream(config) << j.dump();
+  }
+#endif
+  INFO("backend " << backend);
   Process mpi;
   REQUIRE(mpi.Start({KVMESH_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "-np", "4", KVMESH_BIN, "serve",
-                     "--config", std::string(KVMESH_SOURCE_DIR) + "/cluster_configs/mpi-local.json"}));
+                     "--config", config}));
   auto boot = mpi.WaitEvent("bootstrap", 30s);
+  if (backend == "ucx") ::unlink(config.c_str());
   REQUIRE(boot);
   CHECK((*boot)["ranks"] == 4);
+  CHECK((*boot)["ucx_addresses"] == (backend == "ucx" ? 3 : 0));
   REQUIRE((*boot)["endpoints"].size() == 4);
   CHECK_THAT((*boot)["endpoints"][1].get<std::string>(), Catch::StartsWith("node n0 tcp://127.0.0.1:"));
   const std::string coord = (*boot)["coordinator"].get<std::string>();

@@ -38,10 +38,6 @@ class Channel final : public UcxChannel {
  public:
   explicit Channel(UcxChannelOptions o) : o_(std::move(o)) {}
   ~Channel() override {
-    stop_ = true;
-    uint64_t one = 1;
-    if (wake_fd_ >= 0) (void)::write(wake_fd_, &one, sizeof(one));
-    if (thread_.joinable()) thread_.join();
     if (ep_) {
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -53,7 +49,6 @@ class Channel final : public UcxChannel {
       }
     }
     worker_.reset();
-    if (wake_fd_ >= 0) ::close(wake_fd_);
   }
 
   Status Init() {
@@ -74,8 +69,6 @@ class Channel final : public UcxChannel {
     ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t st) { static_cast<Channel*>(arg)->FailAll(st); };
     ep.err_handler.arg = this;
     KVMESH_UCX_RETURN(ucp_ep_create(worker_->get(), &ep, &ep_));
-    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    thread_ = std::thread([this] { ProgressLoop(); });
     Hello h;
     h.client_id = o_.client_id;
     h.tenant = o_.tenant;
@@ -230,29 +223,65 @@ class Channel final : public UcxChannel {
         return UcxStatus(UCS_PTR_STATUS(r), "ucp_am_send_nbx", __FILE__, __LINE__);
       }
     }
-    Wake();
-    std::unique_lock<std::mutex> lock(p->mu);
-    const bool ok = p->cv.wait_until(lock, deadline, [&] { return p->done && p->send_done; });
-    if (!ok) {
+    auto finished = [&] {
+      std::lock_guard<std::mutex> lock(p->mu);
+      return p->done && p->send_done;
+    };
+    if (!Progress(finished, deadline)) {
       Forget(h.request_id);
-      if (!p->send_done) {  // UCX still reads our buffers: cancel and wait for the callback
-        lock.unlock();
-        ucp_request_cancel(worker_->get(), r);
-        Wake();
-        lock.lock();
-        p->cv.wait(lock, [&] { return p->send_done; });
+      bool sent;
+      {
+        std::lock_guard<std::mutex> lock(p->mu);
+        sent = p->send_done;
       }
+      if (!sent) {  // UCX still reads our buffers: cancel and progress until its callback ran
+        ucp_request_cancel(worker_->get(), r);
+        Progress([&] {
+          std::lock_guard<std::mutex> lock(p->mu);
+          return p->send_done;
+        }, Clock::time_point::max());
+      }
+      std::lock_guard<std::mutex> lock(p->mu);
       return p->done ? p->call : DeadlineExceeded("no answer from the node within the timeout");
     }
+    std::lock_guard<std::mutex> lock(p->mu);
     return p->call;
+  }
+
+  // The calling thread progresses the worker until pred() or the deadline (no
+  // progress thread, so no hand-off and no sleeping thread to wake): one caller
+  // at a time progresses; the others wait for it briefly and retry. Idle, the
+  // progressing caller sleeps on the worker's wakeup fd.
+  template <typename Pred>
+  bool Progress(Pred pred, Clock::time_point deadline) {
+    for (;;) {
+      if (pred()) return true;
+      const auto now = Clock::now();
+      if (now >= deadline) return false;
+      std::unique_lock<std::mutex> plk(progress_mu_, std::try_to_lock);
+      if (!plk.owns_lock()) {
+        std::unique_lock<std::mutex> w(idle_mu_);
+        idle_cv_.wait_for(w, std::chrono::microseconds(200));
+        continue;
+      }
+      if (ucp_worker_progress(worker_->get()) != 0) {
+        StartRendezvous();
+        continue;
+      }
+      StartRendezvous();
+      if (pred()) return true;
+      if (ucp_worker_arm(worker_->get()) != UCS_OK) continue;  // events pending
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
+      pollfd pf{worker_->efd(), POLLIN, 0};
+      ::poll(&pf, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 1)));
+      plk.unlock();
+      idle_cv_.notify_all();
+    }
   }
 
   void Forget(uint64_t id) {
     std::lock_guard<std::mutex> lock(map_mu_);
     pending_.erase(id);
-  }
-  void Wake() {
-    ucp_worker_signal(worker_->get());
   }
   void FailAll(ucs_status_t st) {
     broken_ = true;
@@ -350,33 +379,19 @@ class Channel final : public UcxChannel {
     }
   }
 
-  // The progress thread: the only place the worker is progressed.
-  void ProgressLoop() {
-    while (!stop_) {
-      worker_->ProgressAll();
-      StartRendezvous();
-      if (!rndv_.empty() || !worker_->Arm()) continue;
-      pollfd fds[2] = {{worker_->efd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-      ::poll(fds, 2, 100);
-      if (fds[1].revents & POLLIN) {
-        uint64_t v;
-        (void)::read(wake_fd_, &v, sizeof(v));
-      }
-    }
-  }
-
   UcxChannelOptions o_;
   std::unique_ptr<UcxWorker> worker_;
   ucp_ep_h ep_ = nullptr;
-  int wake_fd_ = -1;
-  std::thread thread_;
-  std::atomic<bool> stop_{false}, broken_{false};
+  std::atomic<bool> broken_{false};
+  std::mutex progress_mu_;  // held by the one caller progressing the worker
+  std::mutex idle_mu_;
+  std::condition_variable idle_cv_;
   std::atomic<uint64_t> next_id_{1}, epoch_{0};
   const uint64_t nonce_ = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
   ProtocolLimits server_limits_;  // set once by the HELLO in Init, read-only after
   std::mutex map_mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending_;  // guarded by map_mu_
-  std::deque<Rndv> rndv_;  // progress thread only
+  std::deque<Rndv> rndv_;  // touched only by the caller holding progress_mu_ (callbacks run inside its progress)
 };
 
 }  // namespace

@@ -1,9 +1,11 @@
 // transport/ucx_channel.h — the client side of one shard node over UCX
 // active messages, speaking the kvmesh protocol (docs/protocol.md): AM header
 // = frame header, AM data = frame body (UCX picks eager or rendezvous by
-// size; UCX_TLS passes through). One worker per channel, progressed by its
-// own thread sleeping on the worker's wakeup fd; callers on any thread post
-// sends and wait for their answers by request id, bounded by the timeout.
+// size; UCX_TLS passes through). One worker per channel and no progress
+// thread: a waiting caller progresses the worker itself (one at a time; idle,
+// it sleeps on the worker's wakeup fd), so an answer needs no thread hand-off.
+// Callers on any thread post sends and wait for their answers by request id,
+// bounded by the timeout.
 //
 // Thread-safety: thread-safe (ShardChannel contract).
 #pragma once

@@ -13,6 +13,10 @@
 
 #include "shard_node/server/data_server.h"
 #include "shard_node/server/resp_server.h"
+#if defined(KVMESH_HAVE_UCX)
+#include "shard_node/server/ucx_server.h"
+#include "transport/ucx_worker.h"
+#endif
 #include "shard_node/shard_node.h"
 #include "transport/http_client.h"
 #include "transport/http_server.h"
@@ -51,6 +55,17 @@ class Daemon final : public NodeDaemon {
     d.limits.max_items = config_.transport.max_batch_items;
     d.limits.max_block_bytes = static_cast<uint32_t>(std::min<uint64_t>(node_->store().slot_bytes(), UINT32_MAX));
     KVMESH_ASSIGN_OR_RETURN(data_, DataServer::Start(node_.get(), d, &epoch_));
+    if (config_.transport.backend == "ucx") {
+#if defined(KVMESH_HAVE_UCX)
+      UcxServerOptions u;
+      u.limits = d.limits;
+      u.token = d.token;
+      KVMESH_ASSIGN_OR_RETURN(ucx_, UcxServer::Start(node_.get(), u, &epoch_));
+      ucx_address_ = HexEncode(ucx_->address());
+#else
+      return FailedPrecondition("$.transport.backend is \"ucx\" but this build has no UCX (KVMESH_WITH_UCX)");
+#endif
+    }
     if (o_.resp) {
       RespServerOptions r;
       r.host = nc->host;
@@ -67,12 +82,14 @@ class Daemon final : public NodeDaemon {
     return Status::Ok();
   }
 
+  std::string ucx_address() const override { return ucx_address_; }
   std::string ListeningJson() const override {
     json ports = {{"data", data_->port()}, {"http", http_->port()}};
     if (resp_) ports["resp"] = resp_->port();
-    return json{{"event", "listening"}, {"role", "node"}, {"node_id", o_.node_id}, {"host", node_cfg_.host},
-                {"pid", ::getpid()}, {"ports", ports}}
-        .dump();
+    json j{{"event", "listening"}, {"role", "node"}, {"node_id", o_.node_id}, {"host", node_cfg_.host},
+           {"pid", ::getpid()}, {"ports", ports}};
+    if (!ucx_address_.empty()) j["ucx_address"] = ucx_address_;  // hex worker address
+    return j.dump();
   }
   uint16_t data_port() const override { return data_->port(); }
   uint64_t epoch() const override { return epoch_.load(); }
@@ -89,6 +106,9 @@ class Daemon final : public NodeDaemon {
       (void)HttpRequest(coord_host_, coord_port_, "POST", "/leave", json{{"id", o_.node_id}}.dump(), 500);
     if (http_) http_->Stop();
     if (resp_) resp_->Stop();
+#if defined(KVMESH_HAVE_UCX)
+    if (ucx_) ucx_->Stop();
+#endif
     if (data_) data_->Stop();
   }
 
@@ -119,6 +139,9 @@ class Daemon final : public NodeDaemon {
     g("kvmesh_store_corrupt_total", "counter", s.corrupt);
     g("kvmesh_shard_map_epoch", "gauge", epoch_.load());
     if (resp_) g("kvmesh_resp_commands_total", "counter", resp_->commands());
+#if defined(KVMESH_HAVE_UCX)
+    if (ucx_) g("kvmesh_ucx_requests_total", "counter", ucx_->requests());
+#endif
     if (TieredStore* t = node_->tiers()) out += t->PrometheusText();  // tiers and pressure (issue 5)
     return out;
   }
@@ -143,6 +166,7 @@ class Daemon final : public NodeDaemon {
   Status Register() {
     json body = {{"id", o_.node_id}, {"host", node_cfg_.host}, {"weight", node_cfg_.weight},
                  {"ports", {{"data", data_->port()}, {"http", http_->port()}, {"resp", resp_ ? resp_->port() : 0}}}};
+    if (!ucx_address_.empty()) body["ucx"] = ucx_address_;
     KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(coord_host_, coord_port_, "POST", "/register", body.dump(),
                                                       config_.coordinator.heartbeat_ms * 2));
     if (r.status != 200) return Unavailable("register: HTTP " + std::to_string(r.status) + " " + r.body);
@@ -178,6 +202,10 @@ class Daemon final : public NodeDaemon {
   std::atomic<uint64_t> epoch_{0};
   std::unique_ptr<DataServer> data_;
   std::unique_ptr<RespServer> resp_;
+#if defined(KVMESH_HAVE_UCX)
+  std::unique_ptr<UcxServer> ucx_;
+#endif
+  std::string ucx_address_;  // hex; empty without the UCX backend
   std::unique_ptr<HttpServer> http_;
   std::string coord_host_;
   uint16_t coord_port_ = 0;

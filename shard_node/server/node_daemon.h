@@ -29,6 +29,8 @@ class NodeDaemon {
   // {"event":"listening","role":"node","node_id":...,"ports":{"data":..,"http":..,"resp":..},"pid":..}
   virtual std::string ListeningJson() const = 0;
   virtual uint16_t data_port() const = 0;
+  // Hex UCX worker address when $.transport.backend is "ucx", else "".
+  virtual std::string ucx_address() const = 0;
   virtual uint64_t epoch() const = 0;
   // Leaves the coordinator (best effort), stops every server. Idempotent.
   virtual void Stop() = 0;

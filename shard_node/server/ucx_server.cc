@@ -84,6 +84,12 @@ class Server final : public UcxServer {
         HandleReady();
         continue;
       }
+      if (!inflight_.empty() || !receiving_.empty()) {
+        // Replies or rendezvous receives under way need progress the wakeup
+        // fd does not always announce: poll, yielding to the loop.
+        co_await asio::post(io_, asio::use_awaitable);
+        continue;
+      }
       if (!worker_->Arm()) continue;  // events pending: progress again
       boost::system::error_code ec;
       co_await sd_.async_wait(asio::posix::descriptor_base::wait_read, asio::redirect_error(asio::use_awaitable, ec));
