@@ -341,9 +341,56 @@ void DecodePerToken(const PlaneGeom g, const uint8_t* enc, uint8_t* out, uint8_t
 // ---- per channel -------------------------------------------------------------
 // Channels in chunks of 8 lanes; the remaining dim % 8 channels go through the
 // scalar reference functions. REQUIRES (int4): g.dim even.
+// Per-channel symmetric encode for 16-bit inputs with dim % 32 == 0 and
+// dim <= kMaxRowDim, walking the plane row by row (both passes read memory
+// sequentially, which the hardware prefetchers follow): 1) absmax of every
+// channel over the token group, as integer bits; 2) scales and inverses,
+// 8 channels per vector; 3) codes, 32 per store. Same values as the
+// chunked loops (max is order-free).
+constexpr uint32_t kMaxRowDim = 512;
+
+template <uint8_t kType, uint8_t kCodec>
+void EncodePerChannelRows(const PlaneGeom& g, const uint8_t* in, uint8_t* out) {
+  alignas(32) uint16_t amax_bits[kMaxRowDim];
+  alignas(32) float inv[kMaxRowDim];
+  const uint32_t D = g.dim;
+  for (uint32_t j = 0; j < g.groups_per_line; ++j) {
+    const uint32_t t0 = j * g.group;
+    const uint32_t t1 = t0 + g.group < g.tokens ? t0 + g.group : g.tokens;
+    for (uint32_t c = 0; c < D; c += 16)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(amax_bits + c), _mm256_setzero_si256());
+    for (uint32_t t = t0; t < t1; ++t) {
+      const size_t e = static_cast<size_t>(t) * D;
+      for (uint32_t c = 0; c < D; c += 32) {
+        __m256i* a = reinterpret_cast<__m256i*>(amax_bits + c);
+        a[0] = _mm256_max_epu16(AbsBits16<kType>(in, e + c), a[0]);
+        a[1] = _mm256_max_epu16(AbsBits16<kType>(in, e + c + 16), a[1]);
+      }
+    }
+    const size_t g0 = static_cast<size_t>(j) * D;
+    for (uint32_t c = 0; c < D; c += 8) {
+      __m256 a = BitsToFloat8<kType>(_mm_load_si128(reinterpret_cast<const __m128i*>(amax_bits + c)));
+      a = _mm256_min_ps(a, _mm256_set1_ps(kFp16Max));
+      __m128i s16 = _mm256_cvtps_ph(_mm256_div_ps(a, _mm256_set1_ps(CodeMax(kCodec))), kRne);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g.scales_off + 2 * (g0 + c)), s16);
+      _mm256_store_ps(inv + c, SafeInv8(_mm256_cvtph_ps(s16)));
+    }
+    for (uint32_t t = t0; t < t1; ++t) {
+      const size_t e = static_cast<size_t>(t) * D;
+      for (uint32_t c = 0; c < D; c += 32)
+        StoreSym32<kCodec>(out + g.codes_off + e + c, Load8<kType>(in, e + c), Load8<kType>(in, e + c + 8),
+                           Load8<kType>(in, e + c + 16), Load8<kType>(in, e + c + 24), _mm256_load_ps(inv + c),
+                           _mm256_load_ps(inv + c + 8), _mm256_load_ps(inv + c + 16), _mm256_load_ps(inv + c + 24));
+    }
+  }
+}
+
 template <uint8_t kType, uint8_t kCodec>
 void EncodePerChannel(const PlaneGeom g, const uint8_t* in, uint8_t* out) {
   constexpr bool int4 = kCodec == kCodecInt4;
+  if constexpr (kCodec != kCodecInt4 && kType != kElemFp32) {
+    if (g.dim % 32 == 0 && g.dim <= kMaxRowDim) return EncodePerChannelRows<kType, kCodec>(g, in, out);
+  }
   const uint32_t d_vec = g.dim / 8 * 8;
   for (uint32_t j = 0; j < g.groups_per_line; ++j) {
     const uint32_t t0 = j * g.group;
