@@ -249,6 +249,26 @@ Status TieredStore::Promote(const BlockKey& key) {
   return NotFound("block " + key.ToHex() + " is not stored");
 }
 
+Status TieredStore::PromoteSsdToHost(const BlockKey& key) {
+  std::span<std::byte> buf = Staging(ssd_->slot_bytes(), kPromote);
+  Result<SsdBlockMeta> m = ssd_->Read(key, buf);
+  if (!m.ok()) {
+    if (m.status().code() == StatusCode::kDataLoss) {
+      c_.ssd_corrupt.fetch_add(1, std::memory_order_relaxed);
+      DropShadow(key);
+    }
+    return m.status();
+  }
+  PutOptions po;
+  po.priority = m->priority;
+  po.codec = m->codec;
+  po.logical_size = m->logical_size;
+  KVMESH_RETURN_IF_ERROR(host_->Put(key, buf.first(m->size), po));
+  (void)ssd_->Erase(key);
+  SetShadow(key, Tier::kHost, m->priority, true);
+  return Status::Ok();
+}
+
 // ---- Request path ------------------------------------------------------------------
 
 Status TieredStore::Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {
@@ -293,10 +313,15 @@ Result<BlockRef> TieredStore::Get(const BlockKey& key) {
     }
   }
   if (ssd_ && ssd_->Contains(key)) {
-    Status p = Promote(key);
+    // A pinned view needs memory: serving in place means staging the block in
+    // the host tier (when there is one); otherwise it moves up to the primary
+    // tier, even at level 3, because reads must keep working.
+    const bool to_host = in_place && host_;
+    Status p = to_host ? PromoteSsdToHost(key) : Promote(key);
     if (p.ok()) {
       c_.ssd_hits.fetch_add(1, std::memory_order_relaxed);
-      return primary_->Get(key);
+      if (to_host) c_.served_in_place.fetch_add(1, std::memory_order_relaxed);
+      return to_host ? host_->Get(key) : primary_->Get(key);
     }
     if (IsMiss(p)) return p;
     return Busy("block " + key.ToHex() + " is on the ssd tier and cannot be promoted now (" + p.ToString() +

@@ -124,8 +124,10 @@ class TieredStore {
   // Stores in the primary tier. Busy at pressure level 3.
   Status Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o = {});
   // A pinned view from the primary tier (after promotion) or, served in place,
-  // from the host tier. An SSD hit that cannot be promoted now reads as Busy
-  // here; GetInto reads such blocks in place.
+  // from the host tier (an SSD block is then staged in the host tier; without
+  // a host tier it is promoted even at level 3: reads keep working). Busy only
+  // when the block cannot be placed anywhere (every slot pinned); GetInto
+  // reads such blocks in place.
   Result<BlockRef> Get(const BlockKey& key);
   // Copies the block into `dst` (decoded to raw bytes with decode_on_read) and
   // returns its size. Misses: NotFound, or DataLoss for a corrupt SSD block.
@@ -185,6 +187,8 @@ class TieredStore {
   Result<size_t> GetIntoStored(const BlockKey& key, std::span<std::byte> dst);
   // Moves `key` into the primary tier from wherever it is. OK when it is there.
   Status Promote(const BlockKey& key);
+  // Moves `key` from the SSD tier into the host tier (REQUIRES host_ and ssd_).
+  Status PromoteSsdToHost(const BlockKey& key);
   std::vector<Candidate> CandidatesIn(Tier t) const;
   void OffloadPrimary(uint64_t limit);
   void OffloadHost();

@@ -321,6 +321,89 @@ TEST_CASE("Prefetch promotes ahead of use in the maintenance tick", "[tiers]") {
   CHECK(ts.Stats().prefetch_promoted == 1);
 }
 
+TEST_CASE("At pressure level 3 reads from every tier keep working", "[tiers]") {
+  ManualClock clock;
+  const uint64_t slot = 4096;
+  auto primary = MakeStore(4, slot, &clock);
+  TieredStoreOptions o;
+  o.host_bytes = 4 * slot;
+  o.host_stripes = 1;
+  o.background = false;
+  o.clock = &clock;
+  o.reencode_codec = "";
+  auto t = TieredStore::Create(primary.get(), o);
+  REQUIRE(t.ok());
+  TieredStore& ts = **t;
+  std::vector<std::vector<std::byte>> data;
+  for (uint64_t i = 0; i < 8; ++i) {
+    data.push_back(Payload(i, slot));
+    REQUIRE(ts.Put(Key(i), data.back(), {}).ok());
+    clock.AdvanceSeconds(1);
+  }
+  // 0-3 on host, pinned there by clients: the host tier cannot take offload,
+  // so a shrunken limit cannot be relieved and the levels climb to 3.
+  for (uint64_t i = 0; i < 4; ++i) {
+    REQUIRE(ts.Locate(Key(i)) == Tier::kHost);
+    REQUIRE(ts.host()->Pin(Key(i)).ok());
+  }
+  ts.SetPrimaryLimit(2 * slot);
+  for (int i = 0; i < 3; ++i) ts.RunMaintenance();
+  REQUIRE(ts.pressure_level() == 3);
+  CHECK(ts.Stats().dropped_pressure == 1);  // level 1: the oldest primary block (4) had nowhere to go
+  CHECK(ts.Put(Key(50), data[0], {}).code() == StatusCode::kBusy);
+  std::vector<std::byte> buf(slot);
+  for (uint64_t i : {0, 2, 5, 7}) {  // host blocks (served in place) and primary blocks
+    INFO(i);
+    auto ref = ts.Get(Key(i));
+    REQUIRE(ref.ok());
+    CHECK(std::memcmp(ref->data().data(), data[i].data(), slot) == 0);
+    auto r = ts.GetInto(Key(i), buf);
+    REQUIRE(r.ok());
+    CHECK(std::memcmp(buf.data(), data[i].data(), slot) == 0);
+  }
+  CHECK(ts.Locate(Key(0)) == Tier::kHost);  // not promoted at level 3
+  CHECK(ts.Stats().served_in_place >= 4);
+}
+
+TEST_CASE("Serving in place: an SSD block read through Get is staged in the host tier", "[tiers]") {
+  TempDir dir;
+  ManualClock clock;
+  const uint64_t slot = 4096;
+  auto primary = MakeStore(2, slot, &clock);
+  TieredStoreOptions o;
+  o.host_bytes = 2 * slot;
+  o.host_stripes = 1;
+  o.ssd_bytes = 8 * 8192;
+  o.ssd_path = dir.path.string();
+  o.promote_on_hit = false;
+  o.background = false;
+  o.clock = &clock;
+  o.reencode_codec = "";
+  auto t = TieredStore::Create(primary.get(), o);
+  REQUIRE(t.ok());
+  TieredStore& ts = **t;
+  std::vector<std::vector<std::byte>> data;
+  for (uint64_t i = 0; i < 6; ++i) {
+    data.push_back(Payload(i, slot));
+    REQUIRE(ts.Put(Key(i), data.back(), {}).ok());
+  }
+  REQUIRE(ts.Locate(Key(0)) == Tier::kSsd);
+  {
+    auto ref = ts.Get(Key(0));
+    REQUIRE(ref.ok());
+    CHECK(std::memcmp(ref->data().data(), data[0].data(), slot) == 0);
+  }
+  CHECK(ts.Locate(Key(0)) == Tier::kHost);
+  CHECK(ts.Stats().promotions == 0);
+  CHECK(ts.Stats().served_in_place == 1);
+  std::vector<std::byte> buf(slot);
+  auto r = ts.GetInto(Key(1), buf);  // GetInto goes the same way (staged on host, not promoted)
+  REQUIRE(r.ok());
+  CHECK(std::memcmp(buf.data(), data[1].data(), slot) == 0);
+  CHECK(ts.Locate(Key(1)) == Tier::kHost);
+  CHECK(ts.Stats().promotions == 0);
+}
+
 TEST_CASE("Pressure controller: one level per tick up, hysteresis, one level per tick down", "[tiers]") {
   PressureController p(PressureOptions{});
   CHECK(p.Update(0.85) == 1);
