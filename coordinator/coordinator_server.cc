@@ -215,7 +215,9 @@ class Coordinator final : public CoordinatorServer {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;                  // guarded by mu_
-  uint64_t epoch_ = 1;                     // guarded by mu_
+  // Starts at the wall-clock milliseconds, so that epochs keep growing across
+  // a coordinator restart (routers ignore maps older than the one they hold).
+  uint64_t epoch_ = static_cast<uint64_t>(UnixMs());  // guarded by mu_
   uint64_t registrations_ = 0, removals_ = 0;  // guarded by mu_
   std::map<std::string, Member> members_;  // guarded by mu_
 };

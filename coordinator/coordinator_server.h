@@ -11,7 +11,10 @@
 //   GET  /healthz
 //
 // Every membership change (a node joins, rejoins with new ports, leaves, or
-// misses heartbeats for dead_after_ms) advances the epoch by one. Placement is
+// misses heartbeats for dead_after_ms) advances the epoch by one. The first
+// epoch is the start time in Unix milliseconds, so epochs keep growing when
+// the coordinator restarts (its state is in memory: nodes re-register on the
+// 404 their next heartbeat gets). Placement is
 // rendezvous hashing, so a join or a removal moves only the keys whose top
 // node changes (about 1/N).
 //

@@ -385,11 +385,93 @@ void EncodePerChannelRows(const PlaneGeom& g, const uint8_t* in, uint8_t* out) {
   }
 }
 
+// Order-preserving int16 key of 16 fp16/bf16 bit patterns (-|x| for
+// negatives), with NaN replaced by `nan_key`, and back.
+template <uint8_t type>
+inline __m256i Key16(const uint8_t* base, size_t e, __m256i nan_key) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 2 * e));
+  const __m256i neg = _mm256_srai_epi16(h, 15);
+  const __m256i mag = _mm256_and_si256(h, _mm256_set1_epi16(0x7FFF));
+  const __m256i key = _mm256_sub_epi16(_mm256_xor_si256(mag, neg), neg);
+  const __m256i nan = _mm256_cmpgt_epi16(mag, _mm256_set1_epi16(type == kElemFp16 ? 0x7C00 : 0x7F80));
+  return _mm256_blendv_epi8(key, nan_key, nan);
+}
+inline __m256i KeyToBits16(__m256i k) {
+  const __m256i neg = _mm256_srai_epi16(k, 15);
+  const __m256i mag = _mm256_sub_epi16(_mm256_xor_si256(k, neg), neg);
+  return _mm256_or_si256(mag, _mm256_and_si256(neg, _mm256_set1_epi16(static_cast<short>(0x8000))));
+}
+
+// Per-channel int4 for 16-bit inputs with dim % 32 == 0, row by row (as
+// EncodePerChannelRows). Min and max run on order-preserving integer keys;
+// NaN and the start values are +-inf, which AsymmetricScale's clamp to
+// +-65504 treats exactly like the scalar path's NaN-skipping +-3e38 starts.
+template <uint8_t kType>
+void EncodePerChannelRowsInt4(const PlaneGeom& g, const uint8_t* in, uint8_t* out) {
+  alignas(32) int16_t kmin[kMaxRowDim], kmax[kMaxRowDim];
+  alignas(32) float zero[kMaxRowDim], inv[kMaxRowDim];
+  const short inf = kType == kElemFp16 ? 0x7C00 : 0x7F80;
+  const __m256i pos_inf = _mm256_set1_epi16(inf), neg_inf = _mm256_set1_epi16(static_cast<short>(-inf));
+  const uint32_t D = g.dim;
+  for (uint32_t j = 0; j < g.groups_per_line; ++j) {
+    const uint32_t t0 = j * g.group;
+    const uint32_t t1 = t0 + g.group < g.tokens ? t0 + g.group : g.tokens;
+    for (uint32_t c = 0; c < D; c += 16) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(kmin + c), pos_inf);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(kmax + c), neg_inf);
+    }
+    for (uint32_t t = t0; t < t1; ++t) {
+      const size_t e = static_cast<size_t>(t) * D;
+      for (uint32_t c = 0; c < D; c += 16) {
+        __m256i* lo = reinterpret_cast<__m256i*>(kmin + c);
+        __m256i* hi = reinterpret_cast<__m256i*>(kmax + c);
+        *lo = _mm256_min_epi16(Key16<kType>(in, e + c, pos_inf), *lo);
+        *hi = _mm256_max_epi16(Key16<kType>(in, e + c, neg_inf), *hi);
+      }
+    }
+    const size_t g0 = static_cast<size_t>(j) * D;
+    const __m256 lo = _mm256_set1_ps(-kFp16Max), hi = _mm256_set1_ps(kFp16Max);
+    for (uint32_t c = 0; c < D; c += 16) {
+      const __m256i bmin = KeyToBits16(_mm256_load_si256(reinterpret_cast<const __m256i*>(kmin + c)));
+      const __m256i bmax = KeyToBits16(_mm256_load_si256(reinterpret_cast<const __m256i*>(kmax + c)));
+      for (int half = 0; half < 2; ++half) {
+        __m256 mn = BitsToFloat8<kType>(half ? _mm256_extracti128_si256(bmin, 1) : _mm256_castsi256_si128(bmin));
+        __m256 mx = BitsToFloat8<kType>(half ? _mm256_extracti128_si256(bmax, 1) : _mm256_castsi256_si128(bmax));
+        // AsymmetricScale, lane-wise.
+        mn = _mm256_min_ps(_mm256_max_ps(mn, lo), hi);
+        mx = _mm256_min_ps(_mm256_max_ps(mx, lo), hi);
+        mx = _mm256_blendv_ps(mx, mn, _mm256_cmp_ps(mx, mn, _CMP_LT_OQ));
+        const __m128i z16 = _mm256_cvtps_ph(mn, kRne);
+        const __m256 zf = _mm256_cvtph_ps(z16);
+        const __m256 range = _mm256_max_ps(_mm256_sub_ps(mx, zf), _mm256_setzero_ps());
+        const __m128i s16 = _mm256_cvtps_ph(_mm256_div_ps(range, _mm256_set1_ps(15.0f)), kRne);
+        const size_t gi = g0 + c + 8 * half;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g.scales_off + 2 * gi), s16);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g.zeros_off + 2 * gi), z16);
+        _mm256_store_ps(zero + c + 8 * half, zf);
+        _mm256_store_ps(inv + c + 8 * half, SafeInv8(_mm256_cvtph_ps(s16)));
+      }
+    }
+    for (uint32_t t = t0; t < t1; ++t) {
+      const size_t e = static_cast<size_t>(t) * D;
+      for (uint32_t c = 0; c < D; c += 16) {
+        const __m256i q0 = QuantInt4x8(Load8<kType>(in, e + c), _mm256_load_ps(zero + c), _mm256_load_ps(inv + c));
+        const __m256i q1 =
+            QuantInt4x8(Load8<kType>(in, e + c + 8), _mm256_load_ps(zero + c + 8), _mm256_load_ps(inv + c + 8));
+        StoreInt4x16(out + g.codes_off + (e + c) / 2, q0, q1);
+      }
+    }
+  }
+}
+
 template <uint8_t kType, uint8_t kCodec>
 void EncodePerChannel(const PlaneGeom g, const uint8_t* in, uint8_t* out) {
   constexpr bool int4 = kCodec == kCodecInt4;
-  if constexpr (kCodec != kCodecInt4 && kType != kElemFp32) {
-    if (g.dim % 32 == 0 && g.dim <= kMaxRowDim) return EncodePerChannelRows<kType, kCodec>(g, in, out);
+  if constexpr (kType != kElemFp32) {
+    if (g.dim % 32 == 0 && g.dim <= kMaxRowDim) {
+      if constexpr (kCodec == kCodecInt4) return EncodePerChannelRowsInt4<kType>(g, in, out);
+      else return EncodePerChannelRows<kType, kCodec>(g, in, out);
+    }
   }
   const uint32_t d_vec = g.dim / 8 * 8;
   for (uint32_t j = 0; j < g.groups_per_line; ++j) {

@@ -226,7 +226,14 @@ TEST_CASE("The AVX2 path handles inf and NaN inputs like the scalar path", "[cod
   StoreU16(p, 70, 0xFC00);   // -inf
   StoreU16(p, 131, 0x7E00);  // NaN
   StoreU16(p, 900, 0x7BFF);  // 65504
-  for (const char* n : {"int8", "int8:token", "int4", "int4:token", "fp8-e4m3"}) {
+  // Whole channels of NaN, +inf, -inf and -65504 in the first key plane (per-channel groups).
+  for (uint32_t t = 0; t < s.tokens; ++t) {
+    StoreU16(p, size_t{t} * s.head_dim + 5, 0x7E00);
+    StoreU16(p, size_t{t} * s.head_dim + 6, 0x7C00);
+    StoreU16(p, size_t{t} * s.head_dim + 7, 0xFC00);
+    StoreU16(p, size_t{t} * s.head_dim + 8, 0xFBFF);
+  }
+  for (const char* n : {"int8", "int8:token", "int4", "int4:token", "fp8-e4m3", "fp8-e5m2", "int4:channel"}) {
     INFO(n);
     auto fast = Make(n, false), slow = Make(n, true);
     const Bytes a = Encode(*fast, s, raw), b = Encode(*slow, s, raw);
