@@ -66,6 +66,9 @@ struct SequenceTable::Impl {
     std::lock_guard<std::mutex> lock(mu);
     stats.*field += n;
   }
+  // A stored block a sequence can read in place: raw (not codec-encoded by
+  // another writer of the same key) and exactly one slice block.
+  bool Usable(const BlockRef& r) const { return r.meta().codec == 0 && r.meta().size == layout.bytes(); }
   BlockKey PrevChain(const Seq& s, size_t b) const { return b == 0 ? deriver.root() : s.blocks[b - 1].chain; }
   BlockKey StoredKey(const BlockKey& chain) const { return KeyDeriver::Qualify(chain, layout.layers, layout.heads); }
 
@@ -80,7 +83,7 @@ struct SequenceTable::Impl {
     po.priority = options.priority;
     Status st = store->Put(key, blk.open, po);
     Result<BlockRef> ref = st.ok() ? store->Get(key) : Result<BlockRef>(st);
-    if (ref.ok()) {
+    if (ref.ok() && Usable(*ref)) {
       blk.ref = std::move(ref).value();
       blk.open = {};
       Count(&SequenceStats::seals);
@@ -139,7 +142,7 @@ SeqId SequenceTable::CreateFromPrefix(std::span<const TokenId> tokens, size_t ma
   for (size_t b = 0; b < max_blocks && (b + 1) * bt <= tokens.size(); ++b) {
     chain = KeyDeriver::Chain(chain, tokens.subspan(b * bt, bt));
     Result<BlockRef> ref = im.store->Get(im.StoredKey(chain));
-    if (!ref.ok()) break;
+    if (!ref.ok() || !im.Usable(*ref)) break;
     Block blk;
     blk.chain = chain;
     blk.ref = std::move(ref).value();

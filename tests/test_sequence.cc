@@ -248,3 +248,27 @@ TEST_CASE("Sequence: a full block the store refuses stays private and correct", 
   CheckContent(*t, c);
   CheckContent(*t, s);
 }
+
+TEST_CASE("Sequence: a stored block of another size or codec under the same key is not read in place",
+          "[sequence]") {
+  Fixture f;
+  BlockStore& store = f.cluster->node(0).store();
+  auto t = SequenceTable::Create(&store, f.cluster->config().model, {0, kLayers}, {0, kHeads}).value();
+  std::vector<TokenId> toks = Toks(8, 5);
+  // Another writer stored block 0 of this prefix encoded (codec 3, fewer bytes).
+  BlockKey chain0 = KeyDeriver::Chain(t->deriver().root(), std::span(toks).subspan(0, kBt));
+  std::vector<std::byte> encoded(100, std::byte{7});
+  PutOptions po;
+  po.codec = 3;
+  po.logical_size = static_cast<uint32_t>(t->layout().bytes());
+  REQUIRE(store.Put(KeyDeriver::Qualify(chain0, {0, kLayers}, {0, kHeads}), encoded, po).ok());
+  CHECK(t->MatchPrefix(toks) == 1);  // present...
+  SeqId a = t->CreateFromPrefix(toks);
+  CHECK(t->Length(a).value() == 0);  // ...but not attached
+  // Sealing the same prefix keeps our raw copy private instead of aliasing the encoded one.
+  SeqId s = t->Create();
+  AppendTokens(*t, s, toks, 0);
+  CHECK(t->SealedBlocks(s).value() == 2);
+  CHECK(t->Stats().private_blocks == 1);
+  CheckContent(*t, s);
+}

@@ -25,7 +25,11 @@
 // Sealed blocks are immutable; truncating into one copies it into a new open
 // block (the sealed block stays in the store for other prefixes to use).
 // A full block the store refuses to take (every slot pinned) stays private to
-// the sequence (and its forks): correct, only not shareable.
+// the sequence (and its forks): correct, only not shareable. Only raw blocks
+// of exactly one slice are attached or shared; a block another writer stored
+// under the same key in encoded form (a codec) is not read in place.
+// Sequences use the store's own tier (BlockStore); blocks demoted to lower
+// tiers read as misses here.
 //
 // Thread-safety: methods on different sequences may run concurrently; calls
 // on one sequence (and reads through its View) must not overlap a write to
