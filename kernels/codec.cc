@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <cstring>
 #include <thread>
 
@@ -384,6 +385,40 @@ Result<std::unique_ptr<Codec>> MakeCodec(CodecPolicy p) {
   }
   if (p.lossless_level < 0 || p.lossless_level > 22) return InvalidArgument("codec policy: zstd level must be in 0..22");
   return std::unique_ptr<Codec>(new PolicyCodec(std::move(p)));
+}
+
+namespace {
+// Runs fn(i) for every block on up to `threads` threads; returns the first error.
+template <typename Fn>
+Status ForEachBlock(size_t n, uint32_t threads, Fn&& fn) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  std::mutex mu;
+  Status first;
+  ParallelFor(n, threads, [&](size_t i) {
+    Status s = fn(i);
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first.ok()) first = s.WithContext("block " + std::to_string(i));
+    }
+  });
+  return first;
+}
+}  // namespace
+
+Status EncodeBatch(const Codec& codec, const BlockShape& shape, std::span<const std::span<const std::byte>> raws,
+                   std::span<const std::span<std::byte>> outs, std::span<size_t> sizes, uint32_t threads) {
+  if (outs.size() != raws.size() || sizes.size() != raws.size())
+    return InvalidArgument("encode batch: raws, outs and sizes differ in length");
+  return ForEachBlock(raws.size(), threads, [&](size_t i) -> Status {
+    KVMESH_ASSIGN_OR_RETURN(sizes[i], codec.Encode(shape, raws[i], outs[i]));
+    return Status::Ok();
+  });
+}
+
+Status DecodeBatch(const Codec& codec, std::span<const std::span<const std::byte>> blocks,
+                   std::span<const std::span<std::byte>> raws, uint32_t threads) {
+  if (blocks.size() != raws.size()) return InvalidArgument("decode batch: blocks and raws differ in length");
+  return ForEachBlock(blocks.size(), threads, [&](size_t i) { return codec.Decode(blocks[i], raws[i]); });
 }
 
 uint8_t PrimaryCodecId(const CodecPolicy& p) { return static_cast<uint8_t>(1 + p.base.kind); }

@@ -165,6 +165,15 @@ struct DecodeOptions {
 Status DecodeBlock(std::span<const std::byte> block, std::span<std::byte> raw,
                    const DecodeOptions& o = {});
 
+// Batches: many blocks of one shape spread over `threads` threads (0: all
+// cores; blocks are the unit of work). sizes[i] receives block i's encoded
+// length. The first error is returned (other blocks may be done).
+// REQUIRES: raws, outs and sizes have the same length.
+Status EncodeBatch(const Codec& codec, const BlockShape& shape, std::span<const std::span<const std::byte>> raws,
+                   std::span<const std::span<std::byte>> outs, std::span<size_t> sizes, uint32_t threads);
+Status DecodeBatch(const Codec& codec, std::span<const std::span<const std::byte>> blocks,
+                   std::span<const std::span<std::byte>> raws, uint32_t threads);
+
 // BlockMeta::codec for blocks encoded under `p`: 1 + the base spec's
 // CodecKind, so it is never 0 (0 means "stored as given, not a KVB1 block").
 uint8_t PrimaryCodecId(const CodecPolicy& p);

@@ -258,11 +258,18 @@ Result<BenchReport> RunCodecBench(const BenchOptions& o) {
     }
     for (const std::string& name : codecs) {
       KVMESH_ASSIGN_OR_RETURN(CodecPolicy policy, PolicyFromName(name, shape, cal));
-      policy.threads = o.threads;
+      policy.threads = 1;  // --threads spreads blocks (EncodeBatch), not planes
       KVMESH_ASSIGN_OR_RETURN(auto codec, MakeCodec(policy));
       KVMESH_ASSIGN_OR_RETURN(size_t max_enc, codec->MaxEncodedSize(shape));
       std::vector<std::byte> enc(nblocks * max_enc);
       std::vector<size_t> enc_len(nblocks);
+      std::vector<std::span<const std::byte>> raw_spans(nblocks), blob_spans(nblocks);
+      std::vector<std::span<std::byte>> enc_spans(nblocks), out_spans(nblocks);
+      for (size_t i = 0; i < nblocks; ++i) {
+        raw_spans[i] = std::span<const std::byte>(raw).subspan(i * bb, bb);
+        enc_spans[i] = std::span(enc).subspan(i * max_enc, max_enc);
+        out_spans[i] = std::span(out).subspan(i * bb, bb);
+      }
       BenchRow row;
       row.codec = name;
       row.head_dim = dim;
@@ -277,15 +284,21 @@ Result<BenchReport> RunCodecBench(const BenchOptions& o) {
         std::memcpy(out.data(), raw.data(), nblocks * bb);
         const double tc = std::chrono::duration<double>(Clock::now() - tm).count();
         auto t0 = Clock::now();
-        for (size_t i = 0; i < nblocks; ++i) {
-          KVMESH_ASSIGN_OR_RETURN(enc_len[i], codec->Encode(shape, std::span(raw).subspan(i * bb, bb),
-                                                            std::span(enc).subspan(i * max_enc, max_enc)));
+        if (o.threads <= 1) {
+          for (size_t i = 0; i < nblocks; ++i) {
+            KVMESH_ASSIGN_OR_RETURN(enc_len[i], codec->Encode(shape, std::span(raw).subspan(i * bb, bb),
+                                                              std::span(enc).subspan(i * max_enc, max_enc)));
+          }
+        } else {
+          KVMESH_RETURN_IF_ERROR(EncodeBatch(*codec, shape, raw_spans, enc_spans, enc_len, o.threads));
         }
         double te = std::chrono::duration<double>(Clock::now() - t0).count();
+        for (size_t i = 0; i < nblocks; ++i) blob_spans[i] = std::span<const std::byte>(enc).subspan(i * max_enc, enc_len[i]);
         t0 = Clock::now();
-        for (size_t i = 0; i < nblocks; ++i) {
-          KVMESH_RETURN_IF_ERROR(codec->Decode(std::span(enc).subspan(i * max_enc, enc_len[i]),
-                                               std::span(out).subspan(i * bb, bb)));
+        if (o.threads <= 1) {
+          for (size_t i = 0; i < nblocks; ++i) KVMESH_RETURN_IF_ERROR(codec->Decode(blob_spans[i], out_spans[i]));
+        } else {
+          KVMESH_RETURN_IF_ERROR(DecodeBatch(*codec, blob_spans, out_spans, o.threads));
         }
         double td = std::chrono::duration<double>(Clock::now() - t0).count();
         if (r > 0) {

@@ -42,7 +42,7 @@ struct BenchOptions {
   size_t working_set_bytes = size_t{64} << 20;  // raw bytes encoded per timed repetition
   uint32_t reps = 5;                // timed repetitions; medians are reported
   uint32_t accuracy_blocks = 4;     // blocks whose error is measured
-  uint32_t threads = 1;             // encode/decode threads (1: single-thread figures)
+  uint32_t threads = 1;             // > 1: EncodeBatch/DecodeBatch over blocks on this many threads
   bool quick = false;               // tests: tiny working set, 1 rep
 };
 

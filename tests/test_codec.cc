@@ -601,3 +601,29 @@ TEST_CASE("The CUDA kernels' per-thread work, run on the CPU over every index, e
           }
   CHECK(cases == (4 * 2 + 3) * 2 * 2 * 3);
 }
+
+TEST_CASE("Batches of blocks encode and decode on several threads like one by one", "[codec]") {
+  const BlockShape s{0, 2, 0, 4, 32, 64, DType::kFp16};
+  auto codec = Make("int4");
+  const size_t max = *codec->MaxEncodedSize(s);
+  std::vector<Bytes> raws, outs(9, Bytes(max)), back(9, Bytes(s.bytes()));
+  std::vector<std::span<const std::byte>> rs, bs;
+  std::vector<std::span<std::byte>> os, ds;
+  for (int i = 0; i < 9; ++i) raws.push_back(Generate(s, 500 + i));
+  for (int i = 0; i < 9; ++i) rs.push_back(raws[i]), os.push_back(outs[i]), ds.push_back(back[i]);
+  std::vector<size_t> sizes(9);
+  REQUIRE(EncodeBatch(*codec, s, rs, os, sizes, 3).ok());
+  for (int i = 0; i < 9; ++i) {
+    const Bytes one = Encode(*codec, s, raws[i]);
+    REQUIRE(sizes[i] == one.size());
+    REQUIRE(std::equal(one.begin(), one.end(), outs[i].begin()));
+    bs.push_back(std::span<const std::byte>(outs[i]).first(sizes[i]));
+  }
+  REQUIRE(DecodeBatch(*codec, bs, ds, 3).ok());
+  for (int i = 0; i < 9; ++i) CHECK(back[i] == Decode(*codec, s, Bytes(bs[i].begin(), bs[i].end())));
+  // A corrupt block fails the batch with its index.
+  outs[4][100] ^= std::byte{1};
+  Status st = DecodeBatch(*codec, bs, ds, 3);
+  CHECK(st.code() == StatusCode::kDataLoss);
+  CHECK(st.message().find("block 4") != std::string::npos);
+}
