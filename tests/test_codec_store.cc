@@ -7,6 +7,8 @@
 #include "kernels/codec.h"
 #include "kernels/codec_bench.h"
 #include "kvmesh/config.h"
+#include "kvmesh/embedded.h"
+#include "kvmesh/router.h"
 #include "shard_node/shard_node.h"
 
 using namespace kvmesh;
@@ -172,4 +174,45 @@ TEST_CASE("A node with int4 and a mixed layer policy holds more blocks in the sa
   // Layer 0 (fp16) comes back exactly.
   const size_t layer0 = m.FullBlockBytes() / m.num_layers;
   CHECK(std::memcmp(out.data(), block.data(), layer0) == 0);
+}
+
+TEST_CASE("Through the router of an embedded cluster, blocks come back decoded", "[codec][store][router]") {
+  for (const char* codec : {"fp16", "int8"}) {
+    INFO(codec);
+    json j = Base({{"codec", codec}});
+    j["nodes"] = json::parse(R"([{"id": "a", "memory": {"host": "8MiB"}}, {"id": "b", "memory": {"host": "8MiB"}}])");
+    auto cfg = ParseConfig(j.dump());
+    REQUIRE(cfg.ok());
+    auto cluster = EmbeddedCluster::Start(*cfg);
+    REQUIRE(cluster.ok());
+    Router& router = (*cluster)->router();
+    const ModelSpec& m = cfg->model;
+    std::vector<TokenId> tokens(3 * m.block_tokens);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(i * 7 + 3);
+    std::vector<std::vector<std::byte>> blocks;
+    std::vector<std::span<const std::byte>> spans;
+    for (int i = 0; i < 3; ++i) blocks.push_back(Block(m, 70 + i));
+    for (auto& b : blocks) spans.push_back(b);
+    REQUIRE(router.Put(tokens, spans).ok());
+    const std::vector<BlockKey> keys = router.Keys(tokens);
+    REQUIRE(keys.size() == 3);
+    const auto shape = kernels::BlockShape::FromLayout(BlockLayout::Full(m));
+    for (int i = 0; i < 3; ++i) {
+      auto got = router.Get(keys[i]);
+      REQUIRE(got.ok());
+      REQUIRE(got->size() == m.FullBlockBytes());
+      if (std::string(codec) == "fp16") {
+        CHECK(*got == blocks[i]);  // fp16 of fp16 data is exact
+      } else {
+        CHECK(kernels::CompareBlocks(shape, blocks[i], *got).rel_l2 < 0.01);
+      }
+    }
+    uint64_t stored = 0, logical = 0;
+    for (size_t n = 0; n < (*cluster)->num_nodes(); ++n) {
+      stored += (*cluster)->node(n).Stats().store.bytes_stored;
+      logical += (*cluster)->node(n).Stats().store.bytes_logical;
+    }
+    CHECK(logical == 3 * m.FullBlockBytes());
+    if (std::string(codec) == "int8") CHECK(static_cast<double>(logical) / static_cast<double>(stored) > 1.9);
+  }
 }
