@@ -662,7 +662,54 @@ void LowRankReconstructAvx2(const float* coef, uint32_t rank, const float* b, co
   }
 }
 
+namespace {
+
+// FloatToBf16 on 8 lanes: round to nearest even, NaN quieted.
+inline __m128i FloatToBf16x8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
+  r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), nan);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+template <uint8_t kSrc>
+void ConvertTo(const uint8_t* src, uint8_t* dst, uint8_t dst_type, size_t n) {
+  size_t e = 0;
+  for (; e + 8 <= n; e += 8) {
+    const __m256 v = Load8<kSrc>(src, e);
+    if (dst_type == kElemFp32) {
+      _mm256_storeu_ps(reinterpret_cast<float*>(dst + 4 * e), v);
+    } else {
+      // cvtps_ph equals FloatToHalf on every input, NaN payloads included.
+      const __m128i h = dst_type == kElemFp16 ? _mm256_cvtps_ph(v, kRne) : FloatToBf16x8(v);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * e), h);
+    }
+  }
+  for (; e < n; ++e) StoreElem(dst, e, dst_type, LoadElem(src, e, kSrc));
+}
+
+// Converts n elements between fp16/bf16/fp32; false when the types match (a copy).
+bool ConvertElems(const uint8_t* src, uint8_t src_type, uint8_t* dst, uint8_t dst_type, size_t n) {
+  if (src_type == dst_type) return false;
+  switch (src_type) {
+    case kElemFp16: ConvertTo<kElemFp16>(src, dst, dst_type, n); break;
+    case kElemBf16: ConvertTo<kElemBf16>(src, dst, dst_type, n); break;
+    default: ConvertTo<kElemFp32>(src, dst, dst_type, n); break;
+  }
+  return true;
+}
+
+}  // namespace
+
 bool EncodePlaneAvx2(const PlaneGeom& g, const uint8_t* in, uint8_t* out) {
+  if (g.codec == kCodecFp16 || g.codec == kCodecBf16) {
+    const size_t elems = static_cast<size_t>(g.tokens) * g.dim;
+    if (!ConvertElems(in, g.in_type, out, g.codec == kCodecFp16 ? kElemFp16 : kElemBf16, elems)) return false;
+    std::memset(out + elems * 2, 0, g.bytes - elems * 2);
+    return true;
+  }
   if (!IsQuantising(g.codec)) return false;
   if (g.axis == kPerToken) {
     if (g.group % 16 != 0 || g.dim % g.group != 0) return false;
@@ -677,6 +724,9 @@ bool EncodePlaneAvx2(const PlaneGeom& g, const uint8_t* in, uint8_t* out) {
 }
 
 bool DecodePlaneAvx2(const PlaneGeom& g, const uint8_t* enc, uint8_t* out, uint8_t out_type) {
+  if (g.codec == kCodecFp16 || g.codec == kCodecBf16)
+    return ConvertElems(enc, g.codec == kCodecFp16 ? kElemFp16 : kElemBf16, out, out_type,
+                        static_cast<size_t>(g.tokens) * g.dim);
   if (!IsQuantising(g.codec)) return false;
   if (out_type != kElemFp16 && out_type != kElemFp32) return false;
   if (g.axis == kPerToken) {

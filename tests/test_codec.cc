@@ -169,7 +169,8 @@ TEST_CASE("The AVX2 and scalar paths write identical bytes", "[codec][simd]") {
     return;
   }
   const char* names[] = {"int8",     "int8:token", "int8:channel", "int4",    "int4:token", "int4:channel",
-                         "int8:g16", "int4:g32",   "int4:g48",     "int8:g5", "fp8-e4m3",   "fp8-e5m2"};
+                         "int8:g16", "int4:g32",   "int4:g48",     "int8:g5", "fp8-e4m3",   "fp8-e5m2",
+                         "fp16",     "bf16"};
   const uint32_t dims[] = {64, 128, 96, 100, 256, 24};
   const uint32_t tokens[] = {16, 64, 17};
   const DType dtypes[] = {DType::kFp16, DType::kBf16, DType::kFp32};
@@ -188,7 +189,7 @@ TEST_CASE("The AVX2 and scalar paths write identical bytes", "[codec][simd]") {
           ++compared;
         }
       }
-  CHECK(compared == 12 * 6 * 3 * 3);
+  CHECK(compared == 14 * 6 * 3 * 3);
 }
 
 TEST_CASE("The AVX2 path serves every quantiser on common shapes, byte-identical to scalar", "[codec][simd]") {
@@ -233,7 +234,7 @@ TEST_CASE("The AVX2 path handles inf and NaN inputs like the scalar path", "[cod
     StoreU16(p, size_t{t} * s.head_dim + 7, 0xFC00);
     StoreU16(p, size_t{t} * s.head_dim + 8, 0xFBFF);
   }
-  for (const char* n : {"int8", "int8:token", "int4", "int4:token", "fp8-e4m3", "fp8-e5m2", "int4:channel"}) {
+  for (const char* n : {"int8", "int8:token", "int4", "int4:token", "fp8-e4m3", "fp8-e5m2", "int4:channel", "bf16"}) {
     INFO(n);
     auto fast = Make(n, false), slow = Make(n, true);
     const Bytes a = Encode(*fast, s, raw), b = Encode(*slow, s, raw);
@@ -626,4 +627,37 @@ TEST_CASE("Batches of blocks encode and decode on several threads like one by on
   Status st = DecodeBatch(*codec, bs, ds, 3);
   CHECK(st.code() == StatusCode::kDataLoss);
   CHECK(st.message().find("block 4") != std::string::npos);
+}
+
+TEST_CASE("The AVX2 fp16/bf16 conversions equal the scalar ones on arbitrary bit patterns", "[codec][simd]") {
+  if (!HaveAvx2Path()) {
+    WARN("AVX2+F16C not available");
+    return;
+  }
+  std::mt19937_64 rng(8);
+  const uint32_t T = 16, D = 64;
+  std::vector<uint8_t> raw(size_t{T} * D * 4);
+  for (size_t i = 0; i < raw.size(); i += 4) {
+    uint32_t u = static_cast<uint32_t>(rng());
+    if (i % 64 == 0) u = 0x7F800001u | (u & 0x80000000u);  // signalling NaN
+    if (i % 64 == 4) u = 0x7FC12345u;                      // quiet NaN with payload
+    if (i % 64 == 8) u = 0x477FF000u;                      // 65520: rounds to inf in fp16
+    if (i % 64 == 12) u = 0x33000000u;                     // 2^-25: fp16 tie to zero
+    std::memcpy(&raw[i], &u, 4);
+  }
+  for (uint8_t codec : {uint8_t{kCodecFp16}, uint8_t{kCodecBf16}}) {
+    INFO("codec " << int(codec));
+    const PlaneGeom g = MakePlaneGeom(codec, kPerToken, 0, T, D, kElemFp32, 0);
+    std::vector<uint8_t> a(g.bytes), b(g.bytes);
+    REQUIRE(EncodePlaneAvx2(g, raw.data(), a.data()));
+    EncodePlaneScalar(g, raw.data(), b.data());
+    REQUIRE(a == b);
+    for (uint8_t out_type : {uint8_t{kElemFp32}, uint8_t{kElemFp16}, uint8_t{kElemBf16}}) {
+      if (out_type == (codec == kCodecFp16 ? kElemFp16 : kElemBf16)) continue;
+      std::vector<uint8_t> da(size_t{T} * D * ElemSize(out_type)), db(da.size());
+      REQUIRE(DecodePlaneAvx2(g, a.data(), da.data(), out_type));
+      DecodePlaneScalar(g, a.data(), db.data(), out_type);
+      REQUIRE(da == db);
+    }
+  }
 }
