@@ -26,9 +26,10 @@ class InProcessChannel final : public ShardChannel {
         it.size = *n;
         it.status = Status::Ok();
       } else if (n.status().code() == StatusCode::kResourceExhausted) {
-        // The caller's buffer is too small: report the size it needs.
+        // The caller's buffer is too small: report the size it needs, which
+        // is the decoded (logical) size when the node stores blocks encoded.
         Result<BlockRef> ref = node_->Get(it.key);
-        it.size = ref.ok() ? ref->meta().size : 0;
+        it.size = ref.ok() ? ref->meta().logical_size : 0;
         it.status = n.status();
       } else {
         it.status = n.status();
