@@ -2,9 +2,10 @@
 //
 // Pressure is the primary tier's used bytes over its current limit (the
 // budget, or less when the inference engine takes memory back through
-// TieredStore::SetPrimaryLimit). A single-tier node that is merely full at its
-// own budget is not under pressure (its store evicts on put, as a cache
-// should). Offloading to lower tiers runs first; when the
+// TieredStore::SetPrimaryLimit). A node that is merely full at its own budget
+// is not under pressure (its store evicts on put, demoting when it can, as a
+// cache should): pressure exists only while the limit is below the budget.
+// Offloading to lower tiers runs first; when the
 // primary tier is still above the high watermark after it, the controller
 // escalates one level per maintenance tick, and each level's action runs once
 // when it is entered:

@@ -43,12 +43,12 @@ std::vector<TieredStore::Candidate> TieredStore::CandidatesIn(Tier t) const {
   return out;
 }
 
-void TieredStore::OffloadPrimary(uint64_t limit) {
-  if (!host_ && !ssd_) return;
+uint64_t TieredStore::OffloadPrimary(uint64_t limit) {
+  uint64_t used = primary_->Stats().bytes_stored;
+  if (!host_ && !ssd_) return used;
   const uint64_t high = static_cast<uint64_t>(o_.high_watermark * static_cast<double>(limit));
   const uint64_t low = static_cast<uint64_t>(o_.low_watermark * static_cast<double>(limit));
-  uint64_t used = primary_->Stats().bytes_stored;
-  if (used <= high) return;
+  if (used <= high) return used;
   const uint64_t before = used;
   uint64_t moved = 0;
   for (const Candidate& c : CandidatesIn(Tier::kPrimary)) {
@@ -64,6 +64,7 @@ void TieredStore::OffloadPrimary(uint64_t limit) {
   Emit(nlohmann::json{{"event", "offload"}, {"tier", "primary"}, {"blocks", moved},
                       {"bytes_before", before}, {"bytes_after", used}, {"limit_bytes", limit}}
            .dump());
+  return used;
 }
 
 void TieredStore::OffloadHost() {
@@ -208,16 +209,15 @@ void TieredStore::RunMaintenance() {
       if (!primary_->Exists(k, false) && Promote(k).ok()) c_.prefetch_promoted.fetch_add(1, std::memory_order_relaxed);
 
   const uint64_t limit = PrimaryLimit();
-  OffloadPrimary(limit);
+  const uint64_t used = OffloadPrimary(limit);
   OffloadHost();
 
-  // A single-tier node full at its own budget is a normal cache (the store
-  // evicts on put): pressure counts only when the limit was lowered or lower
-  // tiers exist but could not take the offload.
-  const StoreStats ps = primary_->Stats();
-  const bool limited = limit < ps.capacity_bytes;
-  const double ratio =
-      limit && (limited || host_ || ssd_) ? static_cast<double>(ps.bytes_stored) / static_cast<double>(limit) : 0;
+  // A node full at its own budget is a normal cache: the store evicts on put
+  // (demoting when it can). Pressure counts only while the engine holds the
+  // limit below the budget, measured where this tick's offload left it (so a
+  // client refilling the tier between ticks does not count as pressure).
+  const bool limited = limit < primary_->Stats().capacity_bytes;
+  const double ratio = limited && limit ? static_cast<double>(used) / static_cast<double>(limit) : 0;
   const int before = pressure_.level();
   const int after = pressure_.Update(ratio);
   if (after != before) {

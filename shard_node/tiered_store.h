@@ -190,7 +190,9 @@ class TieredStore {
   // Moves `key` from the SSD tier into the host tier (REQUIRES host_ and ssd_).
   Status PromoteSsdToHost(const BlockKey& key);
   std::vector<Candidate> CandidatesIn(Tier t) const;
-  void OffloadPrimary(uint64_t limit);
+  // Moves primary blocks down while above the high watermark of `limit`, to
+  // the low one; returns the primary tier's used bytes where it stopped.
+  uint64_t OffloadPrimary(uint64_t limit);
   void OffloadHost();
   void EnterLevel(int level, double ratio);
   void ReencodePrimary();
