@@ -68,8 +68,8 @@ struct Runner {
     std::mutex mu;
     if (events) o.events = [events](const std::string& line) { *events << line << '\n'; };
     DecodeReport rep;
-    Status s = Run([&](RankEngine& e, const PrefixLookup& lookup, BlockStore& store) -> Status {
-      KVMESH_ASSIGN_OR_RETURN(DecodeReport r, RunDecodeWorkload(e, lookup, store, a.workload, o));
+    Status s = Run([&](RankEngine& e, const PrefixLookup& lookup, ShardNode* node) -> Status {
+      KVMESH_ASSIGN_OR_RETURN(DecodeReport r, RunDecodeWorkload(e, lookup, node, a.workload, o));
       if (e.comm().rank() == 0) {
         std::lock_guard<std::mutex> lock(mu);
         rep = r;
@@ -82,7 +82,7 @@ struct Runner {
 
   Result<SpecReport> Spec() {
     SpecReport rep;
-    Status s = Run([&](RankEngine& e, const PrefixLookup&, BlockStore&) -> Status {
+    Status s = Run([&](RankEngine& e, const PrefixLookup&, ShardNode*) -> Status {
       KVMESH_ASSIGN_OR_RETURN(SpecReport r, RunSpeculative(e, a.spec_options));
       if (e.comm().rank() == 0) rep = r;
       return Status::Ok();
@@ -104,7 +104,7 @@ nlohmann::json ReportJson(const DecodeReport& r) {
           {"tokens_per_s", r.tokens_per_s()},
           {"requests_per_s", r.requests_per_s()},
           {"steps", r.steps},
-          {"kv_bytes", {{"device", r.kv_bytes_stored}, {"host", 0}, {"ssd", 0}}},
+          {"kv_bytes", {{"device", r.kv_bytes_stored}, {"host", r.kv_bytes_host}, {"ssd", r.kv_bytes_ssd}}},
           {"kv_blocks", r.kv_blocks_stored},
           {"seals", r.kv_seals},
           {"seal_dedups", r.kv_seal_dedups},
@@ -290,7 +290,11 @@ int Run(const DecodeArgs& a) {
     row("requests/s", R.requests_per_s(), N.requests_per_s(), "%.2f");
     row("prefix hit rate (%)", 100 * R.prefix_hit_rate(), 100 * N.prefix_hit_rate(), "%.1f");
     row("prompt tokens computed", double(R.computed_prompt_tokens), double(N.computed_prompt_tokens), "%.0f");
-    row("KV bytes (device tier)", double(R.kv_bytes_stored), double(N.kv_bytes_stored), "%.0f");
+    row("KV bytes, device tier", double(R.kv_bytes_stored), double(N.kv_bytes_stored), "%.0f");
+    if (R.kv_bytes_host + N.kv_bytes_host + R.kv_bytes_ssd + N.kv_bytes_ssd > 0) {
+      row("KV bytes, host tier", double(R.kv_bytes_host), double(N.kv_bytes_host), "%.0f");
+      row("KV bytes, SSD tier", double(R.kv_bytes_ssd), double(N.kv_bytes_ssd), "%.0f");
+    }
     std::printf("  requests %llu, generated tokens %llu, prompt tokens %llu; same tokens with and without reuse: %s\n",
                 (unsigned long long)R.requests, (unsigned long long)R.generated_tokens,
                 (unsigned long long)R.prompt_tokens, same_tokens ? "yes" : "NO");

@@ -131,8 +131,8 @@ TEST_CASE("Decode driver: prefix reuse computes less, finds shared blocks and ge
     std::vector<std::string> lines;
     o.events = [&lines](const std::string& l) { lines.push_back(l); };
     DecodeReport rep;
-    REQUIRE(RunOnThreads(cfg, w, 2, [&](RankEngine& e, const PrefixLookup& lookup, BlockStore& store) -> Status {
-              KVMESH_ASSIGN_OR_RETURN(DecodeReport r, RunDecodeWorkload(e, lookup, store, wo, o));
+    REQUIRE(RunOnThreads(cfg, w, 2, [&](RankEngine& e, const PrefixLookup& lookup, ShardNode* node) -> Status {
+              KVMESH_ASSIGN_OR_RETURN(DecodeReport r, RunDecodeWorkload(e, lookup, node, wo, o));
               if (e.comm().rank() == 0) rep = r;
               return Status::Ok();
             }).ok());
@@ -182,7 +182,7 @@ TEST_CASE("Speculative decoding (early-exit and int4-KV drafts): rollback by tru
     so.draft_tokens = 3;
     so.draft_layers = 1;
     SpecReport rep;
-    REQUIRE(RunOnThreads(cfg, w, ranks, [&](RankEngine& e, const PrefixLookup&, BlockStore&) -> Status {
+    REQUIRE(RunOnThreads(cfg, w, ranks, [&](RankEngine& e, const PrefixLookup&, ShardNode*) -> Status {
               KVMESH_ASSIGN_OR_RETURN(SpecReport r, RunSpeculative(e, so));
               if (e.comm().rank() == 0) rep = r;
               return Status::Ok();

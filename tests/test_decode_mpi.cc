@@ -66,8 +66,8 @@ void Check(int rank) {
   DecodeRunOptions o;
   o.batch = 2;
   DecodeReport rep;
-  MustOk(RunOnMpi(dcfg, w, c, [&](RankEngine& e, const PrefixLookup& lookup, BlockStore& store) -> Status {
-    KVMESH_ASSIGN_OR_RETURN(rep, RunDecodeWorkload(e, lookup, store, wo, o));
+  MustOk(RunOnMpi(dcfg, w, c, [&](RankEngine& e, const PrefixLookup& lookup, ShardNode* node) -> Status {
+    KVMESH_ASSIGN_OR_RETURN(rep, RunDecodeWorkload(e, lookup, node, wo, o));
     return Status::Ok();
   }));
   if (rank == 0) {

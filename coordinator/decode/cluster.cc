@@ -31,14 +31,15 @@ Status RunOnThreads(const ClusterConfig& config, std::shared_ptr<const Weights> 
   auto comms = MakeThreadComms(ranks);
   std::vector<std::unique_ptr<SequenceTable>> tables;
   std::vector<std::unique_ptr<RankEngine>> engines;
-  std::vector<BlockStore*> stores;
+  std::vector<ShardNode*> nodes;
   for (int r = 0; r < ranks; ++r) {
     KVMESH_ASSIGN_OR_RETURN(RankPlan p, PlanRank(m, r, ranks));
-    BlockStore* store = &cluster->node(static_cast<size_t>(r) % cluster->num_nodes()).store();
+    ShardNode* node = &cluster->node(static_cast<size_t>(r) % cluster->num_nodes());
+    BlockStore* store = &node->store();
     KVMESH_ASSIGN_OR_RETURN(auto t, SequenceTable::Create(store, config.model, {0, m.layers}, p.kv_heads));
     engines.push_back(std::make_unique<RankEngine>(w, p, t.get(), comms[r].get()));
     tables.push_back(std::move(t));
-    stores.push_back(store);
+    nodes.push_back(node);
   }
   std::mutex mu;
   Status first;
@@ -49,7 +50,8 @@ Status RunOnThreads(const ClusterConfig& config, std::shared_ptr<const Weights> 
     ro.heads = engines[r]->plan().kv_heads;
     ro.affinity = Affinity::Rank(static_cast<uint32_t>(r));
     PrefixLookup lookup = [&router, ro](std::span<const TokenId> t) { return router.MatchPrefix(t, ro).value_or(0); };
-    Status s = body(*engines[r], lookup, *stores[r]);
+    const bool first_on_node = static_cast<size_t>(r) < cluster->num_nodes();
+    Status s = body(*engines[r], lookup, first_on_node ? nodes[r] : nullptr);
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(mu);
       if (first.ok()) first = s.WithContext("rank " + std::to_string(r));
@@ -74,7 +76,7 @@ Status RunOnMpi(const ClusterConfig& config, std::shared_ptr<const Weights> w, S
   RankEngine engine(w, p, table.get(), &comm);
   SequenceTable* t = table.get();
   PrefixLookup lookup = [t](std::span<const TokenId> toks) { return t->MatchPrefix(toks); };
-  return body(engine, lookup, node->store());
+  return body(engine, lookup, node.get());
 }
 
 }  // namespace kvmesh::decode

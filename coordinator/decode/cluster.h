@@ -24,8 +24,10 @@ namespace kvmesh::decode {
 Result<ClusterConfig> DecodeClusterConfig(const ClusterConfig& base, const ModelConfig& m, int ranks);
 
 // What a rank body gets: its engine (with its comm and sequence table), the
-// prefix lookup for its slice, and its shard's store.
-using RankBody = std::function<Status(RankEngine&, const PrefixLookup&, BlockStore&)>;
+// prefix lookup for its slice, and its shard node (its KV lives in the node's
+// primary BlockStore); the node is nullptr for a rank that shares its node
+// with a lower rank in the same process, so shard totals count each node once.
+using RankBody = std::function<Status(RankEngine&, const PrefixLookup&, ShardNode*)>;
 
 // Runs body on `ranks` threads over a fresh embedded cluster of `config`
 // (from DecodeClusterConfig). Returns the first rank error.

@@ -6,7 +6,8 @@
 #include <deque>
 #include <random>
 
-#include "shard_node/block_store.h"
+#include "shard_node/shard_node.h"
+#include "shard_node/tiered_store.h"
 
 namespace kvmesh::decode {
 namespace {
@@ -126,7 +127,7 @@ void Event(const DecodeRunOptions& o, const char* event, uint64_t request_id, ui
 
 }  // namespace
 
-Result<DecodeReport> RunDecodeWorkload(RankEngine& eng, const PrefixLookup& lookup, const BlockStore& store,
+Result<DecodeReport> RunDecodeWorkload(RankEngine& eng, const PrefixLookup& lookup, ShardNode* node,
                                        const DecodeWorkloadOptions& wo, const DecodeRunOptions& o) {
   const ModelConfig& mc = eng.config();
   StepComm& comm = eng.comm();
@@ -260,13 +261,22 @@ Result<DecodeReport> RunDecodeWorkload(RankEngine& eng, const PrefixLookup& look
   rep.rows_fed = eng.rows_fed() - rows0;
 
   const SequenceStats seq1 = table.Stats();
-  const StoreStats st = store.Stats();
-  uint64_t sums[4] = {st.bytes_stored, st.blocks, seq1.seals - seq0.seals, seq1.seal_dedups - seq0.seal_dedups};
+  const StoreStats st = node ? node->store().Stats() : StoreStats{};
+  uint64_t host = 0, ssd = 0;
+  if (const TieredStore* tiers = node ? node->tiers() : nullptr) {
+    const TierStats ts = tiers->Stats();
+    host = ts.host.bytes_stored;
+    ssd = ts.ssd.bytes_stored;
+  }
+  uint64_t sums[6] = {st.bytes_stored, st.blocks, seq1.seals - seq0.seals, seq1.seal_dedups - seq0.seal_dedups,
+                      host, ssd};
   KVMESH_RETURN_IF_ERROR(comm.AllReduceSumU64(sums));
   rep.kv_bytes_stored = sums[0];
   rep.kv_blocks_stored = sums[1];
   rep.kv_seals = sums[2];
   rep.kv_seal_dedups = sums[3];
+  rep.kv_bytes_host = sums[4];
+  rep.kv_bytes_ssd = sums[5];
   // Every rank saw the same tokens; the driver's wall time is the run's.
   double wall = rep.wall_s;
   KVMESH_RETURN_IF_ERROR(comm.Broadcast(std::as_writable_bytes(std::span(&wall, 1)), 0));

@@ -25,7 +25,7 @@
 #include "coordinator/decode/engine.h"
 
 namespace kvmesh {
-class BlockStore;
+class ShardNode;
 }
 
 namespace kvmesh::decode {
@@ -76,7 +76,9 @@ struct DecodeReport {
   LatencyHistogram tpot;   // mean time per output token after the first, per request
   LatencyHistogram e2e;    // ready (previous turn done) to last token, per request
   LatencyHistogram queue;  // ready to admission
-  uint64_t kv_bytes_stored = 0;    // sealed blocks in the shards' stores, all ranks, end of run
+  uint64_t kv_bytes_stored = 0;    // sealed blocks in the shards' primary (device) tier, all ranks, end of run
+  uint64_t kv_bytes_host = 0;      // demoted to the host tier (tiered configs)
+  uint64_t kv_bytes_ssd = 0;       // demoted to the SSD tier
   uint64_t kv_blocks_stored = 0;
   uint64_t kv_seals = 0, kv_seal_dedups = 0;
   uint64_t token_digest = 0;  // order-independent hash of every (request, index, token)
@@ -88,8 +90,9 @@ struct DecodeReport {
 
 // Runs the workload on this rank. Collective: every rank must call it with
 // the same options. The report's timings are rank 0's.
-// `store` is this rank's shard (for the KV byte counts).
-Result<DecodeReport> RunDecodeWorkload(RankEngine& engine, const PrefixLookup& lookup, const BlockStore& store,
+// `node` is this rank's shard, for the KV byte counts per tier; nullptr when
+// another rank reports the same shard (ranks sharing a node in one process).
+Result<DecodeReport> RunDecodeWorkload(RankEngine& engine, const PrefixLookup& lookup, ShardNode* node,
                                        const DecodeWorkloadOptions& w, const DecodeRunOptions& o);
 
 // ---- Speculative decoding (item 6) -----------------------------------------
