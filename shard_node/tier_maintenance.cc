@@ -63,7 +63,8 @@ uint64_t TieredStore::OffloadPrimary(uint64_t limit) {
   c_.demoted_offload.fetch_add(moved, std::memory_order_relaxed);
   Emit(nlohmann::json{{"event", "offload"}, {"tier", "primary"}, {"blocks", moved},
                       {"bytes_before", before}, {"bytes_after", used}, {"limit_bytes", limit}}
-           .dump());
+           .dump(),
+       /*to_sink=*/false);
   return used;
 }
 
@@ -87,7 +88,8 @@ void TieredStore::OffloadHost() {
   c_.demoted_offload.fetch_add(moved, std::memory_order_relaxed);
   Emit(nlohmann::json{{"event", "offload"}, {"tier", "host"}, {"blocks", moved},
                       {"bytes_before", before}, {"bytes_after", used}}
-           .dump());
+           .dump(),
+       /*to_sink=*/false);
 }
 
 namespace {
@@ -233,13 +235,12 @@ void TieredStore::RunMaintenance() {
 
 // ---- Observability -----------------------------------------------------------------
 
-void TieredStore::Emit(std::string json) {
-  // Add the common fields without re-parsing: the events are objects.
+void TieredStore::Emit(std::string json, bool to_sink) {
   nlohmann::json j = nlohmann::json::parse(json);
   j["node"] = o_.node_id;
   j["ts_ns"] = clock_->NowNanos();
   std::string line = j.dump();
-  if (o_.event_sink) o_.event_sink(line);
+  if (to_sink && o_.event_sink) o_.event_sink(line);
   std::lock_guard<std::mutex> lock(events_mu_);
   events_.push_back(std::move(line));
   while (events_.size() > kMaxEvents) events_.pop_front();

@@ -21,7 +21,8 @@
 // blocks at lower precision with kernels/codec (int8 by default), level 3
 // refuses Put with Busy while reads work; it steps back down under the low
 // watermark. Every level change and offload run is counted in Stats() and
-// emitted as a one-line JSON event ({"event": "...", "node": ..., "ts_ns": ...}).
+// kept in RecentEvents() as a one-line JSON event ({"event": "...", "node":
+// ..., "ts_ns": ...}); pressure events also go to the event sink (the log).
 //
 // Maintenance never runs on the request path: a background thread calls
 // RunMaintenance() every `interval_ms`; tests disable the thread and call it
@@ -197,7 +198,10 @@ class TieredStore {
   void EnterLevel(int level, double ratio);
   void ReencodePrimary();
   uint64_t PrimaryLimit() const;
-  void Emit(std::string json);
+  // Records an event (a JSON object) in RecentEvents, adding node and ts_ns,
+  // and passes it to the event sink when to_sink (routine offload runs are
+  // only counted and kept in RecentEvents, not logged).
+  void Emit(std::string json, bool to_sink = true);
   void Loop();
 
   TieredStoreOptions o_;
