@@ -5,6 +5,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 
@@ -85,7 +86,12 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Create(const SsdTierOptions& o) {
   }
   struct stat st{};
   t->file_ = o.path;
-  if (::stat(o.path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) t->file_ = o.path + "/kvmesh-tier.ssd";
+  if (::stat(o.path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    std::string name = o.name.empty() ? "tier" : o.name;
+    for (char& ch : name)
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') ch = '_';
+    t->file_ = o.path + "/kvmesh-" + name + ".ssd";
+  }
   t->fd_ = ::open(t->file_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (t->fd_ < 0) return ErrnoStatus("ssd tier: opening " + t->file_, errno);
   if (::ftruncate(t->fd_, static_cast<off_t>(slots * t->slot_stride_)) != 0)

@@ -34,7 +34,8 @@
 namespace kvmesh {
 
 struct SsdTierOptions {
-  std::string path;             // a file, or a directory (a file "kvmesh-tier.ssd" is made in it)
+  std::string path;             // a file, or a directory: "kvmesh-<name>.ssd" is made in it
+  std::string name = "tier";    // for the directory case (e.g. the node id, so nodes sharing a directory don't collide)
   uint64_t capacity_bytes = 0;  // file size budget (> 0)
   uint64_t slot_bytes = 0;      // largest payload (> 0)
   std::string policy = "lru";

@@ -50,6 +50,7 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Create(BlockStore* primary, Ti
   if (o.ssd_bytes > 0) {
     SsdTierOptions so;
     so.path = o.ssd_path;
+    so.name = o.node_id.empty() ? "tier" : o.node_id;
     so.capacity_bytes = o.ssd_bytes;
     so.slot_bytes = primary->slot_bytes();
     so.policy = o.ssd_policy;
