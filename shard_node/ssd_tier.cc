@@ -91,6 +91,7 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Create(const SsdTierOptions& o) {
     for (char& ch : name)
       if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') ch = '_';
     t->file_ = o.path + "/kvmesh-" + name + ".ssd";
+    t->owns_file_ = true;
   }
   t->fd_ = ::open(t->file_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (t->fd_ < 0) return ErrnoStatus("ssd tier: opening " + t->file_, errno);
@@ -112,6 +113,7 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Create(const SsdTierOptions& o) {
 
 SsdTier::~SsdTier() {
   if (fd_ >= 0) ::close(fd_);
+  if (owns_file_) ::unlink(file_.c_str());  // a cache file we named: nothing survives a restart anyway
 }
 
 void SsdTier::FreeSlotLocked(uint32_t slot) {

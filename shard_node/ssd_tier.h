@@ -6,7 +6,8 @@
 // payload. Read verifies the header, that it names the requested key, and
 // the payload checksum: a torn, stale or corrupt slot is a miss (DataLoss, the
 // entry is dropped), never returned. The file is a cache: it is created
-// empty (truncated) at start and its contents do not survive a restart.
+// empty (truncated) at start and its contents do not survive a restart; a
+// file the tier named itself (path is a directory) is removed on destruction.
 //
 // Eviction inside the tier uses any EvictionPolicy (default "lru"); blocks
 // evicted from the SSD are gone.
@@ -91,6 +92,7 @@ class SsdTier {
 
   int fd_ = -1;
   std::string file_;
+  bool owns_file_ = false;  // named by us in a directory: removed on destruction
   uint64_t slot_payload_ = 0;
   uint64_t slot_stride_ = 0;
   Clock* clock_ = nullptr;

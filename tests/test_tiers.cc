@@ -752,3 +752,25 @@ TEST_CASE("Pressure level 2 re-encodes fp16-codec blocks at int8 and leaves int8
     CHECK(info->segments[0].spec.kind == kernels::kCodecInt8);
   }
 }
+
+TEST_CASE("SSD tier: a file named in a directory is per node and removed on close", "[tiers]") {
+  TempDir dir;
+  SsdTierOptions o;
+  o.path = dir.path.string();
+  o.name = "node/7";
+  o.capacity_bytes = 2 * 8192;
+  o.slot_bytes = 4096;
+  std::string file;
+  {
+    auto t = SsdTier::Create(o);
+    REQUIRE(t.ok());
+    file = (*t)->file();
+    CHECK(file == (dir.path / "kvmesh-node_7.ssd").string());
+    CHECK(std::filesystem::exists(file));
+  }
+  CHECK_FALSE(std::filesystem::exists(file));
+  // A file path given explicitly is the operator's: kept.
+  o.path = (dir.path / "mine.ssd").string();
+  { REQUIRE(SsdTier::Create(o).ok()); }
+  CHECK(std::filesystem::exists(o.path));
+}
