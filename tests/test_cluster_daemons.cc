@@ -297,6 +297,43 @@ TEST_CASE("Daemons: a cluster with a token refuses clients without it", "[cluste
   CHECK((*good)->router().MatchPrefix(seq).value() == 1);
 }
 
+TEST_CASE("Daemons: a router with an old map is refused (stale epoch), refreshes and retries", "[cluster][daemons]") {
+  Cluster c;
+  c.StartCoordinator();
+  for (const char* id : {"n0", "n1"}) c.StartNode(id);
+  c.WaitNodes(2);
+  NetworkClientOptions o;
+  o.coordinator = c.addr();
+  o.timeout_ms = 2000;
+  o.refresh_ms = 0;  // no background refresh: only a stale-epoch answer can update the map
+  auto client = NetworkClient::Connect(o);
+  REQUIRE(client.ok());
+  const uint64_t before = (*client)->epoch();
+  REQUIRE((*client)->num_nodes() == 2);
+  // n2 joins: the epoch advances and the nodes learn it from their next heartbeat.
+  c.StartNode("n2");
+  const uint64_t after = c.WaitNodes(3);
+  REQUIRE(after > before);
+  std::this_thread::sleep_for(600ms);  // > 2 heartbeats
+  Router& r = (*client)->router();
+  Workload w = MakeWorkload(3, 4, r.block_tokens(), r.model().FullBlockBytes(), 4);
+  REQUIRE(PutAll(r, w).ok());  // first attempt answered StaleEpoch, refreshed, retried
+  CHECK((*client)->epoch() == after);
+  CHECK((*client)->num_nodes() == 3);
+  CHECK(CountHits(r, w) == 12);
+  CHECK(r.Stats().node_errors >= 1);  // the stale answers
+  // The nodes counted the refusals.
+  uint64_t stale = 0;
+  for (const char* id : {"n0", "n1"}) {
+    auto m = HttpRequest("127.0.0.1", c.listening[id]["ports"]["http"].get<uint16_t>(), "GET", "/metrics", "", 1000);
+    REQUIRE(m.ok());
+    auto pos = m->body.find("reason=\"stale_epoch\"} ");
+    REQUIRE(pos != std::string::npos);
+    stale += std::stoull(m->body.substr(pos + 22));
+  }
+  CHECK(stale >= 1);
+}
+
 #if defined(KVMESH_HAVE_UCX)
 TEST_CASE("Daemons: with $.transport.backend = ucx the router's data goes over UCX", "[cluster][daemons][ucx]") {
   // daemons-local.json with the UCX backend, in a temporary file.
