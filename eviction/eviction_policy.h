@@ -64,7 +64,11 @@ class EvictionPolicy {
   // Admission filter: false means "do not cache this new entry" (TinyLFU-style
   // policies). The owner calls it on every miss it would cache, before it
   // evicts anything for the entry, then (when true) evicts and Inserts. ARC
-  // also learns from it which ghost list the missed id is on. Default: admit all.
+  // also learns from it which ghost list the missed entry is on. The owner may
+  // not have chosen the entry's id yet, so a block store passes info.key_hash
+  // as `id`; policies that need an identity stable across evictions (ghosts,
+  // frequency sketches) key on AccessInfo::key_hash, because owners may reuse
+  // ids (a block store's id is its slot number). Default: admit all.
   virtual bool Admit(EntryId /*id*/, const AccessInfo& /*info*/) { return true; }
 
   // Starts tracking `id` as most recently used. REQUIRES: !Contains(id).

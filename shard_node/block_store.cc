@@ -145,7 +145,7 @@ Status BlockStore::Put(const BlockKey& key, std::span<const std::byte> payload, 
       }
       return Status::Ok();
     }
-    if (!s.policy->Admit(static_cast<EntryId>(key.lo), info)) {
+    if (!s.policy->Admit(info.key_hash, info)) {  // no slot yet: the key hash is the id
       ++s.stats.put_rejected;
       return Busy("admission filter declined the block");
     }

@@ -1,10 +1,11 @@
 // shard_node/shard_node.h — one shard node: the block store(s) of one GPU (or
 // host) and the operations every transport serves (ARCHITECTURE 3).
 //
-// Today a node serves one memory tier (its device budget, or host memory when
-// there is no device budget). Codecs (encode on put, decode on get) and the
-// device -> host -> SSD tiers plug in here, behind the same operations, so
-// transports and the router do not change.
+// A node serves its device budget (host memory without a GPU) and, when the
+// config gives host and/or SSD budgets, the device -> host -> SSD tiers with
+// watermarks and pressure levels (TieredStore). With a codec configured,
+// blocks are encoded on put and decoded on GetInto (CodecStage). All of it
+// sits behind the same operations, so transports and the router do not change.
 //
 // Thread-safety: all methods are thread-safe.
 #pragma once
