@@ -179,9 +179,11 @@ class Server final : public DataServer {
   DataServerOptions o_;
   const std::atomic<uint64_t>* epoch_;
   FrameHandler handler_;
-  asio::io_context accept_io_{1};
+  // Order matters for destruction: the pending accept on accept_io_ holds a
+  // socket of one of ios_, so accept_io_ must go first (declared after).
   std::vector<std::unique_ptr<asio::io_context>> ios_;
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards_;
+  asio::io_context accept_io_{1};
   size_t next_io_ = 0;
   tcp::acceptor acceptor_;
   std::vector<std::thread> threads_;
