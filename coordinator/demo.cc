@@ -7,6 +7,7 @@
 #include <thread>
 #include <unordered_set>
 
+#include "common/hash.h"
 #include "common/progress.h"
 #include "kvmesh/clock.h"
 
@@ -16,11 +17,7 @@ void FillBlock(const BlockKey& key, std::span<std::byte> out) {
   uint64_t x = key.lo ^ (key.hi * 0x9E3779B97F4A7C15ull);
   size_t i = 0;
   for (; i + 8 <= out.size(); i += 8) {
-    x += 0x9E3779B97F4A7C15ull;  // splitmix64
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
+    const uint64_t z = SplitMix64(&x);
     std::memcpy(out.data() + i, &z, 8);
   }
   for (; i < out.size(); ++i) out[i] = static_cast<std::byte>(i);

@@ -1,5 +1,7 @@
 #include "eviction/frequency_sketch.h"
 
+#include "common/hash.h"
+
 #include <algorithm>
 #include <bit>
 
@@ -22,13 +24,7 @@ FrequencySketch::FrequencySketch(size_t capacity) {
 }
 
 uint64_t FrequencySketch::Mix(EntryId id, uint64_t seed) {
-  uint64_t x = id ^ seed;  // splitmix64 finaliser
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
+  return Mix64(id ^ seed);
 }
 
 uint32_t FrequencySketch::Counter(int row, uint64_t h) const { return counters_[row * width_ + (h & mask_)]; }

@@ -1,5 +1,7 @@
 #include "router/shard_map.h"
 
+#include "common/hash.h"
+
 #include <xxhash.h>
 
 #include <algorithm>
@@ -8,14 +10,6 @@
 namespace kvmesh {
 namespace {
 
-uint64_t Mix64(uint64_t x) {  // splitmix64 finaliser
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return x;
-}
 
 uint64_t RendezvousHash(const BlockKey& key, uint64_t node_hash) {
   return Mix64(key.lo ^ Mix64(key.hi ^ node_hash));

@@ -9,15 +9,12 @@
 #include "shard_node/shard_node.h"
 #include "shard_node/tiered_store.h"
 
+#include "common/hash.h"
+
 namespace kvmesh::decode {
 namespace {
 
-uint64_t Mix(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+uint64_t Mix(uint64_t z) { return SplitMix64(&z); }
 
 int64_t NowNs() { return std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now().time_since_epoch()).count(); }

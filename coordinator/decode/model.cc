@@ -4,14 +4,12 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/hash.h"
+
 namespace kvmesh::decode {
 namespace {
 
-uint64_t Mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+uint64_t Mix(uint64_t z) { return Mix64(z); }
 
 // Uniform floats in (-a, a) from a splitmix64 stream named by (seed, tag).
 void Fill(std::vector<float>& v, size_t n, uint64_t seed, uint64_t tag, float a) {
