@@ -334,6 +334,34 @@ TEST_CASE("Daemons: a router with an old map is refused (stale epoch), refreshes
   CHECK(stale >= 1);
 }
 
+TEST_CASE("Daemons: a restarted coordinator gets the nodes back and routers keep going", "[cluster][daemons][faults]") {
+  Cluster c;
+  c.StartCoordinator();
+  for (const char* id : {"n0", "n1", "n2"}) c.StartNode(id);
+  const uint64_t first = c.WaitNodes(3);
+  auto client = Client(c);
+  Router& r = client->router();
+  Workload w = MakeWorkload(3, 4, r.block_tokens(), r.model().FullBlockBytes(), 5);
+  REQUIRE(PutAll(r, w).ok());
+  // The coordinator dies; the data plane does not need it.
+  c.coord.Kill(SIGKILL);
+  REQUIRE(c.coord.Wait(5s));
+  CHECK(CountHits(r, w) == 12);
+  // A new coordinator on the same port: the nodes' heartbeats get 404 and they
+  // register again; its epochs start above the old ones, so routers take its map.
+  Process again;
+  REQUIRE(again.Start({kBin, "coordinator", "--config", c.config, "--port", std::to_string(c.coord_port)}));
+  REQUIRE(again.WaitEvent("listening", 10s));
+  const uint64_t second = c.WaitNodes(3);
+  CHECK(second > first);
+  const auto end = SteadyClock::now() + 5s;
+  while (client->epoch() < second && SteadyClock::now() < end) std::this_thread::sleep_for(50ms);
+  CHECK(client->epoch() >= second);
+  CHECK(CountHits(r, w) == 12);  // same nodes, same placement: every block still there
+  again.Kill(SIGTERM);
+  CHECK(again.Wait(5s));
+}
+
 #if defined(KVMESH_HAVE_UCX)
 TEST_CASE("Daemons: with $.transport.backend = ucx the router's data goes over UCX", "[cluster][daemons][ucx]") {
   // daemons-local.json with the UCX backend, in a temporary file.
