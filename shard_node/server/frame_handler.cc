@@ -135,13 +135,30 @@ Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte>
       const bool host = node_->store().backend().host_accessible();
       uint64_t total = table.size();
       std::vector<std::span<const std::byte>> payloads;
+      rep->copies.reserve(keys.size());  // copies_ never reallocates: payload spans point into it
       for (size_t i = 0; i < keys.size(); ++i) {
         GetRecord r;
         Result<BlockRef> ref = node_->Get(keys[i]);
         if (!ref.ok()) {
           r.status = ref.status().code();
-        } else if (total + ref->meta().size > limits_.max_body_bytes) {
+        } else if (total + ref->meta().logical_size > limits_.max_body_bytes) {
           r.status = StatusCode::kBusy;  // the answer is full: ask again in a smaller batch
+        } else if (ref->meta().codec != 0) {
+          // Stored encoded (config.codec): clients get the decoded block, as
+          // in-process reads do, so the router API means the same everywhere.
+          std::string& c = rep->copies.emplace_back(ref->meta().logical_size, '\0');
+          ref->Release();
+          Result<size_t> n = node_->GetInto(keys[i], std::as_writable_bytes(std::span<char>(c)));
+          if (!n.ok()) {
+            r.status = n.status().code();
+            rep->copies.pop_back();
+          } else {
+            c.resize(*n);
+            r.size = static_cast<uint32_t>(*n);
+            r.checksum = Checksum64(c.data(), c.size());
+            total += r.size;
+            payloads.push_back(std::as_bytes(std::span<const char>(c)));
+          }
         } else {
           r.size = ref->meta().size;
           r.checksum = ref->meta().checksum;

@@ -361,6 +361,14 @@ class Server final : public RespServer {
   void Get(std::string_view key, Out* out) {
     Result<BlockRef> r = node_->Get(RespKey(key));
     if (!r.ok()) return out->Nil();  // a miss, or a corrupt block (erased): nil either way
+    if (r->meta().codec != 0) {  // stored encoded (config.codec): answer the decoded value
+      std::string value(r->meta().logical_size, '\0');
+      r->Release();
+      Result<size_t> n = node_->GetInto(RespKey(key), std::as_writable_bytes(std::span<char>(value)));
+      if (!n.ok()) return out->Nil();
+      value.resize(*n);
+      return out->Bulk(value);
+    }
     if (node_->store().backend().host_accessible()) return out->Ref(std::move(*r));
     std::string copy(r->data().size(), '\0');
     node_->store().backend().CopyOut(reinterpret_cast<std::byte*>(copy.data()), r->data().data(), copy.size());
