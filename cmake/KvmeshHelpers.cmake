@@ -35,7 +35,13 @@ function(kvmesh_test name)
   add_executable(${name} ${A_SOURCES})
   target_link_libraries(${name} PRIVATE kvmesh_flags ${A_LIBS} Catch2::Catch2WithMain)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
-  set(labels unit ${A_LABELS})
+  # One label per test: catch_discover_tests re-splits PROPERTIES as a list,
+  # so a multi-value LABELS cannot reach set_tests_properties intact.
+  # Tests in a named group (cluster, mpi, ...) carry that label, others "unit".
+  set(labels unit)
+  if(A_LABELS)
+    list(GET A_LABELS 0 labels)
+  endif()
   catch_discover_tests(${name} TEST_SPEC "~[gpu]~[.]" PROPERTIES LABELS "${labels}" TIMEOUT 120)
   if(A_GPU)
     catch_discover_tests(${name} TEST_SPEC "[gpu]" TEST_PREFIX "gpu:"

@@ -257,18 +257,27 @@ Status Router::Put(std::span<const TokenId> tokens, std::span<const std::span<co
 }
 
 Status Router::Erase(std::span<const BlockKey> keys, const RequestOptions& o) {
-  auto view = impl_->Snapshot();
-  const ShardMap& map = *view->map;
+  Impl& im = *impl_;
   Status first;
-  std::vector<Status> st(1);
-  for (const BlockKey& k : keys) {
-    uint32_t place[ShardMap::kMaxReplicas];
-    size_t np = map.Place(k, o.affinity, place);
-    for (size_t r = 0; r < np; ++r) {
-      Status s = view->channels[place[r]]->Erase(std::span<const BlockKey>(&k, 1), st);
-      if (!s.ok() && first.ok()) first = s;
+  im.WithRefresh(*this, [&](const View& view, bool* stale) {
+    Scratch& sc = t_scratch;
+    first = Status::Ok();
+    // Every replica forgets the key: one batch per node per replica rank.
+    for (uint32_t rank = 0; rank < view.map->replicas(); ++rank) {
+      auto key_of = [&](size_t i) { return keys[i]; };
+      if (!GroupByNode(*view.map, keys.size(), o.affinity, rank, key_of, [](size_t) { return true; }, sc)) break;
+      for (size_t node = 0; node < sc.by_node.size(); ++node) {
+        auto& idx = sc.by_node[node];
+        if (idx.empty()) continue;
+        sc.keys.clear();
+        for (size_t i : idx) sc.keys.push_back(keys[i]);
+        sc.statuses.assign(idx.size(), Status::Ok());
+        Status s = view.channels[node]->Erase(sc.keys, sc.statuses);
+        im.NoteCall(s, stale);
+        if (!s.ok() && first.ok()) first = s;  // NotFound items are fine: the key is gone
+      }
     }
-  }
+  });
   return first;
 }
 

@@ -8,6 +8,7 @@
 #include <absl/container/flat_hash_map.h>
 
 #include "common/checksum.h"
+#include "common/hash.h"
 
 namespace kvmesh {
 namespace {
@@ -112,7 +113,8 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(StoreOptions o) {
 BlockStore::~BlockStore() = default;
 
 BlockStore::Stripe& BlockStore::StripeOf(const BlockKey& k) const {
-  return stripes_[(k.hi >> 32) & (num_stripes_ - 1)];
+  // Mixed, so keys spread over stripes even when they are not hashes (tests, tools).
+  return stripes_[Mix64(k.hi ^ (k.lo * 0x9E3779B97F4A7C15ull)) & (num_stripes_ - 1)];
 }
 
 void BlockStore::SetEvictionListener(EvictionListener l) {
