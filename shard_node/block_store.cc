@@ -98,6 +98,7 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(StoreOptions o) {
   PolicyOptions po = o.policy_options;
   po.clock = s->clock_;
   po.capacity_hint = per_stripe;
+  s->policy_options_ = po;
   for (uint32_t i = 0; i < stripes; ++i) {
     Stripe& st = s->stripes_[i];
     st.base = s->backend_->base() + i * per_stripe * slot;
@@ -115,6 +116,40 @@ BlockStore::~BlockStore() = default;
 BlockStore::Stripe& BlockStore::StripeOf(const BlockKey& k) const {
   // Mixed, so keys spread over stripes even when they are not hashes (tests, tools).
   return stripes_[Mix64(k.hi ^ (k.lo * 0x9E3779B97F4A7C15ull)) & (num_stripes_ - 1)];
+}
+
+std::string BlockStore::policy_name() const {
+  std::lock_guard<std::mutex> lock(policy_mu_);
+  return policy_name_;
+}
+
+Status BlockStore::SetPolicy(std::string_view name, const PolicyOptions* options) {
+  std::lock_guard<std::mutex> admin(policy_mu_);  // one switch at a time
+  PolicyOptions po = options ? *options : policy_options_;
+  po.clock = clock_;
+  po.capacity_hint = policy_options_.capacity_hint;
+  std::vector<std::unique_ptr<EvictionPolicy>> fresh;
+  for (uint32_t i = 0; i < num_stripes_; ++i) {
+    auto p = MakeEvictionPolicy(name, po);
+    if (!p.ok()) return p.status();  // before any stripe changed
+    fresh.push_back(std::move(p).value());
+  }
+  std::vector<std::pair<int64_t, uint32_t>> order;  // (last access, slot)
+  for (uint32_t i = 0; i < num_stripes_; ++i) {
+    Stripe& s = stripes_[i];
+    std::lock_guard<std::mutex> lock(s.mu);
+    order.clear();
+    for (uint32_t slot = 0; slot < s.slots.size(); ++slot) {
+      const Slot& sl = s.slots[slot];
+      if (sl.state == SlotState::kLive && sl.pins == 0) order.emplace_back(sl.meta.last_access_ns, slot);
+    }
+    std::sort(order.begin(), order.end());
+    for (const auto& [ns, slot] : order) fresh[i]->Insert(slot, InfoOf(s.slots[slot].meta));
+    s.policy = std::move(fresh[i]);
+  }
+  policy_name_ = std::string(name);
+  policy_options_ = po;
+  return Status::Ok();
 }
 
 void BlockStore::SetEvictionListener(EvictionListener l) {

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 
@@ -142,8 +143,15 @@ class BlockStore {
 
   void SetEvictionListener(EvictionListener l);
 
+  // Switches the eviction policy at run time (e.g. "lru" -> "arc"). Each
+  // stripe gets a fresh policy holding its evictable blocks in their recency
+  // order (oldest first); pinned blocks join it on their last unpin. Aging
+  // restarts. InvalidArgument for an unknown name (nothing changes). `options`
+  // nullptr keeps the current options. Thread-safe; requests keep flowing.
+  Status SetPolicy(std::string_view name, const PolicyOptions* options = nullptr);
+
   StoreStats Stats() const;
-  const std::string& policy_name() const { return policy_name_; }
+  std::string policy_name() const;
   uint64_t slot_bytes() const { return slot_bytes_; }
   MemoryBackend& backend() { return *backend_; }
 
@@ -165,7 +173,9 @@ class BlockStore {
   uint64_t capacity_bytes_ = 0;
   bool verify_ = true;
   Clock* clock_ = nullptr;
+  mutable std::mutex policy_mu_;      // guards policy_name_, policy_options_ (not the stripes)
   std::string policy_name_;
+  PolicyOptions policy_options_;
   EvictionListener listener_;
 };
 

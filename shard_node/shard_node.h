@@ -54,6 +54,10 @@ class ShardNode {
   // promotion from lower tiers for the background worker; otherwise a no-op.
   void Prefetch(std::span<const BlockKey> keys);
 
+  // Switches the primary store's eviction policy at run time
+  // (BlockStore::SetPolicy). InvalidArgument for an unknown name.
+  Status SetEvictionPolicy(const std::string& name) { return store_->SetPolicy(name); }
+
   NodeStats Stats() const;
   std::string StatsJson() const;
   BlockStore& store() { return *store_; }

@@ -166,6 +166,17 @@ TEST_CASE("Daemons: coordinator + 3 nodes serve put/get/match through the networ
   REQUIRE(metrics.ok());
   CHECK_THAT(metrics->body, Catch::Contains("kvmesh_requests_total{op=\"PUT\"}"));
   CHECK_THAT(metrics->body, Catch::Contains("kvmesh_store_blocks"));
+  // The eviction policy is switched at run time over HTTP; a bad name changes nothing.
+  auto sw = HttpRequest("127.0.0.1", http, "POST", "/policy", R"({"policy": "arc"})", 1000);
+  REQUIRE(sw.ok());
+  CHECK(sw->status == 200);
+  CHECK_THAT(sw->body, Catch::Contains("\"arc\""));
+  auto bad = HttpRequest("127.0.0.1", http, "POST", "/policy", R"({"policy": "fifo-ish"})", 1000);
+  REQUIRE(bad.ok());
+  CHECK(bad->status == 400);
+  auto now = HttpRequest("127.0.0.1", http, "GET", "/policy", "", 1000);
+  REQUIRE(now.ok());
+  CHECK_THAT(now->body, Catch::Contains("\"arc\""));
 
   // The C ABI example program, against the same cluster.
   {

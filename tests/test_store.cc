@@ -191,3 +191,30 @@ TEST_CASE("Concurrent puts, gets and erases keep the store consistent", "[store]
   CHECK(st.pinned_blocks == 0);
   CHECK(st.corrupt == 0);
 }
+
+TEST_CASE("The eviction policy can be switched at run time and keeps recency order", "[store]") {
+  ManualClock clock;
+  auto s = MakeStore(4, 4096, &clock, 1, "lru-priority");
+  for (uint64_t i = 0; i < 4; ++i) {
+    PutOptions o;
+    o.priority = i == 0 ? 3 : 0;  // under lru-priority block 0 would survive longest
+    REQUIRE(s->Put(Key(i), Bytes(64, static_cast<uint8_t>(i)), o).ok());
+    clock.Advance(10);
+  }
+  auto pinned = s->Get(Key(2));  // pinned during the switch
+  REQUIRE(pinned.ok());
+  CHECK(s->SetPolicy("no-such-policy").code() == StatusCode::kInvalidArgument);
+  CHECK(s->policy_name() == "lru-priority");
+  REQUIRE(s->SetPolicy("lru").ok());
+  CHECK(s->policy_name() == "lru");
+  pinned->Release();  // block 2 rejoins as most recently used
+  // Plain LRU now: the oldest (block 0, despite its priority) goes first, then 1, then 3.
+  REQUIRE(s->Put(Key(10), Bytes(64, 10)).ok());
+  CHECK_FALSE(s->Exists(Key(0)));
+  REQUIRE(s->Put(Key(11), Bytes(64, 11)).ok());
+  CHECK_FALSE(s->Exists(Key(1)));
+  REQUIRE(s->Put(Key(12), Bytes(64, 12)).ok());
+  CHECK_FALSE(s->Exists(Key(3)));
+  CHECK(s->Exists(Key(2)));
+  CHECK(s->Stats().blocks == 4);
+}

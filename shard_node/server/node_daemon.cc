@@ -118,6 +118,19 @@ class Daemon final : public NodeDaemon {
     if (path == "/healthz") return {200, "text/plain", "ok\n"};
     if (path == "/stats") return {200, "application/json", node_->StatsJson() + "\n"};
     if (path == "/metrics") return {200, "text/plain; version=0.0.4", Metrics()};
+    if (path == "/policy") {  // GET: the eviction policy; POST {"policy": NAME}: switch it at run time
+      if (r.method == "POST") {
+        json body = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+        if (!body.is_object() || !body.contains("policy") || !body["policy"].is_string())
+          return {400, "application/json", json{{"error", "expected {\"policy\": NAME}"}}.dump() + "\n"};
+        Status s = node_->SetEvictionPolicy(body["policy"].get<std::string>());
+        if (!s.ok()) return {400, "application/json", json{{"error", s.ToString()}}.dump() + "\n"};
+        std::printf("%s\n", json{{"event", "policy_switched"}, {"node_id", o_.node_id},
+                                  {"policy", node_->store().policy_name()}}.dump().c_str());
+        std::fflush(stdout);
+      }
+      return {200, "application/json", json{{"policy", node_->store().policy_name()}}.dump() + "\n"};
+    }
     return {404, "text/plain", "not found\n"};
   }
 
