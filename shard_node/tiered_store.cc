@@ -228,29 +228,16 @@ Status TieredStore::Promote(const BlockKey& key) {
     if (ref.status().code() != StatusCode::kNotFound) return ref.status();
   }
   if (ssd_) {
-    std::span<std::byte> buf = Staging(ssd_->slot_bytes(), kPromote);
-    Result<SsdBlockMeta> m = ssd_->Read(key, buf);
-    if (!m.ok()) {
-      if (m.status().code() == StatusCode::kDataLoss) {
-        c_.ssd_corrupt.fetch_add(1, std::memory_order_relaxed);
-        DropShadow(key);
-      }
-      return m.status();
-    }
-    PutOptions po;
-    po.priority = m->priority;
-    po.codec = m->codec;
-    po.logical_size = m->logical_size;
-    KVMESH_RETURN_IF_ERROR(primary_->Put(key, buf.first(m->size), po));
-    (void)ssd_->Erase(key);
-    SetShadow(key, Tier::kPrimary, m->priority, true);
+    KVMESH_RETURN_IF_ERROR(MoveFromSsd(key, *primary_, Tier::kPrimary));
     c_.promotions.fetch_add(1, std::memory_order_relaxed);
     return Status::Ok();
   }
   return NotFound("block " + key.ToHex() + " is not stored");
 }
 
-Status TieredStore::PromoteSsdToHost(const BlockKey& key) {
+Status TieredStore::PromoteSsdToHost(const BlockKey& key) { return MoveFromSsd(key, *host_, Tier::kHost); }
+
+Status TieredStore::MoveFromSsd(const BlockKey& key, BlockStore& dst, Tier tier) {
   std::span<std::byte> buf = Staging(ssd_->slot_bytes(), kPromote);
   Result<SsdBlockMeta> m = ssd_->Read(key, buf);
   if (!m.ok()) {
@@ -264,9 +251,9 @@ Status TieredStore::PromoteSsdToHost(const BlockKey& key) {
   po.priority = m->priority;
   po.codec = m->codec;
   po.logical_size = m->logical_size;
-  KVMESH_RETURN_IF_ERROR(host_->Put(key, buf.first(m->size), po));
+  KVMESH_RETURN_IF_ERROR(dst.Put(key, buf.first(m->size), po));
   (void)ssd_->Erase(key);
-  SetShadow(key, Tier::kHost, m->priority, true);
+  SetShadow(key, tier, m->priority, true);
   return Status::Ok();
 }
 

@@ -190,6 +190,9 @@ class TieredStore {
   Status Promote(const BlockKey& key);
   // Moves `key` from the SSD tier into the host tier (REQUIRES host_ and ssd_).
   Status PromoteSsdToHost(const BlockKey& key);
+  // Reads `key` from the SSD tier (a torn or corrupt block is dropped and
+  // returned as DataLoss), stores it in `dst` as tier `tier`, frees its SSD slot.
+  Status MoveFromSsd(const BlockKey& key, BlockStore& dst, Tier tier);
   std::vector<Candidate> CandidatesIn(Tier t) const;
   // Moves primary blocks down while above the high watermark of `limit`, to
   // the low one; returns the primary tier's used bytes where it stopped.
