@@ -51,15 +51,8 @@ int Run(const DemoArgs& a) {
   std::string policy;
   for (size_t i = 0; i < (*cluster)->num_nodes(); ++i) {
     ShardNode& n = (*cluster)->node(i);
-    StoreStats s = n.Stats().store;
+    total.Add(n.Stats().store);
     policy = n.store().policy_name();
-    total.capacity_bytes += s.capacity_bytes;
-    total.blocks += s.blocks;
-    total.bytes_stored += s.bytes_stored;
-    total.evictions += s.evictions;
-    total.corrupt += s.corrupt;
-    total.put_rejected += s.put_rejected;
-    for (size_t c = 0; c < kMaxPriorityClasses; ++c) total.evictions_by_class[c] += s.evictions_by_class[c];
   }
   const uint32_t classes = cfg->eviction.priority_classes;
   if (a.json) {

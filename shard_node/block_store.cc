@@ -412,6 +412,26 @@ Status BlockStore::Unpin(const BlockKey& key) {
   return Status::Ok();
 }
 
+void StoreStats::Add(const StoreStats& x) {
+  capacity_bytes += x.capacity_bytes;
+  slot_bytes = std::max(slot_bytes, x.slot_bytes);
+  slots_total += x.slots_total;
+  blocks += x.blocks;
+  bytes_stored += x.bytes_stored;
+  bytes_logical += x.bytes_logical;
+  pinned_blocks += x.pinned_blocks;
+  puts += x.puts;
+  put_duplicates += x.put_duplicates;
+  put_rejected += x.put_rejected;
+  gets += x.gets;
+  hits += x.hits;
+  misses += x.misses;
+  erases += x.erases;
+  corrupt += x.corrupt;
+  evictions += x.evictions;
+  for (size_t c = 0; c < kMaxPriorityClasses; ++c) evictions_by_class[c] += x.evictions_by_class[c];
+}
+
 StoreStats BlockStore::Stats() const {
   StoreStats t;
   t.capacity_bytes = capacity_bytes_;
@@ -419,22 +439,8 @@ StoreStats BlockStore::Stats() const {
   for (uint32_t i = 0; i < num_stripes_; ++i) {
     const Stripe& s = stripes_[i];
     std::lock_guard<std::mutex> lock(s.mu);
-    const StoreStats& x = s.stats;
+    t.Add(s.stats);  // stripes keep counters only (no capacity or slot figures)
     t.slots_total += s.slots.size();
-    t.blocks += x.blocks;
-    t.bytes_stored += x.bytes_stored;
-    t.bytes_logical += x.bytes_logical;
-    t.pinned_blocks += x.pinned_blocks;
-    t.puts += x.puts;
-    t.put_duplicates += x.put_duplicates;
-    t.put_rejected += x.put_rejected;
-    t.gets += x.gets;
-    t.hits += x.hits;
-    t.misses += x.misses;
-    t.erases += x.erases;
-    t.corrupt += x.corrupt;
-    t.evictions += x.evictions;
-    for (size_t c = 0; c < kMaxPriorityClasses; ++c) t.evictions_by_class[c] += x.evictions_by_class[c];
   }
   return t;
 }

@@ -78,6 +78,9 @@ struct StoreStats {
   uint64_t corrupt = 0;  // checksum mismatches (each also counts as a miss)
   uint64_t evictions = 0;
   std::array<uint64_t, kMaxPriorityClasses> evictions_by_class{};  // by effective class
+
+  // Sums another store's (or stripe's) figures into these; slot_bytes takes the max.
+  void Add(const StoreStats& o);
 };
 
 class BlockStore;

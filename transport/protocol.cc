@@ -292,6 +292,12 @@ Status ParseGetTable(const FrameHeader& h, std::span<const std::byte> table, con
   return Status::Ok();
 }
 
+Status ItemStatus(uint8_t code) {
+  if (code == 0) return Status::Ok();
+  auto c = static_cast<StatusCode>(code);
+  return Status(c, "node answered " + std::string(StatusCodeName(c)));
+}
+
 Status ParseStatusBytes(const FrameHeader& h, std::span<const std::byte> body, std::vector<uint8_t>* out) {
   if (body.size() != h.count) return Malformed("status list length mismatch");
   out->resize(h.count);

@@ -149,6 +149,8 @@ Status ParseGetTable(const FrameHeader& h, std::span<const std::byte> table, con
 // ---- status-per-item answers (PUT, EXISTS, ERASE, PIN, UNPIN) -----------------
 // Body: count bytes, one StatusCode (EXISTS: 1 = found, 0 = not) per item.
 Status ParseStatusBytes(const FrameHeader& h, std::span<const std::byte> body, std::vector<uint8_t>* out);
+// One item's status byte as a Status (0 = OK; otherwise "node answered <code>").
+Status ItemStatus(uint8_t code);
 
 // MATCH_PREFIX answer body: u32 number of leading hits.
 Status ParseMatchAnswer(const FrameHeader& h, std::span<const std::byte> body, uint32_t* matched);

@@ -344,12 +344,6 @@ class TcpChannelImpl final : public TcpChannel {
   }
 
  private:
-  static Status ItemStatus(uint8_t code) {
-    if (code == 0) return Status::Ok();
-    auto c = static_cast<StatusCode>(code);
-    return Status(c, "node answered " + std::string(StatusCodeName(c)));
-  }
-
   Status KeyCall(Opcode op, uint8_t flags, std::span<const BlockKey> keys, const RequestOptions& o,
                  std::vector<uint8_t>* codes) {
     codes->clear();

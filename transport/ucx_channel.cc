@@ -101,7 +101,7 @@ class Channel final : public UcxChannel {
     KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kPut, 0, items.size(), iov, body, p, o));
     std::vector<uint8_t> codes;
     KVMESH_RETURN_IF_ERROR(ParseStatusBytes(p->header, p->body, &codes));
-    for (size_t i = 0; i < items.size(); ++i) items[i].status = Item(codes[i]);
+    for (size_t i = 0; i < items.size(); ++i) items[i].status = ItemStatus(codes[i]);
     return Status::Ok();
   }
 
@@ -120,7 +120,7 @@ class Channel final : public UcxChannel {
       GetItem& it = items[i];
       it.size = recs[i].size;
       if (recs[i].status != StatusCode::kOk) {
-        it.status = recs[i].status == StatusCode::kNotFound ? NotFound("not stored") : Item(uint8_t(recs[i].status));
+        it.status = recs[i].status == StatusCode::kNotFound ? NotFound("not stored") : ItemStatus(uint8_t(recs[i].status));
         continue;
       }
       const std::byte* src = p->body.data() + off;
@@ -151,11 +151,6 @@ class Channel final : public UcxChannel {
   }
 
  private:
-  static Status Item(uint8_t code) {
-    if (code == 0) return Status::Ok();
-    auto c = static_cast<StatusCode>(code);
-    return Status(c, "node answered " + std::string(StatusCodeName(c)));
-  }
   Status KeyCall(Opcode op, uint8_t flags, std::span<const BlockKey> keys, const RequestOptions& o,
                  std::vector<uint8_t>* codes) {
     codes->clear();
@@ -169,7 +164,7 @@ class Channel final : public UcxChannel {
   Status StatusCall(Opcode op, std::span<const BlockKey> keys, std::span<Status> st) {
     std::vector<uint8_t> codes;
     KVMESH_RETURN_IF_ERROR(KeyCall(op, 0, keys, {}, &codes));
-    for (size_t i = 0; i < keys.size(); ++i) st[i] = Item(codes[i]);
+    for (size_t i = 0; i < keys.size(); ++i) st[i] = ItemStatus(codes[i]);
     return Status::Ok();
   }
 
