@@ -18,25 +18,31 @@ Result<kernels::CodecSpec> SpecAt(const std::string& text, const std::string& pa
 
 CodecStage::~CodecStage() = default;
 
-Result<std::unique_ptr<CodecStage>> CodecStage::Create(const ClusterConfig& config) {
-  const CodecConfig& c = config.codec;
-  if (!c.enabled()) return std::unique_ptr<CodecStage>();
+Result<kernels::CodecPolicy> MakeCodecPolicy(const CodecConfig& c, const std::string& path) {
   kernels::CodecPolicy p;
-  KVMESH_ASSIGN_OR_RETURN(p.base, SpecAt(c.codec, "$.codec.codec"));
+  KVMESH_ASSIGN_OR_RETURN(p.base, SpecAt(c.codec, path + ".codec"));
   for (size_t i = 0; i < c.layers.size(); ++i) {
-    KVMESH_ASSIGN_OR_RETURN(kernels::CodecSpec s, SpecAt(c.layers[i].codec, "$.codec.layers[" + std::to_string(i) + "].codec"));
+    KVMESH_ASSIGN_OR_RETURN(kernels::CodecSpec s,
+                            SpecAt(c.layers[i].codec, path + ".layers[" + std::to_string(i) + "].codec"));
     p.rules.push_back({c.layers[i].layers, s});
   }
   Result<kernels::Lossless> ll = kernels::ParseLossless(c.lossless);
-  if (!ll.ok()) return InvalidArgument("$.codec.lossless: " + ll.status().message());
+  if (!ll.ok()) return InvalidArgument(path + ".lossless: " + ll.status().message());
   p.lossless = *ll;
   p.lossless_level = c.zstd_level;
   p.threads = c.threads;
   if (!c.basis.empty()) {
     Result<kernels::LowRankBasis> b = kernels::LowRankBasis::Load(c.basis);
-    if (!b.ok()) return InvalidArgument("$.codec.basis: " + b.status().message());
+    if (!b.ok()) return InvalidArgument(path + ".basis: " + b.status().message());
     p.basis = std::make_shared<kernels::LowRankBasis>(std::move(b).value());
   }
+  return p;
+}
+
+Result<std::unique_ptr<CodecStage>> CodecStage::Create(const ClusterConfig& config) {
+  const CodecConfig& c = config.codec;
+  if (!c.enabled()) return std::unique_ptr<CodecStage>();
+  KVMESH_ASSIGN_OR_RETURN(kernels::CodecPolicy p, MakeCodecPolicy(c, "$.codec"));
   const uint8_t id = kernels::PrimaryCodecId(p);
   Result<std::unique_ptr<kernels::Codec>> codec = kernels::MakeCodec(std::move(p));
   if (!codec.ok()) return InvalidArgument("$.codec: " + codec.status().message());

@@ -24,7 +24,12 @@ namespace kvmesh {
 
 namespace kernels {
 class Codec;
+struct CodecPolicy;
 }
+
+// The kernels' policy for a codec config section (the lowrank basis file is
+// read here). InvalidArgument naming `path` (e.g. "$.codec") and the field.
+Result<kernels::CodecPolicy> MakeCodecPolicy(const CodecConfig& c, const std::string& path);
 
 class CodecStage {
  public:

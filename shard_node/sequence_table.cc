@@ -6,20 +6,28 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "absl/container/flat_hash_map.h"
+#include "kernels/codec.h"
 #include "shard_node/block_store.h"
+#include "shard_node/codec_stage.h"
 
 namespace kvmesh {
 namespace {
 
-// One block of a sequence. Exactly one of ref / priv / open holds the bytes.
+using Bytes = std::vector<std::byte>;
+
+// One block of a sequence. Exactly one of ref / priv / open holds the bytes
+// (with a codec, ref holds the encoded block and dec its decoded values).
 struct Block {
   BlockKey chain;                                // chain key (set when sealed)
   BlockRef ref;                                  // sealed, in the store, pinned
-  std::shared_ptr<const std::vector<std::byte>> priv;  // sealed, refused by the store
-  std::vector<std::byte> open;                   // open: written in place
+  std::shared_ptr<const Bytes> dec;              // codec: the decoded copy of ref
+  std::shared_ptr<const Bytes> priv;             // sealed, refused by the store
+  Bytes open;                                    // open: written in place
 
   bool sealed() const { return ref.valid() || priv != nullptr; }
   const std::byte* data() const {
+    if (dec) return dec->data();
     if (ref.valid()) return ref.data().data();
     if (priv) return priv->data();
     return open.data();
@@ -41,11 +49,21 @@ struct SequenceTable::Impl {
   SequenceOptions options;
   KeyDeriver deriver;
   size_t elem;  // bytes per element
+  // Codec of sealed blocks (null: raw), its BlockMeta::codec id, the slice's
+  // shape and the largest encoded block.
+  std::unique_ptr<kernels::Codec> codec;
+  uint8_t codec_id = 0;
+  kernels::BlockShape shape;
+  size_t max_encoded = 0;
 
   mutable std::mutex mu;
   std::unordered_map<SeqId, std::unique_ptr<Seq>> seqs;  // guarded by mu
   SeqId next_id = 1;                                     // guarded by mu
   SequenceStats stats;                                   // guarded by mu (all-time counters)
+  // Decoded copies of encoded sealed blocks, shared by every sequence that
+  // reads the block; an entry dies with its last reader.
+  absl::flat_hash_map<BlockKey, std::weak_ptr<const Bytes>> decoded;  // guarded by mu
+  size_t next_sweep = 64;                                             // guarded by mu
 
   Impl(BlockStore* s, const ModelSpec& m, const BlockLayout& l, SequenceOptions o)
       : store(s), model(m), layout(l), options(std::move(o)),
@@ -68,7 +86,42 @@ struct SequenceTable::Impl {
   }
   // A stored block a sequence can read in place: raw (not codec-encoded by
   // another writer of the same key) and exactly one slice block.
-  bool Usable(const BlockRef& r) const { return r.meta().codec == 0 && r.meta().size == layout.bytes(); }
+  bool Usable(const BlockRef& r) const {
+    if (codec) return r.meta().codec == codec_id && r.meta().logical_size == layout.bytes();
+    return r.meta().codec == 0 && r.meta().size == layout.bytes();
+  }
+
+  // The shared decoded copy of stored block `key` (encoded, Usable): from the
+  // cache, else `fresh` when given (this writer's own decode), else decoded
+  // from the store. DataLoss when the block is not this slice's shape.
+  Result<std::shared_ptr<const Bytes>> Decoded(const BlockKey& key, const BlockRef& ref,
+                                               std::shared_ptr<const Bytes> fresh) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = decoded.find(key);
+      if (it != decoded.end()) {
+        if (auto d = it->second.lock()) return d;
+      }
+    }
+    if (!fresh) {
+      std::span<const std::byte> blob = ref.data();
+      KVMESH_ASSIGN_OR_RETURN(kernels::BlockInfo info, kernels::InspectBlock(blob));
+      if (!(info.shape == shape)) return DataLoss("stored block " + key.ToHex() + " is " + info.shape.ToString() +
+                                                  ", not this sequence slice's " + shape.ToString());
+      auto d = std::make_shared<Bytes>(layout.bytes());
+      KVMESH_RETURN_IF_ERROR(codec->Decode(blob, *d));
+      fresh = std::move(d);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    std::weak_ptr<const Bytes>& slot = decoded[key];
+    if (auto d = slot.lock()) return d;  // another thread decoded it first
+    slot = fresh;
+    if (decoded.size() >= next_sweep) {
+      absl::erase_if(decoded, [](const auto& kv) { return kv.second.expired(); });
+      next_sweep = 2 * decoded.size() + 64;
+    }
+    return fresh;
+  }
   BlockKey PrevChain(const Seq& s, size_t b) const { return b == 0 ? deriver.root() : s.blocks[b - 1].chain; }
   BlockKey StoredKey(const BlockKey& chain) const { return KeyDeriver::Qualify(chain, layout.layers, layout.heads); }
 
@@ -81,15 +134,46 @@ struct SequenceTable::Impl {
     const bool existed = store->Exists(key, false);
     PutOptions po;
     po.priority = options.priority;
-    Status st = store->Put(key, blk.open, po);
+    std::span<const std::byte> payload = blk.open;
+    std::shared_ptr<const Bytes> dec;  // codec: the values every reader of this block sees
+    thread_local Bytes enc;
+    if (codec) {
+      // Encode, then decode our own bytes: the block reads back dequantised
+      // whether or not the store keeps it, so results never depend on pressure.
+      enc.resize(max_encoded);
+      Result<size_t> n = codec->Encode(shape, blk.open, enc);
+      auto d = std::make_shared<Bytes>(layout.bytes());
+      Status ok = n.ok() ? codec->Decode({enc.data(), *n}, *d) : n.status();
+      if (ok.ok()) {
+        payload = {enc.data(), *n};
+        dec = std::move(d);
+        po.codec = codec_id;
+        po.logical_size = static_cast<uint32_t>(layout.bytes());
+        std::lock_guard<std::mutex> lock(mu);
+        stats.encoded_seals += 1;
+        stats.encoded_raw_bytes += layout.bytes();
+        stats.encoded_stored_bytes += *n;
+      }
+      // An encode failure (none is expected for a validated slice) keeps the
+      // block raw and private below.
+    }
+    Status st = (codec && !dec) ? Internal("codec refused the block") : store->Put(key, payload, po);
     Result<BlockRef> ref = st.ok() ? store->Get(key) : Result<BlockRef>(st);
+    if (ref.ok() && Usable(*ref) && codec) {
+      Result<std::shared_ptr<const Bytes>> shared = Decoded(key, *ref, dec);
+      if (shared.ok()) {
+        blk.dec = std::move(shared).value();
+      } else {
+        ref = shared.status();
+      }
+    }
     if (ref.ok() && Usable(*ref)) {
       blk.ref = std::move(ref).value();
       blk.open = {};
       Count(&SequenceStats::seals);
       if (existed) Count(&SequenceStats::seal_dedups);
     } else {
-      blk.priv = std::make_shared<const std::vector<std::byte>>(std::move(blk.open));
+      blk.priv = dec ? std::move(dec) : std::make_shared<const Bytes>(std::move(blk.open));
       blk.open = {};
     }
     s.sealed = static_cast<uint32_t>(b + 1);
@@ -107,13 +191,27 @@ Result<std::unique_ptr<SequenceTable>> SequenceTable::Create(BlockStore* store, 
   if (store == nullptr) return InvalidArgument("sequence table needs a block store");
   KVMESH_RETURN_IF_ERROR(model.Validate());
   KVMESH_ASSIGN_OR_RETURN(BlockLayout layout, BlockLayout::Slice(model, layers, heads));
-  if (layout.bytes() > store->slot_bytes()) {
-    return InvalidArgument("a sequence block of " + std::to_string(layout.bytes()) +
+  std::unique_ptr<kernels::Codec> codec;
+  size_t stored_bytes = layout.bytes();
+  const kernels::BlockShape shape = kernels::BlockShape::FromLayout(layout);
+  if (options.codec.enabled()) {
+    KVMESH_ASSIGN_OR_RETURN(kernels::CodecPolicy policy, MakeCodecPolicy(options.codec, "sequence codec"));
+    KVMESH_ASSIGN_OR_RETURN(codec, kernels::MakeCodec(std::move(policy)));
+    KVMESH_ASSIGN_OR_RETURN(stored_bytes, codec->MaxEncodedSize(shape));
+  }
+  if (stored_bytes > store->slot_bytes()) {
+    return InvalidArgument("a sequence block of " + std::to_string(stored_bytes) +
                            " bytes does not fit the store's slots of " + std::to_string(store->slot_bytes()) +
                            " bytes");
   }
-  return std::unique_ptr<SequenceTable>(
-      new SequenceTable(std::make_unique<Impl>(store, model, layout, std::move(options))));
+  auto impl = std::make_unique<Impl>(store, model, layout, std::move(options));
+  if (codec) {
+    impl->codec_id = kernels::PrimaryCodecId(codec->policy());
+    impl->codec = std::move(codec);
+    impl->shape = shape;
+    impl->max_encoded = stored_bytes;
+  }
+  return std::unique_ptr<SequenceTable>(new SequenceTable(std::move(impl)));
 }
 
 const BlockLayout& SequenceTable::layout() const { return impl_->layout; }
@@ -141,9 +239,15 @@ SeqId SequenceTable::CreateFromPrefix(std::span<const TokenId> tokens, size_t ma
   BlockKey chain = im.deriver.root();
   for (size_t b = 0; b < max_blocks && (b + 1) * bt <= tokens.size(); ++b) {
     chain = KeyDeriver::Chain(chain, tokens.subspan(b * bt, bt));
-    Result<BlockRef> ref = im.store->Get(im.StoredKey(chain));
+    const BlockKey key = im.StoredKey(chain);
+    Result<BlockRef> ref = im.store->Get(key);
     if (!ref.ok() || !im.Usable(*ref)) break;
     Block blk;
+    if (im.codec) {
+      Result<std::shared_ptr<const Bytes>> dec = im.Decoded(key, *ref, nullptr);
+      if (!dec.ok()) break;  // a block that does not decode is a miss
+      blk.dec = std::move(dec).value();
+    }
     blk.chain = chain;
     blk.ref = std::move(ref).value();
     s->blocks.push_back(std::move(blk));
@@ -237,7 +341,9 @@ Status SequenceTable::Truncate(SeqId seq, uint32_t n) {
     // The last kept block is sealed but now partial: copy it into an open block.
     Block& blk = s->blocks.back();
     std::vector<std::byte> open(im.layout.bytes());
-    if (blk.ref.valid()) {
+    if (blk.dec) {
+      std::memcpy(open.data(), blk.dec->data(), open.size());
+    } else if (blk.ref.valid()) {
       im.store->backend().CopyOut(open.data(), blk.ref.data().data(), open.size());
     } else {
       std::memcpy(open.data(), blk.priv->data(), open.size());
@@ -268,8 +374,11 @@ Result<SeqId> SequenceTable::Fork(SeqId seq) {
       Result<BlockRef> ref = im.store->Get(src.ref.meta().key);
       if (ref.ok()) {
         dst.ref = std::move(ref).value();
+        dst.dec = src.dec;
+      } else if (src.dec) {
+        dst.priv = src.dec;
       } else {
-        auto copy = std::make_shared<std::vector<std::byte>>(src.ref.meta().size);
+        auto copy = std::make_shared<Bytes>(src.ref.meta().size);
         im.store->backend().CopyOut(copy->data(), src.ref.data().data(), copy->size());
         dst.priv = std::move(copy);
       }
@@ -328,6 +437,7 @@ SequenceStats SequenceTable::Stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   SequenceStats st = impl_->stats;
   st.sequences = impl_->seqs.size();
+  for (const auto& [key, d] : impl_->decoded) st.decoded_blocks += d.expired() ? 0 : 1;
   for (const auto& [id, s] : impl_->seqs) {
     for (const Block& b : s->blocks) {
       if (b.ref.valid()) ++st.sealed_blocks;

@@ -4,6 +4,7 @@
 // boundary, a multi-token (verify-style) feed and a prefix-matched prefill.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
 
@@ -19,41 +20,101 @@ using namespace kvmesh::decode;
 
 using namespace kvmesh::decode::testing;
 
-static void CheckRanksMatchReference(const ModelConfig& mc, int ranks) {
-  auto w = Weights::Generate(mc).value();
-  Transcript ref;
-  {
-    RefExec x(w);
-    RunScenario(x, &ref);
+namespace {
+
+// Teacher forcing: every Pick returns a fixed token, so a run whose logits
+// drift (a lossy KV codec) still feeds the same tokens as the reference and
+// its logits stay comparable step by step. No collective: every rank picks
+// the same token on its own.
+class ForcedExec final : public Exec {
+ public:
+  explicit ForcedExec(Exec* x) : x_(x) {}
+  int New() override { return x_->New(); }
+  int Fork(int s) override { return x_->Fork(s); }
+  void Truncate(int s, uint32_t n) override { x_->Truncate(s, n); }
+  std::vector<std::vector<float>> Feed(const std::vector<std::pair<int, std::vector<TokenId>>>& batch,
+                                       bool all_rows) override {
+    return x_->Feed(batch, all_rows);
   }
+  std::vector<float> Prefill(int* seq, const std::vector<TokenId>& prompt, uint32_t* reused) override {
+    return x_->Prefill(seq, prompt, reused);
+  }
+  TokenId Pick(const std::vector<float>&, float, uint64_t req, uint64_t idx) override {
+    return static_cast<TokenId>((req * 31 + idx * 7 + 11) % 64);
+  }
+
+ private:
+  Exec* x_;
+};
+
+Transcript RunReference(const std::shared_ptr<const Weights>& w, bool forced) {
+  Transcript t;
+  RefExec x(w);
+  ForcedExec fx(&x);
+  RunScenario(forced ? static_cast<Exec&>(fx) : x, &t);
+  return t;
+}
+
+// Runs the scenario on `ranks` threads over an embedded cluster (rank r's KV
+// on node r); returns each rank's transcript (logits on rank 0 only).
+std::vector<Transcript> RunRanks(const ModelConfig& mc, const std::shared_ptr<const Weights>& w, int ranks,
+                                 const SequenceOptions& so, bool forced, std::unique_ptr<EmbeddedCluster>* keep) {
   auto cluster = EmbeddedCluster::Start(ClusterFor(mc, ranks)).value();
   auto comms = MakeThreadComms(ranks);
-  Transcript got;
-  std::vector<std::thread> threads;
   std::vector<std::unique_ptr<SequenceTable>> tables(ranks);
   for (int r = 0; r < ranks; ++r) {
     RankPlan plan = PlanRank(mc, r, ranks).value();
-    tables[r] = SequenceTable::Create(&cluster->node(r).store(), mc.Spec(), {0, mc.layers}, plan.kv_heads).value();
+    tables[r] = SequenceTable::Create(&cluster->node(r).store(), mc.Spec(), {0, mc.layers}, plan.kv_heads, so).value();
   }
   std::vector<Transcript> per_rank(ranks);
+  std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       RankEngine eng(w, PlanRank(mc, r, ranks).value(), tables[r].get(), comms[r].get());
       RankExec x(&eng);
-      RunScenario(x, &per_rank[r]);
+      ForcedExec fx(&x);
+      RunScenario(forced ? static_cast<Exec&>(fx) : x, &per_rank[r]);
     });
   }
   for (auto& th : threads) th.join();
-  got = per_rank[0];
+  tables.clear();
+  if (keep != nullptr) *keep = std::move(cluster);
+  return per_rank;
+}
+
+// Share of logit rows whose argmax (the greedy token) agrees.
+double Top1Agreement(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  size_t same = 0, n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i)
+    same += std::max_element(a[i].begin(), a[i].end()) - a[i].begin() ==
+            std::max_element(b[i].begin(), b[i].end()) - b[i].begin();
+  return n ? double(same) / n : 0;
+}
+
+// ||a - b|| / ||b|| over every logit of two transcripts.
+double RelL2(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    for (size_t j = 0; j < std::min(a[i].size(), b[i].size()); ++j) {
+      err += double(a[i][j] - b[i][j]) * (a[i][j] - b[i][j]);
+      norm += double(b[i][j]) * b[i][j];
+    }
+  return norm > 0 ? std::sqrt(err / norm) : 0;
+}
+
+}  // namespace
+
+static void CheckRanksMatchReference(const ModelConfig& mc, int ranks) {
+  auto w = Weights::Generate(mc).value();
+  Transcript ref = RunReference(w, false);
+  std::unique_ptr<EmbeddedCluster> cluster;
+  std::vector<Transcript> per_rank = RunRanks(mc, w, ranks, {}, false, &cluster);
+  const Transcript& got = per_rank[0];
   REQUIRE(got.tokens == ref.tokens);
   for (int r = 1; r < ranks; ++r) CHECK(per_rank[r].tokens == ref.tokens);
   REQUIRE(got.logits.size() == ref.logits.size());
-  float worst = 0;
-  for (size_t i = 0; i < ref.logits.size(); ++i) {
-    REQUIRE(got.logits[i].size() == ref.logits[i].size());
-    for (size_t j = 0; j < ref.logits[i].size(); ++j)
-      worst = std::max(worst, std::abs(got.logits[i][j] - ref.logits[i][j]) / (1.0f + std::abs(ref.logits[i][j])));
-  }
+  for (size_t i = 0; i < ref.logits.size(); ++i) REQUIRE(got.logits[i].size() == ref.logits[i].size());
+  const float worst = WorstRelative(got.logits, ref.logits);
   INFO("ranks " << ranks << " worst relative logit difference " << worst);
   CHECK(worst < 1e-4f);
   // The second request found the five sealed 8-token blocks of its 40-token
@@ -197,4 +258,49 @@ TEST_CASE("Speculative decoding (early-exit and int4-KV drafts): rollback by tru
   // Rounding KV to int4 changes far fewer greedy choices than dropping a layer.
   CHECK(acceptance[1] > acceptance[0]);
   CHECK(acceptance[1] > 0.5);
+}
+
+// Issue 6, item 4 with codecs: sealed KV blocks stored through a lossy codec
+// change the logits by a bounded amount. Each codec has a stated tolerance
+// (docs/decode.md): the worst |logit - reference| / (1 + |reference|) over
+// the teacher-forced scenario, and the share of steps whose greedy token
+// agrees with the exact reference. Ranks 1 and 2 must agree with each other
+// to fp32 tolerance: the codec's groups never cross a head, so how heads are
+// split over ranks does not change what is stored.
+TEST_CASE("Decode with a lossy KV codec stays within the codec's stated tolerance of the exact reference",
+          "[decode][codec]") {
+  ModelConfig mc = SmallModel(4);
+  auto w = Weights::Generate(mc).value();
+  const Transcript ref = RunReference(w, true);
+  struct Tol {
+    const char* codec;
+    double max_l2;    // relative L2 error of all logits
+    float max_rel;    // worst |logit - reference| / (1 + |reference|)
+    double min_top1;  // greedy-token agreement
+  };
+  // Measured on this scenario (2026-11-30), rel-L2 / worst / greedy agreement:
+  // fp16 1.2e-4 / 1.2e-3 / 1, bf16 7.7e-4 / 8.3e-3 / 1, int8 1.7e-3 / 1.9e-2 / 1,
+  // fp8-e4m3 9.7e-3 / 0.10 / 1, int4 0.13 / 2.5 / 0.94. The stated bounds
+  // (docs/decode.md) leave 2-4x headroom on the errors.
+  for (const Tol& tol : {Tol{"fp16", 5e-4, 3e-3f, 1.0}, Tol{"bf16", 2e-3, 2e-2f, 1.0}, Tol{"int8", 5e-3, 4e-2f, 0.97},
+                         Tol{"fp8-e4m3", 3e-2, 0.25f, 0.97}, Tol{"int4", 0.3, 5.0f, 0.85}}) {
+    SequenceOptions so;
+    so.codec.codec = tol.codec;
+    std::vector<Transcript> one = RunRanks(mc, w, 1, so, true, nullptr);
+    std::vector<Transcript> two = RunRanks(mc, w, 2, so, true, nullptr);
+    REQUIRE(one[0].logits.size() == ref.logits.size());
+    REQUIRE(two[0].logits.size() == ref.logits.size());
+    CHECK(one[0].reused == std::vector<uint32_t>{0, 40});  // teacher-forced: the same prefix hits as exact KV
+    const double l2 = RelL2(one[0].logits, ref.logits);
+    const float rel = WorstRelative(one[0].logits, ref.logits);
+    const double top1 = Top1Agreement(one[0].logits, ref.logits);
+    const float split = WorstRelative(two[0].logits, one[0].logits);
+    INFO(tol.codec << ": logit rel-L2 " << l2 << ", worst relative " << rel << ", greedy agreement " << top1
+                   << ", 1 vs 2 ranks " << split);
+    CHECK(l2 < tol.max_l2);
+    CHECK(rel < tol.max_rel);
+    CHECK(top1 >= tol.min_top1);
+    CHECK(split < 1e-4f);
+    if (std::string(tol.codec) != "fp16") CHECK(rel > 1e-6f);  // the codec really was in the path
+  }
 }

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "kvmesh/embedded.h"
+#include "kernels/codec.h"
 #include "kvmesh/sequence.h"
 #include "shard_node/shard_node.h"
 
@@ -271,4 +272,158 @@ TEST_CASE("Sequence: a stored block of another size or codec under the same key 
   CHECK(t->SealedBlocks(s).value() == 2);
   CHECK(t->Stats().private_blocks == 1);
   CheckContent(*t, s);
+}
+
+// ---- Sequences with a KV codec (SequenceOptions::codec) ----------------------
+
+namespace {
+
+// Seeded near-Gaussian K and V for `n` tokens over the fixture's slice.
+struct RandomKv {
+  std::vector<float> k, v;
+  uint32_t dim;
+  RandomKv(size_t n, uint32_t heads, uint64_t seed, uint32_t head_dim = kDim)
+      : k(kLayers * n * heads * head_dim), v(k.size()), dim(head_dim) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    for (float& x : k) x = g(rng);
+    for (float& x : v) x = g(rng);
+  }
+  // K (kv=0) or V of (layer, token i, head, d) as appended.
+  float At(uint32_t kv, uint32_t l, size_t n, size_t i, uint32_t heads, uint32_t h, uint32_t d) const {
+    return (kv == 0 ? k : v)[((l * n + i) * heads + h) * dim + d];
+  }
+};
+
+SequenceOptions WithCodec(const char* codec) {
+  SequenceOptions o;
+  o.codec.codec = codec;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("Sequence codec: sealed blocks are stored encoded and read back dequantised, the tail stays exact",
+          "[sequence][codec]") {
+  // A slice large enough for the codec's scales and header to be small
+  // against the payload: 2 layers x 2 heads x 16 tokens x 64 dims, fp32.
+  constexpr uint32_t kD = 64, kT = 16;
+  auto cfg = ParseConfig(R"({"model": {"model_id": "seqcodec", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64,
+                                       "dtype": "fp32", "block_tokens": 16},
+                             "nodes": [{"id": "n0", "memory": {"host": "4MiB"}}]})");
+  REQUIRE(cfg.ok());
+  auto cluster = EmbeddedCluster::Start(*cfg).value();
+  BlockStore& store = cluster->node(0).store();
+  auto t = SequenceTable::Create(&store, cfg->model, {0, kLayers}, {0, kHeads}, WithCodec("int8")).value();
+  const size_t n = 2 * kT + 3;  // two sealed blocks and a 3-token tail
+  std::vector<TokenId> toks = Toks(n, 100);
+  RandomKv kv(n, kHeads, 1, kD);
+  SeqId s = t->Create();
+  REQUIRE(t->Append(s, toks, std::as_bytes(std::span(kv.k)), std::as_bytes(std::span(kv.v))).ok());
+  REQUIRE(t->SealedBlocks(s).value() == 2);
+
+  SequenceStats st = t->Stats();
+  CHECK(st.encoded_seals == 2);
+  CHECK(st.encoded_raw_bytes == 2 * t->layout().bytes());
+  // fp32 -> int8 plus scales and header: under a third of the raw bytes.
+  CHECK(st.encoded_stored_bytes * 3 < st.encoded_raw_bytes);
+  CHECK(st.decoded_blocks == 2);
+  CHECK(store.Stats().bytes_stored == st.encoded_stored_bytes);
+
+  SequenceView view = t->View(s).value();
+  double err = 0, norm = 0;
+  size_t exact_in_sealed = 0, rows_in_sealed = 0;
+  for (uint32_t p = 0; p < n; ++p)
+    for (uint32_t l = 0; l < kLayers; ++l)
+      for (uint32_t c = 0; c < 2; ++c)
+        for (uint32_t h = 0; h < kHeads; ++h) {
+          float row[kD];
+          std::memcpy(row, view.Row(l, c, h, p), sizeof row);
+          for (uint32_t d = 0; d < kD; ++d) {
+            const float want = kv.At(c, l, n, p, kHeads, h, d);
+            if (p >= 2 * kT) {
+              REQUIRE(row[d] == want);  // open tail: exact
+            } else {
+              err += double(row[d] - want) * (row[d] - want);
+              norm += double(want) * want;
+              exact_in_sealed += row[d] == want;
+              ++rows_in_sealed;
+            }
+          }
+        }
+  INFO("int8 relative L2 over the sealed blocks: " << std::sqrt(err / norm));
+  CHECK(std::sqrt(err / norm) < 0.01);
+  CHECK(exact_in_sealed < rows_in_sealed);  // really quantised
+
+  // The view's bytes are exactly the stored block decoded.
+  const BlockKey key0 = KeyDeriver::Qualify(KeyDeriver::Chain(t->deriver().root(), std::span(toks).subspan(0, kT)),
+                                            {0, kLayers}, {0, kHeads});
+  std::vector<std::byte> stored(store.slot_bytes()), decoded(t->layout().bytes());
+  Result<BlockRef> ref = store.Get(key0);
+  REQUIRE(ref.ok());
+  CHECK(ref->meta().codec != 0);
+  CHECK(ref->meta().logical_size == t->layout().bytes());
+  REQUIRE(kernels::DecodeBlock(ref->data(), decoded).ok());
+  CHECK(std::memcmp(decoded.data(), view.blocks[0], decoded.size()) == 0);
+}
+
+TEST_CASE("Sequence codec: forks and prefix matches share one decoded copy; truncate reopens dequantised values",
+          "[sequence][codec]") {
+  Fixture f;
+  auto t = SequenceTable::Create(&f.cluster->node(0).store(), f.cluster->config().model, {0, kLayers}, {0, kHeads},
+                                 WithCodec("int4:g16"))
+               .value();
+  const size_t n = 10;
+  std::vector<TokenId> toks = Toks(n, 300);
+  RandomKv kv(n, kHeads, 2);
+  SeqId s = t->Create();
+  REQUIRE(t->Append(s, toks, std::as_bytes(std::span(kv.k)), std::as_bytes(std::span(kv.v))).ok());
+  SeqId fk = t->Fork(s).value();
+  SeqId m = t->CreateFromPrefix(toks);
+  CHECK(t->Length(m).value() == 8);
+  SequenceView vs = t->View(s).value(), vf = t->View(fk).value(), vm = t->View(m).value();
+  for (int b = 0; b < 2; ++b) {
+    CHECK(vs.blocks[b] == vf.blocks[b]);
+    CHECK(vs.blocks[b] == vm.blocks[b]);
+  }
+  CHECK(vs.blocks[2] != vf.blocks[2]);  // the tail is copied
+  CHECK(t->Stats().decoded_blocks == 2);
+
+  // Keep the dequantised block 1 of s, then roll s back into it.
+  std::vector<std::byte> block1(vs.blocks[1], vs.blocks[1] + t->layout().bytes());
+  REQUIRE(t->Truncate(s, 3).ok());  // 10 -> 7 tokens: block 1 reopens
+  CHECK(t->SealedBlocks(s).value() == 1);
+  SequenceView after = t->View(s).value();
+  for (uint32_t p = 4; p < 7; ++p)
+    for (uint32_t l = 0; l < kLayers; ++l)
+      for (uint32_t c = 0; c < 2; ++c)
+        for (uint32_t h = 0; h < kHeads; ++h)
+          CHECK(std::memcmp(after.Row(l, c, h, p), block1.data() + t->layout().Offset(l, c, h, p % kBt),
+                            kDim * sizeof(float)) == 0);
+  REQUIRE(t->Release(s).ok());
+  REQUIRE(t->Release(fk).ok());
+  REQUIRE(t->Release(m).ok());
+  CHECK(t->Stats().decoded_blocks == 0);
+}
+
+TEST_CASE("Sequence codec: raw and encoded tables do not read each other's blocks; a bad codec is refused",
+          "[sequence][codec]") {
+  Fixture f;
+  BlockStore& store = f.cluster->node(0).store();
+  const ModelSpec& model = f.cluster->config().model;
+  auto raw = SequenceTable::Create(&store, model, {0, kLayers}, {0, kHeads}).value();
+  auto enc = SequenceTable::Create(&store, model, {0, kLayers}, {0, kHeads}, WithCodec("fp8-e4m3")).value();
+  std::vector<TokenId> a = Toks(8, 1), b = Toks(8, 500);
+  RandomKv kv(8, kHeads, 3);
+  SeqId sa = raw->Create(), sb = enc->Create();
+  REQUIRE(raw->Append(sa, a, std::as_bytes(std::span(kv.k)), std::as_bytes(std::span(kv.v))).ok());
+  REQUIRE(enc->Append(sb, b, std::as_bytes(std::span(kv.k)), std::as_bytes(std::span(kv.v))).ok());
+  CHECK(enc->Length(enc->CreateFromPrefix(a)).value() == 0);
+  CHECK(raw->Length(raw->CreateFromPrefix(b)).value() == 0);
+  CHECK(enc->Length(enc->CreateFromPrefix(b)).value() == 8);
+
+  Result<std::unique_ptr<SequenceTable>> bad =
+      SequenceTable::Create(&store, model, {0, kLayers}, {0, kHeads}, WithCodec("int9"));
+  REQUIRE(bad.status().code() == StatusCode::kInvalidArgument);
+  CHECK(bad.status().message().find("sequence codec.codec") != std::string::npos);
 }

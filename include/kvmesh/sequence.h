@@ -25,9 +25,10 @@
 // Sealed blocks are immutable; truncating into one copies it into a new open
 // block (the sealed block stays in the store for other prefixes to use).
 // A full block the store refuses to take (every slot pinned) stays private to
-// the sequence (and its forks): correct, only not shareable. Only raw blocks
-// of exactly one slice are attached or shared; a block another writer stored
-// under the same key in encoded form (a codec) is not read in place.
+// the sequence (and its forks): correct, only not shareable. Only blocks of
+// exactly one slice in this table's form (raw, or encoded by this table's
+// codec: SequenceOptions::codec) are attached or shared; a block another
+// writer stored under the same key in another form is not read in place.
 // Sequences use the store's own tier (BlockStore); blocks demoted to lower
 // tiers read as misses here.
 //
@@ -44,6 +45,7 @@
 #include <vector>
 
 #include "kvmesh/block_key.h"
+#include "kvmesh/config.h"
 #include "kvmesh/status.h"
 #include "kvmesh/types.h"
 
@@ -56,6 +58,14 @@ using SeqId = uint64_t;
 struct SequenceOptions {
   std::string tenant_salt;             // must match the router's to share with it
   Priority priority = kDefaultPriority;  // eviction class of the blocks it seals
+  // KV codec of sealed blocks, as in the config's "codec" section (e.g.
+  // {"codec": "int8"}; layer rules give mixed precision; "none": raw).
+  // With a codec, a sealed block is stored encoded (the store holds the
+  // compressed bytes, shared by prefix match) and read back dequantised: the
+  // attention over sealed blocks sees the codec's rounding, while the open
+  // tail stays exact (KIVI's full-precision residual window). Sequences
+  // reading the same sealed block share one decoded copy.
+  CodecConfig codec;
 };
 
 // Read-only view of a sequence for attention: block b holds positions
@@ -82,6 +92,11 @@ struct SequenceStats {
   uint64_t attached_blocks = 0;  // blocks attached from the store by CreateFromPrefix
   uint64_t unseals = 0;          // sealed blocks copied back into an open block by Truncate
   uint64_t forks = 0;
+  // With a codec: blocks encoded by Seal (all time), their raw and stored
+  // bytes, and the decoded copies alive now (one per distinct sealed block).
+  uint64_t encoded_seals = 0;
+  uint64_t encoded_raw_bytes = 0, encoded_stored_bytes = 0;
+  uint64_t decoded_blocks = 0;
 };
 
 class SequenceTable {
