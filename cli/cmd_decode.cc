@@ -2,6 +2,8 @@
 //
 //   kvmesh decode [--config F] [--json] [--ranks N]        threads, embedded cluster
 //   mpirun -np 4 kvmesh decode --mpi [--config F] [--json]  one rank per process
+//   kvmesh decode --tcp-rank R --tcp-world N --tcp-rendezvous HOST:PORT   one rank per process,
+//       started once per rank without mpirun (scripts/decode-tcp.sh); steps over TCP
 //
 // Runs the seeded conversation + agent-loop workload twice on fresh shards,
 // with and without prefix reuse, then (optionally) a batch-size sweep for the
@@ -19,6 +21,7 @@
 #include "cli/commands.h"
 #include "cli/default_config.h"
 #include "coordinator/decode/cluster.h"
+#include "coordinator/decode/comm_tcp.h"
 #include "kvmesh/size.h"
 
 namespace kvmesh::cli {
@@ -30,6 +33,13 @@ struct DecodeArgs {
   std::string config;
   bool json = false;
   bool mpi = false;
+  // TCP step transport: this process is rank tcp_rank of tcp_world (> 0).
+  int tcp_rank = -1;
+  int tcp_world = 0;
+  std::string tcp_rendezvous;       // HOST:PORT (port 0 = rank 0 picks, published in the file)
+  std::string tcp_rendezvous_file;  // rank 0 writes HOST:PORT here; the others poll it
+  uint32_t tcp_timeout_ms = 30000;  // one collective
+  uint32_t tcp_connect_timeout_ms = 30000;
   int ranks = 4;
   uint32_t batch = 8;
   std::string sweep = "1,2,4,8,16";
@@ -50,13 +60,13 @@ struct Runner {
   const DecodeArgs& a;
   ClusterConfig cfg;
   std::shared_ptr<const Weights> w;
-  StepComm* mpi = nullptr;  // set in MPI mode
+  StepComm* proc = nullptr;  // set when ranks are processes (MPI, TCP)
   int ranks = 1;
   bool is_driver = true;
 
-  // Runs body on every rank (threads or this MPI rank).
+  // Runs body on every rank (threads, or this process's rank).
   Status Run(const RankBody& body) {
-    return mpi ? RunOnMpi(cfg, w, *mpi, body) : RunOnThreads(cfg, w, ranks, body);
+    return proc ? RunOnComm(cfg, w, *proc, body) : RunOnThreads(cfg, w, ranks, body);
   }
 
   Result<DecodeReport> Workload(uint32_t batch, bool reuse, const std::string& label, std::ostream* events) {
@@ -128,9 +138,41 @@ int Fail(const Status& s) {
   return 1;
 }
 
+// "HOST:PORT" with PORT in [0, 65535] (0: rank 0 picks a free port).
+Status ParseRendezvous(const std::string& addr, std::string* host, uint16_t* port) {
+  const size_t colon = addr.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == addr.size())
+    return InvalidArgument("--tcp-rendezvous: expected HOST:PORT, got \"" + addr + "\"");
+  const std::string p = addr.substr(colon + 1);
+  if (p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos || std::stoul(p) > 65535)
+    return InvalidArgument("--tcp-rendezvous: bad port in \"" + addr + "\"");
+  *host = addr.substr(0, colon);
+  *port = static_cast<uint16_t>(std::stoul(p));
+  return Status::Ok();
+}
+
+Result<TcpCommOptions> TcpOptions(const DecodeArgs& a) {
+  if (a.tcp_world <= 0) return InvalidArgument("the --tcp-* options need --tcp-world N");
+  if (a.mpi) return InvalidArgument("--mpi and --tcp-world are exclusive");
+  if (a.tcp_rank < 0 || a.tcp_rank >= a.tcp_world)
+    return InvalidArgument("--tcp-rank must be given, in [0, --tcp-world)");
+  if (a.tcp_rendezvous.empty() && a.tcp_rendezvous_file.empty())
+    return InvalidArgument("--tcp-world needs --tcp-rendezvous HOST:PORT or --tcp-rendezvous-file PATH");
+  TcpCommOptions o;
+  o.rank = a.tcp_rank;
+  o.size = a.tcp_world;
+  o.rendezvous_file = a.tcp_rendezvous_file;
+  if (!a.tcp_rendezvous.empty()) KVMESH_RETURN_IF_ERROR(ParseRendezvous(a.tcp_rendezvous, &o.host, &o.port));
+  if (o.port == 0 && o.rendezvous_file.empty())
+    return InvalidArgument("--tcp-rendezvous with port 0 needs --tcp-rendezvous-file (rank 0 publishes its port)");
+  o.step_timeout = std::chrono::milliseconds(a.tcp_timeout_ms);
+  o.connect_timeout = std::chrono::milliseconds(a.tcp_connect_timeout_ms);
+  return o;
+}
+
 int Run(const DecodeArgs& a) {
   std::unique_ptr<MpiSession> session;
-  std::unique_ptr<StepComm> mpi;
+  std::unique_ptr<StepComm> proc;
   Runner run{a, {}, nullptr};
   if (a.mpi) {
     auto s = MpiSession::Init(nullptr, nullptr);
@@ -138,10 +180,18 @@ int Run(const DecodeArgs& a) {
     session = std::move(s).value();
     auto c = MakeMpiComm();
     if (!c.ok()) return Fail(c.status());
-    mpi = std::move(c).value();
-    run.mpi = mpi.get();
-    run.ranks = mpi->size();
-    run.is_driver = mpi->rank() == 0;
+    proc = std::move(c).value();
+  } else if (a.tcp_world > 0 || a.tcp_rank >= 0 || !a.tcp_rendezvous.empty() || !a.tcp_rendezvous_file.empty()) {
+    auto o = TcpOptions(a);
+    if (!o.ok()) return Fail(o.status());
+    auto c = MakeTcpComm(*o);
+    if (!c.ok()) return Fail(c.status());
+    proc = std::move(c).value();
+  }
+  if (proc) {
+    run.proc = proc.get();
+    run.ranks = proc->size();
+    run.is_driver = proc->rank() == 0;
   } else {
     run.ranks = a.ranks;
   }
@@ -166,7 +216,9 @@ int Run(const DecodeArgs& a) {
   const bool say = run.is_driver && !a.json;
   if (say) {
     std::printf("kvmesh decode: %d rank%s (%s), model %u layers, %u q / %u kv heads x %u, hidden %u, %s, %.2fM params\n",
-                run.ranks, run.ranks == 1 ? "" : "s", a.mpi ? "MPI collectives" : "threads", mc.layers, mc.q_heads,
+                run.ranks, run.ranks == 1 ? "" : "s",
+                a.mpi ? "MPI collectives" : a.tcp_world > 0 ? "TCP collectives, one process per rank" : "threads",
+                mc.layers, mc.q_heads,
                 mc.kv_heads, mc.head_dim, mc.hidden,
                 mc.experts ? ("MoE " + std::to_string(mc.experts) + " experts top-" + std::to_string(mc.top_k)).c_str()
                            : "dense FFN",
@@ -243,7 +295,7 @@ int Run(const DecodeArgs& a) {
 
   if (a.json) {
     nlohmann::json j = {{"ranks", run.ranks},
-                        {"transport", a.mpi ? "mpi" : "threads"},
+                        {"transport", a.mpi ? "mpi" : a.tcp_world > 0 ? "tcp" : "threads"},
                         {"batch", a.batch},
                         {"repeat", a.repeat},
                         {"params", mc.Params()},
@@ -336,6 +388,20 @@ void AddDecodeCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--mpi", a->mpi, "one rank per MPI process (run under mpirun); steps use MPI collectives");
   cmd->add_option("--ranks", a->ranks, "tensor/expert-parallel ranks as threads (without --mpi)")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--tcp-rank", a->tcp_rank, "this process's rank, with --tcp-world (steps over TCP, no mpirun)")
+      ->check(CLI::Range(0, 63));
+  cmd->add_option("--tcp-world", a->tcp_world, "ranks in the TCP step group, one process each")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--tcp-rendezvous", a->tcp_rendezvous,
+                  "HOST:PORT where rank 0 listens and the others connect (port 0: rank 0 picks one and "
+                  "writes it to --tcp-rendezvous-file)");
+  cmd->add_option("--tcp-rendezvous-file", a->tcp_rendezvous_file,
+                  "rank 0 writes HOST:PORT here; the other ranks poll it (default host 127.0.0.1, port 0)");
+  cmd->add_option("--tcp-timeout-ms", a->tcp_timeout_ms,
+                  "longest wait for the slowest rank in one collective; then every rank fails")
+      ->check(CLI::Range(1u, 3600000u));
+  cmd->add_option("--tcp-connect-timeout-ms", a->tcp_connect_timeout_ms, "rendezvous timeout")
+      ->check(CLI::Range(1u, 3600000u));
   cmd->add_option("--batch", a->batch, "requests decoded together")->check(CLI::Range(1, 1024));
   cmd->add_option("--sweep", a->sweep, "batch sizes for the latency-throughput curve ('' = none)");
   cmd->add_option("--repeat", a->repeat, "runs per configuration; figures come from the median-wall-time run")

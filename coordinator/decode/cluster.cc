@@ -66,7 +66,8 @@ Status RunOnThreads(const ClusterConfig& config, std::shared_ptr<const Weights> 
   return first;
 }
 
-Status RunOnMpi(const ClusterConfig& config, std::shared_ptr<const Weights> w, StepComm& comm, const RankBody& body) {
+Status RunOnComm(const ClusterConfig& config, std::shared_ptr<const Weights> w, StepComm& comm, const RankBody& body) {
+  if (config.nodes.empty()) return InvalidArgument("decode: the cluster config has no nodes");
   const ModelConfig& m = w->config;
   const int r = comm.rank();
   KVMESH_ASSIGN_OR_RETURN(RankPlan p, PlanRank(m, r, comm.size()));
@@ -77,6 +78,10 @@ Status RunOnMpi(const ClusterConfig& config, std::shared_ptr<const Weights> w, S
   SequenceTable* t = table.get();
   PrefixLookup lookup = [t](std::span<const TokenId> toks) { return t->MatchPrefix(toks); };
   return body(engine, lookup, node.get());
+}
+
+Status RunOnMpi(const ClusterConfig& config, std::shared_ptr<const Weights> w, StepComm& comm, const RankBody& body) {
+  return RunOnComm(config, std::move(w), comm, body);
 }
 
 }  // namespace kvmesh::decode

@@ -6,9 +6,11 @@
 // "decode-rank-r" = {node r mod N}, so Router::MatchPrefix with that hint
 // asks exactly the shard where rank r seals its blocks.
 //
-// MPI mode (`mpirun ... kvmesh decode --mpi`): one process per rank, each
-// with its own ShardNode (config node r mod N) in its address space; prefix
-// lookups ask the local store and the ranks agree with AllReduceMin.
+// Process mode (`mpirun ... kvmesh decode --mpi`, or `kvmesh decode
+// --tcp-rank R --tcp-world N ...` started once per rank): one process per
+// rank, each with its own ShardNode (config node r mod N) in its address
+// space; prefix lookups ask the local store and the ranks agree with
+// AllReduceMin. The step collectives are whatever StepComm the caller made.
 #pragma once
 
 #include <functional>
@@ -33,7 +35,14 @@ using RankBody = std::function<Status(RankEngine&, const PrefixLookup&, ShardNod
 // (from DecodeClusterConfig). Returns the first rank error.
 Status RunOnThreads(const ClusterConfig& config, std::shared_ptr<const Weights> w, int ranks, const RankBody& body);
 
-// Runs body for this MPI rank over a fresh ShardNode of `config`.
+// Runs body for this process's rank (comm.rank() of comm.size()) over a fresh
+// ShardNode of `config`: config node rank mod N, its primary store holding
+// this rank's KV slice; prefix lookups ask that local store. For any backend
+// whose ranks are separate processes (MPI, TCP, NCCL). Collective: every rank
+// calls it with the same config and weights.
+Status RunOnComm(const ClusterConfig& config, std::shared_ptr<const Weights> w, StepComm& comm, const RankBody& body);
+
+// RunOnComm for an MPI rank (kept for callers under mpirun).
 Status RunOnMpi(const ClusterConfig& config, std::shared_ptr<const Weights> w, StepComm& comm, const RankBody& body);
 
 }  // namespace kvmesh::decode

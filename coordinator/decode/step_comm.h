@@ -2,9 +2,11 @@
 // step needs between its ranks (issue 6): reduce the ranks' partial outputs,
 // broadcast the driver's sampled tokens, agree on a prefix length.
 //
-// Two backends: threads in one process (tests, the embedded demo) and MPI
-// collectives under mpirun. Every rank calls the same collectives in the same
-// order (SPMD); a collective returns when every rank has joined it.
+// Backends: threads in one process (tests, the embedded demo), MPI
+// collectives under mpirun, and, for ranks that are separate processes
+// started without mpirun, TCP or NCCL (comm_tcp.h). Every rank calls the
+// same collectives in the same order (SPMD); a collective returns when every
+// rank has joined it.
 //
 // Thread-safety: one StepComm per rank, used by that rank's thread only.
 #pragma once
@@ -28,7 +30,8 @@ class StepComm {
   virtual std::string_view backend() const = 0;
 
   // data := elementwise sum over ranks, on every rank. The sum runs in rank
-  // order on the thread backend; MPI chooses its own order (fp32 tolerance).
+  // order on the thread and TCP backends (bitwise equal results); MPI and
+  // NCCL choose their own order (fp32 tolerance).
   virtual Status AllReduceSum(std::span<float> data) = 0;
   // data := elementwise min (sum) over ranks, on every rank.
   virtual Status AllReduceMin(std::span<uint64_t> data) = 0;

@@ -1,0 +1,580 @@
+// The TCP step transport of the model-parallel decode (issue 6): collectives
+// between threads over real loopback sockets equal the thread backend bit for
+// bit; the decode scenario (fork, truncate, prefix reuse) and `kvmesh decode`
+// run as separate processes joined over TCP and produce the same tokens and
+// logits as one process; a peer that dies, stalls or sends garbage fails every
+// rank with a clear Status within the step timeout.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "common/checksum.h"
+#include "coordinator/decode/cluster.h"
+#include "coordinator/decode/comm_tcp.h"
+#include "kvmesh/embedded.h"
+#include "shard_node/shard_node.h"
+#include "tests/cluster_process.h"
+#include "tests/decode_scenario.h"
+
+using namespace kvmesh;
+using namespace kvmesh::decode;
+using namespace kvmesh::decode::testing;
+using SClock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+// A fresh rendezvous file path for one group (removed by rank 0 once joined).
+std::string RendezvousPath() {
+  static std::atomic<int> n{0};
+  return "/tmp/kvmesh-test-tcp-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + ".addr";
+}
+
+TcpCommOptions Opts(int rank, int size, const std::string& file, milliseconds step = milliseconds(10000)) {
+  TcpCommOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.host = "127.0.0.1";
+  o.port = 0;  // run-time port, published through the file
+  o.rendezvous_file = file;
+  o.connect_timeout = milliseconds(10000);
+  o.step_timeout = step;
+  return o;
+}
+
+// n TCP comms joined to each other, one made per thread.
+std::vector<std::unique_ptr<StepComm>> TcpGroup(int n, milliseconds step = milliseconds(10000)) {
+  const std::string file = RendezvousPath();
+  std::vector<Result<std::unique_ptr<StepComm>>> made;
+  for (int r = 0; r < n; ++r) made.emplace_back(Unavailable("not made"));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) ts.emplace_back([&, r] { made[r] = MakeTcpComm(Opts(r, n, file, step)); });
+  for (auto& t : ts) t.join();
+  std::vector<std::unique_ptr<StepComm>> v;
+  for (auto& m : made) {
+    REQUIRE(m.ok());
+    v.push_back(std::move(m).value());
+  }
+  return v;
+}
+
+// Runs f(rank, comm) on one thread per rank.
+template <typename F>
+void OnRanks(std::vector<std::unique_ptr<StepComm>>& comms, F f) {
+  std::vector<std::thread> ts;
+  for (size_t r = 0; r < comms.size(); ++r) ts.emplace_back([&, r] { f(static_cast<int>(r), *comms[r]); });
+  for (auto& t : ts) t.join();
+}
+
+// Per-rank inputs with magnitudes spread over 1e-3..1e5, so a different
+// summation order changes low bits.
+std::vector<float> Input(int rank, size_t n) {
+  std::mt19937 g(1000 + rank);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = u(g) * std::pow(10.0f, float((i + rank) % 9) - 3);
+  return v;
+}
+
+struct Results {
+  std::vector<std::vector<float>> sum;         // per rank
+  std::vector<std::vector<uint64_t>> mn, su;  // per rank
+  std::vector<std::vector<std::byte>> bc0, bcl;
+};
+
+// The same collectives on every rank; returns what each rank ended with.
+Results RunCollectives(std::vector<std::unique_ptr<StepComm>>& comms, size_t floats) {
+  const int n = static_cast<int>(comms.size());
+  Results res;
+  res.sum.resize(n), res.mn.resize(n), res.su.resize(n), res.bc0.resize(n), res.bcl.resize(n);
+  OnRanks(comms, [&](int r, StepComm& c) {
+    std::vector<float> x = Input(r, floats);
+    std::vector<uint64_t> m(17), s(17);
+    for (size_t i = 0; i < m.size(); ++i) m[i] = s[i] = (i * 7919 + r * 104729) % 1000;
+    std::vector<std::byte> b0(333, std::byte(r)), bl(4096, std::byte(r + 1));
+    for (int rep = 0; rep < 3; ++rep) {  // several rounds: sequence numbers advance
+      std::vector<float> y = x;
+      REQUIRE(c.AllReduceSum(y).ok());
+      if (rep == 0) res.sum[r] = y;
+      else REQUIRE(std::memcmp(y.data(), res.sum[r].data(), y.size() * sizeof(float)) == 0);
+    }
+    REQUIRE(c.AllReduceMin(m).ok());
+    REQUIRE(c.AllReduceSumU64(s).ok());
+    REQUIRE(c.Broadcast(b0, 0).ok());
+    REQUIRE(c.Broadcast(bl, n - 1).ok());
+    REQUIRE(c.Barrier().ok());
+    std::vector<float> empty;
+    REQUIRE(c.AllReduceSum(empty).ok());
+    res.mn[r] = m, res.su[r] = s, res.bc0[r] = b0, res.bcl[r] = bl;
+  });
+  return res;
+}
+
+// ---- A hand-made peer speaking the frame format of comm_tcp.h ----------------
+
+void Put(std::byte* p, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
+}
+std::array<std::byte, 40> Frame(uint8_t op, uint64_t seq, std::span<const std::byte> payload, uint64_t sum) {
+  std::array<std::byte, 40> b{};
+  Put(&b[0], 0x4353564bu, 4);
+  Put(&b[4], 1, 1);
+  Put(&b[5], op, 1);
+  Put(&b[8], seq, 8);
+  Put(&b[16], payload.size(), 8);
+  Put(&b[24], sum, 8);
+  Put(&b[32], Checksum64(b.data(), 32), 8);
+  return b;
+}
+
+// Connects as `rank` of `size` to the rank 0 published in `file`, says hello.
+int FakeJoin(const std::string& file, int rank, int size) {
+  std::string addr;
+  for (int i = 0; i < 500 && addr.empty(); ++i) {
+    std::ifstream f(file);
+    std::getline(f, addr);
+    if (addr.empty()) std::this_thread::sleep_for(milliseconds(10));
+  }
+  REQUIRE(!addr.empty());
+  const auto port = static_cast<uint16_t>(std::stoul(addr.substr(addr.rfind(':') + 1)));
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  std::array<std::byte, 8> hello;
+  Put(&hello[0], rank, 4);
+  Put(&hello[4], size, 4);
+  auto h = Frame(1, 0, hello, Checksum64(hello.data(), hello.size()));
+  REQUIRE(::send(fd, h.data(), h.size(), MSG_NOSIGNAL) == 40);
+  REQUIRE(::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) == 8);
+  return fd;
+}
+
+// ---- Child processes ------------------------------------------------------------
+
+std::string SelfExe() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  REQUIRE(n > 0);
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// One hash over a transcript's tokens, reuse counts and every logit's bits.
+uint64_t Digest(const Transcript& t) {
+  std::vector<std::byte> all;
+  auto add = [&](const void* p, size_t n) {
+    auto b = static_cast<const std::byte*>(p);
+    all.insert(all.end(), b, b + n);
+  };
+  add(t.tokens.data(), t.tokens.size() * sizeof(TokenId));
+  add(t.reused.data(), t.reused.size() * sizeof(uint32_t));
+  for (const auto& l : t.logits) add(l.data(), l.size() * sizeof(float));
+  return Checksum64(all.data(), all.size());
+}
+
+// The scenario on `ranks` threads of this process, each rank on its own
+// node (the single-process run the TCP ranks must equal).
+Transcript ThreadScenario(const ModelConfig& mc, int ranks) {
+  auto w = Weights::Generate(mc).value();
+  auto cluster = EmbeddedCluster::Start(ClusterFor(mc, ranks)).value();
+  auto comms = MakeThreadComms(ranks);
+  std::vector<Transcript> per(ranks);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < ranks; ++r) {
+    ts.emplace_back([&, r] {
+      RankPlan plan = PlanRank(mc, r, ranks).value();
+      auto table = SequenceTable::Create(&cluster->node(r).store(), mc.Spec(), {0, mc.layers}, plan.kv_heads).value();
+      RankEngine eng(w, plan, table.get(), comms[r].get());
+      RankExec x(&eng);
+      RunScenario(x, &per[r]);
+    });
+  }
+  for (auto& t : ts) t.join();
+  return per[0];
+}
+
+const char* Env(const char* k) {
+  const char* v = std::getenv(k);
+  return v ? v : "";
+}
+
+// Starts `argv` with stderr joined to stdout (so the parent can read errors).
+bool StartJoined(kvmesh::testing::Process& p, const std::vector<std::string>& argv) {
+  std::string cmd = "exec";
+  for (const auto& a : argv) cmd += " '" + a + "'";
+  return p.Start({"/bin/sh", "-c", cmd + " 2>&1"});
+}
+
+// Every line until EOF or the deadline.
+std::string ReadAll(kvmesh::testing::Process& p, milliseconds timeout) {
+  const auto end = SClock::now() + timeout;
+  std::string all;
+  while (SClock::now() < end) {
+    auto line = p.ReadLine(std::chrono::duration_cast<milliseconds>(end - SClock::now()));
+    if (!line) break;
+    all += *line + "\n";
+  }
+  return all;
+}
+
+int ExitCode(kvmesh::testing::Process& p, milliseconds timeout) {
+  auto st = p.Wait(timeout);
+  if (!st) return -1000;  // still running
+  return WIFEXITED(*st) ? WEXITSTATUS(*st) : -WTERMSIG(*st);
+}
+
+}  // namespace
+
+TEST_CASE("TCP step comm: collectives between threads equal the thread backend bit for bit", "[decode][tcp]") {
+  for (int n : {2, 3, 4}) {
+    for (size_t floats : {size_t(1), size_t(1000), size_t(300000)}) {  // 300k floats: 1.2 MB frames
+      INFO("ranks " << n << ", floats " << floats);
+      auto threads = MakeThreadComms(n);
+      Results want = RunCollectives(threads, floats);
+      auto tcp = TcpGroup(n);
+      REQUIRE(tcp[0]->backend() == "tcp");
+      REQUIRE(tcp[n - 1]->rank() == n - 1);
+      REQUIRE(tcp[n - 1]->size() == n);
+      Results got = RunCollectives(tcp, floats);
+      for (int r = 0; r < n; ++r) {
+        REQUIRE(got.sum[r].size() == want.sum[r].size());
+        CHECK(std::memcmp(got.sum[r].data(), want.sum[r].data(), floats * sizeof(float)) == 0);
+        CHECK(got.mn[r] == want.mn[r]);
+        CHECK(got.su[r] == want.su[r]);
+        CHECK(got.bc0[r] == want.bc0[r]);
+        CHECK(got.bcl[r] == want.bcl[r]);
+      }
+      CHECK(got.bc0[n - 1][0] == std::byte(0));
+      CHECK(got.bcl[0][0] == std::byte(n));
+      if (n >= 3 && floats == 1000) {  // the inputs are order-sensitive, so equality means rank order
+        std::vector<float> rev(floats, 0.0f);
+        for (int r = n - 1; r >= 0; --r) {
+          auto x = Input(r, floats);
+          for (size_t i = 0; i < floats; ++i) rev[i] += x[i];
+        }
+        CHECK(std::memcmp(rev.data(), want.sum[0].data(), floats * sizeof(float)) != 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("TCP step comm: bad options and failed rendezvous are clear errors, quickly", "[decode][tcp]") {
+  TcpCommOptions o = Opts(2, 2, RendezvousPath());
+  CHECK(MakeTcpComm(o).status().code() == StatusCode::kInvalidArgument);  // rank out of range
+  o = Opts(1, 2, "");
+  CHECK(MakeTcpComm(o).status().code() == StatusCode::kInvalidArgument);  // port 0 and no file
+  o = Opts(0, 1, "");
+  auto solo = MakeTcpComm(o);  // a world of one needs no sockets
+  REQUIRE(solo.ok());
+  std::vector<float> x{1.5f};
+  CHECK((*solo)->AllReduceSum(x).ok());
+  CHECK(x[0] == 1.5f);
+
+  // Nobody publishes the file: the joining rank gives up at its timeout.
+  o = Opts(1, 2, RendezvousPath());
+  o.connect_timeout = milliseconds(300);
+  auto t0 = SClock::now();
+  auto r = MakeTcpComm(o);
+  CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(SClock::now() - t0 < milliseconds(3000));
+
+  // Rank 0 alone: names the missing rank.
+  o = Opts(0, 3, RendezvousPath());
+  o.connect_timeout = milliseconds(300);
+  Result<std::unique_ptr<StepComm>> r1 = Unavailable("not made");
+  const std::string file = o.rendezvous_file;
+  std::thread joiner([&] {
+    TcpCommOptions j = Opts(1, 3, file);
+    j.connect_timeout = milliseconds(2000);
+    r1 = MakeTcpComm(j);
+  });
+  r = MakeTcpComm(o);
+  joiner.join();
+  REQUIRE(r.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(r.status().message(), Catch::Contains("missing: 2"));
+  CHECK(!r1.ok());  // rank 1 joined, then was told why the group failed
+  CHECK_THAT(r1.status().message(), Catch::Contains("missing: 2"));
+
+  // A rank with the wrong world size is refused with the reason.
+  o = Opts(0, 2, RendezvousPath());
+  o.connect_timeout = milliseconds(1500);
+  Result<std::unique_ptr<StepComm>> bad = Unavailable("not made");
+  const std::string f2 = o.rendezvous_file;
+  std::thread wrong([&] { bad = MakeTcpComm(Opts(1, 3, f2)); });
+  r = MakeTcpComm(o);
+  wrong.join();
+  CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
+  REQUIRE(!bad.ok());
+  CHECK(bad.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(bad.status().message(), Catch::Contains("world size 3 differs"));
+}
+
+TEST_CASE("TCP step comm: a rank that leaves fails every other rank with Unavailable", "[decode][tcp]") {
+  auto comms = TcpGroup(3);
+  comms[1].reset();  // rank 1's process ended
+  std::vector<Status> got(3);
+  std::vector<std::thread> ts;
+  for (int r : {0, 2}) {
+    ts.emplace_back([&, r] {
+      std::vector<float> x(64, 1.0f);
+      got[r] = comms[r]->AllReduceSum(x);
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (int r : {0, 2}) {
+    INFO("rank " << r << ": " << got[r].ToString());
+    CHECK(got[r].code() == StatusCode::kUnavailable);
+    CHECK_THAT(got[r].message(), Catch::Contains("rank 1 closed the connection"));
+  }
+  // The error sticks: the group is finished.
+  std::vector<float> x(4);
+  CHECK(comms[0]->AllReduceSum(x).code() == StatusCode::kUnavailable);
+  CHECK(comms[0]->Barrier().code() == StatusCode::kUnavailable);
+
+  // Rank 0 leaves: the others see it at once.
+  auto two = TcpGroup(2);
+  two[0].reset();
+  std::vector<std::byte> b(8);
+  Status s = two[1]->Broadcast(b, 0);
+  CHECK(s.code() == StatusCode::kUnavailable);
+  CHECK_THAT(s.message(), Catch::Contains("rank 0 closed the connection"));
+}
+
+TEST_CASE("TCP step comm: a stalled rank fails the others with DeadlineExceeded within the timeout", "[decode][tcp]") {
+  auto comms = TcpGroup(3, milliseconds(400));
+  std::vector<Status> got(3);
+  std::vector<SClock::duration> took(3);
+  std::vector<std::thread> ts;
+  for (int r : {0, 1}) {
+    ts.emplace_back([&, r] {
+      auto t0 = SClock::now();
+      std::vector<uint64_t> x(3, 7);
+      got[r] = comms[r]->AllReduceMin(x);
+      took[r] = SClock::now() - t0;
+    });
+  }
+  for (auto& t : ts) t.join();  // rank 2 never joins the collective
+  for (int r : {0, 1}) {
+    INFO("rank " << r << ": " << got[r].ToString());
+    CHECK(got[r].code() == StatusCode::kDeadlineExceeded);
+    CHECK_THAT(got[r].message(), Catch::Contains("rank 2"));
+    CHECK(took[r] < milliseconds(400 + 500 + 1000));
+  }
+  CHECK_THAT(got[1].message(), Catch::Contains("rank 0 aborted"));
+}
+
+TEST_CASE("TCP step comm: garbage or a corrupt payload from a peer is DataLoss on every rank", "[decode][tcp]") {
+  for (bool corrupt_payload : {false, true}) {
+    const std::string what = corrupt_payload ? "corrupt payload" : "garbage header";
+    INFO(what);
+    const std::string file = RendezvousPath();
+    Result<std::unique_ptr<StepComm>> c0 = Unavailable("not made"), c1 = Unavailable("not made");
+    std::thread t0([&] { c0 = MakeTcpComm(Opts(0, 3, file, milliseconds(3000))); });
+    std::thread t1([&] { c1 = MakeTcpComm(Opts(1, 3, file, milliseconds(3000))); });
+    int fake = FakeJoin(file, 2, 3);
+    t0.join();
+    t1.join();
+    REQUIRE(c0.ok());
+    REQUIRE(c1.ok());
+    std::array<std::byte, 40> welcome;
+    REQUIRE(::recv(fake, welcome.data(), welcome.size(), MSG_WAITALL) == 40);
+    std::vector<float> payload(16, 2.0f);
+    auto bytes = std::as_bytes(std::span(payload));
+    if (corrupt_payload) {  // a well-formed AllReduceSum frame #1 whose payload checksum is wrong
+      auto h = Frame(3, 1, bytes, Checksum64(bytes.data(), bytes.size()) ^ 1);
+      REQUIRE(::send(fake, h.data(), h.size(), MSG_NOSIGNAL) == 40);
+      REQUIRE(::send(fake, bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size()));
+    } else {
+      std::array<char, 40> junk;
+      junk.fill('x');
+      REQUIRE(::send(fake, junk.data(), junk.size(), MSG_NOSIGNAL) == 40);
+    }
+    Status s0, s1;
+    std::thread a([&] {
+      std::vector<float> x(16, 1.0f);
+      s0 = (*c0)->AllReduceSum(x);
+    });
+    std::thread b([&] {
+      std::vector<float> x(16, 1.0f);
+      s1 = (*c1)->AllReduceSum(x);
+    });
+    a.join();
+    b.join();
+    ::close(fake);
+    INFO(s0.ToString() << " / " << s1.ToString());
+    CHECK(s0.code() == StatusCode::kDataLoss);
+    CHECK(s1.code() == StatusCode::kDataLoss);  // carried by rank 0's abort
+    CHECK_THAT(s0.message(), Catch::Contains("rank 2"));
+    CHECK_THAT(s1.message(), Catch::Contains("rank 0 aborted"));
+  }
+}
+
+// Child process body for the next test: one rank of the scenario over TCP.
+TEST_CASE("TCP decode child rank (run by the multi-process test)", "[.tcp-child]") {
+  const int rank = std::atoi(Env("KVMESH_TCP_RANK")), world = std::atoi(Env("KVMESH_TCP_WORLD"));
+  REQUIRE(world > 0);
+  auto comm = MakeTcpComm(Opts(rank, world, Env("KVMESH_TCP_FILE")));
+  REQUIRE(comm.ok());
+  const ModelConfig mc = SmallModel(4);
+  auto w = Weights::Generate(mc).value();
+  const ClusterConfig cfg = ClusterFor(mc, world);
+  Transcript got;
+  {
+    RankPlan plan = PlanRank(mc, rank, world).value();
+    auto node = ShardNode::Create(cfg, cfg.nodes[rank].id).value();
+    auto table = SequenceTable::Create(&node->store(), mc.Spec(), {0, mc.layers}, plan.kv_heads).value();
+    RankEngine eng(w, plan, table.get(), comm->get());
+    RankExec x(&eng);
+    RunScenario(x, &got);
+  }
+  REQUIRE((*comm)->Barrier().ok());
+  if (rank == 0) {
+    nlohmann::json j = {{"event", "scenario"}, {"digest", Digest(got)}, {"tokens", got.tokens.size()},
+                        {"logits", got.logits.size()}, {"reused", got.reused}};
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+}
+
+TEST_CASE("Decode over TCP: 2 and 4 rank processes equal the single-process run bit for bit (fork, truncate, reuse)",
+          "[decode][tcp]") {
+  const ModelConfig mc = SmallModel(4);
+  const std::string exe = SelfExe();
+  for (int world : {2, 4}) {
+    INFO("ranks " << world);
+    const Transcript want = ThreadScenario(mc, world);
+    {  // the threads run itself matches the reference (test_decode.cc checks the tolerance in detail)
+      Transcript ref;
+      RefExec x(Weights::Generate(mc).value());
+      RunScenario(x, &ref);
+      REQUIRE(want.tokens == ref.tokens);
+      REQUIRE(WorstRelative(want.logits, ref.logits) < 1e-4f);
+    }
+    const std::string file = RendezvousPath();
+    std::vector<std::unique_ptr<kvmesh::testing::Process>> ps;
+    for (int r = 0; r < world; ++r) {
+      ps.push_back(std::make_unique<kvmesh::testing::Process>());
+      REQUIRE(ps.back()->Start({"/usr/bin/env", "KVMESH_TCP_RANK=" + std::to_string(r),
+                                "KVMESH_TCP_WORLD=" + std::to_string(world), "KVMESH_TCP_FILE=" + file, exe,
+                                "TCP decode child rank (run by the multi-process test)"}));
+    }
+    auto ev = ps[0]->WaitEvent("scenario", milliseconds(20000));
+    REQUIRE(ev.has_value());
+    CHECK((*ev)["digest"].get<uint64_t>() == Digest(want));
+    CHECK((*ev)["tokens"].get<size_t>() == want.tokens.size());
+    CHECK((*ev)["logits"].get<size_t>() == want.logits.size());
+    CHECK((*ev)["reused"] == nlohmann::json(want.reused));  // [0, 40]: the second request attached 40 tokens
+    for (int r = 0; r < world; ++r) CHECK(ExitCode(*ps[r], milliseconds(10000)) == 0);
+  }
+}
+
+namespace {
+
+// A small `kvmesh decode` run: workload with and without reuse, no sweep, the
+// speculative demo (draft rollback by truncate) on fewer tokens.
+std::vector<std::string> DecodeArgs(std::vector<std::string> extra) {
+  std::vector<std::string> a = {KVMESH_BIN, "decode", "--json", "--conversations", "3", "--agents", "1",
+                                "--sweep", "", "--batch", "4", "--reply-max", "10", "--layers", "2"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+std::vector<std::string> TcpRankArgs(int r, int world, const std::string& file, std::vector<std::string> extra = {}) {
+  std::vector<std::string> e = {"--tcp-rank", std::to_string(r), "--tcp-world", std::to_string(world),
+                                "--tcp-rendezvous", "127.0.0.1:0", "--tcp-rendezvous-file", file};
+  e.insert(e.end(), extra.begin(), extra.end());
+  return e;
+}
+
+nlohmann::json RunJson(kvmesh::testing::Process& p, milliseconds timeout) {
+  std::string out = ReadAll(p, timeout);
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  INFO("output: " << out);
+  REQUIRE(!j.is_discarded());
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("kvmesh decode --tcp-world 2 and 4: same tokens as one process with the same ranks", "[decode][tcp]") {
+  for (int world : {2, 4}) {
+    INFO("ranks " << world);
+    kvmesh::testing::Process single;
+    REQUIRE(single.Start(DecodeArgs({"--ranks", std::to_string(world)})));
+    nlohmann::json want = RunJson(single, milliseconds(30000));
+    REQUIRE(ExitCode(single, milliseconds(5000)) == 0);
+
+    const std::string file = RendezvousPath();
+    std::vector<std::unique_ptr<kvmesh::testing::Process>> ps;
+    for (int r = 0; r < world; ++r) {
+      ps.push_back(std::make_unique<kvmesh::testing::Process>());
+      REQUIRE(ps.back()->Start(DecodeArgs(TcpRankArgs(r, world, file))));
+    }
+    nlohmann::json got = RunJson(*ps[0], milliseconds(30000));
+    for (int r = 0; r < world; ++r) CHECK(ExitCode(*ps[r], milliseconds(10000)) == 0);
+    CHECK(got["transport"] == "tcp");
+    CHECK(got["ranks"] == world);
+    for (const char* run : {"with_reuse", "without_reuse"}) {
+      INFO(run);
+      CHECK(got[run]["token_digest"] == want[run]["token_digest"]);
+      CHECK(got[run]["generated_tokens"] == want[run]["generated_tokens"]);
+      CHECK(got[run]["computed_prompt_tokens"] == want[run]["computed_prompt_tokens"]);
+      CHECK(got[run]["kv_blocks"] == want[run]["kv_blocks"]);
+    }
+    CHECK(got["with_reuse"]["prefix_hit_rate"].get<double>() > 0);
+    CHECK(got["same_tokens_with_and_without_reuse"] == true);
+    CHECK(got["speculative"]["same_tokens_as_plain"] == true);  // drafts rolled back by truncate
+    CHECK(got["speculative"]["rolled_back_tokens"] == want["speculative"]["rolled_back_tokens"]);
+  }
+}
+
+TEST_CASE("kvmesh decode over TCP: a killed or stopped rank fails the others with a clear error in time",
+          "[decode][tcp]") {
+  for (int sig : {SIGKILL, SIGSTOP}) {
+    const std::string what = sig == SIGKILL ? "rank 1 killed" : "rank 2 stopped";
+    INFO(what);
+    const int world = 3, victim = sig == SIGKILL ? 1 : 2;
+    const std::string file = RendezvousPath();
+    std::vector<std::unique_ptr<kvmesh::testing::Process>> ps;
+    for (int r = 0; r < world; ++r) {
+      ps.push_back(std::make_unique<kvmesh::testing::Process>());
+      // The default workload runs for seconds, so the signal lands mid-run.
+      REQUIRE(StartJoined(*ps.back(), {KVMESH_BIN, "decode", "--sweep", "", "--no-spec", "--tcp-rank",
+                                       std::to_string(r), "--tcp-world", "3", "--tcp-rendezvous-file", file,
+                                       "--tcp-timeout-ms", "1500"}));
+    }
+    auto header = ps[0]->ReadLine(milliseconds(15000));  // printed once every rank has joined
+    REQUIRE(header.has_value());
+    CHECK_THAT(*header, Catch::Contains("TCP collectives"));
+    std::this_thread::sleep_for(milliseconds(300));
+    ::kill(ps[victim]->pid(), sig);
+    const auto t0 = SClock::now();
+    for (int r = 0; r < world; ++r) {
+      if (r == victim) continue;
+      INFO("rank " << r);
+      const std::string out = ReadAll(*ps[r], milliseconds(1500 + 500 + 5000));  // until it exits
+      const int code = ExitCode(*ps[r], milliseconds(1000));
+      INFO(out);
+      CHECK(code == 1);
+      CHECK_THAT(out, Catch::Contains(sig == SIGKILL ? "Unavailable" : "DeadlineExceeded"));
+      CHECK_THAT(out, Catch::Contains("rank " + std::to_string(victim)));
+    }
+    CHECK(SClock::now() - t0 < milliseconds(1500 + 500 + 5000));
+    ps[victim]->Kill(SIGKILL);  // a stopped process takes SIGKILL too
+  }
+}
