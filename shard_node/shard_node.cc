@@ -11,7 +11,7 @@
 namespace kvmesh {
 
 Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config, const std::string& node_id,
-                                                     Clock* clock) {
+                                                     Clock* clock, SequenceServiceOptions sequences) {
   const NodeConfig* nc = config.FindNode(node_id);
   if (nc == nullptr) return NotFound("node \"" + node_id + "\" is not in the cluster config");
   std::unique_ptr<ShardNode> n(new ShardNode());
@@ -81,6 +81,7 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
     if (!tiers.ok()) return tiers.status().WithContext("node " + node_id);
     n->tiers_ = std::move(tiers).value();
   }
+  n->sequences_ = std::make_unique<SequenceService>(n->store_.get(), n->model_, sequences, clock);
   return n;
 }
 
@@ -159,6 +160,9 @@ std::string ShardNode::StatsJson() const {
       {"evictions_by_class", by_class},
   };
   if (tiers_) j["tiers"] = nlohmann::json::parse(tiers_->StatsJson());
+  const SequenceServiceStats q = sequences_->Stats();
+  j["sequences"] = {{"live", q.live}, {"created", q.created}, {"reaped", q.reaped}, {"refused", q.refused},
+                    {"tables", q.tables}};
   return j.dump();
 }
 

@@ -19,6 +19,7 @@
 #include "shard_node/block_store.h"
 #include "shard_node/tiered_store.h"
 #include "shard_node/codec_stage.h"
+#include "shard_node/sequence_service.h"
 
 namespace kvmesh {
 
@@ -32,9 +33,11 @@ class ShardNode {
   // Builds the node `node_id` of `config`. Errors: NotFound for an unknown id,
   // InvalidArgument for budgets too small for one block, ResourceExhausted when
   // the memory cannot be allocated.
+  // `sequences` configures the live-sequence service (idle timeout, limits).
   static Result<std::unique_ptr<ShardNode>> Create(const ClusterConfig& config,
                                                    const std::string& node_id,
-                                                   Clock* clock = nullptr);
+                                                   Clock* clock = nullptr,
+                                                   SequenceServiceOptions sequences = {});
 
   const std::string& id() const { return id_; }
   const ModelSpec& model() const { return model_; }
@@ -65,6 +68,8 @@ class ShardNode {
   // nullptr when the node's memory config has only one tier.
   TieredStore* tiers() { return tiers_.get(); }
   const CodecStage* codec() const { return codec_.get(); }  // nullptr: blocks stored as given
+  // Live sequences over the primary store, by node-local id (SEQ_* frames).
+  SequenceService& sequences() { return *sequences_; }
 
  private:
   ShardNode() = default;
@@ -76,6 +81,7 @@ class ShardNode {
   Status StorePut(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o);
   Result<BlockRef> StoreGet(const BlockKey& key);
   std::unique_ptr<CodecStage> codec_;
+  std::unique_ptr<SequenceService> sequences_;  // pins blocks of store_: declared last, destroyed first
 };
 
 }  // namespace kvmesh

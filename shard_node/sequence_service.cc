@@ -1,0 +1,339 @@
+// A node's live sequences behind node-local ids (shard_node/sequence_service.h).
+#include "shard_node/sequence_service.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+
+#include "shard_node/block_store.h"
+
+namespace kvmesh {
+namespace {
+
+// Which table a sequence lives in.
+struct SliceKey {
+  uint32_t l0, l1, h0, h1;
+  std::string salt;
+  Priority priority;
+  friend bool operator<(const SliceKey& a, const SliceKey& b) {
+    return std::tie(a.l0, a.l1, a.h0, a.h1, a.salt, a.priority) < std::tie(b.l0, b.l1, b.h0, b.h1, b.salt, b.priority);
+  }
+};
+
+struct Slot {
+  std::unique_ptr<SequenceTable> table;
+  size_t live = 0;  // guarded by Impl::mu
+};
+
+// One client-visible sequence. Its calls hold `mu`, so two clients of the
+// same id never overlap on the table (SequenceTable's per-sequence contract).
+struct Entry {
+  std::shared_ptr<Slot> slot;  // keeps the table alive while a call runs
+  SeqId local = 0;
+  std::atomic<int64_t> last_used{0};
+  std::mutex mu;
+  bool released = false;  // guarded by mu
+};
+
+Status Unknown(SeqId id) { return NotFound("sequence " + std::to_string(id) + " does not exist on this node"); }
+
+}  // namespace
+
+struct SequenceService::Impl {
+  BlockStore* store;
+  ModelSpec model;
+  SequenceServiceOptions o;
+  Clock* clock;
+
+  mutable std::mutex mu;
+  std::map<SliceKey, std::shared_ptr<Slot>> slots;         // guarded by mu
+  std::unordered_map<SeqId, std::shared_ptr<Entry>> seqs;  // guarded by mu
+  SeqId next_id = 1;                                       // guarded by mu
+  SequenceServiceStats stats;                              // counters guarded by mu
+  std::atomic<int64_t> next_reap_ns{0};
+
+  int64_t Now() const { return clock->NowNanos(); }
+  int64_t IdleNs() const { return o.idle_timeout_ms * 1'000'000; }
+
+  // A pass at most every idle_timeout / 4 (reaping is lazy: no thread).
+  void MaybeReap(SequenceService* self) {
+    const int64_t now = Now();
+    int64_t due = next_reap_ns.load(std::memory_order_relaxed);
+    if (now < due) return;
+    if (!next_reap_ns.compare_exchange_strong(due, now + std::max<int64_t>(IdleNs() / 4, 1)))
+      return;  // another caller is reaping
+    self->ReapIdle();
+  }
+
+  std::shared_ptr<Entry> Find(SeqId id) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = seqs.find(id);
+    if (it == seqs.end()) return nullptr;
+    it->second->last_used.store(Now(), std::memory_order_relaxed);
+    return it->second;
+  }
+
+  // Registers `local` of `slot` under a new id, or releases it when the node
+  // is at max_sequences.
+  Result<SeqId> Add(const std::shared_ptr<Slot>& slot, SeqId local) {
+    auto e = std::make_shared<Entry>();
+    e->slot = slot;
+    e->local = local;
+    e->last_used.store(Now());
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (seqs.size() < o.max_sequences) {
+        const SeqId id = next_id++;
+        seqs.emplace(id, std::move(e));
+        ++slot->live;
+        ++stats.created;
+        return id;
+      }
+      ++stats.refused;
+    }
+    (void)slot->table->Release(local);
+    return ResourceExhausted("node holds its limit of " + std::to_string(o.max_sequences) +
+                             " live sequences; release some (idle ones go after " +
+                             std::to_string(o.idle_timeout_ms) + " ms)");
+  }
+
+  // Forgets entry e (already out of the map) and releases its sequence.
+  static void Drop(const std::shared_ptr<Entry>& e) {
+    std::lock_guard<std::mutex> lock(e->mu);  // waits for a call in flight
+    if (e->released) return;
+    e->released = true;
+    (void)e->slot->table->Release(e->local);
+  }
+};
+
+SequenceService::SequenceService(BlockStore* store, const ModelSpec& model, SequenceServiceOptions options,
+                                 Clock* clock)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->store = store;
+  impl_->model = model;
+  impl_->o = options;
+  if (impl_->o.idle_timeout_ms <= 0) impl_->o.idle_timeout_ms = 1;
+  impl_->clock = clock ? clock : SystemClock();
+  impl_->next_reap_ns = impl_->Now() + std::max<int64_t>(impl_->IdleNs() / 4, 1);
+}
+
+SequenceService::~SequenceService() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->seqs.clear();  // entries release with their tables below
+  impl_->slots.clear();
+}
+
+const SequenceServiceOptions& SequenceService::options() const { return impl_->o; }
+
+Result<SeqCreated> SequenceService::Create(const SeqCreateArgs& a) {
+  Impl& im = *impl_;
+  im.MaybeReap(this);
+  const Range layers = a.layers.empty() ? Range{0, im.model.num_layers} : a.layers;
+  const Range heads = a.heads.empty() ? Range{0, im.model.num_kv_heads} : a.heads;
+  if (a.priority >= kMaxPriorityClasses) return InvalidArgument("priority out of range");
+  SliceKey key{layers.begin, layers.end, heads.begin, heads.end, a.tenant_salt, a.priority};
+  bool full = false;
+  {
+    std::lock_guard<std::mutex> lock(im.mu);
+    full = im.seqs.size() >= im.o.max_sequences;
+  }
+  if (full) ReapIdle();  // at the limit, idle sequences make room first
+  std::shared_ptr<Slot> slot;
+  {
+    std::lock_guard<std::mutex> lock(im.mu);
+    if (im.seqs.size() >= im.o.max_sequences) {
+      ++im.stats.refused;
+      return ResourceExhausted("node holds its limit of " + std::to_string(im.o.max_sequences) +
+                               " live sequences");
+    }
+    auto it = im.slots.find(key);
+    if (it != im.slots.end()) {
+      slot = it->second;
+    } else {
+      if (im.slots.size() >= im.o.max_slices) {  // forget tables without sequences
+        for (auto s = im.slots.begin(); s != im.slots.end();) s = s->second->live == 0 ? im.slots.erase(s) : std::next(s);
+      }
+      if (im.slots.size() >= im.o.max_slices)
+        return ResourceExhausted("node serves its limit of " + std::to_string(im.o.max_slices) + " sequence slices");
+      SequenceOptions so;
+      so.tenant_salt = a.tenant_salt;
+      so.priority = a.priority;
+      KVMESH_ASSIGN_OR_RETURN(auto table, SequenceTable::Create(im.store, im.model, layers, heads, std::move(so)));
+      slot = std::make_shared<Slot>();
+      slot->table = std::move(table);
+      im.slots.emplace(key, slot);
+    }
+  }
+  SequenceTable& t = *slot->table;
+  const SeqId local = a.prefix.empty() ? t.Create() : t.CreateFromPrefix(a.prefix, a.max_blocks);
+  SeqCreated c;
+  c.length = t.Length(local).value_or(0);
+  c.attached_blocks = c.length / im.model.block_tokens;
+  KVMESH_ASSIGN_OR_RETURN(c.id, im.Add(slot, local));
+  return c;
+}
+
+Result<uint32_t> SequenceService::Append(SeqId id, std::span<const TokenId> tokens, std::span<const std::byte> k,
+                                         std::span<const std::byte> v) {
+  Impl& im = *impl_;
+  im.MaybeReap(this);
+  std::shared_ptr<Entry> e = im.Find(id);
+  if (!e) return Unknown(id);
+  std::lock_guard<std::mutex> lock(e->mu);
+  if (e->released) return Unknown(id);
+  SequenceTable& t = *e->slot->table;
+  const BlockLayout& L = t.layout();
+  const uint64_t side = uint64_t{L.layers.size()} * tokens.size() * L.heads.size() * L.head_dim * DTypeSize(L.dtype);
+  if (k.size() != side || v.size() != side)
+    return InvalidArgument("append of " + std::to_string(tokens.size()) + " tokens needs K and V of " +
+                           std::to_string(side) + " bytes each ([layer][n][heads][head_dim]), got " +
+                           std::to_string(k.size()) + " and " + std::to_string(v.size()));
+  KVMESH_ASSIGN_OR_RETURN(uint32_t len, t.Length(e->local));
+  if (uint64_t{len} + tokens.size() > im.o.max_sequence_tokens)
+    return ResourceExhausted("a sequence holds at most " + std::to_string(im.o.max_sequence_tokens) + " tokens");
+  KVMESH_RETURN_IF_ERROR(t.Append(e->local, tokens, k, v));
+  return len;
+}
+
+Status SequenceService::Truncate(SeqId id, uint32_t n) {
+  Impl& im = *impl_;
+  im.MaybeReap(this);
+  std::shared_ptr<Entry> e = im.Find(id);
+  if (!e) return Unknown(id);
+  std::lock_guard<std::mutex> lock(e->mu);
+  if (e->released) return Unknown(id);
+  return e->slot->table->Truncate(e->local, n);
+}
+
+Result<SeqId> SequenceService::Fork(SeqId id) {
+  Impl& im = *impl_;
+  im.MaybeReap(this);
+  std::shared_ptr<Entry> e = im.Find(id);
+  if (!e) return Unknown(id);
+  SeqId local = 0;
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    if (e->released) return Unknown(id);
+    KVMESH_ASSIGN_OR_RETURN(local, e->slot->table->Fork(e->local));
+  }
+  return im.Add(e->slot, local);
+}
+
+Status SequenceService::Release(SeqId id) {
+  Impl& im = *impl_;
+  std::shared_ptr<Entry> e;
+  {
+    std::lock_guard<std::mutex> lock(im.mu);
+    auto it = im.seqs.find(id);
+    if (it == im.seqs.end()) return Unknown(id);
+    e = std::move(it->second);
+    im.seqs.erase(it);
+    --e->slot->live;
+  }
+  Impl::Drop(e);
+  im.MaybeReap(this);
+  return Status::Ok();
+}
+
+Result<SeqState> SequenceService::Info(SeqId id) {
+  Impl& im = *impl_;
+  im.MaybeReap(this);
+  std::shared_ptr<Entry> e = im.Find(id);
+  if (!e) return Unknown(id);
+  std::lock_guard<std::mutex> lock(e->mu);
+  if (e->released) return Unknown(id);
+  SequenceTable& t = *e->slot->table;
+  SeqState s;
+  KVMESH_ASSIGN_OR_RETURN(s.tokens, t.Tokens(e->local));
+  KVMESH_ASSIGN_OR_RETURN(s.sealed_blocks, t.SealedBlocks(e->local));
+  s.length = static_cast<uint32_t>(s.tokens.size());
+  return s;
+}
+
+Result<SeqRows> SequenceService::Read(SeqId id, uint32_t from, uint32_t n, size_t max_bytes,
+                                      std::vector<std::byte>* k, std::vector<std::byte>* v) {
+  Impl& im = *impl_;
+  im.MaybeReap(this);
+  std::shared_ptr<Entry> e = im.Find(id);
+  if (!e) return Unknown(id);
+  std::lock_guard<std::mutex> lock(e->mu);
+  if (e->released) return Unknown(id);
+  SequenceTable& t = *e->slot->table;
+  KVMESH_ASSIGN_OR_RETURN(SequenceView view, t.View(e->local));
+  if (uint64_t{from} + n > view.length)
+    return InvalidArgument("read of positions [" + std::to_string(from) + ", " + std::to_string(uint64_t{from} + n) +
+                           ") outside a sequence of " + std::to_string(view.length) + " tokens");
+  const BlockLayout& L = view.layout;
+  SeqRows rows;
+  rows.layers = L.layers.size();
+  const size_t dim_bytes = size_t{L.head_dim} * DTypeSize(L.dtype);
+  rows.row_bytes = static_cast<uint32_t>(dim_bytes * L.heads.size());
+  const uint64_t per_pos = uint64_t{2} * rows.layers * rows.row_bytes;
+  rows.n = per_pos == 0 ? n : static_cast<uint32_t>(std::min<uint64_t>(n, std::max<uint64_t>(1, max_bytes / per_pos)));
+  const size_t side = size_t{rows.layers} * rows.n * rows.row_bytes;
+  k->resize(side);
+  v->resize(side);
+  // Sealed blocks may live in device memory: copy those out once each.
+  MemoryBackend& mem = im.store->backend();
+  const std::byte* base = mem.base();
+  std::map<size_t, std::vector<std::byte>> staged;
+  auto block = [&](uint32_t pos) -> const std::byte* {
+    const size_t b = pos / L.block_tokens;
+    const std::byte* p = view.blocks[b];
+    if (mem.host_accessible() || p < base || p >= base + mem.size()) return p;
+    auto it = staged.find(b);
+    if (it == staged.end()) {
+      it = staged.emplace(b, std::vector<std::byte>(L.bytes())).first;
+      mem.CopyOut(it->second.data(), p, L.bytes());
+    }
+    return it->second.data();
+  };
+  for (uint32_t i = 0; i < rows.n; ++i) {
+    const uint32_t pos = from + i;
+    const std::byte* blk = block(pos);
+    for (uint32_t l = 0; l < rows.layers; ++l) {
+      for (uint32_t h = 0; h < L.heads.size(); ++h) {
+        const size_t dst = (size_t{l} * rows.n + i) * rows.row_bytes + h * dim_bytes;
+        const uint32_t layer = L.layers.begin + l, head = L.heads.begin + h;
+        std::memcpy(k->data() + dst, blk + L.Offset(layer, 0, head, pos % L.block_tokens), dim_bytes);
+        std::memcpy(v->data() + dst, blk + L.Offset(layer, 1, head, pos % L.block_tokens), dim_bytes);
+      }
+    }
+  }
+  return rows;
+}
+
+size_t SequenceService::ReapIdle() {
+  Impl& im = *impl_;
+  const int64_t cutoff = im.Now() - im.IdleNs();
+  std::vector<std::shared_ptr<Entry>> idle;
+  {
+    std::lock_guard<std::mutex> lock(im.mu);
+    for (auto it = im.seqs.begin(); it != im.seqs.end();) {
+      if (it->second->last_used.load(std::memory_order_relaxed) < cutoff) {
+        --it->second->slot->live;
+        idle.push_back(std::move(it->second));
+        it = im.seqs.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    im.stats.reaped += idle.size();
+  }
+  for (auto& e : idle) Impl::Drop(e);
+  return idle.size();
+}
+
+SequenceServiceStats SequenceService::Stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  SequenceServiceStats s = impl_->stats;
+  s.live = impl_->seqs.size();
+  s.tables = impl_->slots.size();
+  return s;
+}
+
+}  // namespace kvmesh

@@ -1,0 +1,124 @@
+// shard_node/sequence_service.h — a node's live sequences, served to remote
+// clients (SEQ_* frames) and in-process channels alike.
+//
+// A ShardNode owns one SequenceService over its primary BlockStore. The
+// service keeps one SequenceTable per slice (layer range, KV-head range,
+// tenant salt, priority), created on first use, and hands out node-local
+// sequence ids (never reused while the service lives). Because clients can
+// die without releasing, every sequence has a last-use time: sequences idle
+// for longer than idle_timeout are released (unpinning their blocks) by the
+// next call that looks, at most about every idle_timeout / 4; ReapIdle()
+// forces a pass. The number of live sequences is bounded: Create / Fork past
+// max_sequences gives ResourceExhausted.
+//
+//   SequenceService& s = node->sequences();
+//   SeqCreateArgs a;  a.layers = {0, 32};  a.prefix = prompt;
+//   SeqCreated c = s.Create(a).value();            // attaches cached prefix blocks
+//   uint32_t pos = s.Append(c.id, toks, k, v).value();
+//   s.Read(c.id, 0, n, SIZE_MAX, &kout, &vout);    // [layer][n][heads][head_dim]
+//   s.Release(c.id);
+//
+// Thread-safety: all methods are thread-safe. Calls on one sequence are
+// serialised by a per-sequence lock (so two clients of the same id never
+// overlap a write); calls on different sequences run in parallel. No call
+// blocks on I/O.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvmesh/clock.h"
+#include "kvmesh/sequence.h"
+#include "kvmesh/status.h"
+#include "kvmesh/types.h"
+
+namespace kvmesh {
+
+class BlockStore;
+
+struct SequenceServiceOptions {
+  int64_t idle_timeout_ms = 10 * 60 * 1000;  // release sequences untouched this long
+  uint32_t max_sequences = 4096;             // live sequences per node
+  uint32_t max_slices = 64;                  // distinct (slice, salt, priority) tables
+  uint32_t max_sequence_tokens = 1u << 20;   // length bound of one sequence
+};
+
+// What SEQ_CREATE asks for.
+struct SeqCreateArgs {
+  Range layers;  // empty: all layers of the model
+  Range heads;   // empty: all KV heads
+  std::string tenant_salt;
+  Priority priority = kDefaultPriority;
+  std::span<const TokenId> prefix;  // attach its leading full blocks the store has
+  size_t max_blocks = SIZE_MAX;     // attach at most this many
+};
+
+struct SeqCreated {
+  SeqId id = 0;
+  uint32_t length = 0;           // tokens attached
+  uint32_t attached_blocks = 0;  // blocks attached from the store
+};
+
+struct SeqState {
+  uint32_t length = 0;
+  uint32_t sealed_blocks = 0;
+  std::vector<TokenId> tokens;
+};
+
+// Shape of a Read: n positions of `layers` layers, row_bytes per (layer, position).
+struct SeqRows {
+  uint32_t n = 0;
+  uint32_t layers = 0;
+  uint32_t row_bytes = 0;  // heads x head_dim x dtype size
+};
+
+struct SequenceServiceStats {
+  uint64_t live = 0;
+  uint64_t created = 0;
+  uint64_t reaped = 0;   // released for idleness
+  uint64_t refused = 0;  // creates / forks refused at max_sequences
+  uint64_t tables = 0;
+};
+
+class SequenceService {
+ public:
+  // REQUIRES: store and clock outlive the service (clock may be null: system clock).
+  SequenceService(BlockStore* store, const ModelSpec& model, SequenceServiceOptions options = {},
+                  Clock* clock = nullptr);
+  ~SequenceService();  // releases every sequence
+
+  const SequenceServiceOptions& options() const;
+
+  // A new sequence for the slice, holding the leading full blocks of
+  // a.prefix the store has. InvalidArgument for a slice outside the model
+  // (or one whose block does not fit a store slot), ResourceExhausted past
+  // max_sequences or max_slices.
+  Result<SeqCreated> Create(const SeqCreateArgs& a);
+  // Appends tokens with their K and V ([layer][n][heads][head_dim] over the
+  // slice); returns the position of the first. Full blocks are sealed.
+  // InvalidArgument when k/v are not exactly that size (nothing appended).
+  Result<uint32_t> Append(SeqId id, std::span<const TokenId> tokens, std::span<const std::byte> k,
+                          std::span<const std::byte> v);
+  Status Truncate(SeqId id, uint32_t n);
+  Result<SeqId> Fork(SeqId id);
+  Status Release(SeqId id);
+  Result<SeqState> Info(SeqId id);
+  // K and V of positions [from, from + rows.n) in the Append layout, where
+  // rows.n is the most of n whose K plus V fit max_bytes (at least 1 when
+  // n > 0). InvalidArgument when [from, from + n) is not inside the sequence.
+  Result<SeqRows> Read(SeqId id, uint32_t from, uint32_t n, size_t max_bytes, std::vector<std::byte>* k,
+                       std::vector<std::byte>* v);
+
+  // Releases every sequence idle longer than idle_timeout now; returns how many.
+  size_t ReapIdle();
+  SequenceServiceStats Stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvmesh
