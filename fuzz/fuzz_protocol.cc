@@ -10,6 +10,31 @@
 using namespace kvmesh;
 using namespace kvmesh::proto;
 
+// Every SEQ_* parser, requests and answers, on the same bytes.
+static void ParseSequenceBodies(std::span<const std::byte> b) {
+  SeqCreateRequest create;
+  (void)ParseSeqCreate(b, &create);
+  SeqCreateAnswer created;
+  (void)ParseSeqCreateAnswer(b, &created);
+  SeqAppendRequest append;
+  if (ParseSeqAppend(b, &append).ok()) {
+    // The K/V views must lie inside the input.
+    if (append.k.size() != append.v.size() || append.v.data() + append.v.size() > b.data() + b.size()) __builtin_trap();
+  }
+  uint64_t id = 0;
+  uint32_t n = 0, from = 0, pos = 0;
+  (void)ParseSeqId(b, &id);
+  (void)ParseSeqTruncate(b, &id, &n);
+  (void)ParseSeqRead(b, &id, &from, &n);
+  (void)ParseU32Answer(b, &pos);
+  SeqInfoAnswer info;
+  (void)ParseSeqInfoAnswer(b, &info);
+  SeqReadAnswer read;
+  if (ParseSeqReadAnswer(b, &read).ok()) {
+    if (read.v.data() + read.v.size() > b.data() + b.size()) __builtin_trap();
+  }
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::span<const std::byte> in(reinterpret_cast<const std::byte*>(data), size);
   ProtocolLimits lim;
@@ -23,6 +48,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)ParseHelloBody(in, &hello);
     HelloAnswer ans;
     (void)ParseHelloAnswerBody(in, &ans);
+    ParseSequenceBodies(in);
     return 0;
   }
   std::span<const std::byte> body = in.subspan(kHeaderSize);
@@ -57,6 +83,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       else (void)ParseKeys(h, body, &keys);
       break;
     case Opcode::kStats:
+      break;
+    case Opcode::kSeqCreate:
+    case Opcode::kSeqAppend:
+    case Opcode::kSeqTruncate:
+    case Opcode::kSeqFork:
+    case Opcode::kSeqRelease:
+    case Opcode::kSeqInfo:
+    case Opcode::kSeqRead:
+      ParseSequenceBodies(body);
       break;
     default:
       if (h.is_response()) (void)ParseStatusBytes(h, body, &codes);

@@ -56,6 +56,26 @@ class InProcessChannel final : public ShardChannel {
   }
   Result<std::string> StatsJson() override { return node_->StatsJson(); }
 
+  Result<SeqCreated> SeqCreate(const SeqCreateArgs& a, const RequestOptions&) override {
+    return node_->sequences().Create(a);
+  }
+  Result<uint32_t> SeqAppend(SeqId id, std::span<const TokenId> tokens, std::span<const std::byte> k,
+                             std::span<const std::byte> v, uint32_t, const RequestOptions&) override {
+    return node_->sequences().Append(id, tokens, k, v);
+  }
+  Status SeqTruncate(SeqId id, uint32_t n, const RequestOptions&) override {
+    return node_->sequences().Truncate(id, n);
+  }
+  Result<SeqId> SeqFork(SeqId id, const RequestOptions&) override { return node_->sequences().Fork(id); }
+  Status SeqRelease(SeqId id, const RequestOptions&) override { return node_->sequences().Release(id); }
+  Result<SeqState> SeqInfo(SeqId id, const RequestOptions&) override { return node_->sequences().Info(id); }
+  Status SeqRead(SeqId id, uint32_t from, uint32_t n, std::vector<std::byte>* k, std::vector<std::byte>* v,
+                 const RequestOptions&) override {
+    KVMESH_ASSIGN_OR_RETURN(SeqRows rows, node_->sequences().Read(id, from, n, SIZE_MAX, k, v));
+    if (rows.n != n) return Internal("in-process sequence read came back short");
+    return Status::Ok();
+  }
+
  private:
   ShardNode* node_;
 };

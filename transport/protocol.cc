@@ -49,6 +49,20 @@ class Reader {
     return true;
   }
   bool done() const { return pos_ == b_.size(); }
+  size_t left() const { return b_.size() - pos_; }
+  // n i32 tokens, after checking they are there (nothing allocated otherwise).
+  bool GetTokens(uint32_t n, std::vector<TokenId>* out) {
+    if (left() / 4 < n) return false;
+    out->resize(n);
+    for (uint32_t i = 0; i < n; ++i) (*out)[i] = Load<int32_t>(b_.data() + pos_ + size_t{i} * 4);
+    pos_ += size_t{n} * 4;
+    return true;
+  }
+  std::span<const std::byte> Take(size_t n) {
+    auto s = b_.subspan(pos_, n);
+    pos_ += n;
+    return s;
+  }
 
  private:
   std::span<const std::byte> b_;
@@ -63,6 +77,42 @@ uint32_t HeaderChecksum(const std::byte* p) { return static_cast<uint32_t>(Check
 
 Status Malformed(std::string what) { return InvalidArgument("malformed frame: " + std::move(what)); }
 
+// Body length bounds of SEQ frames (the parsers check the exact sizes).
+constexpr uint64_t kAny = UINT32_MAX;
+uint64_t SeqRequestMin(Opcode op) {
+  switch (op) {
+    case Opcode::kSeqCreate: return kSeqCreateFixed;
+    case Opcode::kSeqAppend: return kSeqAppendFixed;
+    case Opcode::kSeqTruncate: return 12;
+    case Opcode::kSeqRead: return 16;
+    default: return 8;  // FORK, RELEASE, INFO: the id
+  }
+}
+uint64_t SeqRequestMax(Opcode op) {
+  switch (op) {
+    case Opcode::kSeqCreate:
+    case Opcode::kSeqAppend: return kAny;
+    default: return SeqRequestMin(op);
+  }
+}
+uint64_t SeqAnswerMin(Opcode op) {
+  switch (op) {
+    case Opcode::kSeqCreate: return 16;
+    case Opcode::kSeqAppend: return 4;
+    case Opcode::kSeqFork: return 8;
+    case Opcode::kSeqInfo: return 12;
+    case Opcode::kSeqRead: return kSeqReadAnswerFixed;
+    default: return 0;  // TRUNCATE, RELEASE
+  }
+}
+uint64_t SeqAnswerMax(Opcode op) {
+  switch (op) {
+    case Opcode::kSeqInfo:
+    case Opcode::kSeqRead: return kAny;
+    default: return SeqAnswerMin(op);
+  }
+}
+
 }  // namespace
 
 std::string_view OpcodeName(Opcode op) {
@@ -76,11 +126,18 @@ std::string_view OpcodeName(Opcode op) {
     case Opcode::kPin: return "PIN";
     case Opcode::kUnpin: return "UNPIN";
     case Opcode::kStats: return "STATS";
+    case Opcode::kSeqCreate: return "SEQ_CREATE";
+    case Opcode::kSeqAppend: return "SEQ_APPEND";
+    case Opcode::kSeqTruncate: return "SEQ_TRUNCATE";
+    case Opcode::kSeqFork: return "SEQ_FORK";
+    case Opcode::kSeqRelease: return "SEQ_RELEASE";
+    case Opcode::kSeqInfo: return "SEQ_INFO";
+    case Opcode::kSeqRead: return "SEQ_READ";
   }
   return "?";
 }
 
-bool IsKnownOpcode(uint8_t op) { return op >= 1 && op <= 9; }
+bool IsKnownOpcode(uint8_t op) { return op >= 1 && op <= kMaxOpcode; }
 bool IsValidStatusCode(uint8_t code) { return code <= static_cast<uint8_t>(StatusCode::kPermissionDenied); }
 
 // Layout: 0 magic u32 | 4 version u16 | 6 opcode u8 | 7 flags u8 | 8 request_id u64 |
@@ -145,6 +202,16 @@ Status DecodeHeader(std::span<const std::byte> bytes, const ProtocolLimits& limi
       case Opcode::kStats:
         if (n != 0 || len != 0) return Malformed("STATS carries no body");
         break;
+      case Opcode::kSeqCreate:
+      case Opcode::kSeqAppend:
+      case Opcode::kSeqTruncate:
+      case Opcode::kSeqFork:
+      case Opcode::kSeqRelease:
+      case Opcode::kSeqInfo:
+      case Opcode::kSeqRead:
+        if (n != 0 || len < SeqRequestMin(h.opcode) || len > SeqRequestMax(h.opcode))
+          return Malformed("bad " + std::string(OpcodeName(h.opcode)) + " length");
+        break;
       default:  // key lists
         if (len != n * kKeySize) return Malformed(std::string(OpcodeName(h.opcode)) + " body is not count x 16 bytes");
     }
@@ -160,6 +227,16 @@ Status DecodeHeader(std::span<const std::byte> bytes, const ProtocolLimits& limi
         if (len != 4) return Malformed("MATCH_PREFIX answer is not 4 bytes");
         break;
       case Opcode::kStats:
+        break;
+      case Opcode::kSeqCreate:
+      case Opcode::kSeqAppend:
+      case Opcode::kSeqTruncate:
+      case Opcode::kSeqFork:
+      case Opcode::kSeqRelease:
+      case Opcode::kSeqInfo:
+      case Opcode::kSeqRead:
+        if (n != 0 || len < SeqAnswerMin(h.opcode) || len > SeqAnswerMax(h.opcode))
+          return Malformed("bad " + std::string(OpcodeName(h.opcode)) + " answer length");
         break;
       default:  // one status byte per item
         if (len != n) return Malformed(std::string(OpcodeName(h.opcode)) + " answer is not one byte per item");
@@ -323,6 +400,204 @@ Status ParseErrorBody(const FrameHeader& h, std::span<const std::byte> body) {
   for (char& c : msg)
     if (static_cast<unsigned char>(c) < 0x20) c = ' ';
   return Status(h.status, msg);
+}
+
+// ---- live sequences ----------------------------------------------------------
+
+std::string EncodeSeqCreate(const SeqCreateRequest& r) {
+  std::string out;
+  Append<uint32_t>(&out, r.layers.begin);
+  Append<uint32_t>(&out, r.layers.end);
+  Append<uint32_t>(&out, r.heads.begin);
+  Append<uint32_t>(&out, r.heads.end);
+  Append<uint8_t>(&out, r.priority);
+  Append<uint8_t>(&out, 0);
+  Append<uint16_t>(&out, 0);
+  Append<uint32_t>(&out, r.max_blocks);
+  AppendString(&out, std::string_view(r.tenant_salt).substr(0, kMaxStringBytes));
+  Append<uint32_t>(&out, static_cast<uint32_t>(r.prefix.size()));
+  for (TokenId t : r.prefix) Append<int32_t>(&out, t);
+  return out;
+}
+
+Status ParseSeqCreate(std::span<const std::byte> body, SeqCreateRequest* out) {
+  Reader r(body);
+  SeqCreateRequest q;
+  uint8_t rsvd8 = 0;
+  uint16_t rsvd16 = 0;
+  uint32_t ntok = 0;
+  if (!r.Get(&q.layers.begin) || !r.Get(&q.layers.end) || !r.Get(&q.heads.begin) || !r.Get(&q.heads.end) ||
+      !r.Get(&q.priority) || !r.Get(&rsvd8) || !r.Get(&rsvd16) || !r.Get(&q.max_blocks) ||
+      !r.GetString(&q.tenant_salt, kMaxStringBytes) || !r.Get(&ntok))
+    return Malformed("bad SEQ_CREATE body");
+  if (rsvd8 != 0 || rsvd16 != 0) return Malformed("SEQ_CREATE reserved bytes set");
+  if (q.priority >= kMaxPriorityClasses) return Malformed("SEQ_CREATE priority out of range");
+  if (q.layers.end < q.layers.begin || q.heads.end < q.heads.begin) return Malformed("SEQ_CREATE range reversed");
+  if (uint64_t{ntok} * 4 != r.left() || !r.GetTokens(ntok, &q.prefix)) return Malformed("SEQ_CREATE token count mismatch");
+  *out = std::move(q);
+  return Status::Ok();
+}
+
+std::string EncodeSeqCreateAnswer(const SeqCreateAnswer& a) {
+  std::string out;
+  Append<uint64_t>(&out, a.id);
+  Append<uint32_t>(&out, a.length);
+  Append<uint32_t>(&out, a.attached_blocks);
+  return out;
+}
+
+Status ParseSeqCreateAnswer(std::span<const std::byte> body, SeqCreateAnswer* out) {
+  Reader r(body);
+  SeqCreateAnswer a;
+  if (!r.Get(&a.id) || !r.Get(&a.length) || !r.Get(&a.attached_blocks) || !r.done())
+    return Malformed("bad SEQ_CREATE answer");
+  *out = a;
+  return Status::Ok();
+}
+
+std::string EncodeSeqAppendHead(uint64_t id, uint32_t layers, std::span<const TokenId> tokens, uint64_t k_checksum,
+                                uint64_t v_checksum) {
+  std::string out;
+  out.reserve(kSeqAppendFixed + tokens.size() * 4);
+  Append<uint64_t>(&out, id);
+  Append<uint32_t>(&out, static_cast<uint32_t>(tokens.size()));
+  Append<uint32_t>(&out, layers);
+  Append<uint64_t>(&out, k_checksum);
+  Append<uint64_t>(&out, v_checksum);
+  for (TokenId t : tokens) Append<int32_t>(&out, t);
+  return out;
+}
+
+Status ParseSeqAppend(std::span<const std::byte> body, SeqAppendRequest* out) {
+  Reader r(body);
+  SeqAppendRequest q;
+  uint32_t n = 0;
+  if (!r.Get(&q.id) || !r.Get(&n) || !r.Get(&q.layers) || !r.Get(&q.k_checksum) || !r.Get(&q.v_checksum))
+    return Malformed("bad SEQ_APPEND body");
+  if (!r.GetTokens(n, &q.tokens)) return Malformed("SEQ_APPEND tokens past the body");
+  const uint64_t rest = r.left();
+  if (rest % 2 != 0) return Malformed("SEQ_APPEND K and V differ in length");
+  const uint64_t side = rest / 2;
+  if (n == 0 ? side != 0 : (q.layers == 0 || side % (uint64_t{q.layers} * n) != 0))
+    return Malformed("SEQ_APPEND K/V length is not layers x n rows");
+  q.k = r.Take(side);
+  q.v = r.Take(side);
+  *out = std::move(q);
+  return Status::Ok();
+}
+
+std::string EncodeSeqId(uint64_t id) {
+  std::string out;
+  Append<uint64_t>(&out, id);
+  return out;
+}
+
+Status ParseSeqId(std::span<const std::byte> body, uint64_t* id) {
+  Reader r(body);
+  uint64_t v = 0;
+  if (!r.Get(&v) || !r.done()) return Malformed("sequence id body is not 8 bytes");
+  *id = v;
+  return Status::Ok();
+}
+
+std::string EncodeSeqTruncate(uint64_t id, uint32_t n) {
+  std::string out = EncodeSeqId(id);
+  Append<uint32_t>(&out, n);
+  return out;
+}
+
+Status ParseSeqTruncate(std::span<const std::byte> body, uint64_t* id, uint32_t* n) {
+  Reader r(body);
+  uint64_t i = 0;
+  uint32_t m = 0;
+  if (!r.Get(&i) || !r.Get(&m) || !r.done()) return Malformed("bad SEQ_TRUNCATE body");
+  *id = i;
+  *n = m;
+  return Status::Ok();
+}
+
+std::string EncodeSeqRead(uint64_t id, uint32_t from, uint32_t n) {
+  std::string out = EncodeSeqId(id);
+  Append<uint32_t>(&out, from);
+  Append<uint32_t>(&out, n);
+  return out;
+}
+
+Status ParseSeqRead(std::span<const std::byte> body, uint64_t* id, uint32_t* from, uint32_t* n) {
+  Reader r(body);
+  uint64_t i = 0;
+  uint32_t f = 0, m = 0;
+  if (!r.Get(&i) || !r.Get(&f) || !r.Get(&m) || !r.done()) return Malformed("bad SEQ_READ body");
+  *id = i;
+  *from = f;
+  *n = m;
+  return Status::Ok();
+}
+
+std::string EncodeU32(uint32_t v) {
+  std::string out;
+  Append<uint32_t>(&out, v);
+  return out;
+}
+
+Status ParseU32Answer(std::span<const std::byte> body, uint32_t* v) {
+  Reader r(body);
+  uint32_t x = 0;
+  if (!r.Get(&x) || !r.done()) return Malformed("answer is not one u32");
+  *v = x;
+  return Status::Ok();
+}
+
+std::string EncodeSeqInfoAnswer(const SeqInfoAnswer& a) {
+  std::string out;
+  Append<uint32_t>(&out, a.length);
+  Append<uint32_t>(&out, a.sealed_blocks);
+  Append<uint32_t>(&out, static_cast<uint32_t>(a.tokens.size()));
+  for (TokenId t : a.tokens) Append<int32_t>(&out, t);
+  return out;
+}
+
+Status ParseSeqInfoAnswer(std::span<const std::byte> body, SeqInfoAnswer* out) {
+  Reader r(body);
+  SeqInfoAnswer a;
+  uint32_t ntok = 0;
+  if (!r.Get(&a.length) || !r.Get(&a.sealed_blocks) || !r.Get(&ntok)) return Malformed("bad SEQ_INFO answer");
+  if (ntok != a.length || uint64_t{ntok} * 4 != r.left() || !r.GetTokens(ntok, &a.tokens))
+    return Malformed("SEQ_INFO answer token count mismatch");
+  *out = std::move(a);
+  return Status::Ok();
+}
+
+std::string EncodeSeqReadAnswerHead(uint32_t n, uint32_t layers, uint32_t row_bytes, uint64_t k_checksum,
+                                    uint64_t v_checksum) {
+  std::string out;
+  Append<uint32_t>(&out, n);
+  Append<uint32_t>(&out, layers);
+  Append<uint32_t>(&out, row_bytes);
+  Append<uint32_t>(&out, 0);
+  Append<uint64_t>(&out, k_checksum);
+  Append<uint64_t>(&out, v_checksum);
+  return out;
+}
+
+Status ParseSeqReadAnswer(std::span<const std::byte> body, SeqReadAnswer* out) {
+  Reader r(body);
+  SeqReadAnswer a;
+  uint32_t rsvd = 0;
+  if (!r.Get(&a.n) || !r.Get(&a.layers) || !r.Get(&a.row_bytes) || !r.Get(&rsvd) || !r.Get(&a.k_checksum) ||
+      !r.Get(&a.v_checksum))
+    return Malformed("bad SEQ_READ answer");
+  if (rsvd != 0) return Malformed("SEQ_READ answer reserved bytes set");
+  // Each factor is < 2^32 but the product may not be: check without overflow.
+  const uint64_t rows = uint64_t{a.layers} * a.n;
+  const uint64_t left = r.left();
+  if (a.row_bytes != 0 && rows > left / 2 / a.row_bytes) return Malformed("SEQ_READ answer shorter than its rows");
+  const uint64_t side = rows * a.row_bytes;
+  if (side * 2 != left) return Malformed("SEQ_READ answer length mismatch");
+  a.k = r.Take(side);
+  a.v = r.Take(side);
+  *out = a;
+  return Status::Ok();
 }
 
 std::string BuildFrame(FrameHeader h, std::string_view body) {

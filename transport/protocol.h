@@ -52,7 +52,16 @@ enum class Opcode : uint8_t {
   kPin = 7,
   kUnpin = 8,
   kStats = 9,
+  // Live sequences (ARCHITECTURE 2), node-local ids; added within version 1.
+  kSeqCreate = 10,
+  kSeqAppend = 11,
+  kSeqTruncate = 12,
+  kSeqFork = 13,
+  kSeqRelease = 14,
+  kSeqInfo = 15,
+  kSeqRead = 16,
 };
+inline constexpr uint8_t kMaxOpcode = 16;
 std::string_view OpcodeName(Opcode op);
 bool IsKnownOpcode(uint8_t op);
 
@@ -160,6 +169,84 @@ Status ParseErrorBody(const FrameHeader& h, std::span<const std::byte> body);
 
 // Checks a status code byte from the wire.
 bool IsValidStatusCode(uint8_t code);
+
+// ---- live sequences (SEQ_*; docs/protocol.md "Live sequences") ----------------
+// Every SEQ frame has count 0; the body carries its own sizes, each checked
+// against the body length before anything is allocated. K and V travel as
+// [layer][n][heads][head_dim] over the sequence's slice, each with its own
+// xxHash3-64.
+inline constexpr uint32_t kSeqNoLimit = 0xFFFFFFFFu;  // SEQ_CREATE max_blocks: no limit
+inline constexpr size_t kSeqCreateFixed = 30;   // ranges 16, priority 1, rsvd 3, max_blocks 4, salt len 2, ntok 4
+inline constexpr size_t kSeqAppendFixed = 32;   // id 8, n 4, layers 4, k checksum 8, v checksum 8
+inline constexpr size_t kSeqReadAnswerFixed = 32;  // n 4, layers 4, row_bytes 4, rsvd 4, checksums 16
+
+struct SeqCreateRequest {
+  Range layers;  // empty: all layers
+  Range heads;   // empty: all KV heads
+  Priority priority = kDefaultPriority;
+  uint32_t max_blocks = kSeqNoLimit;
+  std::string tenant_salt;      // <= kMaxStringBytes
+  std::vector<TokenId> prefix;  // attach the leading full blocks the node has
+};
+std::string EncodeSeqCreate(const SeqCreateRequest& r);
+Status ParseSeqCreate(std::span<const std::byte> body, SeqCreateRequest* out);
+
+struct SeqCreateAnswer {
+  uint64_t id = 0;
+  uint32_t length = 0;           // tokens attached from the prefix
+  uint32_t attached_blocks = 0;  // length / block_tokens
+};
+std::string EncodeSeqCreateAnswer(const SeqCreateAnswer& a);
+Status ParseSeqCreateAnswer(std::span<const std::byte> body, SeqCreateAnswer* out);
+
+// SEQ_APPEND request: the fixed part and the tokens; K then V follow (sent
+// as separate pieces so payloads are never copied into one buffer).
+std::string EncodeSeqAppendHead(uint64_t id, uint32_t layers, std::span<const TokenId> tokens, uint64_t k_checksum,
+                                uint64_t v_checksum);
+// A parsed SEQ_APPEND: k and v point into the body. K and V are equally long;
+// with n > 0 each is a whole number of layers x n rows.
+struct SeqAppendRequest {
+  uint64_t id = 0;
+  uint32_t layers = 0;
+  std::vector<TokenId> tokens;
+  uint64_t k_checksum = 0, v_checksum = 0;
+  std::span<const std::byte> k, v;
+};
+Status ParseSeqAppend(std::span<const std::byte> body, SeqAppendRequest* out);
+
+// SEQ_FORK / SEQ_RELEASE / SEQ_INFO requests and the SEQ_FORK answer: one u64.
+std::string EncodeSeqId(uint64_t id);
+Status ParseSeqId(std::span<const std::byte> body, uint64_t* id);
+// SEQ_TRUNCATE request: id u64, n u32.  SEQ_READ request: id u64, from u32, n u32.
+std::string EncodeSeqTruncate(uint64_t id, uint32_t n);
+Status ParseSeqTruncate(std::span<const std::byte> body, uint64_t* id, uint32_t* n);
+std::string EncodeSeqRead(uint64_t id, uint32_t from, uint32_t n);
+Status ParseSeqRead(std::span<const std::byte> body, uint64_t* id, uint32_t* from, uint32_t* n);
+// SEQ_APPEND answer: u32 position of the first appended token.
+std::string EncodeU32(uint32_t v);
+Status ParseU32Answer(std::span<const std::byte> body, uint32_t* v);
+
+// SEQ_INFO answer: length u32, sealed_blocks u32, ntok u32, tokens.
+struct SeqInfoAnswer {
+  uint32_t length = 0;
+  uint32_t sealed_blocks = 0;
+  std::vector<TokenId> tokens;
+};
+std::string EncodeSeqInfoAnswer(const SeqInfoAnswer& a);
+Status ParseSeqInfoAnswer(std::span<const std::byte> body, SeqInfoAnswer* out);
+
+// SEQ_READ answer: n u32 (positions actually read: a node may return fewer
+// than asked so the answer fits its body limit), layers u32, row_bytes u32
+// (one position of one layer: heads x head_dim x dtype), reserved u32 (0),
+// k checksum u64, v checksum u64, then K and V (layers x n x row_bytes each).
+std::string EncodeSeqReadAnswerHead(uint32_t n, uint32_t layers, uint32_t row_bytes, uint64_t k_checksum,
+                                    uint64_t v_checksum);
+struct SeqReadAnswer {
+  uint32_t n = 0, layers = 0, row_bytes = 0;
+  uint64_t k_checksum = 0, v_checksum = 0;
+  std::span<const std::byte> k, v;
+};
+Status ParseSeqReadAnswer(std::span<const std::byte> body, SeqReadAnswer* out);
 
 // Builds a complete frame (header + body) — for clients, tests and tools.
 std::string BuildFrame(FrameHeader h, std::string_view body);

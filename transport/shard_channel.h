@@ -17,8 +17,11 @@
 #include <string>
 #include <string_view>
 
+#include <vector>
+
 #include "kvmesh/request.h"
 #include "kvmesh/status.h"
+#include "shard_node/sequence_service.h"
 
 namespace kvmesh {
 
@@ -40,6 +43,51 @@ class ShardChannel {
   virtual Status Unpin(std::span<const BlockKey> keys, std::span<Status> statuses) = 0;
   // The node's statistics as a JSON object (text).
   virtual Result<std::string> StatsJson() = 0;
+
+  // Live sequences on this node (SequenceService semantics; ids are the
+  // node's). A call-level failure (node unreachable: Unavailable /
+  // DeadlineExceeded) and the node's refusal (NotFound, InvalidArgument,
+  // ResourceExhausted, DataLoss in transit) are both the returned Status.
+  // Backends without sequences answer Unimplemented.
+  virtual Result<SeqCreated> SeqCreate(const SeqCreateArgs& a, const RequestOptions& o) {
+    (void)a, (void)o;
+    return NoSequences();
+  }
+  // k and v: [layer][n][heads][head_dim] over the sequence's `layers` layers.
+  // A backend may send a large append as several frames (then a failure part
+  // way leaves the earlier tokens appended: SeqInfo tells the length).
+  virtual Result<uint32_t> SeqAppend(SeqId id, std::span<const TokenId> tokens, std::span<const std::byte> k,
+                                     std::span<const std::byte> v, uint32_t layers, const RequestOptions& o) {
+    (void)id, (void)tokens, (void)k, (void)v, (void)layers, (void)o;
+    return NoSequences();
+  }
+  virtual Status SeqTruncate(SeqId id, uint32_t n, const RequestOptions& o) {
+    (void)id, (void)n, (void)o;
+    return NoSequences();
+  }
+  virtual Result<SeqId> SeqFork(SeqId id, const RequestOptions& o) {
+    (void)id, (void)o;
+    return NoSequences();
+  }
+  virtual Status SeqRelease(SeqId id, const RequestOptions& o) {
+    (void)id, (void)o;
+    return NoSequences();
+  }
+  virtual Result<SeqState> SeqInfo(SeqId id, const RequestOptions& o) {
+    (void)id, (void)o;
+    return NoSequences();
+  }
+  // K and V of positions [from, from + n) in the SeqAppend layout (resized).
+  virtual Status SeqRead(SeqId id, uint32_t from, uint32_t n, std::vector<std::byte>* k, std::vector<std::byte>* v,
+                         const RequestOptions& o) {
+    (void)id, (void)from, (void)n, (void)k, (void)v, (void)o;
+    return NoSequences();
+  }
+
+ private:
+  Status NoSequences() const {
+    return Unimplemented("the " + std::string(transport()) + " transport does not carry live sequences");
+  }
 };
 
 // A channel that calls `node` directly (embedded mode). REQUIRES: node outlives it.

@@ -21,7 +21,7 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using namespace proto;
 
-constexpr size_t kOps = 10;  // opcodes 1..9
+constexpr size_t kOps = proto::kMaxOpcode + 1;  // opcodes 1..kMaxOpcode
 
 struct OpStats {
   std::atomic<uint64_t> count{0};

@@ -221,7 +221,99 @@ Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte>
     case Opcode::kStats:
       OkReply(h, 0, node_->StatsJson(), rep);
       return Status::Ok();
+    case Opcode::kSeqCreate:
+    case Opcode::kSeqAppend:
+    case Opcode::kSeqTruncate:
+    case Opcode::kSeqFork:
+    case Opcode::kSeqRelease:
+    case Opcode::kSeqInfo:
+    case Opcode::kSeqRead:
+      return HandleSequence(h, body, rep);
     case Opcode::kHello:
+      break;
+  }
+  return InvalidArgument("unexpected opcode");
+}
+
+// SEQ_* frames against the node's SequenceService. Non-OK only for a
+// malformed body (closes the connection); a refused call (unknown id, wrong
+// K/V size, checksum mismatch, limits) is an error answer and the connection stays.
+Status FrameHandler::HandleSequence(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+  SequenceService& seqs = node_->sequences();
+  uint64_t id = 0;
+  uint32_t n = 0, from = 0;
+  auto answer = [&](const Status& s, std::string ok_body) {
+    if (s.ok()) OkReply(h, 0, std::move(ok_body), rep);
+    else ErrorReply(h, s, rep);
+    return Status::Ok();
+  };
+  switch (h.opcode) {
+    case Opcode::kSeqCreate: {
+      SeqCreateRequest q;
+      KVMESH_RETURN_IF_ERROR(ParseSeqCreate(body, &q));
+      SeqCreateArgs a;
+      a.layers = q.layers;
+      a.heads = q.heads;
+      a.tenant_salt = q.tenant_salt;
+      a.priority = q.priority;
+      a.prefix = q.prefix;
+      a.max_blocks = q.max_blocks == kSeqNoLimit ? SIZE_MAX : q.max_blocks;
+      Result<SeqCreated> c = seqs.Create(a);
+      if (!c.ok()) return answer(c.status(), {});
+      return answer(Status::Ok(), EncodeSeqCreateAnswer({c->id, c->length, c->attached_blocks}));
+    }
+    case Opcode::kSeqAppend: {
+      SeqAppendRequest q;
+      KVMESH_RETURN_IF_ERROR(ParseSeqAppend(body, &q));
+      if (Checksum64(q.k.data(), q.k.size()) != q.k_checksum || Checksum64(q.v.data(), q.v.size()) != q.v_checksum)
+        return answer(DataLoss("SEQ_APPEND K/V checksum mismatch in transit; nothing appended"), {});
+      Result<uint32_t> pos = seqs.Append(q.id, q.tokens, q.k, q.v);
+      return answer(pos.status(), pos.ok() ? EncodeU32(*pos) : std::string());
+    }
+    case Opcode::kSeqTruncate:
+      KVMESH_RETURN_IF_ERROR(ParseSeqTruncate(body, &id, &n));
+      return answer(seqs.Truncate(id, n), {});
+    case Opcode::kSeqFork: {
+      KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &id));
+      Result<SeqId> f = seqs.Fork(id);
+      return answer(f.status(), f.ok() ? EncodeSeqId(*f) : std::string());
+    }
+    case Opcode::kSeqRelease:
+      KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &id));
+      return answer(seqs.Release(id), {});
+    case Opcode::kSeqInfo: {
+      KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &id));
+      Result<SeqState> st = seqs.Info(id);
+      if (!st.ok()) return answer(st.status(), {});
+      if (12 + uint64_t{st->length} * 4 > limits_.max_body_bytes)
+        return answer(ResourceExhausted("sequence too long for one SEQ_INFO answer"), {});
+      return answer(Status::Ok(), EncodeSeqInfoAnswer({st->length, st->sealed_blocks, std::move(st->tokens)}));
+    }
+    case Opcode::kSeqRead: {
+      KVMESH_RETURN_IF_ERROR(ParseSeqRead(body, &id, &from, &n));
+      std::vector<std::byte> k, v;
+      const size_t room = limits_.max_body_bytes - kSeqReadAnswerFixed;
+      Result<SeqRows> rows = seqs.Read(id, from, n, room, &k, &v);
+      if (!rows.ok()) return answer(rows.status(), {});
+      if (k.size() + v.size() > room)
+        return answer(ResourceExhausted("one position of this slice exceeds the node's frame limit"), {});
+      OkReply(h, 0,
+              EncodeSeqReadAnswerHead(rows->n, rows->layers, rows->row_bytes, Checksum64(k.data(), k.size()),
+                                      Checksum64(v.data(), v.size())),
+              rep);
+      FrameHeader fh;
+      fh.opcode = h.opcode;
+      fh.flags = kFlagResponse;
+      fh.request_id = h.request_id;
+      fh.epoch = epoch_->load(std::memory_order_relaxed);
+      fh.body_len = static_cast<uint32_t>(rep->body.size() + k.size() + v.size());
+      rep->header = EncodeHeader(fh);
+      rep->buffers.push_back(std::move(k));
+      rep->buffers.push_back(std::move(v));
+      for (const auto& b : rep->buffers) rep->pieces.push_back(std::span<const std::byte>(b));
+      return Status::Ok();
+    }
+    default:
       break;
   }
   return InvalidArgument("unexpected opcode");

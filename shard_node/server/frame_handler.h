@@ -25,6 +25,7 @@ struct FrameReply {
   std::string body;
   std::vector<BlockRef> refs;       // pins the payloads until the reply is sent
   std::vector<std::string> copies;  // device-memory blocks copied out
+  std::vector<std::vector<std::byte>> buffers;  // SEQ_READ K and V
   std::vector<std::span<const std::byte>> pieces;  // what to send, in order
   void SetHeaderAndBody() {
     pieces = {std::as_bytes(std::span(header)), std::as_bytes(std::span<const char>(body.data(), body.size()))};
@@ -61,6 +62,7 @@ class FrameHandler {
   void ErrorReply(const proto::FrameHeader& req, const Status& s, FrameReply* rep);
   void OkReply(const proto::FrameHeader& req, uint32_t count, std::string body, FrameReply* rep);
   Status HandleData(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  Status HandleSequence(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
 
   ShardNode* node_;
   const proto::ProtocolLimits limits_;
