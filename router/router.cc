@@ -67,6 +67,33 @@ struct Router::Impl {
     if (s.code() == StatusCode::kStaleEpoch) *stale = true;
     if (!s.ok()) counters.node_errors.fetch_add(1, std::memory_order_relaxed);
   }
+  // The node of handle h in `view`: by index when the map is the one the
+  // handle was made under, else by node id.
+  Result<size_t> Resolve(const View& view, const SequenceHandle& h) const {
+    const auto& nodes = view.map->nodes();
+    if (h.node < nodes.size() && nodes[h.node].id == h.node_id) return size_t{h.node};
+    const int i = view.map->IndexOf(h.node_id);
+    if (i < 0)
+      return Unavailable("node \"" + h.node_id + "\" holding sequence " + std::to_string(h.id) +
+                         " is no longer in the shard map");
+    return static_cast<size_t>(i);
+  }
+  // Runs call(channel) on the node of h; a StaleEpoch answer refreshes the map
+  // (when a hook is set) and retries once.
+  template <typename T, typename Call>
+  Result<T> OnSequenceNode(Router& self, const SequenceHandle& h, Call call) {
+    for (int attempt = 0;; ++attempt) {
+      std::shared_ptr<const View> v = Snapshot();
+      KVMESH_ASSIGN_OR_RETURN(size_t node, Resolve(*v, h));
+      Result<T> r = call(*v->channels[node]);
+      bool stale = false;
+      if (!r.ok()) NoteCall(r.status(), &stale);
+      if (stale && attempt == 0 && options.refresh && options.refresh(self).ok()) continue;
+      return r;
+    }
+  }
+  std::atomic<uint64_t> spread{0};  // places sequences without a full prefix block
+
   Range Layers(const RequestOptions& o) const { return o.layers.empty() ? Range{0, model.num_layers} : o.layers; }
   Range Heads(const RequestOptions& o) const { return o.heads.empty() ? Range{0, model.num_kv_heads} : o.heads; }
 };
@@ -294,6 +321,106 @@ Result<std::vector<std::byte>> Router::Get(const BlockKey& key, const RequestOpt
   if (!it.status.ok()) return it.status;
   buf.resize(it.size);
   return buf;
+}
+
+// ---- live sequences -------------------------------------------------------------
+
+namespace {
+// A Status as a Result, for OnSequenceNode.
+Result<bool> AsResult(const Status& s) {
+  if (!s.ok()) return s;
+  return true;
+}
+bool Unreachable(const Status& s) {
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded;
+}
+}  // namespace
+
+Result<SequenceHandle> Router::CreateSequence(std::span<const TokenId> prefix, const RequestOptions& o,
+                                              size_t max_blocks) {
+  Impl& im = *impl_;
+  const Range layers = im.Layers(o), heads = im.Heads(o);
+  // Prefix affinity: rendezvous on the first full block's stored key.
+  BlockKey anchor;
+  if (prefix.size() >= im.model.block_tokens) {
+    anchor = im.deriver.Keys(prefix.first(im.model.block_tokens), layers, heads).at(0);
+  } else {
+    anchor = BlockKey{im.spread.fetch_add(1, std::memory_order_relaxed) * 0x9E3779B97F4A7C15ull, 0x5eed};
+  }
+  SeqCreateArgs a;
+  a.layers = layers;
+  a.heads = heads;
+  a.tenant_salt = im.options.tenant_salt;
+  a.priority = o.priority;
+  a.prefix = prefix;
+  a.max_blocks = max_blocks;
+  Status last = Unavailable("no live node for this sequence");
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::shared_ptr<const View> v = im.Snapshot();
+    uint32_t place[ShardMap::kMaxReplicas];
+    const size_t cands = v->map->Place(anchor, o.affinity, place, ShardMap::kMaxReplicas);
+    bool stale = false;
+    for (size_t c = 0; c < cands; ++c) {
+      Result<SeqCreated> r = v->channels[place[c]]->SeqCreate(a, o);
+      if (!r.ok()) {
+        im.NoteCall(r.status(), &stale);
+        last = r.status();
+        if (Unreachable(last)) continue;  // the next node in rendezvous order
+        break;
+      }
+      SequenceHandle h;
+      h.node = place[c];
+      h.id = r->id;
+      h.epoch = v->map->epoch();
+      h.node_id = v->map->nodes()[place[c]].id;
+      h.layers = layers;
+      h.heads = heads;
+      h.prefix_tokens = r->length;
+      return h;
+    }
+    if (!(stale && attempt == 0 && im.options.refresh && im.options.refresh(*this).ok())) break;
+  }
+  return last;
+}
+
+Result<uint32_t> Router::AppendSequence(const SequenceHandle& s, std::span<const TokenId> tokens,
+                                        std::span<const std::byte> k, std::span<const std::byte> v,
+                                        const RequestOptions& o) {
+  return impl_->OnSequenceNode<uint32_t>(*this, s, [&](ShardChannel& ch) {
+    return ch.SeqAppend(s.id, tokens, k, v, s.layers.size(), o);
+  });
+}
+
+Status Router::TruncateSequence(const SequenceHandle& s, uint32_t n, const RequestOptions& o) {
+  return impl_->OnSequenceNode<bool>(*this, s, [&](ShardChannel& ch) { return AsResult(ch.SeqTruncate(s.id, n, o)); })
+      .status();
+}
+
+Result<SequenceHandle> Router::ForkSequence(const SequenceHandle& s, const RequestOptions& o) {
+  KVMESH_ASSIGN_OR_RETURN(SeqId id,
+                          impl_->OnSequenceNode<SeqId>(*this, s, [&](ShardChannel& ch) { return ch.SeqFork(s.id, o); }));
+  SequenceHandle f = s;
+  f.id = id;
+  f.prefix_tokens = 0;
+  return f;
+}
+
+Status Router::ReleaseSequence(const SequenceHandle& s, const RequestOptions& o) {
+  return impl_->OnSequenceNode<bool>(*this, s, [&](ShardChannel& ch) { return AsResult(ch.SeqRelease(s.id, o)); })
+      .status();
+}
+
+Result<SequenceState> Router::SequenceInfo(const SequenceHandle& s, const RequestOptions& o) {
+  KVMESH_ASSIGN_OR_RETURN(SeqState st,
+                          impl_->OnSequenceNode<SeqState>(*this, s, [&](ShardChannel& ch) { return ch.SeqInfo(s.id, o); }));
+  return SequenceState{st.length, st.sealed_blocks, std::move(st.tokens)};
+}
+
+Status Router::ReadSequence(const SequenceHandle& s, uint32_t from, uint32_t n, std::vector<std::byte>* k,
+                            std::vector<std::byte>* v, const RequestOptions& o) {
+  return impl_
+      ->OnSequenceNode<bool>(*this, s, [&](ShardChannel& ch) { return AsResult(ch.SeqRead(s.id, from, n, k, v, o)); })
+      .status();
 }
 
 RouterStats Router::Stats() const {

@@ -15,9 +15,29 @@
 // kvmesh/types.h (BlockLayout). Only full blocks have keys: a trailing partial
 // block is ignored by Put and MatchPrefix.
 //
+// Live sequences (ARCHITECTURE 2) work the same way embedded and over the
+// network: CreateSequence places the sequence on one node and returns a
+// handle; the other sequence calls go to that node only.
+//
+//   auto h = r.CreateSequence(prompt, ro).value();   // attaches the cached prefix
+//   r.AppendSequence(h, prompt.subspan(h.prefix_tokens), k, v);
+//   r.ReadSequence(h, 0, n, &k, &v);                 // [layer][n][heads][head_dim]
+//   r.ReleaseSequence(h);
+//
+// Prefix-affinity placement: the node is chosen inside the request's
+// affinity group by rendezvous hashing on the stored key of the prefix's
+// first full block (the same rule that places that block on Put), so
+// requests sharing a prompt land on the same node and reuse the blocks its
+// sequences sealed there. A prefix shorter than one block is spread over the
+// group. When the chosen node is unreachable the next node in rendezvous
+// order is tried. Sequences are node-local: calls on a handle whose node died
+// (or left the shard map) answer Unavailable (or DeadlineExceeded); a node
+// releases sequences left idle (a client that died) after its idle timeout.
+//
 // Thread-safety: every method is thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -50,6 +70,22 @@ struct RouterStats {
   uint64_t gets = 0, get_blocks = 0, get_hits = 0;
   uint64_t match_calls = 0, match_blocks_asked = 0, match_blocks_hit = 0;
   uint64_t node_errors = 0;  // calls a node could not answer (counted as misses)
+};
+
+// A live sequence on one node. A value: copy it freely (to another thread, too).
+struct SequenceHandle {
+  uint32_t node = 0;        // index of the node in the shard map of `epoch`
+  uint64_t id = 0;          // the node's sequence id (SeqId)
+  uint64_t epoch = 0;       // shard-map epoch the handle was made under
+  std::string node_id;      // finds the node again after the map changes
+  Range layers, heads;      // the slice the sequence holds (never empty)
+  uint32_t prefix_tokens = 0;  // tokens attached from the prefix at creation (0 for a fork)
+};
+
+struct SequenceState {
+  uint32_t length = 0;         // tokens
+  uint32_t sealed_blocks = 0;  // leading full blocks sealed into the node's store
+  std::vector<TokenId> tokens;
 };
 
 class Router {
@@ -87,6 +123,30 @@ class Router {
 
   // One block, copied out. NotFound (or another miss code) on a miss.
   Result<std::vector<std::byte>> Get(const BlockKey& key, const RequestOptions& o = {});
+
+  // ---- live sequences (see the top of this file) --------------------------------
+  // A new sequence for the options' slice (layers, heads; empty = all) with
+  // eviction class o.priority, placed by prefix affinity. It holds the longest
+  // run of leading full blocks of `prefix` that its node has (pinned, shared),
+  // at most max_blocks of them; h.prefix_tokens says how many tokens that is.
+  Result<SequenceHandle> CreateSequence(std::span<const TokenId> prefix, const RequestOptions& o = {},
+                                        size_t max_blocks = SIZE_MAX);
+  // Appends tokens with their K and V, each [layer][n][heads][head_dim] over
+  // the sequence's slice in the model dtype; full blocks are sealed into the
+  // node's store. Returns the position of the first token.
+  Result<uint32_t> AppendSequence(const SequenceHandle& s, std::span<const TokenId> tokens,
+                                  std::span<const std::byte> k, std::span<const std::byte> v,
+                                  const RequestOptions& o = {});
+  // Drops the last n tokens.
+  Status TruncateSequence(const SequenceHandle& s, uint32_t n, const RequestOptions& o = {});
+  // A new sequence on the same node with the same tokens (sealed blocks shared).
+  Result<SequenceHandle> ForkSequence(const SequenceHandle& s, const RequestOptions& o = {});
+  // Unpins and forgets the sequence (its sealed blocks stay cached).
+  Status ReleaseSequence(const SequenceHandle& s, const RequestOptions& o = {});
+  Result<SequenceState> SequenceInfo(const SequenceHandle& s, const RequestOptions& o = {});
+  // K and V of positions [from, from + n), in the AppendSequence layout.
+  Status ReadSequence(const SequenceHandle& s, uint32_t from, uint32_t n, std::vector<std::byte>* k,
+                      std::vector<std::byte>* v, const RequestOptions& o = {});
 
   // Swaps in a newer shard map (epoch must grow) with its channels.
   Status UpdateMap(std::shared_ptr<const ShardMap> map,

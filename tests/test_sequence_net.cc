@@ -1,0 +1,434 @@
+// Live sequences over the network (SEQ_* frames): the Router's sequence API
+// embedded (in-process channels) and over TCP data servers on loopback give
+// the same bytes; prefix-affinity reuse across clients; malformed SEQ frames
+// close only their connection; idle reaping; limits; dead nodes.
+#include <catch2/catch.hpp>
+
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "common/checksum.h"
+#include "kvmesh/clock.h"
+#include "kvmesh/embedded.h"
+#include "kvmesh/router.h"
+#include "router/shard_map.h"
+#include "shard_node/server/data_server.h"
+#include "shard_node/shard_node.h"
+#include "transport/protocol.h"
+#include "transport/socket_util.h"
+#include "transport/tcp_channel.h"
+
+using namespace kvmesh;
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr uint32_t kLayers = 2, kHeads = 2, kDim = 4, kBt = 4;
+
+ClusterConfig Config() {
+  auto c = ParseConfig(R"({"model": {"model_id": "seqnet", "num_layers": 2, "num_kv_heads": 2, "head_dim": 4,
+                                      "dtype": "fp32", "block_tokens": 4},
+      "nodes": [{"id": "n0", "memory": {"host": "1MiB"}}, {"id": "n1", "memory": {"host": "1MiB"}}],
+      "store": {"stripes": 1}})");
+  REQUIRE(c.ok());
+  return *c;
+}
+
+// The value of (layer, kv, head, position, dim) for a token: recomputable.
+float Val(uint32_t layer, uint32_t kv, uint32_t head, uint32_t pos, uint32_t d, TokenId tok) {
+  return static_cast<float>(tok) * 1000.0f + static_cast<float>(pos) + layer * 0.5f + kv * 0.25f + head * 0.125f +
+         d * 0.0625f;
+}
+
+// K and V of tokens at positions [pos0, pos0+n): [layer][n][heads][dim] over the slice.
+void MakeKv(std::span<const TokenId> toks, uint32_t pos0, Range heads, std::vector<float>* k, std::vector<float>* v) {
+  const size_t n = toks.size(), H = heads.size();
+  k->assign(kLayers * n * H * kDim, 0.0f);
+  v->assign(k->size(), 0.0f);
+  for (uint32_t l = 0; l < kLayers; ++l)
+    for (size_t i = 0; i < n; ++i)
+      for (uint32_t h = 0; h < H; ++h)
+        for (uint32_t d = 0; d < kDim; ++d) {
+          const size_t idx = ((l * n + i) * H + h) * kDim + d;
+          (*k)[idx] = Val(l, 0, heads.begin + h, pos0 + static_cast<uint32_t>(i), d, toks[i]);
+          (*v)[idx] = Val(l, 1, heads.begin + h, pos0 + static_cast<uint32_t>(i), d, toks[i]);
+        }
+}
+
+Result<uint32_t> Append(Router& r, const SequenceHandle& s, std::span<const TokenId> toks, uint32_t pos0) {
+  std::vector<float> k, v;
+  MakeKv(toks, pos0, s.heads, &k, &v);
+  return r.AppendSequence(s, toks, std::as_bytes(std::span(k)), std::as_bytes(std::span(v)));
+}
+
+// Reads the whole sequence and checks every value against Val().
+void CheckContent(Router& r, const SequenceHandle& s) {
+  SequenceState st = r.SequenceInfo(s).value();
+  std::vector<std::byte> k, v;
+  REQUIRE(r.ReadSequence(s, 0, st.length, &k, &v).ok());
+  std::vector<float> ek, ev;
+  MakeKv(st.tokens, 0, s.heads, &ek, &ev);
+  REQUIRE(k.size() == ek.size() * sizeof(float));
+  CHECK(std::memcmp(k.data(), ek.data(), k.size()) == 0);
+  CHECK(std::memcmp(v.data(), ev.data(), v.size()) == 0);
+}
+
+std::vector<TokenId> Toks(size_t n, TokenId base) {
+  std::vector<TokenId> t(n);
+  std::iota(t.begin(), t.end(), base);
+  return t;
+}
+
+// Two shard nodes, each behind a TCP data server on 127.0.0.1 (run-time
+// ports), and a Router over TCP channels to them.
+struct TcpCluster {
+  explicit TcpCluster(SequenceServiceOptions so = {}, Clock* clock = nullptr, int64_t timeout_ms = 2000) {
+    cfg = Config();
+    for (const NodeConfig& n : cfg.nodes) {
+      auto node = ShardNode::Create(cfg, n.id, clock, so);
+      REQUIRE(node.ok());
+      DataServerOptions o;
+      o.limits.max_body_bytes = 4096;  // small: reads and appends span several frames
+      o.limits.max_block_bytes = 4096;
+      auto s = DataServer::Start(node->get(), o, &epoch);
+      REQUIRE(s.ok());
+      nodes.push_back(std::move(*node));
+      servers.push_back(std::move(*s));
+    }
+    router = MakeRouter(timeout_ms);
+  }
+  std::unique_ptr<Router> MakeRouter(int64_t timeout_ms = 2000) {
+    std::vector<std::shared_ptr<ShardChannel>> chans;
+    for (auto& s : servers) {
+      TcpChannelOptions o;
+      o.port = s->port();
+      o.timeout_ms = timeout_ms;
+      o.connect_timeout_ms = timeout_ms;
+      chans.push_back(TcpChannel::Create(o));
+    }
+    return Router::Create(cfg.model, ShardMap::FromConfig(cfg).value(), std::move(chans)).value();
+  }
+  ClusterConfig cfg;
+  std::atomic<uint64_t> epoch{0};
+  std::vector<std::unique_ptr<ShardNode>> nodes;
+  std::vector<std::unique_ptr<DataServer>> servers;
+  std::unique_ptr<Router> router;
+};
+
+// A scenario over the public API; returns everything observable, in order.
+std::vector<std::string> Scenario(Router& r) {
+  std::vector<std::string> out;
+  auto note = [&](const std::string& s) { out.push_back(s); };
+  auto info = [&](const SequenceHandle& h) {
+    SequenceState st = r.SequenceInfo(h).value();
+    std::string s = "len=" + std::to_string(st.length) + " sealed=" + std::to_string(st.sealed_blocks) + " toks=";
+    for (TokenId t : st.tokens) s += std::to_string(t) + ",";
+    std::vector<std::byte> k, v;
+    REQUIRE(r.ReadSequence(h, 0, st.length, &k, &v).ok());
+    s += " kv=" + std::to_string(Checksum64(k.data(), k.size())) + "/" + std::to_string(Checksum64(v.data(), v.size()));
+    note(s);
+  };
+  RequestOptions ro;
+  ro.heads = {1, 2};  // a one-head slice
+  std::vector<TokenId> toks = Toks(11, 50);
+  SequenceHandle a = r.CreateSequence({}, ro).value();
+  CHECK(a.prefix_tokens == 0);
+  note("first=" + std::to_string(Append(r, a, std::span(toks).first(6), 0).value()));
+  for (uint32_t i = 6; i < 11; ++i) note("pos=" + std::to_string(Append(r, a, std::span(toks).subspan(i, 1), i).value()));
+  info(a);
+  CheckContent(r, a);
+  REQUIRE(r.TruncateSequence(a, 4).ok());  // 11 -> 7: block 1 unsealed
+  info(a);
+  SequenceHandle f = r.ForkSequence(a).value();
+  CHECK(f.node_id == a.node_id);
+  std::vector<TokenId> alt = Toks(3, 900);
+  REQUIRE(Append(r, f, alt, 7).ok());
+  std::vector<TokenId> more = Toks(2, 700);
+  REQUIRE(Append(r, a, more, 7).ok());
+  info(a);
+  info(f);
+  CheckContent(r, a);
+  CheckContent(r, f);
+  // A partial read in the middle.
+  std::vector<std::byte> k, v;
+  REQUIRE(r.ReadSequence(f, 3, 5, &k, &v).ok());
+  note("mid=" + std::to_string(Checksum64(k.data(), k.size())) + "/" + std::to_string(Checksum64(v.data(), v.size())));
+  // Errors are the node's answers, the same on every transport.
+  note("trunc-too-many=" + std::string(StatusCodeName(r.TruncateSequence(a, 100).code())));
+  note("read-past=" + std::string(StatusCodeName(r.ReadSequence(a, 5, 10, &k, &v).code())));
+  std::vector<float> shortk(3);
+  note("bad-kv=" + std::string(StatusCodeName(
+                       r.AppendSequence(a, std::span(toks).first(1), std::as_bytes(std::span(shortk)),
+                                        std::as_bytes(std::span(shortk)))
+                           .status()
+                           .code())));
+  REQUIRE(r.ReleaseSequence(a).ok());
+  REQUIRE(r.ReleaseSequence(f).ok());
+  note("released-info=" + std::string(StatusCodeName(r.SequenceInfo(a).status().code())));
+  note("release-twice=" + std::string(StatusCodeName(r.ReleaseSequence(a).code())));
+  return out;
+}
+
+UniqueFd Raw(uint16_t port) {
+  auto fd = ConnectTcp("127.0.0.1", port, SteadyClock::now() + std::chrono::seconds(2));
+  REQUIRE(fd.ok());
+  return std::move(*fd);
+}
+
+bool ClosedByServer(int fd) {
+  char buf[4096];
+  const auto end = SteadyClock::now() + std::chrono::seconds(2);
+  while (SteadyClock::now() < end) {
+    ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0) return true;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return true;
+    if (n < 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+std::string HelloFrame() {
+  proto::Hello h;
+  h.client_id = "raw";
+  proto::FrameHeader fh;
+  fh.opcode = proto::Opcode::kHello;
+  return proto::BuildFrame(fh, proto::EncodeHelloBody(h));
+}
+
+std::string SeqFrame(proto::Opcode op, const std::string& body, uint64_t id = 7) {
+  proto::FrameHeader h;
+  h.opcode = op;
+  h.request_id = id;
+  return proto::BuildFrame(h, body);
+}
+
+// Reads one answer frame (header + body) from a raw connection.
+proto::FrameHeader ReadAnswer(int fd, std::string* body) {
+  proto::HeaderBytes hb;
+  REQUIRE(ReadFull(fd, hb.data(), hb.size(), 2000, {}).ok());
+  proto::FrameHeader a;
+  REQUIRE(proto::DecodeHeader(hb, {}, &a).ok());
+  body->assign(a.body_len, '\0');
+  if (a.body_len) REQUIRE(ReadFull(fd, body->data(), a.body_len, 2000, {}).ok());
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("Sequences: in-process and TCP give identical results, byte-for-byte", "[sequence][net]") {
+  auto embedded = EmbeddedCluster::Start(Config()).value();
+  std::vector<std::string> local = Scenario(embedded->router());
+  TcpCluster tcp;
+  std::vector<std::string> remote = Scenario(*tcp.router);
+  CHECK(local == remote);
+  REQUIRE(local.size() > 10);
+  CHECK(local[1] == "pos=6");
+  CHECK_THAT(local.back(), Catch::Equals("release-twice=NotFound"));
+  CHECK_THAT(local[local.size() - 3], Catch::Equals("bad-kv=InvalidArgument"));
+  // Everything released: nothing stays pinned on any node.
+  for (auto& n : tcp.nodes) {
+    CHECK(n->Stats().store.pinned_blocks == 0);
+    CHECK(n->sequences().Stats().live == 0);
+  }
+}
+
+TEST_CASE("Sequences: a block sealed over the network is reused by another client's CreateSequence", "[sequence][net]") {
+  TcpCluster c;
+  RequestOptions ro;
+  std::vector<TokenId> prompt = Toks(10, 300);  // 2 full blocks + 2 tokens
+  SequenceHandle a = c.router->CreateSequence(prompt, ro).value();
+  CHECK(a.prefix_tokens == 0);
+  REQUIRE(Append(*c.router, a, prompt, 0).value() == 0);
+  CHECK(c.router->SequenceInfo(a).value().sealed_blocks == 2);
+
+  auto other = c.MakeRouter();  // a second client: its own connections
+  SequenceHandle b = other->CreateSequence(prompt, ro).value();
+  CHECK(b.node_id == a.node_id);  // prefix affinity: the same node
+  CHECK(b.prefix_tokens == 2 * kBt);
+  SequenceState sb = other->SequenceInfo(b).value();
+  CHECK(sb.length == 8);
+  CHECK(sb.sealed_blocks == 2);
+  REQUIRE(Append(*other, b, std::span(prompt).subspan(8), 8).value() == 8);
+  CheckContent(*other, b);
+  // The same bytes through either client.
+  std::vector<std::byte> ka, va, kb, vb;
+  REQUIRE(c.router->ReadSequence(a, 0, 10, &ka, &va).ok());
+  REQUIRE(other->ReadSequence(b, 0, 10, &kb, &vb).ok());
+  CHECK(ka == kb);
+  CHECK(va == vb);
+  // max_blocks bounds what is attached.
+  SequenceHandle one = other->CreateSequence(prompt, ro, 1).value();
+  CHECK(one.prefix_tokens == kBt);
+  // Released sequences leave the sealed blocks cached for the next request.
+  REQUIRE(c.router->ReleaseSequence(a).ok());
+  REQUIRE(other->ReleaseSequence(b).ok());
+  REQUIRE(other->ReleaseSequence(one).ok());
+  SequenceHandle again = c.router->CreateSequence(prompt, ro).value();
+  CHECK(again.prefix_tokens == 2 * kBt);
+  REQUIRE(c.router->ReleaseSequence(again).ok());
+  for (auto& n : c.nodes) CHECK(n->Stats().store.pinned_blocks == 0);
+}
+
+TEST_CASE("Sequences: malformed and oversize SEQ frames close only their connection", "[sequence][net][faults]") {
+  TcpCluster c;
+  std::vector<TokenId> toks = Toks(6, 10);
+  SequenceHandle h = c.router->CreateSequence({}).value();
+  REQUIRE(Append(*c.router, h, toks, 0).ok());
+  const size_t node = h.node;
+  const uint16_t port = c.servers[node]->port();
+  const auto dl = SteadyClock::now() + std::chrono::seconds(2);
+
+  auto closes = [&](const std::string& frame) {
+    UniqueFd fd = Raw(port);
+    std::string bytes = HelloFrame() + frame;
+    REQUIRE(WriteAll(fd.get(), bytes.data(), bytes.size(), dl).ok());
+    std::string body;
+    proto::FrameHeader a = ReadAnswer(fd.get(), &body);  // the HELLO answer
+    CHECK(a.opcode == proto::Opcode::kHello);
+    return ClosedByServer(fd.get());
+  };
+  SECTION("SEQ_APPEND whose K and V differ in length") {
+    std::string body = proto::EncodeSeqAppendHead(h.id, kLayers, std::span(toks).first(1), 0, 0) + std::string(33, 'x');
+    CHECK(closes(SeqFrame(proto::Opcode::kSeqAppend, body)));
+  }
+  SECTION("SEQ_APPEND whose token count runs past the body") {
+    std::string body = proto::EncodeSeqAppendHead(h.id, kLayers, std::span(toks).first(1), 0, 0);
+    body[8] = '\x7f';  // n = 127 tokens, 4 bytes of them present
+    CHECK(closes(SeqFrame(proto::Opcode::kSeqAppend, body)));
+  }
+  SECTION("SEQ_CREATE whose token count disagrees with the body") {
+    proto::SeqCreateRequest q;
+    q.prefix = toks;
+    std::string body = proto::EncodeSeqCreate(q);
+    body.resize(body.size() - 2);
+    CHECK(closes(SeqFrame(proto::Opcode::kSeqCreate, body)));
+  }
+  SECTION("SEQ_CREATE with a salt longer than allowed") {
+    proto::SeqCreateRequest q;
+    std::string body = proto::EncodeSeqCreate(q);
+    body[24] = '\xff';
+    body[25] = '\x7f';
+    CHECK(closes(SeqFrame(proto::Opcode::kSeqCreate, body)));
+  }
+  SECTION("SEQ_READ / SEQ_FORK with the wrong body length") {
+    CHECK(closes(SeqFrame(proto::Opcode::kSeqRead, proto::EncodeSeqId(h.id))));
+    CHECK(closes(SeqFrame(proto::Opcode::kSeqFork, proto::EncodeSeqTruncate(h.id, 1))));
+  }
+  SECTION("an oversize SEQ_APPEND claim is refused from the header") {
+    proto::FrameHeader fh;
+    fh.opcode = proto::Opcode::kSeqAppend;
+    fh.body_len = 1u << 30;
+    auto hb = proto::EncodeHeader(fh);
+    CHECK(closes(std::string(reinterpret_cast<const char*>(hb.data()), hb.size())));
+  }
+  SECTION("refused calls are answered and keep the connection") {
+    UniqueFd fd = Raw(port);
+    std::string bytes = HelloFrame();
+    // Checksum mismatch: DataLoss, nothing appended.
+    std::vector<float> k, v;
+    MakeKv(std::span(toks).first(1), 6, h.heads, &k, &v);
+    std::string kb(reinterpret_cast<const char*>(k.data()), k.size() * 4);
+    std::string vb(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+    bytes += SeqFrame(proto::Opcode::kSeqAppend,
+                      proto::EncodeSeqAppendHead(h.id, kLayers, std::span(toks).first(1), 1, 2) + kb + vb, 1);
+    bytes += SeqFrame(proto::Opcode::kSeqInfo, proto::EncodeSeqId(999999), 2);  // unknown id
+    bytes += SeqFrame(proto::Opcode::kSeqInfo, proto::EncodeSeqId(h.id), 3);
+    REQUIRE(WriteAll(fd.get(), bytes.data(), bytes.size(), dl).ok());
+    std::string body;
+    ReadAnswer(fd.get(), &body);  // HELLO
+    CHECK(ReadAnswer(fd.get(), &body).status == StatusCode::kDataLoss);
+    CHECK(ReadAnswer(fd.get(), &body).status == StatusCode::kNotFound);
+    proto::FrameHeader a = ReadAnswer(fd.get(), &body);
+    REQUIRE(a.status == StatusCode::kOk);
+    proto::SeqInfoAnswer info;
+    REQUIRE(proto::ParseSeqInfoAnswer(std::as_bytes(std::span<const char>(body.data(), body.size())), &info).ok());
+    CHECK(info.length == 6);  // the corrupt append added nothing
+  }
+  // The sequence and the good client are untouched.
+  CHECK(c.router->SequenceInfo(h).value().length == 6);
+  REQUIRE(Append(*c.router, h, Toks(1, 77), 6).value() == 6);
+  CheckContent(*c.router, h);
+}
+
+TEST_CASE("Sequences: idle ones are released so a dead client leaks no pins; the count is bounded",
+          "[sequence][net]") {
+  ManualClock clock;
+  SequenceServiceOptions so;
+  so.idle_timeout_ms = 1000;
+  so.max_sequences = 3;
+  TcpCluster c(so, &clock);
+  RequestOptions ro;
+  ro.affinity = Affinity::None();
+  std::vector<TokenId> prompt = Toks(8, 5);
+  // All on the node of this prompt (prefix affinity).
+  SequenceHandle a = c.router->CreateSequence(prompt).value();
+  REQUIRE(Append(*c.router, a, prompt, 0).ok());
+  SequenceHandle b = c.router->CreateSequence(prompt).value();
+  SequenceHandle d = c.router->CreateSequence(prompt).value();
+  CHECK(b.node_id == a.node_id);
+  CHECK(d.node_id == a.node_id);
+  ShardNode& node = *c.nodes[a.node];
+  CHECK(node.Stats().store.pinned_blocks == 2);
+  // The limit: a fourth live sequence on that node is refused (the client may
+  // retry elsewhere; the sequence service never exceeds it).
+  CHECK(node.sequences().Create(SeqCreateArgs{}).status().code() == StatusCode::kResourceExhausted);
+  CHECK(c.router->ForkSequence(a).status().code() == StatusCode::kResourceExhausted);
+
+  // b stays in use; a and d are abandoned (their client died).
+  clock.AdvanceSeconds(0.6);
+  REQUIRE(c.router->SequenceInfo(b).ok());
+  clock.AdvanceSeconds(0.6);  // a and d idle 1.2 s, b 0.6 s
+  REQUIRE(c.router->SequenceInfo(b).ok());  // a call: the lazy reaper runs
+  CHECK(node.sequences().Stats().reaped == 2);
+  CHECK(c.router->SequenceInfo(a).status().code() == StatusCode::kNotFound);
+  CHECK(c.router->SequenceInfo(d).status().code() == StatusCode::kNotFound);
+  CHECK(node.Stats().store.pinned_blocks == 2);  // b holds them
+  REQUIRE(c.router->ReleaseSequence(b).ok());
+  CHECK(node.Stats().store.pinned_blocks == 0);
+  // Room again.
+  SequenceHandle e = c.router->CreateSequence(prompt).value();
+  CHECK(e.prefix_tokens == 8);
+  // ReapIdle frees everything idle now.
+  clock.AdvanceSeconds(2);
+  CHECK(node.sequences().ReapIdle() == 1);
+  CHECK(node.sequences().Stats().live == 0);
+}
+
+TEST_CASE("Sequences: a dead node answers Unavailable within the timeout, never hangs", "[sequence][net][faults]") {
+  TcpCluster c({}, nullptr, 500);
+  std::vector<TokenId> prompt = Toks(8, 40);
+  SequenceHandle h = c.router->CreateSequence(prompt).value();
+  REQUIRE(Append(*c.router, h, prompt, 0).ok());
+  c.servers[h.node].reset();  // the node's process is gone: its sockets close
+  auto t0 = SteadyClock::now();
+  Status s = Append(*c.router, h, Toks(1, 1), 8).status();
+  CHECK(s.code() == StatusCode::kUnavailable);
+  CHECK(c.router->SequenceInfo(h).status().code() == StatusCode::kUnavailable);
+  std::vector<std::byte> k, v;
+  CHECK(IsMiss(c.router->ReadSequence(h, 0, 1, &k, &v)));
+  CHECK(SteadyClock::now() - t0 < std::chrono::milliseconds(3000));
+  // A new sequence of the same prompt goes to the next node in rendezvous order.
+  SequenceHandle g = c.router->CreateSequence(prompt).value();
+  CHECK(g.node_id != h.node_id);
+  CHECK(g.prefix_tokens == 0);  // that node has no copy of the prefix
+  REQUIRE(Append(*c.router, g, prompt, 0).ok());
+  CheckContent(*c.router, g);
+  // A handle whose node left the shard map answers Unavailable.
+  SequenceHandle gone = h;
+  gone.node_id = "n9";
+  CHECK(c.router->SequenceInfo(gone).status().code() == StatusCode::kUnavailable);
+}
+
+TEST_CASE("Sequences: a stalled node ends the call within the timeout", "[sequence][net][faults]") {
+  TcpCluster c({}, nullptr, 300);
+  SequenceHandle h = c.router->CreateSequence(Toks(8, 40)).value();
+  c.servers[h.node]->Stop();  // stops answering; connections stay open
+  auto t0 = SteadyClock::now();
+  Status s = c.router->SequenceInfo(h).status();
+  CHECK(IsMiss(s));  // DeadlineExceeded: the node may still be alive
+  CHECK(SteadyClock::now() - t0 < std::chrono::milliseconds(1500));
+}
