@@ -432,3 +432,32 @@ TEST_CASE("Sequences: a stalled node ends the call within the timeout", "[sequen
   CHECK(IsMiss(s));  // DeadlineExceeded: the node may still be alive
   CHECK(SteadyClock::now() - t0 < std::chrono::milliseconds(1500));
 }
+
+TEST_CASE("Sequences: many threads on one router, own and shared sequences", "[sequence][net]") {
+  TcpCluster c;
+  SequenceHandle shared = c.router->CreateSequence({}).value();
+  std::atomic<int> bad{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t) {
+    ts.emplace_back([&, t] {
+      std::vector<TokenId> toks = Toks(9, 1000 * (t + 1));
+      auto h = c.router->CreateSequence({});
+      if (!h.ok()) return void(++bad);
+      for (uint32_t i = 0; i < toks.size(); ++i)
+        if (Append(*c.router, *h, std::span(toks).subspan(i, 1), i).value_or(99) != i) ++bad;
+      SequenceState st = c.router->SequenceInfo(*h).value();
+      if (st.tokens != toks || st.sealed_blocks != 2) ++bad;
+      // The shared sequence: appends from every thread interleave, reads race them.
+      for (int i = 0; i < 5; ++i) {
+        if (!Append(*c.router, shared, Toks(1, t), 0).ok()) ++bad;  // positions differ: values not checked
+        std::vector<std::byte> k, v;
+        if (!c.router->ReadSequence(shared, 0, 1, &k, &v).ok()) ++bad;
+      }
+      if (!c.router->ReleaseSequence(*h).ok()) ++bad;
+    });
+  }
+  for (auto& t : ts) t.join();
+  CHECK(bad == 0);
+  CHECK(c.router->SequenceInfo(shared).value().length == 20);
+  REQUIRE(c.router->ReleaseSequence(shared).ok());
+}
