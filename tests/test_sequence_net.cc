@@ -354,7 +354,7 @@ TEST_CASE("Sequences: malformed and oversize SEQ frames close only their connect
   CheckContent(*c.router, h);
 }
 
-TEST_CASE("Sequences: idle ones are released so a dead client leaks no pins; the count is bounded",
+TEST_CASE("Sequences: idle ones are released so a dead client leaks no pins, and the count is bounded",
           "[sequence][net]") {
   ManualClock clock;
   SequenceServiceOptions so;
