@@ -27,6 +27,77 @@ namespace kvmesh {
 
 class ShardNode;
 
+// ---- asynchronous calls (the router's fan-out) ----------------------------------
+//
+// Why start/wait instead of router threads: over TCP a call is "write a frame,
+// read the answer" on a pooled, pipelined connection, so the caller can write
+// its frames to every node first and then collect the answers; the operation
+// then costs the slowest node's round trip, with no thread hand-off and no
+// extra threads competing with the nodes for cores. Backends that cannot have
+// a call in flight (in-process, UCX today) run the synchronous call inside
+// Start*, which is exactly the old serial behaviour.
+
+// What a backend keeps for one call in flight. Reused from call to call.
+class ChannelCallState {
+ public:
+  virtual ~ChannelCallState() = default;
+  // Collects the answer (bounded by the call's timeout) into the call's items
+  // and returns the call-level Status (ShardChannel contract). Called once
+  // per started call.
+  virtual Status Wait() = 0;
+};
+
+// One call started by a ShardChannel::Start* method; Wait() ends it.
+// REQUIRES: the spans handed to Start* stay valid, and are neither read nor
+// written by the caller, until Wait() returns; Wait() once per Start*, before
+// the next Start* on the same ChannelCall. A call destroyed in flight is
+// waited for first (so no answer lands in freed memory).
+// Reusable: the backend's state object stays with the ChannelCall, so a warm
+// ChannelCall allocates nothing of its own.
+// Thread-safety: one thread at a time; different ChannelCalls are independent.
+class ChannelCall {
+ public:
+  ChannelCall() = default;
+  ChannelCall(const ChannelCall&) = delete;
+  ChannelCall& operator=(const ChannelCall&) = delete;
+  ChannelCall(ChannelCall&& o) noexcept = default;
+  ChannelCall& operator=(ChannelCall&&) = delete;
+  ~ChannelCall() {
+    if (in_flight_) (void)Wait();
+  }
+
+  Status Wait() {
+    if (!in_flight_) return std::move(result_);
+    in_flight_ = false;
+    return state_->Wait();
+  }
+
+  // ---- for backends ----
+  // The call finished inside Start* with `s`.
+  void Finish(Status s) {
+    in_flight_ = false;
+    result_ = std::move(s);
+  }
+  // This call's state as a T (made on first use, or when the call last
+  // served another backend), marked in flight: Wait() will ask it.
+  template <typename T>
+  T* StartAs() {
+    T* t = dynamic_cast<T*>(state_.get());
+    if (t == nullptr) {
+      auto fresh = std::make_unique<T>();
+      t = fresh.get();
+      state_ = std::move(fresh);
+    }
+    in_flight_ = true;
+    return t;
+  }
+
+ private:
+  bool in_flight_ = false;
+  Status result_;
+  std::unique_ptr<ChannelCallState> state_;
+};
+
 class ShardChannel {
  public:
   virtual ~ShardChannel() = default;
@@ -43,6 +114,28 @@ class ShardChannel {
   virtual Status Unpin(std::span<const BlockKey> keys, std::span<Status> statuses) = 0;
   // The node's statistics as a JSON object (text).
   virtual Result<std::string> StatsJson() = 0;
+
+  // Asynchronous forms of Put, Get, Exists and Erase (see ChannelCall): the
+  // same items, results and call-level Status as the synchronous call, the
+  // answer collected by call->Wait(). Erase takes options here for its
+  // timeout. A backend whose Start* really leaves the call in flight says so
+  // with async_calls(); the defaults run the synchronous call in Start*.
+  virtual bool async_calls() const { return false; }
+  virtual void StartPut(std::span<PutItem> items, const RequestOptions& o, ChannelCall* call) {
+    call->Finish(Put(items, o));
+  }
+  virtual void StartGet(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call) {
+    call->Finish(Get(items, o));
+  }
+  virtual void StartExists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch,
+                           const RequestOptions& o, ChannelCall* call) {
+    call->Finish(Exists(keys, found, touch, o));
+  }
+  virtual void StartErase(std::span<const BlockKey> keys, std::span<Status> statuses, const RequestOptions& o,
+                          ChannelCall* call) {
+    (void)o;
+    call->Finish(Erase(keys, statuses));
+  }
 
   // Live sequences on this node (SequenceService semantics; ids are the
   // node's). A call-level failure (node unreachable: Unavailable /
