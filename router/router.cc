@@ -1,6 +1,8 @@
 #include "kvmesh/router.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 
 #include "router/shard_map.h"
@@ -20,17 +22,30 @@ struct Counters {
   std::atomic<uint64_t> match_calls{0}, match_blocks_asked{0}, match_blocks_hit{0}, node_errors{0};
 };
 
-// Per-thread scratch for grouping a batch by node: no allocation per call once warm.
-struct Scratch {
-  std::vector<std::vector<size_t>> by_node;
+using SteadyClock = std::chrono::steady_clock;
+
+// One node's share of a batch in one round: the indices of its items in the
+// caller's batch, the sub-batch sent to it, and the call while in flight.
+struct NodeBatch {
+  std::vector<size_t> idx;
   std::vector<PutItem> put;
   std::vector<GetItem> get;
   std::vector<BlockKey> keys;
   std::vector<uint8_t> found;
   std::vector<Status> statuses;
-  void Reset(size_t nodes) {
-    if (by_node.size() < nodes) by_node.resize(nodes);
-    for (auto& v : by_node) v.clear();
+  ChannelCall call;
+};
+
+// Per-thread scratch for grouping a batch by node: no allocation per call
+// once warm (the channels' ChannelCall states included).
+struct Scratch {
+  std::vector<NodeBatch> nodes;  // by node index
+  std::vector<uint32_t> active;  // nodes with items this round, ascending
+  std::vector<uint8_t> done;     // per item of the caller's batch (stored / answered)
+  void Reset(size_t n) {
+    if (nodes.size() < n) nodes.resize(n);
+    for (NodeBatch& b : nodes) b.idx.clear();
+    active.clear();
   }
 };
 thread_local Scratch t_scratch;
@@ -66,6 +81,53 @@ struct Router::Impl {
   void NoteCall(const Status& s, bool* stale) {
     if (s.code() == StatusCode::kStaleEpoch) *stale = true;
     if (!s.ok()) counters.node_errors.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // One round of per-node calls, to the nodes in sc.active.
+  // call(channel, batch, options, ChannelCall* c) fills the node's sub-batch
+  // and calls it: synchronously when c is null (returning the call's Status),
+  // else started on c (returning OK). merge(batch, status) folds the node's
+  // answer into the caller's items, in node order either way, so fan-out and
+  // serial give the same results.
+  //
+  // Fan-out needs two or more nodes and at least one asynchronous channel;
+  // otherwise (one node, in-process channels) the calls run directly as they
+  // always did. When fanning out, every call of the operation shares one
+  // deadline, set by the first round that fans out (*deadline, zero until then).
+  template <typename Call, typename Merge>
+  void FanOut(const View& view, Scratch& sc, const RequestOptions& o, SteadyClock::time_point* deadline, bool* stale,
+              Call call, Merge merge) {
+    bool fan = false;
+    if (options.parallel_fanout && sc.active.size() > 1)
+      for (uint32_t n : sc.active) fan = fan || view.channels[n]->async_calls();
+    if (!fan) {
+      for (uint32_t n : sc.active) {
+        Status s = call(*view.channels[n], sc.nodes[n], o, nullptr);
+        NoteCall(s, stale);
+        merge(sc.nodes[n], s);
+      }
+      return;
+    }
+    if (*deadline == SteadyClock::time_point{})
+      *deadline = SteadyClock::now() + std::chrono::milliseconds(o.timeout_ms > 0 ? o.timeout_ms : options.timeout_ms);
+    const int64_t left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - SteadyClock::now()).count();
+    if (left <= 0) {  // an earlier round (or pass) used the whole timeout
+      for (uint32_t n : sc.active) {
+        Status s = DeadlineExceeded("router operation ran out of time");
+        NoteCall(s, stale);
+        merge(sc.nodes[n], s);
+      }
+      return;
+    }
+    RequestOptions ro = o;
+    ro.timeout_ms = left;
+    for (uint32_t n : sc.active) (void)call(*view.channels[n], sc.nodes[n], ro, &sc.nodes[n].call);
+    for (uint32_t n : sc.active) {
+      Status s = sc.nodes[n].call.Wait();
+      NoteCall(s, stale);
+      merge(sc.nodes[n], s);
+    }
   }
   // The node of handle h in `view`: by index when the map is the one the
   // handle was made under, else by node id.
@@ -135,22 +197,20 @@ std::vector<BlockKey> Router::Keys(std::span<const TokenId> tokens, const Reques
 namespace {
 
 // Groups the indices i < n for which want(i) holds by the node at replica
-// position `rank` of key_of(i)'s placement (into sc.by_node). Returns false
-// when no index was placed.
+// position `rank` of key_of(i)'s placement (into sc.nodes[node].idx, the
+// nodes used into sc.active). Returns false when no index was placed.
 template <typename KeyOf, typename Want>
 bool GroupByNode(const ShardMap& map, size_t n, const Affinity& hint, uint32_t rank, KeyOf key_of, Want want,
                  Scratch& sc) {
   sc.Reset(map.nodes().size());
-  bool any = false;
   for (size_t i = 0; i < n; ++i) {
     if (!want(i)) continue;
     uint32_t place[ShardMap::kMaxReplicas];
-    if (rank < map.Place(key_of(i), hint, place)) {
-      sc.by_node[place[rank]].push_back(i);
-      any = true;
-    }
+    if (rank < map.Place(key_of(i), hint, place)) sc.nodes[place[rank]].idx.push_back(i);
   }
-  return any;
+  for (uint32_t node = 0; node < map.nodes().size(); ++node)
+    if (!sc.nodes[node].idx.empty()) sc.active.push_back(node);
+  return !sc.active.empty();
 }
 
 }  // namespace
@@ -159,32 +219,36 @@ Status Router::PutBatch(std::span<PutItem> items, const RequestOptions& o) {
   Impl& im = *impl_;
   im.counters.puts.fetch_add(1, std::memory_order_relaxed);
   im.counters.put_blocks.fetch_add(items.size(), std::memory_order_relaxed);
+  SteadyClock::time_point deadline{};
   im.WithRefresh(*this, [&](const View& view, bool* stale) {
     Scratch& sc = t_scratch;
-    std::vector<uint8_t> stored(items.size(), 0);
+    std::vector<uint8_t>& stored = sc.done;
+    stored.assign(items.size(), 0);
     for (PutItem& it : items) it.status = Unavailable("no live node for this key");
     // Every replica gets every block; a block counts as stored when any replica stored it.
     for (uint32_t rank = 0; rank < view.map->replicas(); ++rank) {
       auto key_of = [&](size_t i) { return items[i].key; };
       if (!GroupByNode(*view.map, items.size(), o.affinity, rank, key_of, [](size_t) { return true; }, sc)) break;
-      for (size_t node = 0; node < sc.by_node.size(); ++node) {
-        auto& idx = sc.by_node[node];
-        if (idx.empty()) continue;
-        sc.put.clear();
-        for (size_t i : idx) sc.put.push_back(PutItem{items[i].key, items[i].data, {}});
-        Status s = view.channels[node]->Put(sc.put, o);
-        im.NoteCall(s, stale);
-        for (size_t k = 0; k < idx.size(); ++k) {
-          PutItem& it = items[idx[k]];
-          const Status& r = s.ok() ? sc.put[k].status : s;
+      auto call = [&](ShardChannel& ch, NodeBatch& b, const RequestOptions& ro, ChannelCall* c) {
+        b.put.clear();
+        for (size_t i : b.idx) b.put.push_back(PutItem{items[i].key, items[i].data, {}});
+        if (c == nullptr) return ch.Put(b.put, ro);
+        ch.StartPut(b.put, ro, c);
+        return Status::Ok();
+      };
+      auto merge = [&](NodeBatch& b, const Status& s) {
+        for (size_t k = 0; k < b.idx.size(); ++k) {
+          PutItem& it = items[b.idx[k]];
+          const Status& r = s.ok() ? b.put[k].status : s;
           if (r.ok()) {
             it.status = Status::Ok();
-            stored[idx[k]] = 1;
-          } else if (!stored[idx[k]] && rank == 0) {
+            stored[b.idx[k]] = 1;
+          } else if (!stored[b.idx[k]] && rank == 0) {
             it.status = r;
           }
         }
-      }
+      };
+      im.FanOut(view, sc, o, &deadline, stale, call, merge);
     }
   });
   for (const PutItem& it : items)
@@ -196,6 +260,7 @@ Status Router::GetBatch(std::span<GetItem> items, const RequestOptions& o) {
   Impl& im = *impl_;
   im.counters.gets.fetch_add(1, std::memory_order_relaxed);
   im.counters.get_blocks.fetch_add(items.size(), std::memory_order_relaxed);
+  SteadyClock::time_point deadline{};
   im.WithRefresh(*this, [&](const View& view, bool* stale) {
     Scratch& sc = t_scratch;
     for (GetItem& it : items) it.status = NotFound("not stored");
@@ -204,19 +269,21 @@ Status Router::GetBatch(std::span<GetItem> items, const RequestOptions& o) {
       auto key_of = [&](size_t i) { return items[i].key; };
       auto missed = [&](size_t i) { return IsMiss(items[i].status); };
       if (!GroupByNode(*view.map, items.size(), o.affinity, rank, key_of, missed, sc)) break;
-      for (size_t node = 0; node < sc.by_node.size(); ++node) {
-        auto& idx = sc.by_node[node];
-        if (idx.empty()) continue;
-        sc.get.clear();
-        for (size_t i : idx) sc.get.push_back(GetItem{items[i].key, items[i].dst, 0, {}});
-        Status s = view.channels[node]->Get(sc.get, o);
-        im.NoteCall(s, stale);
-        for (size_t k = 0; k < idx.size(); ++k) {
-          GetItem& it = items[idx[k]];
-          it.status = s.ok() ? sc.get[k].status : s;
-          it.size = s.ok() ? sc.get[k].size : 0;
+      auto call = [&](ShardChannel& ch, NodeBatch& b, const RequestOptions& ro, ChannelCall* c) {
+        b.get.clear();
+        for (size_t i : b.idx) b.get.push_back(GetItem{items[i].key, items[i].dst, 0, {}});
+        if (c == nullptr) return ch.Get(b.get, ro);
+        ch.StartGet(b.get, ro, c);
+        return Status::Ok();
+      };
+      auto merge = [&](NodeBatch& b, const Status& s) {
+        for (size_t k = 0; k < b.idx.size(); ++k) {
+          GetItem& it = items[b.idx[k]];
+          it.status = s.ok() ? b.get[k].status : s;
+          it.size = s.ok() ? b.get[k].size : 0;
         }
-      }
+      };
+      im.FanOut(view, sc, o, &deadline, stale, call, merge);
     }
   });
   uint64_t hits = 0;
@@ -228,29 +295,33 @@ Status Router::GetBatch(std::span<GetItem> items, const RequestOptions& o) {
 Status Router::ExistsBatch(std::span<const BlockKey> keys, std::span<uint8_t> found, const RequestOptions& o) {
   Impl& im = *impl_;
   if (found.size() < keys.size()) return InvalidArgument("found[] shorter than keys[]");
+  SteadyClock::time_point deadline{};
   im.WithRefresh(*this, [&](const View& view, bool* stale) {
     Scratch& sc = t_scratch;
     std::fill(found.begin(), found.begin() + static_cast<ptrdiff_t>(keys.size()), 0);
     // Primary first; a key whose primary is unreachable is asked of its next replica.
-    std::vector<uint8_t> unreachable(keys.size(), 1);
+    std::vector<uint8_t>& answered = sc.done;
+    answered.assign(keys.size(), 0);
     for (uint32_t rank = 0; rank < view.map->replicas(); ++rank) {
       auto key_of = [&](size_t i) { return keys[i]; };
-      auto pending = [&](size_t i) { return unreachable[i] != 0; };
+      auto pending = [&](size_t i) { return answered[i] == 0; };
       if (!GroupByNode(*view.map, keys.size(), o.affinity, rank, key_of, pending, sc)) break;
-      for (size_t node = 0; node < sc.by_node.size(); ++node) {
-        auto& idx = sc.by_node[node];
-        if (idx.empty()) continue;
-        sc.keys.clear();
-        for (size_t i : idx) sc.keys.push_back(keys[i]);
-        sc.found.assign(idx.size(), 0);
-        Status s = view.channels[node]->Exists(sc.keys, sc.found, /*touch=*/true, o);
-        im.NoteCall(s, stale);
-        if (!s.ok()) continue;
-        for (size_t k = 0; k < idx.size(); ++k) {
-          found[idx[k]] = sc.found[k];
-          unreachable[idx[k]] = 0;
+      auto call = [&](ShardChannel& ch, NodeBatch& b, const RequestOptions& ro, ChannelCall* c) {
+        b.keys.clear();
+        for (size_t i : b.idx) b.keys.push_back(keys[i]);
+        b.found.assign(b.idx.size(), 0);
+        if (c == nullptr) return ch.Exists(b.keys, b.found, /*touch=*/true, ro);
+        ch.StartExists(b.keys, b.found, /*touch=*/true, ro, c);
+        return Status::Ok();
+      };
+      auto merge = [&](NodeBatch& b, const Status& s) {
+        if (!s.ok()) return;
+        for (size_t k = 0; k < b.idx.size(); ++k) {
+          found[b.idx[k]] = b.found[k];
+          answered[b.idx[k]] = 1;
         }
-      }
+      };
+      im.FanOut(view, sc, o, &deadline, stale, call, merge);
     }
   });
   return Status::Ok();
@@ -286,6 +357,7 @@ Status Router::Put(std::span<const TokenId> tokens, std::span<const std::span<co
 Status Router::Erase(std::span<const BlockKey> keys, const RequestOptions& o) {
   Impl& im = *impl_;
   Status first;
+  SteadyClock::time_point deadline{};
   im.WithRefresh(*this, [&](const View& view, bool* stale) {
     Scratch& sc = t_scratch;
     first = Status::Ok();
@@ -293,16 +365,18 @@ Status Router::Erase(std::span<const BlockKey> keys, const RequestOptions& o) {
     for (uint32_t rank = 0; rank < view.map->replicas(); ++rank) {
       auto key_of = [&](size_t i) { return keys[i]; };
       if (!GroupByNode(*view.map, keys.size(), o.affinity, rank, key_of, [](size_t) { return true; }, sc)) break;
-      for (size_t node = 0; node < sc.by_node.size(); ++node) {
-        auto& idx = sc.by_node[node];
-        if (idx.empty()) continue;
-        sc.keys.clear();
-        for (size_t i : idx) sc.keys.push_back(keys[i]);
-        sc.statuses.assign(idx.size(), Status::Ok());
-        Status s = view.channels[node]->Erase(sc.keys, sc.statuses);
-        im.NoteCall(s, stale);
+      auto call = [&](ShardChannel& ch, NodeBatch& b, const RequestOptions& ro, ChannelCall* c) {
+        b.keys.clear();
+        for (size_t i : b.idx) b.keys.push_back(keys[i]);
+        b.statuses.assign(b.idx.size(), Status::Ok());
+        if (c == nullptr) return ch.Erase(b.keys, b.statuses);  // the channel's own timeout, as always
+        ch.StartErase(b.keys, b.statuses, ro, c);
+        return Status::Ok();
+      };
+      auto merge = [&](NodeBatch&, const Status& s) {
         if (!s.ok() && first.ok()) first = s;  // NotFound items are fine: the key is gone
-      }
+      };
+      im.FanOut(view, sc, o, &deadline, stale, call, merge);
     }
   });
   return first;

@@ -53,6 +53,14 @@ class Connection {
 
   // Sends one frame made of `iov` and waits for its answer until `deadline`.
   Status Call(uint64_t id, std::vector<iovec>& iov, const std::shared_ptr<Pending>& p, Clock::time_point deadline) {
+    KVMESH_RETURN_IF_ERROR(Send(id, iov, p, deadline));
+    return Await(id, p, deadline);
+  }
+
+  // The two halves of Call, so that one caller can have requests in flight on
+  // several connections (router fan-out). Send registers p as the waiter of
+  // request `id` and writes the frame; on an error p needs no Await.
+  Status Send(uint64_t id, std::vector<iovec>& iov, const std::shared_ptr<Pending>& p, Clock::time_point deadline) {
     {
       std::lock_guard<std::mutex> lock(map_mu_);
       if (broken()) return Unavailable("connection lost");
@@ -68,13 +76,22 @@ class Connection {
       std::lock_guard<std::mutex> lock(p->mu);
       return p->done ? p->call : ws;
     }
+    return Status::Ok();
+  }
+
+  // Waits for the answer of a request Send sent, until `deadline` (then the
+  // request is abandoned: a late answer never touches p's buffers). Past the
+  // deadline it still reads what has already arrived, once: a caller that
+  // spent the time awaiting another node's answer finds this one waiting.
+  Status Await(uint64_t id, const std::shared_ptr<Pending>& p, Clock::time_point deadline) {
+    bool looked = false;  // read once at or after the deadline
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(p->mu);
         // Follow while someone else reads; lead when the role is free.
         p->cv.wait_until(lock, deadline, [&] { return p->done || !reading_.load(std::memory_order_acquire); });
         if (p->done) return p->call;
-        if (Clock::now() >= deadline) {
+        if (Clock::now() >= deadline && (looked || reading_.load(std::memory_order_acquire))) {
           p->abandoned = true;
           lock.unlock();
           Forget(id);
@@ -83,6 +100,7 @@ class Connection {
       }
       bool expected = false;
       if (!reading_.compare_exchange_strong(expected, true, std::memory_order_acq_rel)) continue;
+      looked = looked || Clock::now() >= deadline;
       Status rs = Status::Ok();
       for (;;) {
         {
@@ -139,9 +157,9 @@ class Connection {
   Status ReadOne(Clock::time_point deadline) {
     if (broken()) return Unavailable("connection lost");
     pollfd pf{fd_.get(), POLLIN, 0};
+    // Past the deadline: only a frame that has already arrived (poll without waiting).
     const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return DeadlineExceeded("deadline");
-    int pr = ::poll(&pf, 1, static_cast<int>(std::min<int64_t>(left, INT32_MAX)));
+    int pr = ::poll(&pf, 1, static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left, INT32_MAX))));
     if (pr == 0) return DeadlineExceeded("deadline");
     HeaderBytes hb;
     KVMESH_RETURN_IF_ERROR(Read(hb.data(), hb.size()));
@@ -220,6 +238,10 @@ class Connection {
   std::vector<std::byte> scratch_;    // used by the reader only
 };
 
+// A call in flight (router fan-out); defined with the asynchronous calls at the end.
+class TcpCallState;
+enum class TcpCallKind : uint8_t { kPut, kGet, kExists, kErase };
+
 class TcpChannelImpl final : public TcpChannel {
  public:
   explicit TcpChannelImpl(TcpChannelOptions o) : o_(std::move(o)), slots_(std::max<uint32_t>(1, o_.connections)) {}
@@ -234,80 +256,28 @@ class TcpChannelImpl final : public TcpChannel {
 
   Status Connect() override { return Acquire().status(); }
 
-  // Batches larger than the node's limits (items or bytes) go as several frames.
+  // Batches larger than the node's limits (items or bytes) go as several
+  // frames, all written before the first answer is awaited.
   Status Put(std::span<PutItem> items, const RequestOptions& o) override {
-    KVMESH_RETURN_IF_ERROR(Acquire().status());
-    const ProtocolLimits lim = limits();
-    size_t begin = 0;
-    while (begin < items.size()) {
-      size_t end = begin;
-      uint64_t bytes = 0;
-      while (end < items.size() && end - begin < lim.max_items &&
-             (end == begin || bytes + kPutItemSize + items[end].data.size() <= lim.max_body_bytes)) {
-        bytes += kPutItemSize + items[end].data.size();
-        ++end;
-      }
-      KVMESH_RETURN_IF_ERROR(PutChunk(items.subspan(begin, end - begin), o));
-      begin = end;
-    }
-    return Status::Ok();
+    ChannelCall call;
+    StartPut(items, o, &call);
+    return call.Wait();
   }
-
   Status Get(std::span<GetItem> items, const RequestOptions& o) override {
-    KVMESH_RETURN_IF_ERROR(Acquire().status());
-    const ProtocolLimits lim = limits();
-    size_t begin = 0;
-    while (begin < items.size()) {
-      size_t end = begin;
-      uint64_t bytes = 0;
-      while (end < items.size() && end - begin < lim.max_items) {
-        uint64_t want = kGetItemSize + std::min<uint64_t>(items[end].dst.size(), lim.max_block_bytes);
-        if (end > begin && bytes + want > lim.max_body_bytes) break;
-        bytes += want;
-        ++end;
-      }
-      KVMESH_RETURN_IF_ERROR(GetChunk(items.subspan(begin, end - begin), o));
-      begin = end;
-    }
-    return Status::Ok();
+    ChannelCall call;
+    StartGet(items, o, &call);
+    return call.Wait();
   }
 
- private:
-  Status PutChunk(std::span<PutItem> items, const RequestOptions& o) {
-    if (items.empty()) return Status::Ok();
-    std::string table(items.size() * kPutItemSize, '\0');
-    std::vector<iovec> iov;
-    iov.reserve(items.size() + 2);
-    iov.push_back({});  // header
-    iov.push_back({table.data(), table.size()});
-    uint64_t body = table.size();
-    for (size_t i = 0; i < items.size(); ++i) {
-      const PutItem& it = items[i];
-      PutRecord r{it.key, static_cast<uint32_t>(it.data.size()), o.priority, 0,
-                  Checksum64(it.data.data(), it.data.size())};
-      EncodePutRecord(r, reinterpret_cast<std::byte*>(table.data()) + i * kPutItemSize);
-      iov.push_back({const_cast<std::byte*>(it.data.data()), it.data.size()});
-      body += it.data.size();
-    }
-    auto p = std::make_shared<Pending>();
-    KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kPut, 0, items.size(), body, iov, p, o));
-    std::vector<uint8_t> codes;
-    KVMESH_RETURN_IF_ERROR(ParseStatusBytes(p->header, p->body, &codes));
-    for (size_t i = 0; i < items.size(); ++i) items[i].status = ItemStatus(codes[i]);
-    return Status::Ok();
-  }
+  // Asynchronous forms (ShardChannel; defined at the end of this file).
+  bool async_calls() const override { return true; }
+  void StartPut(std::span<PutItem> items, const RequestOptions& o, ChannelCall* call) override;
+  void StartGet(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call) override;
+  void StartExists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch, const RequestOptions& o,
+                   ChannelCall* call) override;
+  void StartErase(std::span<const BlockKey> keys, std::span<Status> statuses, const RequestOptions& o,
+                  ChannelCall* call) override;
 
-  Status GetChunk(std::span<GetItem> items, const RequestOptions& o) {
-    if (items.empty()) return Status::Ok();
-    std::string keys;
-    for (const GetItem& it : items) AppendKey(&keys, it.key);
-    std::vector<iovec> iov{{}, {keys.data(), keys.size()}};
-    auto p = std::make_shared<Pending>();
-    p->get_items = items;
-    return Roundtrip(Opcode::kGet, 0, items.size(), keys.size(), iov, p, o);
-  }
-
- public:
   Status Exists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch,
                 const RequestOptions& o) override {
     std::vector<uint8_t> codes;
@@ -485,11 +455,27 @@ class TcpChannelImpl final : public TcpChannel {
     return s.ok() ? s : Unavailable("bad answer from the node: " + s.message());
   }
 
+  Clock::time_point Deadline(const RequestOptions& o) const {
+    const int64_t timeout = o.timeout_ms > 0 ? o.timeout_ms : o_.timeout_ms;
+    return Clock::now() + std::chrono::milliseconds(timeout);
+  }
+
   // Sends one request (iov[0] is filled with the header) and waits for its answer.
   Status Roundtrip(Opcode op, uint8_t flags, size_t count, uint64_t body_len, std::vector<iovec>& iov,
                    const std::shared_ptr<Pending>& p, const RequestOptions& o) {
-    const int64_t timeout = o.timeout_ms > 0 ? o.timeout_ms : o_.timeout_ms;
-    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout);
+    const auto deadline = Deadline(o);
+    std::shared_ptr<Connection> conn;
+    uint64_t id = 0;
+    Status s = SendFrame(op, flags, count, body_len, iov, p, deadline, &conn, &id);
+    if (s.ok()) s = conn->Await(id, p, deadline);
+    if (s.code() == StatusCode::kStaleEpoch) node_epoch_.store(p->header.epoch);
+    return s;
+  }
+
+  // Sends one request and leaves it in flight: Await(*id) on *conn collects it.
+  Status SendFrame(Opcode op, uint8_t flags, size_t count, uint64_t body_len, std::vector<iovec>& iov,
+                   const std::shared_ptr<Pending>& p, Clock::time_point deadline, std::shared_ptr<Connection>* conn_out,
+                   uint64_t* id_out) {
     KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<Connection> conn, Acquire());
     ProtocolLimits lim = limits();
     if (count > lim.max_items || body_len > lim.max_body_bytes)
@@ -504,10 +490,19 @@ class TcpChannelImpl final : public TcpChannel {
     h.body_len = static_cast<uint32_t>(body_len);
     HeaderBytes hb = EncodeHeader(h);
     iov[0] = {hb.data(), hb.size()};
-    Status s = conn->Call(h.request_id, iov, p, deadline);
+    Status s = conn->Send(h.request_id, iov, p, deadline);
     if (s.code() == StatusCode::kStaleEpoch) node_epoch_.store(p->header.epoch);
-    return s;
+    KVMESH_RETURN_IF_ERROR(s);
+    *conn_out = std::move(conn);
+    *id_out = h.request_id;
+    return Status::Ok();
   }
+  // Sends one frame of call `st` (its body in st->iov) and records it there.
+  Status SendPart(Opcode op, uint8_t flags, size_t count, uint64_t body_len, TcpCallState* st, size_t begin,
+                  std::shared_ptr<Pending> p);
+  Status SendPut(std::span<PutItem> items, size_t begin, const RequestOptions& o, TcpCallState* st);
+  Status SendKeys(Opcode op, uint8_t flags, std::span<const BlockKey> keys, TcpCallState* st);
+  TcpCallState* BeginCall(ChannelCall* call, TcpCallKind kind, const RequestOptions& o);
 
   ProtocolLimits limits() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -585,6 +580,173 @@ class TcpChannelImpl final : public TcpChannel {
   std::atomic<uint64_t> epoch_{0};
   std::atomic<uint64_t> node_epoch_{0};
 };
+
+
+// ---- asynchronous calls (router fan-out) ------------------------------------------
+// Start* writes every frame of the call (several when the batch exceeds the
+// node's limits) and returns; Wait() then awaits each frame on its connection
+// (leader/follower as for any caller), so answers from many nodes arrive
+// while the caller still writes or waits elsewhere. Every frame shares the
+// call's deadline.
+
+class TcpCallState final : public ChannelCallState {
+ public:
+  struct Frame {
+    std::shared_ptr<Connection> conn;
+    std::shared_ptr<Pending> p;
+    uint64_t id = 0;
+    size_t begin = 0, count = 0;  // its items in the call's batch
+  };
+
+  Status Wait() override {
+    Status first = Status::Ok();
+    for (Frame& f : frames) {
+      Status s = f.conn->Await(f.id, f.p, deadline);
+      if (s.code() == StatusCode::kStaleEpoch) node_epoch->store(f.p->header.epoch);
+      if (s.ok()) s = Collect(f);
+      if (!s.ok() && first.ok()) first = std::move(s);
+    }
+    if (first.ok()) first = std::move(unsent);  // frames never sent fail the call after those that were
+    frames.clear();                             // drops connections and answers; keeps the capacity
+    unsent = Status::Ok();
+    return first;
+  }
+
+  TcpCallKind kind = TcpCallKind::kPut;
+  Clock::time_point deadline;
+  std::atomic<uint64_t>* node_epoch = nullptr;
+  std::vector<Frame> frames;
+  Status unsent;  // why the rest of the batch was not sent (OK: all of it was)
+  std::span<PutItem> put;
+  std::span<uint8_t> found;
+  std::span<Status> statuses;
+  // Reused from call to call: request bodies (only until written) and answer codes.
+  std::string table;
+  std::vector<iovec> iov;
+  std::vector<uint8_t> codes;
+
+ private:
+  // Copies frame f's per-item answers into the caller's items (GET answers
+  // were read straight into them).
+  Status Collect(const Frame& f) {
+    if (kind == TcpCallKind::kGet) return Status::Ok();
+    KVMESH_RETURN_IF_ERROR(ParseStatusBytes(f.p->header, f.p->body, &codes));
+    if (codes.size() != f.count) return Unavailable("bad answer from the node: item count differs from the request");
+    for (size_t i = 0; i < f.count; ++i) {
+      switch (kind) {
+        case TcpCallKind::kPut: put[f.begin + i].status = ItemStatus(codes[i]); break;
+        case TcpCallKind::kExists: found[f.begin + i] = codes[i] ? 1 : 0; break;
+        case TcpCallKind::kErase: statuses[f.begin + i] = ItemStatus(codes[i]); break;
+        case TcpCallKind::kGet: break;
+      }
+    }
+    return Status::Ok();
+  }
+};
+
+TcpCallState* TcpChannelImpl::BeginCall(ChannelCall* call, TcpCallKind kind, const RequestOptions& o) {
+  TcpCallState* st = call->StartAs<TcpCallState>();
+  st->kind = kind;
+  st->deadline = Deadline(o);
+  st->node_epoch = &node_epoch_;
+  st->frames.clear();
+  st->unsent = Status::Ok();
+  return st;
+}
+
+Status TcpChannelImpl::SendPart(Opcode op, uint8_t flags, size_t count, uint64_t body_len, TcpCallState* st,
+                                size_t begin, std::shared_ptr<Pending> p) {
+  std::shared_ptr<Connection> conn;
+  uint64_t id = 0;
+  KVMESH_RETURN_IF_ERROR(SendFrame(op, flags, count, body_len, st->iov, p, st->deadline, &conn, &id));
+  st->frames.push_back(TcpCallState::Frame{std::move(conn), std::move(p), id, begin, count});
+  return Status::Ok();
+}
+
+Status TcpChannelImpl::SendPut(std::span<PutItem> items, size_t begin, const RequestOptions& o, TcpCallState* st) {
+  st->table.assign(items.size() * kPutItemSize, '\0');
+  st->iov.clear();
+  st->iov.push_back({});  // header
+  st->iov.push_back({st->table.data(), st->table.size()});
+  uint64_t body = st->table.size();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const PutItem& it = items[i];
+    PutRecord r{it.key, static_cast<uint32_t>(it.data.size()), o.priority, 0,
+                Checksum64(it.data.data(), it.data.size())};
+    EncodePutRecord(r, reinterpret_cast<std::byte*>(st->table.data()) + i * kPutItemSize);
+    st->iov.push_back({const_cast<std::byte*>(it.data.data()), it.data.size()});
+    body += it.data.size();
+  }
+  return SendPart(Opcode::kPut, 0, items.size(), body, st, begin, std::make_shared<Pending>());
+}
+
+Status TcpChannelImpl::SendKeys(Opcode op, uint8_t flags, std::span<const BlockKey> keys, TcpCallState* st) {
+  st->table.clear();
+  for (const BlockKey& k : keys) AppendKey(&st->table, k);
+  st->iov.assign({{}, {st->table.data(), st->table.size()}});
+  return SendPart(op, flags, keys.size(), st->table.size(), st, 0, std::make_shared<Pending>());
+}
+
+void TcpChannelImpl::StartPut(std::span<PutItem> items, const RequestOptions& o, ChannelCall* call) {
+  TcpCallState* st = BeginCall(call, TcpCallKind::kPut, o);
+  st->put = items;
+  st->unsent = Acquire().status();  // the node's limits come with its HELLO
+  if (!st->unsent.ok()) return;
+  const ProtocolLimits lim = limits();
+  size_t begin = 0;
+  while (begin < items.size()) {
+    size_t end = begin;
+    uint64_t bytes = 0;
+    while (end < items.size() && end - begin < lim.max_items &&
+           (end == begin || bytes + kPutItemSize + items[end].data.size() <= lim.max_body_bytes)) {
+      bytes += kPutItemSize + items[end].data.size();
+      ++end;
+    }
+    st->unsent = SendPut(items.subspan(begin, end - begin), begin, o, st);
+    if (!st->unsent.ok()) return;
+    begin = end;
+  }
+}
+
+void TcpChannelImpl::StartGet(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call) {
+  TcpCallState* st = BeginCall(call, TcpCallKind::kGet, o);
+  st->unsent = Acquire().status();
+  if (!st->unsent.ok()) return;
+  const ProtocolLimits lim = limits();
+  size_t begin = 0;
+  while (begin < items.size()) {
+    size_t end = begin;
+    uint64_t bytes = 0;
+    while (end < items.size() && end - begin < lim.max_items) {
+      uint64_t want = kGetItemSize + std::min<uint64_t>(items[end].dst.size(), lim.max_block_bytes);
+      if (end > begin && bytes + want > lim.max_body_bytes) break;
+      bytes += want;
+      ++end;
+    }
+    st->table.clear();
+    for (size_t i = begin; i < end; ++i) AppendKey(&st->table, items[i].key);
+    st->iov.assign({{}, {st->table.data(), st->table.size()}});
+    auto p = std::make_shared<Pending>();
+    p->get_items = items.subspan(begin, end - begin);  // the reader fills them
+    st->unsent = SendPart(Opcode::kGet, 0, end - begin, st->table.size(), st, begin, std::move(p));
+    if (!st->unsent.ok()) return;
+    begin = end;
+  }
+}
+
+void TcpChannelImpl::StartExists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch,
+                                 const RequestOptions& o, ChannelCall* call) {
+  TcpCallState* st = BeginCall(call, TcpCallKind::kExists, o);
+  st->found = found;
+  if (!keys.empty()) st->unsent = SendKeys(Opcode::kExists, touch ? kFlagTouch : 0, keys, st);
+}
+
+void TcpChannelImpl::StartErase(std::span<const BlockKey> keys, std::span<Status> statuses, const RequestOptions& o,
+                                ChannelCall* call) {
+  TcpCallState* st = BeginCall(call, TcpCallKind::kErase, o);
+  st->statuses = statuses;
+  if (!keys.empty()) st->unsent = SendKeys(Opcode::kErase, 0, keys, st);
+}
 
 }  // namespace
 

@@ -63,6 +63,21 @@ struct RouterOptions {
   // Called when a node answers StaleEpoch: fetch the new map and call
   // UpdateMap; the call is then retried once. Unset: StaleEpoch is a miss.
   std::function<Status(Router&)> refresh;
+  // Fan-out: the per-node calls of one operation (PutBatch, GetBatch,
+  // ExistsBatch, MatchPrefix, Erase) are in flight together (a TCP channel
+  // writes every node's frame before awaiting any answer), so an operation
+  // spanning N nodes costs the slowest node, not the sum of N round trips.
+  // The whole operation (its replica rounds and a StaleEpoch retry) is then
+  // bounded by one timeout: RequestOptions::timeout_ms, else timeout_ms above.
+  // Calls to a single node, and calls when no target channel is asynchronous
+  // (in-process), run directly either way. A node that refuses or drops
+  // the connection fails at once (its items miss, replicas are asked); one
+  // that stalls holds the operation to the timeout, so with replicas its
+  // items miss rather than wait a second timeout for the next replica.
+  // false: one node after another,
+  // each call with its own timeout (the previous behaviour; benchmarks use it
+  // as the baseline).
+  bool parallel_fanout = true;
 };
 
 struct RouterStats {
