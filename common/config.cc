@@ -279,6 +279,27 @@ Status ReadCodec(const json& j, uint32_t num_layers, CodecConfig* c) {
   return Status::Ok();
 }
 
+Status ReadSequences(const json& j, SequencesConfig* q) {
+  ObjectReader r(j, "$.sequences");
+  r.Optional("idle_timeout_ms", &q->idle_timeout_ms)
+      .Optional("max_sequences", &q->max_sequences)
+      .Optional("max_slices", &q->max_slices)
+      .Optional("max_sequence_tokens", &q->max_sequence_tokens);
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  constexpr int64_t kMaxIdleMs = int64_t{30} * 24 * 3600 * 1000;
+  if (q->idle_timeout_ms <= 0 || q->idle_timeout_ms > kMaxIdleMs)
+    return InvalidArgument("$.sequences.idle_timeout_ms: must be in 1.." + std::to_string(kMaxIdleMs) + " (30 days), got " +
+                           std::to_string(q->idle_timeout_ms));
+  if (q->max_sequences == 0 || q->max_sequences > (1u << 24))
+    return InvalidArgument("$.sequences.max_sequences: must be in 1..16777216, got " + std::to_string(q->max_sequences));
+  if (q->max_slices == 0 || q->max_slices > 65536)
+    return InvalidArgument("$.sequences.max_slices: must be in 1..65536, got " + std::to_string(q->max_slices));
+  if (q->max_sequence_tokens == 0 || q->max_sequence_tokens > (1u << 30))
+    return InvalidArgument("$.sequences.max_sequence_tokens: must be in 1..1073741824, got " +
+                           std::to_string(q->max_sequence_tokens));
+  return Status::Ok();
+}
+
 }  // namespace
 
 const NodeConfig* ClusterConfig::FindNode(std::string_view id) const {
@@ -350,6 +371,7 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
     if (c.auth.token.size() > 256) return InvalidArgument("$.auth.token: at most 256 bytes");
   }
   if (const json* k = r.Child("codec")) KVMESH_RETURN_IF_ERROR(ReadCodec(*k, c.model.num_layers, &c.codec));
+  if (const json* q = r.Child("sequences")) KVMESH_RETURN_IF_ERROR(ReadSequences(*q, &c.sequences));
   KVMESH_RETURN_IF_ERROR(r.Finish());
   if (c.store.slot_bytes != 0 && c.store.slot_bytes < 64)
     return InvalidArgument("$.store.slot_bytes: must be at least 64 bytes");

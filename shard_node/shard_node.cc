@@ -11,7 +11,7 @@
 namespace kvmesh {
 
 Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config, const std::string& node_id,
-                                                     Clock* clock, SequenceServiceOptions sequences) {
+                                                     Clock* clock, std::optional<SequenceServiceOptions> sequences) {
   const NodeConfig* nc = config.FindNode(node_id);
   if (nc == nullptr) return NotFound("node \"" + node_id + "\" is not in the cluster config");
   std::unique_ptr<ShardNode> n(new ShardNode());
@@ -81,8 +81,18 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
     if (!tiers.ok()) return tiers.status().WithContext("node " + node_id);
     n->tiers_ = std::move(tiers).value();
   }
-  n->sequences_ = std::make_unique<SequenceService>(n->store_.get(), n->model_, sequences, clock);
+  n->sequences_ = std::make_unique<SequenceService>(n->store_.get(), n->model_,
+                                                   sequences ? *sequences : SequenceOptions(config), clock);
   return n;
+}
+
+SequenceServiceOptions ShardNode::SequenceOptions(const ClusterConfig& config) {
+  SequenceServiceOptions o;
+  o.idle_timeout_ms = config.sequences.idle_timeout_ms;
+  o.max_sequences = config.sequences.max_sequences;
+  o.max_slices = config.sequences.max_slices;
+  o.max_sequence_tokens = config.sequences.max_sequence_tokens;
+  return o;
 }
 
 Status ShardNode::StorePut(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -33,11 +34,14 @@ class ShardNode {
   // Builds the node `node_id` of `config`. Errors: NotFound for an unknown id,
   // InvalidArgument for budgets too small for one block, ResourceExhausted when
   // the memory cannot be allocated.
-  // `sequences` configures the live-sequence service (idle timeout, limits).
+  // The live-sequence service (idle timeout, limits) takes config.sequences
+  // ($.sequences), unless `sequences` overrides it (tests, embedders).
   static Result<std::unique_ptr<ShardNode>> Create(const ClusterConfig& config,
                                                    const std::string& node_id,
                                                    Clock* clock = nullptr,
-                                                   SequenceServiceOptions sequences = {});
+                                                   std::optional<SequenceServiceOptions> sequences = std::nullopt);
+  // The sequence-service options $.sequences of `config` asks for.
+  static SequenceServiceOptions SequenceOptions(const ClusterConfig& config);
 
   const std::string& id() const { return id_; }
   const ModelSpec& model() const { return model_; }

@@ -92,3 +92,42 @@ TEST_CASE("Invalid JSON is reported as such", "[config]") {
   REQUIRE_FALSE(f.ok());
   CHECK(f.status().message().find("/nonexistent/kvmesh.json") != std::string::npos);
 }
+
+TEST_CASE("$.sequences: every key optional with today's defaults, bad values name their path", "[config]") {
+  const ClusterConfig d = ParseConfig(Base().dump()).value();
+  CHECK(d.sequences.idle_timeout_ms == 10 * 60 * 1000);
+  CHECK(d.sequences.max_sequences == 4096);
+  CHECK(d.sequences.max_slices == 64);
+  CHECK(d.sequences.max_sequence_tokens == 1u << 20);
+  json j = Base();
+  j["sequences"] = {{"idle_timeout_ms", 2500}, {"max_sequences", 3}};
+  const ClusterConfig c = ParseConfig(j.dump()).value();
+  CHECK(c.sequences.idle_timeout_ms == 2500);
+  CHECK(c.sequences.max_sequences == 3);
+  CHECK(c.sequences.max_slices == 64);  // untouched keys keep their defaults
+  CHECK(c.sequences.max_sequence_tokens == 1u << 20);
+
+  struct Case {
+    json value;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {{{"idle_timeout_ms", 0}}, "$.sequences.idle_timeout_ms: must be in 1.."},
+      {{{"idle_timeout_ms", -5}}, "$.sequences.idle_timeout_ms: must be in 1.."},
+      {{{"idle_timeout_ms", "10s"}}, "$.sequences.idle_timeout_ms: expected an integer, got a string"},
+      {{{"max_sequences", 0}}, "$.sequences.max_sequences: must be in 1..16777216, got 0"},
+      {{{"max_sequences", -1}}, "$.sequences.max_sequences: must not be negative"},
+      {{{"max_slices", 1.5}}, "$.sequences.max_slices: expected an integer, got a number"},
+      {{{"max_sequence_tokens", 0}}, "$.sequences.max_sequence_tokens: must be in 1.."},
+      {{{"max_sequence_tokens", 1ull << 33}}, "$.sequences.max_sequence_tokens: too large"},
+      {{{"max_sequencez", 1}}, "$.sequences.max_sequencez: unknown key"},
+      {json::array(), "$.sequences: expected an object"},
+  };
+  for (const Case& k : cases) {
+    json b = Base();
+    b["sequences"] = k.value;
+    const std::string err = Error(b);
+    INFO(b["sequences"].dump() << " -> " << err);
+    CHECK(err.find(k.expect) != std::string::npos);
+  }
+}

@@ -137,6 +137,14 @@ struct CodecConfig {
   bool enabled() const { return codec != "none" || !layers.empty(); }
 };
 
+// Live sequences on every node ($.sequences; shard_node/sequence_service.h).
+struct SequencesConfig {
+  int64_t idle_timeout_ms = 10 * 60 * 1000;  // a sequence untouched this long is released (1 ms..30 days)
+  uint32_t max_sequences = 4096;             // live sequences per node
+  uint32_t max_slices = 64;                  // distinct (slice, tenant salt, priority) tables per node
+  uint32_t max_sequence_tokens = 1u << 20;   // tokens one sequence may hold
+};
+
 struct ClusterConfig {
   std::string name = "kvmesh";
   ModelSpec model;
@@ -148,6 +156,7 @@ struct ClusterConfig {
   CoordinatorConfig coordinator;
   AuthConfig auth;
   CodecConfig codec;
+  SequencesConfig sequences;
 
   std::string source;  // file name or "<string>", for messages
 
