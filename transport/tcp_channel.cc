@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "common/checksum.h"
+#include "transport/seq_calls.h"
 #include "transport/socket_util.h"
 
 namespace kvmesh {
@@ -242,7 +243,7 @@ class Connection {
 class TcpCallState;
 enum class TcpCallKind : uint8_t { kPut, kGet, kExists, kErase };
 
-class TcpChannelImpl final : public TcpChannel {
+class TcpChannelImpl final : public TcpChannel, private SeqFrameIo {
  public:
   explicit TcpChannelImpl(TcpChannelOptions o) : o_(std::move(o)), slots_(std::max<uint32_t>(1, o_.connections)) {}
 
@@ -306,104 +307,23 @@ class TcpChannelImpl final : public TcpChannel {
     return ParseMatchAnswer(p->header, p->body, matched);
   }
 
-  // ---- live sequences ----------------------------------------------------------
+  // ---- live sequences (transport/seq_calls.h builds and joins the frames) -----
   Result<SeqCreated> SeqCreate(const SeqCreateArgs& a, const RequestOptions& o) override {
-    SeqCreateRequest q;
-    q.layers = a.layers;
-    q.heads = a.heads;
-    q.priority = a.priority;
-    q.max_blocks = a.max_blocks >= kSeqNoLimit ? kSeqNoLimit : static_cast<uint32_t>(a.max_blocks);
-    if (a.tenant_salt.size() > kMaxStringBytes) return InvalidArgument("tenant salt longer than 256 bytes");
-    q.tenant_salt = a.tenant_salt;
-    q.prefix.assign(a.prefix.begin(), a.prefix.end());
-    auto p = std::make_shared<Pending>();
-    KVMESH_RETURN_IF_ERROR(SeqCall(Opcode::kSeqCreate, EncodeSeqCreate(q), p, o));
-    SeqCreateAnswer ans;
-    KVMESH_RETURN_IF_ERROR(BadAnswer(ParseSeqCreateAnswer(p->body, &ans)));
-    return SeqCreated{ans.id, ans.length, ans.attached_blocks};
+    return SeqCreateCall(*this, a, o);
   }
-
   Result<uint32_t> SeqAppend(SeqId id, std::span<const TokenId> tokens, std::span<const std::byte> k,
                              std::span<const std::byte> v, uint32_t layers, const RequestOptions& o) override {
-    KVMESH_RETURN_IF_ERROR(Acquire().status());  // the node's limits
-    const uint64_t max_body = limits().max_body_bytes;
-    const uint64_t n = tokens.size();
-    const bool regular = n > 0 && layers > 0 && k.size() == v.size() && k.size() % (uint64_t{layers} * n) == 0;
-    const uint64_t row = regular ? k.size() / (uint64_t{layers} * n) : 0;
-    if (!regular || kSeqAppendFixed + 4 * n + 2 * k.size() <= max_body) return AppendFrame(id, tokens, k, v, layers, o);
-    // Too big for one frame: whole tokens per frame, K and V regathered per layer.
-    const uint64_t per_token = 4 + 2 * uint64_t{layers} * row;
-    const uint64_t c = max_body > kSeqAppendFixed ? (max_body - kSeqAppendFixed) / per_token : 0;
-    if (c == 0) return InvalidArgument("one token of this slice exceeds the node's frame limit");
-    uint32_t first = 0;
-    std::vector<std::byte> kc, vc;
-    for (uint64_t start = 0; start < n; start += c) {
-      const uint64_t m = std::min(c, n - start);
-      kc.resize(layers * m * row);
-      vc.resize(kc.size());
-      for (uint64_t l = 0; l < layers; ++l) {
-        std::memcpy(kc.data() + l * m * row, k.data() + (l * n + start) * row, m * row);
-        std::memcpy(vc.data() + l * m * row, v.data() + (l * n + start) * row, m * row);
-      }
-      KVMESH_ASSIGN_OR_RETURN(uint32_t pos, AppendFrame(id, tokens.subspan(start, m), kc, vc, layers, o));
-      if (start == 0) first = pos;
-    }
-    return first;
+    return SeqAppendCall(*this, id, tokens, k, v, layers, o);
   }
-
   Status SeqTruncate(SeqId id, uint32_t n, const RequestOptions& o) override {
-    auto p = std::make_shared<Pending>();
-    return SeqCall(Opcode::kSeqTruncate, EncodeSeqTruncate(id, n), p, o);
+    return SeqTruncateCall(*this, id, n, o);
   }
-  Result<SeqId> SeqFork(SeqId id, const RequestOptions& o) override {
-    auto p = std::make_shared<Pending>();
-    KVMESH_RETURN_IF_ERROR(SeqCall(Opcode::kSeqFork, EncodeSeqId(id), p, o));
-    uint64_t f = 0;
-    KVMESH_RETURN_IF_ERROR(BadAnswer(ParseSeqId(p->body, &f)));
-    return f;
-  }
-  Status SeqRelease(SeqId id, const RequestOptions& o) override {
-    auto p = std::make_shared<Pending>();
-    return SeqCall(Opcode::kSeqRelease, EncodeSeqId(id), p, o);
-  }
-  Result<SeqState> SeqInfo(SeqId id, const RequestOptions& o) override {
-    auto p = std::make_shared<Pending>();
-    KVMESH_RETURN_IF_ERROR(SeqCall(Opcode::kSeqInfo, EncodeSeqId(id), p, o));
-    SeqInfoAnswer a;
-    KVMESH_RETURN_IF_ERROR(BadAnswer(ParseSeqInfoAnswer(p->body, &a)));
-    return SeqState{a.length, a.sealed_blocks, std::move(a.tokens)};
-  }
-  // The node may answer fewer positions than asked (its frame limit): ask on
-  // from where it stopped and stitch the [layer][n][row] pieces together.
+  Result<SeqId> SeqFork(SeqId id, const RequestOptions& o) override { return SeqForkCall(*this, id, o); }
+  Status SeqRelease(SeqId id, const RequestOptions& o) override { return SeqReleaseCall(*this, id, o); }
+  Result<SeqState> SeqInfo(SeqId id, const RequestOptions& o) override { return SeqInfoCall(*this, id, o); }
   Status SeqRead(SeqId id, uint32_t from, uint32_t n, std::vector<std::byte>* k, std::vector<std::byte>* v,
                  const RequestOptions& o) override {
-    uint32_t done = 0, layers = 0, row = 0;
-    bool first = true;
-    do {
-      auto p = std::make_shared<Pending>();
-      KVMESH_RETURN_IF_ERROR(SeqCall(Opcode::kSeqRead, EncodeSeqRead(id, from + done, n - done), p, o));
-      SeqReadAnswer a;
-      KVMESH_RETURN_IF_ERROR(BadAnswer(ParseSeqReadAnswer(p->body, &a)));
-      if (first) {
-        layers = a.layers;
-        row = a.row_bytes;
-        const uint64_t side = uint64_t{layers} * n * row;
-        if (side > SIZE_MAX / 2) return BadAnswer(InvalidArgument("SEQ_READ shape too large"));
-        k->assign(side, std::byte{0});
-        v->assign(side, std::byte{0});
-        first = false;
-      }
-      if (a.layers != layers || a.row_bytes != row || a.n > n - done || (a.n == 0 && done < n))
-        return BadAnswer(InvalidArgument("SEQ_READ answer does not fit the request"));
-      if (Checksum64(a.k.data(), a.k.size()) != a.k_checksum || Checksum64(a.v.data(), a.v.size()) != a.v_checksum)
-        return DataLoss("SEQ_READ K/V checksum mismatch in transit");
-      for (uint64_t l = 0; l < layers; ++l) {
-        std::memcpy(k->data() + (l * n + done) * row, a.k.data() + l * a.n * row, size_t{a.n} * row);
-        std::memcpy(v->data() + (l * n + done) * row, a.v.data() + l * a.n * row, size_t{a.n} * row);
-      }
-      done += a.n;
-    } while (done < n);
-    return Status::Ok();
+    return SeqReadCall(*this, id, from, n, k, v, o);
   }
 
   Result<std::string> StatsJson() override {
@@ -432,27 +352,23 @@ class TcpChannelImpl final : public TcpChannel {
     return Status::Ok();
   }
 
-  Status SeqCall(Opcode op, const std::string& body, const std::shared_ptr<Pending>& p, const RequestOptions& o) {
-    std::vector<iovec> iov{{}, {const_cast<char*>(body.data()), body.size()}};
-    return Roundtrip(op, 0, 0, body.size(), iov, p, o);
-  }
-  Result<uint32_t> AppendFrame(SeqId id, std::span<const TokenId> tokens, std::span<const std::byte> k,
-                               std::span<const std::byte> v, uint32_t layers, const RequestOptions& o) {
-    std::string head = EncodeSeqAppendHead(id, layers, tokens, Checksum64(k.data(), k.size()),
-                                           Checksum64(v.data(), v.size()));
-    std::vector<iovec> iov{{},
-                           {head.data(), head.size()},
-                           {const_cast<std::byte*>(k.data()), k.size()},
-                           {const_cast<std::byte*>(v.data()), v.size()}};
+  // SeqFrameIo: one SEQ frame there and back.
+  Status SeqRoundtrip(Opcode op, std::span<const std::span<const std::byte>> body, const RequestOptions& o,
+                      std::vector<std::byte>* answer) override {
+    std::vector<iovec> iov{{}};
+    uint64_t len = 0;
+    for (std::span<const std::byte> b : body) {
+      iov.push_back({const_cast<std::byte*>(b.data()), b.size()});
+      len += b.size();
+    }
     auto p = std::make_shared<Pending>();
-    KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kSeqAppend, 0, 0, head.size() + k.size() + v.size(), iov, p, o));
-    uint32_t pos = 0;
-    KVMESH_RETURN_IF_ERROR(BadAnswer(ParseU32Answer(p->body, &pos)));
-    return pos;
+    KVMESH_RETURN_IF_ERROR(Roundtrip(op, 0, 0, len, iov, p, o));
+    *answer = std::move(p->body);
+    return Status::Ok();
   }
-  // An answer that does not parse is the node's fault, not the caller's.
-  static Status BadAnswer(const Status& s) {
-    return s.ok() ? s : Unavailable("bad answer from the node: " + s.message());
+  Result<uint64_t> SeqMaxBody() override {
+    KVMESH_RETURN_IF_ERROR(Acquire().status());  // the node's limits come with its HELLO
+    return limits().max_body_bytes;
   }
 
   Clock::time_point Deadline(const RequestOptions& o) const {
