@@ -1,7 +1,9 @@
 // Live sequences over the network (SEQ_* frames): the Router's sequence API
-// embedded (in-process channels) and over TCP data servers on loopback give
-// the same bytes; prefix-affinity reuse across clients; malformed SEQ frames
-// close only their connection; idle reaping; limits; dead nodes.
+// embedded (in-process channels), over TCP data servers on loopback and over
+// UCX servers (shared memory / loopback) give the same bytes; appends and
+// reads larger than a frame are split and joined; prefix-affinity reuse
+// across clients; malformed SEQ frames close only their connection; idle
+// reaping; limits; dead nodes.
 #include <catch2/catch.hpp>
 
 #include <sys/socket.h>
@@ -21,6 +23,10 @@
 #include "transport/protocol.h"
 #include "transport/socket_util.h"
 #include "transport/tcp_channel.h"
+#if defined(KVMESH_HAVE_UCX)
+#include "shard_node/server/ucx_server.h"
+#include "transport/ucx_channel.h"
+#endif
 
 using namespace kvmesh;
 using SteadyClock = std::chrono::steady_clock;
@@ -118,6 +124,75 @@ struct TcpCluster {
   std::vector<std::unique_ptr<DataServer>> servers;
   std::unique_ptr<Router> router;
 };
+
+#if defined(KVMESH_HAVE_UCX)
+// The same two nodes behind UCX servers (the same small frame limit), and a
+// Router over UCX channels to them.
+struct UcxCluster {
+  UcxCluster() {
+    cfg = Config();
+    for (const NodeConfig& n : cfg.nodes) {
+      auto node = ShardNode::Create(cfg, n.id);
+      REQUIRE(node.ok());
+      UcxServerOptions o;
+      o.limits.max_body_bytes = 4096;  // small: reads and appends span several frames
+      o.limits.max_block_bytes = 4096;
+      auto s = UcxServer::Start(node->get(), o, &epoch);
+      REQUIRE(s.ok());
+      nodes.push_back(std::move(*node));
+      servers.push_back(std::move(*s));
+    }
+    router = MakeRouter();
+  }
+  std::unique_ptr<Router> MakeRouter() {
+    std::vector<std::shared_ptr<ShardChannel>> chans;
+    for (auto& s : servers) {
+      UcxChannelOptions o;
+      o.node_address = s->address();
+      o.timeout_ms = 5000;
+      auto ch = UcxChannel::Connect(o);
+      REQUIRE(ch.ok());
+      chans.push_back(std::shared_ptr<ShardChannel>(std::move(*ch)));
+    }
+    return Router::Create(cfg.model, ShardMap::FromConfig(cfg).value(), std::move(chans)).value();
+  }
+  ~UcxCluster() {
+    router.reset();  // channels (endpoints) before the servers
+    for (auto& s : servers) s->Stop();
+  }
+  ClusterConfig cfg;
+  std::atomic<uint64_t> epoch{0};
+  std::vector<std::unique_ptr<ShardNode>> nodes;
+  std::vector<std::unique_ptr<UcxServer>> servers;
+  std::unique_ptr<Router> router;
+};
+#endif
+
+// Appends 200 tokens of the full slice in one call (about 26 KiB of K and V:
+// several frames under the 4 KiB limit) and reads them back in one call (the
+// node answers a few positions per frame); returns the K/V checksums.
+std::string SplitAndJoin(Router& r) {
+  std::vector<TokenId> toks = Toks(200, 5000);
+  SequenceHandle h = r.CreateSequence({}).value();
+  REQUIRE(h.heads.size() == kHeads);
+  REQUIRE(Append(r, h, toks, 0).value() == 0);
+  REQUIRE(Append(r, h, Toks(3, 9000), 200).value() == 200);  // the next position follows the split frames
+  std::vector<TokenId> all = toks;
+  for (TokenId t : Toks(3, 9000)) all.push_back(t);
+  SequenceState st = r.SequenceInfo(h).value();
+  CHECK(st.tokens == all);
+  CHECK(st.sealed_blocks == 203 / kBt);
+  CheckContent(r, h);
+  std::vector<std::byte> k, v;
+  REQUIRE(r.ReadSequence(h, 37, 150, &k, &v).ok());  // a joined read from the middle
+  REQUIRE(k.size() == size_t{kLayers} * 150 * kHeads * kDim * sizeof(float));
+  std::vector<float> ek, ev;
+  MakeKv(std::span(all).subspan(37, 150), 37, h.heads, &ek, &ev);
+  CHECK(std::memcmp(k.data(), ek.data(), k.size()) == 0);
+  CHECK(std::memcmp(v.data(), ev.data(), v.size()) == 0);
+  REQUIRE(r.ReleaseSequence(h).ok());
+  return std::to_string(Checksum64(k.data(), k.size())) + "/" + std::to_string(Checksum64(v.data(), v.size()));
+}
 
 // A scenario over the public API; returns everything observable, in order.
 std::vector<std::string> Scenario(Router& r) {
@@ -235,6 +310,45 @@ TEST_CASE("Sequences: in-process and TCP give identical results, byte-for-byte",
     CHECK(n->sequences().Stats().live == 0);
   }
 }
+
+TEST_CASE("Sequences: appends and reads larger than a frame are split and joined over TCP", "[sequence][net]") {
+  auto embedded = EmbeddedCluster::Start(Config()).value();
+  TcpCluster tcp;
+  CHECK(SplitAndJoin(*tcp.router) == SplitAndJoin(embedded->router()));
+  for (auto& n : tcp.nodes) CHECK(n->Stats().store.pinned_blocks == 0);
+}
+
+#if defined(KVMESH_HAVE_UCX)
+TEST_CASE("Sequences: UCX gives the same results as in-process and TCP, byte-for-byte", "[sequence][net][ucx]") {
+  auto embedded = EmbeddedCluster::Start(Config()).value();
+  std::vector<std::string> local = Scenario(embedded->router());
+  UcxCluster ucx;
+  std::vector<std::string> remote = Scenario(*ucx.router);
+  CHECK(local == remote);
+  REQUIRE(local.size() > 10);
+  // Larger than a frame: split appends, joined reads, the same bytes.
+  const uint64_t before = ucx.servers[0]->requests() + ucx.servers[1]->requests();
+  CHECK(SplitAndJoin(*ucx.router) == SplitAndJoin(embedded->router()));
+  CHECK(ucx.servers[0]->requests() + ucx.servers[1]->requests() - before > 10);  // many frames
+  // Prefix reuse across two UCX clients.
+  std::vector<TokenId> prompt = Toks(10, 300);
+  SequenceHandle a = ucx.router->CreateSequence(prompt).value();
+  REQUIRE(Append(*ucx.router, a, prompt, 0).value() == 0);
+  auto other = ucx.MakeRouter();
+  SequenceHandle b = other->CreateSequence(prompt).value();
+  CHECK(b.node_id == a.node_id);
+  CHECK(b.prefix_tokens == 2 * kBt);
+  REQUIRE(Append(*other, b, std::span(prompt).subspan(8), 8).value() == 8);
+  CheckContent(*other, b);
+  REQUIRE(ucx.router->ReleaseSequence(a).ok());
+  REQUIRE(other->ReleaseSequence(b).ok());
+  CHECK(other->SequenceInfo(b).status().code() == StatusCode::kNotFound);
+  for (auto& n : ucx.nodes) {
+    CHECK(n->Stats().store.pinned_blocks == 0);
+    CHECK(n->sequences().Stats().live == 0);
+  }
+}
+#endif
 
 TEST_CASE("Sequences: a block sealed over the network is reused by another client's CreateSequence", "[sequence][net]") {
   TcpCluster c;

@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "common/checksum.h"
+#include "transport/seq_calls.h"
 #include "transport/ucx_worker.h"
 
 namespace kvmesh {
@@ -34,7 +35,7 @@ struct Pending {
   std::vector<std::byte> body;
 };
 
-class Channel final : public UcxChannel {
+class Channel final : public UcxChannel, private SeqFrameIo {
  public:
   explicit Channel(UcxChannelOptions o) : o_(std::move(o)) {}
   ~Channel() override {
@@ -150,7 +151,46 @@ class Channel final : public UcxChannel {
     return std::string(reinterpret_cast<const char*>(p->body.data()), p->body.size());
   }
 
+  // ---- live sequences (transport/seq_calls.h builds and joins the frames) -----
+  Result<SeqCreated> SeqCreate(const SeqCreateArgs& a, const RequestOptions& o) override {
+    return SeqCreateCall(*this, a, o);
+  }
+  Result<uint32_t> SeqAppend(SeqId id, std::span<const TokenId> tokens, std::span<const std::byte> k,
+                             std::span<const std::byte> v, uint32_t layers, const RequestOptions& o) override {
+    return SeqAppendCall(*this, id, tokens, k, v, layers, o);
+  }
+  Status SeqTruncate(SeqId id, uint32_t n, const RequestOptions& o) override {
+    return SeqTruncateCall(*this, id, n, o);
+  }
+  Result<SeqId> SeqFork(SeqId id, const RequestOptions& o) override { return SeqForkCall(*this, id, o); }
+  Status SeqRelease(SeqId id, const RequestOptions& o) override { return SeqReleaseCall(*this, id, o); }
+  Result<SeqState> SeqInfo(SeqId id, const RequestOptions& o) override { return SeqInfoCall(*this, id, o); }
+  Status SeqRead(SeqId id, uint32_t from, uint32_t n, std::vector<std::byte>* k, std::vector<std::byte>* v,
+                 const RequestOptions& o) override {
+    return SeqReadCall(*this, id, from, n, k, v, o);
+  }
+
  private:
+  // SeqFrameIo: one SEQ frame there and back (AM data = the pieces, unjoined).
+  Status SeqRoundtrip(Opcode op, std::span<const std::span<const std::byte>> body, const RequestOptions& o,
+                      std::vector<std::byte>* answer) override {
+    std::vector<ucp_dt_iov_t> iov;
+    uint64_t len = 0;
+    for (std::span<const std::byte> b : body) {
+      if (b.empty()) continue;
+      iov.push_back({const_cast<std::byte*>(b.data()), b.size()});
+      len += b.size();
+    }
+    auto p = std::make_shared<Pending>();
+    KVMESH_RETURN_IF_ERROR(Roundtrip(op, 0, 0, std::move(iov), len, p, o));
+    *answer = std::move(p->body);
+    return Status::Ok();
+  }
+  // The node's limit from the HELLO (Init), bounded by what this client accepts.
+  Result<uint64_t> SeqMaxBody() override {
+    return std::min<uint64_t>(server_limits_.max_body_bytes, o_.limits.max_body_bytes);
+  }
+
   Status KeyCall(Opcode op, uint8_t flags, std::span<const BlockKey> keys, const RequestOptions& o,
                  std::vector<uint8_t>* codes) {
     codes->clear();
@@ -195,7 +235,9 @@ class Channel final : public UcxChannel {
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE |
                       UCP_OP_ATTR_FIELD_FLAGS;
     rp.flags = UCP_AM_SEND_FLAG_REPLY;
-    rp.datatype = ucp_dt_make_iov();
+    // No body (STATS): zero contiguous bytes; UCX refuses an empty iov.
+    static const std::byte kNoBody{};
+    rp.datatype = iov.empty() ? ucp_dt_make_contig(1) : ucp_dt_make_iov();
     auto* holder = new std::shared_ptr<Pending>(p);
     rp.user_data = holder;
     rp.cb.send = [](void* req, ucs_status_t, void* user) {
@@ -208,7 +250,8 @@ class Channel final : public UcxChannel {
       delete hp;
       ucp_request_free(req);
     };
-    void* r = ucp_am_send_nbx(ep_, kUcxAmRequest, amh.data(), amh.size(), iov.data(), iov.size(), &rp);
+    void* r = ucp_am_send_nbx(ep_, kUcxAmRequest, amh.data(), amh.size(),
+                              iov.empty() ? static_cast<const void*>(&kNoBody) : iov.data(), iov.size(), &rp);
     if (r == nullptr || UCS_PTR_IS_ERR(r)) {
       delete holder;
       std::lock_guard<std::mutex> lock(p->mu);

@@ -173,7 +173,11 @@ class Server final : public UcxServer {
       if (!pieces[i].empty()) out->iov.push_back({const_cast<std::byte*>(pieces[i].data()), pieces[i].size()});
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
-    p.datatype = ucp_dt_make_iov();
+    // An empty answer body (SEQ_TRUNCATE, SEQ_RELEASE) goes as zero contiguous
+    // bytes: UCX refuses an iov datatype with no entries.
+    const bool empty = out->iov.empty();
+    p.datatype = empty ? ucp_dt_make_contig(1) : ucp_dt_make_iov();
+    static const std::byte kNoBody{};
     Outgoing* raw = out.get();
     p.user_data = this;
     p.cb.send = [](void* req, ucs_status_t, void* user) {
@@ -181,7 +185,8 @@ class Server final : public UcxServer {
       self->inflight_.erase(req);
       ucp_request_free(req);
     };
-    void* r = ucp_am_send_nbx(ep, kUcxAmReply, raw->rep.header.data(), kHeaderSize, raw->iov.data(), raw->iov.size(), &p);
+    void* r = ucp_am_send_nbx(ep, kUcxAmReply, raw->rep.header.data(), kHeaderSize,
+                              empty ? static_cast<const void*>(&kNoBody) : raw->iov.data(), raw->iov.size(), &p);
     if (r == nullptr || UCS_PTR_IS_ERR(r)) return;  // sent (or failed) at once: `out` may go
     inflight_[r] = std::move(out);
   }
