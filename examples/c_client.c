@@ -4,12 +4,89 @@
  *
  * Connects to a running cluster's coordinator, stores the KV blocks of a
  * token sequence, finds them again with a prefix match, reads one back and
- * checks it byte-for-byte. Exit status 0 on success. */
+ * checks it byte-for-byte. Then a live sequence: create, append K/V token
+ * by token's worth, info, read back byte-for-byte, fork, truncate, a second
+ * client's create reusing the sealed prefix, a too-small read buffer, and
+ * release. Exit status 0 on success. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvmesh/kvmesh.h"
+
+#define CHECK_OK(call)                                                  \
+  if ((call) != KVMESH_OK) {                                            \
+    fprintf(stderr, "%s: %s\n", #call, kvmesh_last_error());            \
+    break;                                                              \
+  }
+#define EXPECT(cond)                                                    \
+  if (!(cond)) {                                                        \
+    fprintf(stderr, "sequence check failed: %s\n", #cond);              \
+    break;                                                              \
+  }
+
+/* The live-sequence calls; returns the prefix tokens the second client
+ * attached (> 0), or 0 on failure. */
+static uint32_t sequences(kvmesh_client* c, const char* coordinator) {
+  const uint32_t bt = kvmesh_block_tokens(c);
+  const size_t n = (size_t)bt * 2 + 5; /* two full blocks and five tokens */
+  int32_t* toks = malloc(sizeof(int32_t) * n);
+  int32_t* back_toks = malloc(sizeof(int32_t) * n);
+  for (size_t i = 0; i < n; ++i) toks[i] = (int32_t)(7000 + 3 * i);
+  kvmesh_seq *s = NULL, *f = NULL, *s2 = NULL;
+  kvmesh_client* c2 = NULL;
+  unsigned char *k = NULL, *v = NULL, *kb = NULL, *vb = NULL;
+  uint32_t reused = 0;
+  do {
+    CHECK_OK(kvmesh_seq_create(c, toks, n, NULL, &s));
+    EXPECT(kvmesh_seq_prefix_tokens(s) == 0);
+    const size_t bytes = kvmesh_seq_kv_bytes(c, s, n);
+    EXPECT(bytes > 0 && bytes % n == 0);
+    k = malloc(bytes), v = malloc(bytes), kb = malloc(bytes), vb = malloc(bytes);
+    for (size_t i = 0; i < bytes; ++i) k[i] = (unsigned char)(i * 13 + 1), v[i] = (unsigned char)(i * 29 + 5);
+    uint32_t first = 99;
+    CHECK_OK(kvmesh_seq_append(c, s, toks, n, k, v, bytes, &first));
+    EXPECT(first == 0);
+    kvmesh_seq_state info;
+    CHECK_OK(kvmesh_seq_info(c, s, &info, back_toks, n));
+    EXPECT(info.length == n && info.sealed_blocks == 2 && memcmp(back_toks, toks, sizeof(int32_t) * n) == 0);
+    size_t got = 0;
+    CHECK_OK(kvmesh_seq_read(c, s, 0, (uint32_t)n, kb, vb, bytes, &got));
+    EXPECT(got == bytes && memcmp(kb, k, bytes) == 0 && memcmp(vb, v, bytes) == 0);
+    /* Too small a buffer: refused with the size needed, nothing read. */
+    got = 0;
+    EXPECT(kvmesh_seq_read(c, s, 0, (uint32_t)n, kb, vb, bytes - 1, &got) == KVMESH_RESOURCE_EXHAUSTED);
+    EXPECT(got == bytes);
+    CHECK_OK(kvmesh_seq_fork(c, s, &f));
+    CHECK_OK(kvmesh_seq_truncate(c, s, 5));
+    CHECK_OK(kvmesh_seq_info(c, s, &info, NULL, 0));
+    EXPECT(info.length == n - 5);
+    CHECK_OK(kvmesh_seq_info(c, f, &info, NULL, 0));
+    EXPECT(info.length == n);
+    memset(kb, 0, bytes);
+    CHECK_OK(kvmesh_seq_read(c, f, 0, (uint32_t)n, kb, vb, bytes, &got));
+    EXPECT(memcmp(kb, k, bytes) == 0 && memcmp(vb, v, bytes) == 0);
+    /* A second client with the same prompt: the two sealed blocks come attached. */
+    kvmesh_options o = kvmesh_default_options();
+    o.coordinator = coordinator;
+    o.tenant_salt = "c-example";
+    CHECK_OK(kvmesh_connect(&o, &c2));
+    CHECK_OK(kvmesh_seq_create(c2, toks, n, NULL, &s2));
+    EXPECT(kvmesh_seq_prefix_tokens(s2) == 2 * bt);
+    CHECK_OK(kvmesh_seq_release(c2, s2));
+    CHECK_OK(kvmesh_seq_release(c, f));
+    CHECK_OK(kvmesh_seq_release(c, s));
+    EXPECT(kvmesh_seq_info(c, s, &info, NULL, 0) == KVMESH_NOT_FOUND);
+    reused = kvmesh_seq_prefix_tokens(s2);
+  } while (0);
+  kvmesh_seq_free(s);
+  kvmesh_seq_free(f);
+  kvmesh_seq_free(s2);
+  kvmesh_close(c2);
+  free(k), free(v), free(kb), free(vb);
+  free(toks), free(back_toks);
+  return reused;
+}
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -50,9 +127,13 @@ int main(int argc, char** argv) {
   } else if (matched != kBlocks || got != bytes || memcmp(back, blocks[2], bytes) != 0) {
     fprintf(stderr, "mismatch: matched %zu of %d, got %zu bytes\n", matched, kBlocks, got);
   } else {
-    printf("{\"event\":\"c_client_ok\",\"epoch\":%llu,\"matched\":%zu,\"block_bytes\":%zu}\n",
-           (unsigned long long)kvmesh_epoch(c), matched, bytes);
-    rc = 0;
+    const uint32_t reused = sequences(c, argv[1]);
+    if (reused > 0) {
+      printf("{\"event\":\"c_client_ok\",\"epoch\":%llu,\"matched\":%zu,\"block_bytes\":%zu,"
+             "\"seq_prefix_tokens\":%u}\n",
+             (unsigned long long)kvmesh_epoch(c), matched, bytes, reused);
+      rc = 0;
+    }
   }
   free(back);
   for (int b = 0; b < kBlocks; ++b) free(blocks[b]);

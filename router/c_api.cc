@@ -3,6 +3,9 @@
 // catches everything: no exception crosses the boundary.
 #include "kvmesh/kvmesh.h"
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <string>
@@ -12,6 +15,11 @@
 
 struct kvmesh_client {
   std::unique_ptr<kvmesh::NetworkClient> net;
+};
+
+// Immutable after creation: shared by the caller's threads without locks.
+struct kvmesh_seq {
+  kvmesh::SequenceHandle h;
 };
 
 namespace {
@@ -161,6 +169,114 @@ int kvmesh_erase(kvmesh_client* c, const kvmesh_key* keys, size_t count) {
     kvmesh::Status s = c->net->router().Erase(k);
     return s.ok() ? Ok() : Fail(s);
   });
+}
+
+kvmesh_seq_options kvmesh_seq_default_options(void) {
+  kvmesh_seq_options o;
+  o.layers_begin = o.layers_end = 0;
+  o.heads_begin = o.heads_end = 0;
+  o.priority = kvmesh::kDefaultPriority;
+  o.max_blocks = SIZE_MAX;
+  return o;
+}
+
+int kvmesh_seq_create(kvmesh_client* c, const int32_t* prefix, size_t n, const kvmesh_seq_options* options,
+                      kvmesh_seq** out) {
+  return Guard([&] {
+    if (!c || (!prefix && n) || !out) return Fail(kvmesh::InvalidArgument("null argument"));
+    const kvmesh_seq_options so = options ? *options : kvmesh_seq_default_options();
+    kvmesh::RequestOptions o;
+    o.layers = {so.layers_begin, so.layers_end};
+    o.heads = {so.heads_begin, so.heads_end};
+    o.priority = so.priority;
+    auto h = c->net->router().CreateSequence(Tokens(prefix, n), o, so.max_blocks);
+    if (!h.ok()) return Fail(h.status());
+    *out = new kvmesh_seq{std::move(*h)};
+    return Ok();
+  });
+}
+
+int kvmesh_seq_append(kvmesh_client* c, const kvmesh_seq* s, const int32_t* tokens, size_t n, const void* k,
+                      const void* v, size_t kv_bytes, uint32_t* first_position) {
+  return Guard([&] {
+    if (!c || !s || (!tokens && n) || ((!k || !v) && kv_bytes)) return Fail(kvmesh::InvalidArgument("null argument"));
+    auto pos = c->net->router().AppendSequence(s->h, Tokens(tokens, n), {static_cast<const std::byte*>(k), kv_bytes},
+                                               {static_cast<const std::byte*>(v), kv_bytes});
+    if (!pos.ok()) return Fail(pos.status());
+    if (first_position) *first_position = *pos;
+    return Ok();
+  });
+}
+
+int kvmesh_seq_truncate(kvmesh_client* c, const kvmesh_seq* s, uint32_t n) {
+  return Guard([&] {
+    if (!c || !s) return Fail(kvmesh::InvalidArgument("null argument"));
+    kvmesh::Status st = c->net->router().TruncateSequence(s->h, n);
+    return st.ok() ? Ok() : Fail(st);
+  });
+}
+
+int kvmesh_seq_fork(kvmesh_client* c, const kvmesh_seq* s, kvmesh_seq** out) {
+  return Guard([&] {
+    if (!c || !s || !out) return Fail(kvmesh::InvalidArgument("null argument"));
+    auto h = c->net->router().ForkSequence(s->h);
+    if (!h.ok()) return Fail(h.status());
+    *out = new kvmesh_seq{std::move(*h)};
+    return Ok();
+  });
+}
+
+int kvmesh_seq_release(kvmesh_client* c, const kvmesh_seq* s) {
+  return Guard([&] {
+    if (!c || !s) return Fail(kvmesh::InvalidArgument("null argument"));
+    kvmesh::Status st = c->net->router().ReleaseSequence(s->h);
+    return st.ok() ? Ok() : Fail(st);
+  });
+}
+
+void kvmesh_seq_free(kvmesh_seq* s) { delete s; }
+
+int kvmesh_seq_info(kvmesh_client* c, const kvmesh_seq* s, kvmesh_seq_state* info, int32_t* tokens, size_t cap) {
+  return Guard([&] {
+    if (!c || !s || !info || (!tokens && cap)) return Fail(kvmesh::InvalidArgument("null argument"));
+    auto st = c->net->router().SequenceInfo(s->h);
+    if (!st.ok()) return Fail(st.status());
+    std::copy_n(st->tokens.begin(), std::min(cap, st->tokens.size()), tokens);
+    info->length = st->length;
+    info->sealed_blocks = st->sealed_blocks;
+    return Ok();
+  });
+}
+
+int kvmesh_seq_read(kvmesh_client* c, const kvmesh_seq* s, uint32_t from, uint32_t n, void* k, void* v, size_t cap,
+                    size_t* size) {
+  return Guard([&] {
+    if (!c || !s || ((!k || !v) && cap) || !size) return Fail(kvmesh::InvalidArgument("null argument"));
+    const size_t need = kvmesh_seq_kv_bytes(c, s, n);
+    if (cap < need) {
+      *size = need;
+      return Fail(kvmesh::ResourceExhausted("K/V buffers of " + std::to_string(cap) + " bytes, the read needs " +
+                                            std::to_string(need)));
+    }
+    std::vector<std::byte> kb, vb;
+    kvmesh::Status st = c->net->router().ReadSequence(s->h, from, n, &kb, &vb);
+    if (!st.ok()) return Fail(st);
+    if (kb.size() != vb.size() || kb.size() > cap) return Fail(kvmesh::Internal("read answered an unexpected size"));
+    if (!kb.empty()) {
+      std::memcpy(k, kb.data(), kb.size());
+      std::memcpy(v, vb.data(), vb.size());
+    }
+    *size = kb.size();
+    return Ok();
+  });
+}
+
+uint32_t kvmesh_seq_prefix_tokens(const kvmesh_seq* s) { return s ? s->h.prefix_tokens : 0; }
+
+size_t kvmesh_seq_kv_bytes(const kvmesh_client* c, const kvmesh_seq* s, size_t n) {
+  if (!c || !s) return 0;
+  const kvmesh::ModelSpec& m = c->net->router().model();
+  return size_t{s->h.layers.size()} * n * s->h.heads.size() * m.head_dim * kvmesh::DTypeSize(m.dtype);
 }
 
 }  // extern "C"

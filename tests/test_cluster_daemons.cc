@@ -185,6 +185,7 @@ TEST_CASE("Daemons: coordinator + 3 nodes serve put/get/match through the networ
     auto ok = ex.WaitEvent("c_client_ok", 20s);
     REQUIRE(ok);
     CHECK((*ok)["matched"] == 4);
+    CHECK((*ok)["seq_prefix_tokens"] == 2 * r.block_tokens());  // the C sequence calls, second client reuse
     auto st = ex.Wait(5s);
     REQUIRE(st);
     CHECK(WEXITSTATUS(*st) == 0);

@@ -100,6 +100,71 @@ int kvmesh_put(kvmesh_client* client, const kvmesh_key* keys, const void* const*
 int kvmesh_get(kvmesh_client* client, kvmesh_key key, void* dst, size_t cap, size_t* size);
 int kvmesh_erase(kvmesh_client* client, const kvmesh_key* keys, size_t count);
 
+/* ---- live sequences (kvmesh/router.h: CreateSequence and the rest) ----------
+ * A sequence lives on one shard node and holds K and V token by token during
+ * decode; full blocks are sealed into that node's store, so a later request
+ * with the same prompt (any client) attaches them as its prefix.
+ * K and V are each [layer][n][heads][head_dim] over the sequence's slice in
+ * the model dtype: kvmesh_seq_kv_bytes(c, s, n) bytes each for n tokens.
+ *
+ *   kvmesh_seq* s = NULL;
+ *   kvmesh_seq_create(c, prompt, n_prompt, NULL, &s);        attaches the cached prefix
+ *   uint32_t p = kvmesh_seq_prefix_tokens(s);                 tokens already held
+ *   kvmesh_seq_append(c, s, prompt + p, n_prompt - p, k, v, bytes, NULL);
+ *   kvmesh_seq_read(c, s, 0, n, k_out, v_out, cap, &size);
+ *   kvmesh_seq_release(c, s);                                 the node forgets it
+ *   kvmesh_seq_free(s);                                       the handle's memory
+ *
+ * A kvmesh_seq is an immutable handle owned by the caller (create and fork
+ * allocate it; free it with kvmesh_seq_free, released or not); it may be
+ * used from many threads. Calls on a sequence whose node died answer
+ * KVMESH_UNAVAILABLE (or KVMESH_DEADLINE_EXCEEDED); a node releases sequences
+ * left idle past its $.sequences.idle_timeout_ms. */
+typedef struct kvmesh_seq kvmesh_seq;
+
+typedef struct kvmesh_seq_options {
+  uint32_t layers_begin, layers_end; /* the slice's layers; begin == end: all layers */
+  uint32_t heads_begin, heads_end;   /* its KV heads; begin == end: all heads */
+  uint8_t priority;                  /* eviction class of the blocks it seals */
+  size_t max_blocks;                 /* attach at most this many prefix blocks (SIZE_MAX: no limit) */
+} kvmesh_seq_options;
+
+kvmesh_seq_options kvmesh_seq_default_options(void);
+
+typedef struct kvmesh_seq_state {
+  uint32_t length;        /* tokens */
+  uint32_t sealed_blocks; /* leading full blocks sealed into the node's store */
+} kvmesh_seq_state;
+
+/* A new sequence placed by prefix affinity, holding the leading full blocks
+ * of prefix[0..n) its node has cached. options NULL: defaults. */
+int kvmesh_seq_create(kvmesh_client* client, const int32_t* prefix, size_t n, const kvmesh_seq_options* options,
+                      kvmesh_seq** out);
+/* Appends tokens[0..n) with K and V (kv_bytes each, = kvmesh_seq_kv_bytes(n));
+ * *first_position (may be NULL) = the position of tokens[0]. */
+int kvmesh_seq_append(kvmesh_client* client, const kvmesh_seq* seq, const int32_t* tokens, size_t n, const void* k,
+                      const void* v, size_t kv_bytes, uint32_t* first_position);
+/* Drops the last n tokens. */
+int kvmesh_seq_truncate(kvmesh_client* client, const kvmesh_seq* seq, uint32_t n);
+/* A new sequence on the same node with the same tokens (sealed blocks shared). */
+int kvmesh_seq_fork(kvmesh_client* client, const kvmesh_seq* seq, kvmesh_seq** out);
+/* The node unpins and forgets the sequence (its sealed blocks stay cached).
+ * The handle stays allocated: kvmesh_seq_free it. */
+int kvmesh_seq_release(kvmesh_client* client, const kvmesh_seq* seq);
+void kvmesh_seq_free(kvmesh_seq* seq); /* NULL is fine; no call to the node */
+/* Length and sealed blocks; writes min(cap, length) tokens to tokens (may be NULL when cap is 0). */
+int kvmesh_seq_info(kvmesh_client* client, const kvmesh_seq* seq, kvmesh_seq_state* info, int32_t* tokens,
+                    size_t cap);
+/* K and V of positions [from, from + n) into k[0..cap) and v[0..cap); *size =
+ * bytes of each. KVMESH_RESOURCE_EXHAUSTED when cap is smaller (*size then
+ * tells the size needed, nothing is read). */
+int kvmesh_seq_read(kvmesh_client* client, const kvmesh_seq* seq, uint32_t from, uint32_t n, void* k, void* v,
+                    size_t cap, size_t* size);
+/* Tokens attached from the prefix at creation (0 for a fork). */
+uint32_t kvmesh_seq_prefix_tokens(const kvmesh_seq* seq);
+/* Bytes of K (and of V) for n tokens of the sequence's slice. */
+size_t kvmesh_seq_kv_bytes(const kvmesh_client* client, const kvmesh_seq* seq, size_t n);
+
 #ifdef __cplusplus
 }
 #endif
