@@ -512,6 +512,23 @@ TEST_CASE("Sequences: idle ones are released so a dead client leaks no pins, and
   CHECK(node.sequences().Stats().live == 0);
 }
 
+TEST_CASE("Sequences: $.sequences configures the nodes of an embedded cluster", "[sequence][net]") {
+  ClusterConfig cfg = Config();
+  cfg.sequences.max_sequences = 2;
+  cfg.sequences.max_sequence_tokens = 6;
+  auto c = EmbeddedCluster::Start(cfg).value();
+  Router& r = c->router();
+  std::vector<TokenId> prompt = Toks(8, 11);  // one node by prefix affinity
+  SequenceHandle a = r.CreateSequence(prompt).value();
+  CHECK(Append(r, a, prompt, 0).status().code() == StatusCode::kResourceExhausted);  // 8 > 6 tokens
+  REQUIRE(Append(r, a, std::span(prompt).first(6), 0).ok());
+  SequenceHandle b = r.CreateSequence(prompt).value();
+  CHECK(b.node_id == a.node_id);
+  CHECK(r.CreateSequence(prompt).status().code() == StatusCode::kResourceExhausted);  // a third on that node
+  REQUIRE(r.ReleaseSequence(b).ok());
+  REQUIRE(r.CreateSequence(prompt).ok());
+}
+
 TEST_CASE("Sequences: a dead node answers Unavailable within the timeout, never hangs", "[sequence][net][faults]") {
   TcpCluster c({}, nullptr, 500);
   std::vector<TokenId> prompt = Toks(8, 40);
