@@ -7,7 +7,9 @@
 //
 // Runs the seeded conversation + agent-loop workload twice on fresh shards,
 // with and without prefix reuse, then (optionally) a batch-size sweep for the
-// latency-throughput curve and the speculative-decoding demo.
+// latency-throughput curve and the speculative-decoding demo. With a KV codec
+// (--kv-codec, or the config's "codec" section) the ranks seal their KV
+// blocks encoded, and one more run with raw KV gives the comparison.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -48,6 +50,7 @@ struct DecodeArgs {
   bool spec = true;
   uint32_t repeat = 1;
   std::string draft = "int4";
+  std::string kv_codec;  // overrides the config's codec section ("none": raw)
   ModelConfig model;
   DecodeWorkloadOptions workload;
   float temperature = 0.8f;
@@ -115,6 +118,7 @@ nlohmann::json ReportJson(const DecodeReport& r) {
           {"requests_per_s", r.requests_per_s()},
           {"steps", r.steps},
           {"kv_bytes", {{"device", r.kv_bytes_stored}, {"host", r.kv_bytes_host}, {"ssd", r.kv_bytes_ssd}}},
+          {"kv_bytes_logical", r.kv_bytes_logical},
           {"kv_blocks", r.kv_blocks_stored},
           {"seals", r.kv_seals},
           {"seal_dedups", r.kv_seal_dedups},
@@ -199,6 +203,11 @@ int Run(const DecodeArgs& a) {
                                    ? ParseConfig(kDefaultLocalConfig, "cluster_configs/local.json (built in)")
                                    : LoadConfigFile(a.config);
   if (!base.ok()) return Fail(base.status());
+  if (!a.kv_codec.empty()) {
+    base->codec = CodecConfig{};
+    base->codec.codec = a.kv_codec;
+  }
+  const bool kv_codec = base->codec.enabled();
   ModelConfig mc = a.model;
   mc.block_tokens = base->model.block_tokens;
   auto cfg = DecodeClusterConfig(*base, mc, run.ranks);
@@ -207,6 +216,15 @@ int Run(const DecodeArgs& a) {
   auto w = Weights::Generate(mc);
   if (!w.ok()) return Fail(w.status());
   run.w = *w;
+  // The same cluster with raw KV, for the codec comparison.
+  Runner raw_run = run;
+  if (kv_codec) {
+    ClusterConfig raw_base = *base;
+    raw_base.codec = CodecConfig{};
+    auto rc = DecodeClusterConfig(raw_base, mc, run.ranks);
+    if (!rc.ok()) return Fail(rc.status());
+    raw_run.cfg = *rc;
+  }
 
   std::unique_ptr<std::ofstream> events;
   if (run.is_driver && !a.events.empty()) {
@@ -249,6 +267,16 @@ int Run(const DecodeArgs& a) {
   const DecodeReport R = median_run(withs);
   const DecodeReport N = median_run(withouts);
   const bool same_tokens = R.token_digest == N.token_digest;
+  DecodeReport raw;  // with reuse, raw KV (only with a KV codec)
+  if (kv_codec) {
+    std::vector<DecodeReport> raws;
+    for (uint32_t i = 0; i < a.repeat; ++i) {
+      auto r = raw_run.Workload(a.batch, true, "raw-kv", nullptr);
+      if (!r.ok()) return Fail(r.status());
+      raws.push_back(*r);
+    }
+    raw = median_run(raws);
+  }
 
   // Latency-throughput sweep over batch sizes (with reuse).
   std::vector<std::pair<uint32_t, DecodeReport>> sweep;
@@ -308,6 +336,17 @@ int Run(const DecodeArgs& a) {
                           {"requests_per_s", Ratio(R.requests_per_s(), N.requests_per_s())},
                           {"computed_prompt_tokens", Ratio(R.computed_prompt_tokens, N.computed_prompt_tokens)}}},
                         {"same_tokens_with_and_without_reuse", same_tokens}};
+    if (kv_codec) {
+      j["kv_codec"] = {{"codec", run.cfg.codec.codec},
+                       {"kv_bytes", R.kv_bytes_stored},
+                       {"kv_bytes_raw_kv", raw.kv_bytes_stored},
+                       {"kv_bytes_ratio", Ratio(R.kv_bytes_stored, raw.kv_bytes_stored)},
+                       {"tokens_per_s", R.tokens_per_s()},
+                       {"tokens_per_s_raw_kv", raw.tokens_per_s()},
+                       {"tokens_per_s_ratio", Ratio(R.tokens_per_s(), raw.tokens_per_s())},
+                       {"tpot_p50_ratio", Ratio(R.tpot.Percentile(0.5), raw.tpot.Percentile(0.5))},
+                       {"same_tokens_as_raw_kv", R.token_digest == raw.token_digest}};
+    }
     nlohmann::json sj = nlohmann::json::array();
     for (const auto& [b, r] : sweep)
       sj.push_back({{"batch", b}, {"tokens_per_s", r.tokens_per_s()}, {"tpot_p50_ms", Ms(r.tpot.Percentile(0.5))},
@@ -349,7 +388,20 @@ int Run(const DecodeArgs& a) {
     }
     std::printf("  requests %llu, generated tokens %llu, prompt tokens %llu; same tokens with and without reuse: %s\n",
                 (unsigned long long)R.requests, (unsigned long long)R.generated_tokens,
-                (unsigned long long)R.prompt_tokens, same_tokens ? "yes" : "NO");
+                (unsigned long long)R.prompt_tokens,
+                same_tokens ? "yes"
+                : kv_codec  ? "no (expected with a lossy KV codec: a computed prompt attends to its exact KV, a "
+                              "reused one to decoded blocks)"
+                            : "NO");
+    if (kv_codec) {
+      std::printf("\n  KV codec %-17s %14s %14s %10s\n", run.cfg.codec.codec.c_str(), "codec KV", "raw KV", "ratio");
+      row("KV bytes, device tier", double(R.kv_bytes_stored), double(raw.kv_bytes_stored), "%.0f");
+      row("KV bytes before encoding", double(R.kv_bytes_logical), double(raw.kv_bytes_logical), "%.0f");
+      row("throughput (tokens/s)", R.tokens_per_s(), raw.tokens_per_s(), "%.1f");
+      row("TPOT p50 (ms)", Ms(R.tpot.Percentile(0.5)), Ms(raw.tpot.Percentile(0.5)), "%.3f");
+      std::printf("  same tokens as with raw KV: %s (the codec's logit tolerance: docs/decode.md)\n",
+                  R.token_digest == raw.token_digest ? "yes" : "no");
+    }
     if (!sweep.empty()) {
       std::printf("\n  batch sweep (with reuse)   %8s %14s %14s %14s\n", "batch", "tokens/s", "TPOT p50 ms", "TTFT p50 ms");
       for (const auto& [b, r] : sweep)
@@ -424,6 +476,9 @@ void AddDecodeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--experts", a->model.experts, "MoE experts (0 = dense)")->check(CLI::Range(0, 1024));
   cmd->add_option("--top-k", a->model.top_k, "experts per token")->check(CLI::Range(1, 1024));
   cmd->add_option("--vocab", a->model.vocab, "vocabulary size")->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--kv-codec", a->kv_codec,
+                  "codec of the sealed KV blocks (int8, int4, fp8-e4m3, fp16, ..., none); overrides the config's "
+                  "codec section and adds a raw-KV run for comparison");
   cmd->add_flag("!--no-spec", a->spec, "skip the speculative-decoding demo");
   cmd->add_option("--draft-tokens", a->spec_options.draft_tokens, "speculative: drafted tokens per round")
       ->check(CLI::Range(1, 64));

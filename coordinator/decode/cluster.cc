@@ -3,10 +3,23 @@
 #include <mutex>
 #include <thread>
 
+#include "kernels/codec.h"
 #include "kvmesh/embedded.h"
+#include "shard_node/codec_stage.h"
 #include "shard_node/shard_node.h"
 
 namespace kvmesh::decode {
+namespace {
+
+// The options of a rank's sequence table: the config's codec, if any, for
+// the KV blocks it seals.
+SequenceOptions RankSequenceOptions(const ClusterConfig& config) {
+  SequenceOptions so;
+  so.codec = config.codec;
+  return so;
+}
+
+}  // namespace
 
 Result<ClusterConfig> DecodeClusterConfig(const ClusterConfig& base, const ModelConfig& m, int ranks) {
   if (base.nodes.empty()) return InvalidArgument("decode: the cluster config has no nodes");
@@ -22,6 +35,13 @@ Result<ClusterConfig> DecodeClusterConfig(const ClusterConfig& base, const Model
   }
   KVMESH_ASSIGN_OR_RETURN(BlockLayout slice, BlockLayout::Slice(c.model, {0, m.layers}, {0, max_heads}));
   c.store.slot_bytes = slice.bytes();
+  if (c.codec.enabled()) {
+    // Sealed blocks are stored encoded: a slot holds one encoded slice, so
+    // the codec's saving becomes more blocks per shard.
+    KVMESH_ASSIGN_OR_RETURN(kernels::CodecPolicy policy, MakeCodecPolicy(c.codec, "$.codec"));
+    KVMESH_ASSIGN_OR_RETURN(auto codec, kernels::MakeCodec(std::move(policy)));
+    KVMESH_ASSIGN_OR_RETURN(c.store.slot_bytes, codec->MaxEncodedSize(kernels::BlockShape::FromLayout(slice)));
+  }
   return c;
 }
 
@@ -36,7 +56,8 @@ Status RunOnThreads(const ClusterConfig& config, std::shared_ptr<const Weights> 
     KVMESH_ASSIGN_OR_RETURN(RankPlan p, PlanRank(m, r, ranks));
     ShardNode* node = &cluster->node(static_cast<size_t>(r) % cluster->num_nodes());
     BlockStore* store = &node->store();
-    KVMESH_ASSIGN_OR_RETURN(auto t, SequenceTable::Create(store, config.model, {0, m.layers}, p.kv_heads));
+    KVMESH_ASSIGN_OR_RETURN(auto t, SequenceTable::Create(store, config.model, {0, m.layers}, p.kv_heads,
+                                                          RankSequenceOptions(config)));
     engines.push_back(std::make_unique<RankEngine>(w, p, t.get(), comms[r].get()));
     tables.push_back(std::move(t));
     nodes.push_back(node);
@@ -73,7 +94,8 @@ Status RunOnComm(const ClusterConfig& config, std::shared_ptr<const Weights> w, 
   KVMESH_ASSIGN_OR_RETURN(RankPlan p, PlanRank(m, r, comm.size()));
   const std::string& id = config.nodes[static_cast<size_t>(r) % config.nodes.size()].id;
   KVMESH_ASSIGN_OR_RETURN(auto node, ShardNode::Create(config, id));
-  KVMESH_ASSIGN_OR_RETURN(auto table, SequenceTable::Create(&node->store(), config.model, {0, m.layers}, p.kv_heads));
+  KVMESH_ASSIGN_OR_RETURN(auto table, SequenceTable::Create(&node->store(), config.model, {0, m.layers}, p.kv_heads,
+                                                            RankSequenceOptions(config)));
   RankEngine engine(w, p, table.get(), &comm);
   SequenceTable* t = table.get();
   PrefixLookup lookup = [t](std::span<const TokenId> toks) { return t->MatchPrefix(toks); };

@@ -21,8 +21,10 @@
 
 namespace kvmesh::decode {
 
-// `base` with the decode model's KV spec, slots sized to one rank's slice,
-// and one rank-affinity group per rank. InvalidArgument when base has no nodes.
+// `base` with the decode model's KV spec, slots sized to one rank's slice
+// (encoded, when base has a codec: the ranks' sequences then seal their KV
+// blocks through it), and one rank-affinity group per rank. InvalidArgument
+// when base has no nodes or a codec the kernels reject.
 Result<ClusterConfig> DecodeClusterConfig(const ClusterConfig& base, const ModelConfig& m, int ranks);
 
 // What a rank body gets: its engine (with its comm and sequence table), the

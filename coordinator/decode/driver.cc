@@ -265,8 +265,8 @@ Result<DecodeReport> RunDecodeWorkload(RankEngine& eng, const PrefixLookup& look
     host = ts.host.bytes_stored;
     ssd = ts.ssd.bytes_stored;
   }
-  uint64_t sums[6] = {st.bytes_stored, st.blocks, seq1.seals - seq0.seals, seq1.seal_dedups - seq0.seal_dedups,
-                      host, ssd};
+  uint64_t sums[7] = {st.bytes_stored, st.blocks, seq1.seals - seq0.seals, seq1.seal_dedups - seq0.seal_dedups,
+                      host, ssd, st.bytes_logical};
   KVMESH_RETURN_IF_ERROR(comm.AllReduceSumU64(sums));
   rep.kv_bytes_stored = sums[0];
   rep.kv_blocks_stored = sums[1];
@@ -274,6 +274,7 @@ Result<DecodeReport> RunDecodeWorkload(RankEngine& eng, const PrefixLookup& look
   rep.kv_seal_dedups = sums[3];
   rep.kv_bytes_host = sums[4];
   rep.kv_bytes_ssd = sums[5];
+  rep.kv_bytes_logical = sums[6];
   // Every rank saw the same tokens; the driver's wall time is the run's.
   double wall = rep.wall_s;
   KVMESH_RETURN_IF_ERROR(comm.Broadcast(std::as_writable_bytes(std::span(&wall, 1)), 0));

@@ -77,6 +77,7 @@ struct DecodeReport {
   LatencyHistogram e2e;    // ready (previous turn done) to last token, per request
   LatencyHistogram queue;  // ready to admission
   uint64_t kv_bytes_stored = 0;    // sealed blocks in the shards' primary (device) tier, all ranks, end of run
+  uint64_t kv_bytes_logical = 0;   // the same blocks before encoding (== stored without a KV codec)
   uint64_t kv_bytes_host = 0;      // demoted to the host tier (tiered configs)
   uint64_t kv_bytes_ssd = 0;       // demoted to the SSD tier
   uint64_t kv_blocks_stored = 0;
