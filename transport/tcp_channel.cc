@@ -123,13 +123,13 @@ class Connection {
     std::lock_guard<std::mutex> lock(map_mu_);
     pending_.erase(id);
   }
+  // Wakes every waiter so one of them takes the reader role. The map's
+  // references keep them alive; no reference is taken here, so a waiter is
+  // never freed by this thread (callers release their Pending last).
+  // Lock order map_mu_ -> q->mu: nobody takes map_mu_ while holding a q->mu.
   void WakeFollowers() {
-    std::vector<std::shared_ptr<Pending>> waiters;
-    {
-      std::lock_guard<std::mutex> lock(map_mu_);
-      for (auto& [id, q] : pending_) waiters.push_back(q);
-    }
-    for (auto& q : waiters) {
+    std::lock_guard<std::mutex> map_lock(map_mu_);
+    for (auto& [id, q] : pending_) {
       std::lock_guard<std::mutex> lock(q->mu);
       q->cv.notify_all();
     }
@@ -142,11 +142,12 @@ class Connection {
       failed.swap(pending_);
     }
     for (auto& [id, p] : failed) {
-      std::lock_guard<std::mutex> lock(p->mu);
-      if (p->done) continue;
+      std::unique_lock<std::mutex> lock(p->mu);
+      if (p->done || p->abandoned) continue;  // its caller may be gone: ours may be the last reference
       p->call = Unavailable("connection to the node lost: " + why.message());
       p->done = true;
       p->cv.notify_all();
+      p.reset();  // under the lock, as in ReadOne: the waiting caller releases last
     }
   }
 
@@ -185,6 +186,11 @@ class Connection {
     if (!s.ok()) p->call = Unavailable("bad answer from the node: " + s.message());
     p->done = true;
     p->cv.notify_all();
+    // Drop our reference while holding p->mu: a caller that has not given up
+    // still holds its own and can only see `done` after we unlock, so it
+    // frees the Pending, in its own thread. (An abandoned one was released
+    // by its caller: then ours is the last and must outlive the lock.)
+    if (!p->abandoned) p.reset();
     return s;
   }
 
