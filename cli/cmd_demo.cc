@@ -1,4 +1,7 @@
-// kvmesh demo: the main job on the embedded cluster.
+// kvmesh demo: the main job on the embedded cluster. Two parts: the prefill
+// replay through the router (coordinator/demo.h), then a short model-parallel
+// decode whose KV lives in kvmesh sequences, with and without prefix reuse
+// (coordinator/decode/, the same code as `kvmesh decode`).
 #include <cstdio>
 #include <iostream>
 
@@ -6,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/default_config.h"
+#include "coordinator/decode/cluster.h"
 #include "coordinator/demo.h"
 #include "kvmesh/embedded.h"
 #include "kvmesh/size.h"
@@ -20,9 +24,75 @@ struct DemoArgs {
   uint32_t threads = 1;
   uint64_t seed = 42;
   uint32_t conversations = 400;
+  bool decode = true;
+  int decode_ranks = 4;
 };
 
 double Us(uint64_t ns) { return static_cast<double>(ns) / 1e3; }
+double Ms(uint64_t ns) { return static_cast<double>(ns) / 1e6; }
+double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
+
+// The decode part: the reference MoE model on `ranks` thread ranks over a
+// fresh embedded cluster of the same config, a small seeded chat + agent
+// workload run with and without prefix reuse.
+struct DemoDecode {
+  int ranks = 0;
+  double params_m = 0;
+  decode::DecodeReport with, without;
+  bool codec = false;  // the config's codec is in the KV path (tokens may differ with reuse)
+  bool same_tokens() const { return with.token_digest == without.token_digest; }
+};
+
+Result<DemoDecode> RunDecodePart(const ClusterConfig& base, int ranks, uint64_t seed) {
+  decode::ModelConfig mc;
+  mc.block_tokens = base.model.block_tokens;
+  KVMESH_ASSIGN_OR_RETURN(ClusterConfig cfg, decode::DecodeClusterConfig(base, mc, ranks));
+  KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<const decode::Weights> w, decode::Weights::Generate(mc));
+  decode::DecodeWorkloadOptions wo;
+  wo.seed = seed;
+  wo.conversations = 6;
+  wo.agents = 2;
+  DemoDecode d;
+  d.ranks = ranks;
+  d.params_m = mc.Params() / 1e6;
+  d.codec = cfg.codec.enabled();
+  for (bool reuse : {true, false}) {
+    decode::DecodeRunOptions o;
+    o.prefix_reuse = reuse;
+    o.label = reuse ? "reuse" : "no-reuse";
+    decode::DecodeReport rep;
+    KVMESH_RETURN_IF_ERROR(decode::RunOnThreads(
+        cfg, w, ranks, [&](decode::RankEngine& e, const decode::PrefixLookup& lookup, ShardNode* node) -> Status {
+          KVMESH_ASSIGN_OR_RETURN(decode::DecodeReport r, decode::RunDecodeWorkload(e, lookup, node, wo, o));
+          if (e.comm().rank() == 0) rep = r;
+          return Status::Ok();
+        }));
+    (reuse ? d.with : d.without) = rep;
+  }
+  return d;
+}
+
+nlohmann::json DecodeJson(const DemoDecode& d) {
+  auto side = [](const decode::DecodeReport& r) {
+    return nlohmann::json{{"requests", r.requests},
+                          {"generated_tokens", r.generated_tokens},
+                          {"prefix_hit_rate", r.prefix_hit_rate()},
+                          {"computed_prompt_tokens", r.computed_prompt_tokens},
+                          {"ttft_ms_p50", Ms(r.ttft.Percentile(0.5))},
+                          {"tpot_ms_p50", Ms(r.tpot.Percentile(0.5))},
+                          {"tokens_per_s", r.tokens_per_s()},
+                          {"kv_bytes", r.kv_bytes_stored}};
+  };
+  return {{"ranks", d.ranks},
+          {"params_m", d.params_m},
+          {"with_reuse", side(d.with)},
+          {"without_reuse", side(d.without)},
+          {"ratio_with_over_without",
+           {{"ttft_p50", Ratio(d.with.ttft.Percentile(0.5), d.without.ttft.Percentile(0.5))},
+            {"tpot_p50", Ratio(d.with.tpot.Percentile(0.5), d.without.tpot.Percentile(0.5))},
+            {"tokens_per_s", Ratio(d.with.tokens_per_s(), d.without.tokens_per_s())}}},
+          {"same_tokens_with_and_without_reuse", d.same_tokens()}};
+}
 
 int Run(const DemoArgs& a) {
   Result<ClusterConfig> cfg = a.config.empty() ? ParseConfig(kDefaultLocalConfig, "cluster_configs/local.json (built in)")
@@ -55,7 +125,16 @@ int Run(const DemoArgs& a) {
     policy = n.store().policy_name();
   }
   const uint32_t classes = cfg->eviction.priority_classes;
+  // Part 2, decode: run after the replay's figures are printed (text mode).
+  Result<DemoDecode> dec = DemoDecode{};
+  auto run_decode = [&]() -> bool {
+    if (!a.decode) return true;
+    dec = RunDecodePart(*cfg, a.decode_ranks, a.seed);
+    if (!dec.ok()) std::cerr << "kvmesh demo: decode: " << dec.status().ToString() << "\n";
+    return dec.ok();
+  };
   if (a.json) {
+    if (!run_decode()) return 1;
     nlohmann::json by_class = nlohmann::json::object();
     for (uint32_t c = 0; c < classes; ++c) by_class[std::to_string(c)] = total.evictions_by_class[c];
     auto lat = [](const LatencyHistogram& h) {
@@ -86,6 +165,7 @@ int Run(const DemoArgs& a) {
         {"latency_us", {{"match_prefix", lat(r.match)}, {"get", lat(r.get)}, {"put", lat(r.put)}}},
         {"wall_s", r.wall_s},
     };
+    if (a.decode) j["decode"] = DecodeJson(*dec);
     std::cout << j.dump(2) << "\n";
   } else {
     std::printf("kvmesh demo: embedded cluster \"%s\", %zu nodes, %s budget, %s blocks, policy %s\n",
@@ -114,8 +194,33 @@ int Run(const DemoArgs& a) {
     row("get (batch)", r.get);
     row("put (batch)", r.put);
     std::printf("  wall time           %.2f s\n", r.wall_s);
+    std::fflush(stdout);
+    if (!run_decode()) return 1;
+    if (a.decode) {
+      const DemoDecode& d = *dec;
+      std::printf("\nmodel-parallel decode over kvmesh sequences: %d ranks (threads), reference MoE model %.2fM params,\n"
+                  "%llu requests (chat + agent loops); `kvmesh decode` for more\n",
+                  d.ranks, d.params_m, (unsigned long long)d.with.requests);
+      std::printf("  %-24s %12s %12s %8s\n", "", "with reuse", "without", "ratio");
+      auto drow = [](const char* name, double x, double y, const char* fmt) {
+        char bx[32], by[32];
+        std::snprintf(bx, sizeof bx, fmt, x);
+        std::snprintf(by, sizeof by, fmt, y);
+        std::printf("  %-24s %12s %12s %7.2fx\n", name, bx, by, Ratio(x, y));
+      };
+      drow("TTFT p50 (ms)", Ms(d.with.ttft.Percentile(0.5)), Ms(d.without.ttft.Percentile(0.5)), "%.2f");
+      drow("TPOT p50 (ms)", Ms(d.with.tpot.Percentile(0.5)), Ms(d.without.tpot.Percentile(0.5)), "%.2f");
+      drow("throughput (tokens/s)", d.with.tokens_per_s(), d.without.tokens_per_s(), "%.0f");
+      drow("prompt tokens computed", double(d.with.computed_prompt_tokens), double(d.without.computed_prompt_tokens),
+           "%.0f");
+      std::printf("  prefix hit rate %.1f%%; same tokens with and without reuse: %s\n", 100 * d.with.prefix_hit_rate(),
+                  d.same_tokens() ? "yes" : d.codec ? "no (lossy KV codec)" : "NO");
+    }
   }
-  return r.mismatches == 0 ? 0 : 2;
+  // With raw KV, prefix reuse must not change a single generated token.
+  const bool decode_ok = !a.decode || dec->codec || dec->same_tokens();
+  if (!decode_ok) std::cerr << "kvmesh demo: prefix reuse changed the generated tokens\n";
+  return r.mismatches == 0 && decode_ok ? 0 : 2;
 }
 
 }  // namespace
@@ -128,6 +233,9 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--threads", a->threads, "client threads")->check(CLI::Range(1, 64));
   cmd->add_option("--seed", a->seed, "workload seed");
   cmd->add_option("--conversations", a->conversations, "conversations to run")->check(CLI::Range(1, 1000000));
+  cmd->add_flag("!--no-decode", a->decode, "skip the model-parallel decode part");
+  cmd->add_option("--decode-ranks", a->decode_ranks, "tensor/expert-parallel ranks of the decode part")
+      ->check(CLI::Range(1, 4));
   cmd->callback([a, exit_code] { *exit_code = Run(*a); });
 }
 

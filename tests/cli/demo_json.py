@@ -16,3 +16,14 @@ assert r["mismatches"] == 0 and r["put_errors"] == 0, r
 assert r["evictions"]["total"] == sum(r["evictions"]["by_class"].values()), r
 assert r["bytes_in_use"] <= r["capacity_bytes"], r
 print("demo --json OK:", {k: r[k] for k in ("requests", "prefix_hit_rate", "blocks_stored")})
+
+# The decode part: model-parallel decode over kvmesh sequences, with and without reuse.
+d = r["decode"]
+assert d["ranks"] == 4, d
+w, wo = d["with_reuse"], d["without_reuse"]
+assert w["requests"] == wo["requests"] > 0 and w["generated_tokens"] == wo["generated_tokens"] > 0, d
+assert d["same_tokens_with_and_without_reuse"] is True, d  # raw KV: reuse never changes a token
+assert w["prefix_hit_rate"] > 0.3 and wo["prefix_hit_rate"] == 0, d
+assert w["computed_prompt_tokens"] < wo["computed_prompt_tokens"], d
+assert w["ttft_ms_p50"] > 0 and w["tokens_per_s"] > 0, d
+print("demo --json decode OK:", {k: d["with_reuse"][k] for k in ("requests", "prefix_hit_rate")})
