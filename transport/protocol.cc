@@ -1,6 +1,7 @@
 #include "transport/protocol.h"
 
 #include <cstring>
+#include <tuple>
 
 #include "common/checksum.h"
 
@@ -76,6 +77,23 @@ constexpr size_t kMaxHelloAnswerBody = 2 + kMaxStringBytes + 12;
 uint32_t HeaderChecksum(const std::byte* p) { return static_cast<uint32_t>(Checksum64(p, 36)); }
 
 Status Malformed(std::string what) { return InvalidArgument("malformed frame: " + std::move(what)); }
+
+// Fixed-layout bodies: the fields in order, little-endian, nothing after.
+template <typename... T>
+std::string EncodeFixed(T... v) {
+  std::string out;
+  (Append<T>(&out, v), ...);
+  return out;
+}
+// Writes the outputs only when the whole body parses.
+template <typename... T>
+bool ParseFixed(std::span<const std::byte> body, T*... out) {
+  Reader r(body);
+  std::tuple<T...> v;
+  if (!std::apply([&r](auto&... x) { return (r.Get(&x) && ...); }, v) || !r.done()) return false;
+  std::tie(*out...) = v;
+  return true;
+}
 
 // Body length bounds of SEQ frames (the parsers check the exact sizes).
 constexpr uint64_t kAny = UINT32_MAX;
@@ -486,66 +504,28 @@ Status ParseSeqAppend(std::span<const std::byte> body, SeqAppendRequest* out) {
   return Status::Ok();
 }
 
-std::string EncodeSeqId(uint64_t id) {
-  std::string out;
-  Append<uint64_t>(&out, id);
-  return out;
-}
+std::string EncodeSeqId(uint64_t id) { return EncodeFixed(id); }
 
 Status ParseSeqId(std::span<const std::byte> body, uint64_t* id) {
-  Reader r(body);
-  uint64_t v = 0;
-  if (!r.Get(&v) || !r.done()) return Malformed("sequence id body is not 8 bytes");
-  *id = v;
-  return Status::Ok();
+  return ParseFixed(body, id) ? Status::Ok() : Malformed("sequence id body is not 8 bytes");
 }
 
-std::string EncodeSeqTruncate(uint64_t id, uint32_t n) {
-  std::string out = EncodeSeqId(id);
-  Append<uint32_t>(&out, n);
-  return out;
-}
+std::string EncodeSeqTruncate(uint64_t id, uint32_t n) { return EncodeFixed(id, n); }
 
 Status ParseSeqTruncate(std::span<const std::byte> body, uint64_t* id, uint32_t* n) {
-  Reader r(body);
-  uint64_t i = 0;
-  uint32_t m = 0;
-  if (!r.Get(&i) || !r.Get(&m) || !r.done()) return Malformed("bad SEQ_TRUNCATE body");
-  *id = i;
-  *n = m;
-  return Status::Ok();
+  return ParseFixed(body, id, n) ? Status::Ok() : Malformed("bad SEQ_TRUNCATE body");
 }
 
-std::string EncodeSeqRead(uint64_t id, uint32_t from, uint32_t n) {
-  std::string out = EncodeSeqId(id);
-  Append<uint32_t>(&out, from);
-  Append<uint32_t>(&out, n);
-  return out;
-}
+std::string EncodeSeqRead(uint64_t id, uint32_t from, uint32_t n) { return EncodeFixed(id, from, n); }
 
 Status ParseSeqRead(std::span<const std::byte> body, uint64_t* id, uint32_t* from, uint32_t* n) {
-  Reader r(body);
-  uint64_t i = 0;
-  uint32_t f = 0, m = 0;
-  if (!r.Get(&i) || !r.Get(&f) || !r.Get(&m) || !r.done()) return Malformed("bad SEQ_READ body");
-  *id = i;
-  *from = f;
-  *n = m;
-  return Status::Ok();
+  return ParseFixed(body, id, from, n) ? Status::Ok() : Malformed("bad SEQ_READ body");
 }
 
-std::string EncodeU32(uint32_t v) {
-  std::string out;
-  Append<uint32_t>(&out, v);
-  return out;
-}
+std::string EncodeU32(uint32_t v) { return EncodeFixed(v); }
 
 Status ParseU32Answer(std::span<const std::byte> body, uint32_t* v) {
-  Reader r(body);
-  uint32_t x = 0;
-  if (!r.Get(&x) || !r.done()) return Malformed("answer is not one u32");
-  *v = x;
-  return Status::Ok();
+  return ParseFixed(body, v) ? Status::Ok() : Malformed("answer is not one u32");
 }
 
 std::string EncodeSeqInfoAnswer(const SeqInfoAnswer& a) {
