@@ -77,6 +77,18 @@ struct SequenceService::Impl {
     return it->second;
   }
 
+  // Runs fn(entry) under the entry's lock after a lazy reap; an unknown or
+  // released id answers NotFound. fn returns a Status or a Result<T>.
+  template <typename Fn>
+  auto Locked(SequenceService* self, SeqId id, Fn&& fn) -> decltype(fn(std::declval<Entry&>())) {
+    MaybeReap(self);
+    std::shared_ptr<Entry> e = Find(id);
+    if (!e) return Unknown(id);
+    std::lock_guard<std::mutex> lock(e->mu);
+    if (e->released) return Unknown(id);
+    return fn(*e);
+  }
+
   // Registers `local` of `slot` under a new id, or releases it when the node
   // is at max_sequences.
   Result<SeqId> Add(const std::shared_ptr<Slot>& slot, SeqId local) {
@@ -162,6 +174,7 @@ Result<SeqCreated> SequenceService::Create(const SeqCreateArgs& a) {
       SequenceOptions so;
       so.tenant_salt = a.tenant_salt;
       so.priority = a.priority;
+      so.codec = im.o.codec;
       KVMESH_ASSIGN_OR_RETURN(auto table, SequenceTable::Create(im.store, im.model, layers, heads, std::move(so)));
       slot = std::make_shared<Slot>();
       slot->table = std::move(table);
@@ -180,47 +193,34 @@ Result<SeqCreated> SequenceService::Create(const SeqCreateArgs& a) {
 Result<uint32_t> SequenceService::Append(SeqId id, std::span<const TokenId> tokens, std::span<const std::byte> k,
                                          std::span<const std::byte> v) {
   Impl& im = *impl_;
-  im.MaybeReap(this);
-  std::shared_ptr<Entry> e = im.Find(id);
-  if (!e) return Unknown(id);
-  std::lock_guard<std::mutex> lock(e->mu);
-  if (e->released) return Unknown(id);
-  SequenceTable& t = *e->slot->table;
-  const BlockLayout& L = t.layout();
-  const uint64_t side = uint64_t{L.layers.size()} * tokens.size() * L.heads.size() * L.head_dim * DTypeSize(L.dtype);
-  if (k.size() != side || v.size() != side)
-    return InvalidArgument("append of " + std::to_string(tokens.size()) + " tokens needs K and V of " +
-                           std::to_string(side) + " bytes each ([layer][n][heads][head_dim]), got " +
-                           std::to_string(k.size()) + " and " + std::to_string(v.size()));
-  KVMESH_ASSIGN_OR_RETURN(uint32_t len, t.Length(e->local));
-  if (uint64_t{len} + tokens.size() > im.o.max_sequence_tokens)
-    return ResourceExhausted("a sequence holds at most " + std::to_string(im.o.max_sequence_tokens) + " tokens");
-  KVMESH_RETURN_IF_ERROR(t.Append(e->local, tokens, k, v));
-  return len;
+  return im.Locked(this, id, [&](Entry& e) -> Result<uint32_t> {
+    SequenceTable& t = *e.slot->table;
+    const BlockLayout& L = t.layout();
+    const uint64_t side = uint64_t{L.layers.size()} * tokens.size() * L.heads.size() * L.head_dim * DTypeSize(L.dtype);
+    if (k.size() != side || v.size() != side)
+      return InvalidArgument("append of " + std::to_string(tokens.size()) + " tokens needs K and V of " +
+                             std::to_string(side) + " bytes each ([layer][n][heads][head_dim]), got " +
+                             std::to_string(k.size()) + " and " + std::to_string(v.size()));
+    KVMESH_ASSIGN_OR_RETURN(uint32_t len, t.Length(e.local));
+    if (uint64_t{len} + tokens.size() > im.o.max_sequence_tokens)
+      return ResourceExhausted("a sequence holds at most " + std::to_string(im.o.max_sequence_tokens) + " tokens");
+    KVMESH_RETURN_IF_ERROR(t.Append(e.local, tokens, k, v));
+    return len;
+  });
 }
 
 Status SequenceService::Truncate(SeqId id, uint32_t n) {
-  Impl& im = *impl_;
-  im.MaybeReap(this);
-  std::shared_ptr<Entry> e = im.Find(id);
-  if (!e) return Unknown(id);
-  std::lock_guard<std::mutex> lock(e->mu);
-  if (e->released) return Unknown(id);
-  return e->slot->table->Truncate(e->local, n);
+  return impl_->Locked(this, id, [&](Entry& e) { return e.slot->table->Truncate(e.local, n); });
 }
 
 Result<SeqId> SequenceService::Fork(SeqId id) {
   Impl& im = *impl_;
-  im.MaybeReap(this);
-  std::shared_ptr<Entry> e = im.Find(id);
-  if (!e) return Unknown(id);
-  SeqId local = 0;
-  {
-    std::lock_guard<std::mutex> lock(e->mu);
-    if (e->released) return Unknown(id);
-    KVMESH_ASSIGN_OR_RETURN(local, e->slot->table->Fork(e->local));
-  }
-  return im.Add(e->slot, local);
+  std::shared_ptr<Slot> slot;
+  KVMESH_ASSIGN_OR_RETURN(SeqId local, im.Locked(this, id, [&](Entry& e) -> Result<SeqId> {
+                            slot = e.slot;
+                            return e.slot->table->Fork(e.local);
+                          }));
+  return im.Add(slot, local);  // outside the entry's lock
 }
 
 Status SequenceService::Release(SeqId id) {
@@ -240,71 +240,65 @@ Status SequenceService::Release(SeqId id) {
 }
 
 Result<SeqState> SequenceService::Info(SeqId id) {
-  Impl& im = *impl_;
-  im.MaybeReap(this);
-  std::shared_ptr<Entry> e = im.Find(id);
-  if (!e) return Unknown(id);
-  std::lock_guard<std::mutex> lock(e->mu);
-  if (e->released) return Unknown(id);
-  SequenceTable& t = *e->slot->table;
-  SeqState s;
-  KVMESH_ASSIGN_OR_RETURN(s.tokens, t.Tokens(e->local));
-  KVMESH_ASSIGN_OR_RETURN(s.sealed_blocks, t.SealedBlocks(e->local));
-  s.length = static_cast<uint32_t>(s.tokens.size());
-  return s;
+  return impl_->Locked(this, id, [&](Entry& e) -> Result<SeqState> {
+    SequenceTable& t = *e.slot->table;
+    SeqState s;
+    KVMESH_ASSIGN_OR_RETURN(s.tokens, t.Tokens(e.local));
+    KVMESH_ASSIGN_OR_RETURN(s.sealed_blocks, t.SealedBlocks(e.local));
+    s.length = static_cast<uint32_t>(s.tokens.size());
+    return s;
+  });
 }
 
 Result<SeqRows> SequenceService::Read(SeqId id, uint32_t from, uint32_t n, size_t max_bytes,
                                       std::vector<std::byte>* k, std::vector<std::byte>* v) {
   Impl& im = *impl_;
-  im.MaybeReap(this);
-  std::shared_ptr<Entry> e = im.Find(id);
-  if (!e) return Unknown(id);
-  std::lock_guard<std::mutex> lock(e->mu);
-  if (e->released) return Unknown(id);
-  SequenceTable& t = *e->slot->table;
-  KVMESH_ASSIGN_OR_RETURN(SequenceView view, t.View(e->local));
-  if (uint64_t{from} + n > view.length)
-    return InvalidArgument("read of positions [" + std::to_string(from) + ", " + std::to_string(uint64_t{from} + n) +
-                           ") outside a sequence of " + std::to_string(view.length) + " tokens");
-  const BlockLayout& L = view.layout;
-  SeqRows rows;
-  rows.layers = L.layers.size();
-  const size_t dim_bytes = size_t{L.head_dim} * DTypeSize(L.dtype);
-  rows.row_bytes = static_cast<uint32_t>(dim_bytes * L.heads.size());
-  const uint64_t per_pos = uint64_t{2} * rows.layers * rows.row_bytes;
-  rows.n = per_pos == 0 ? n : static_cast<uint32_t>(std::min<uint64_t>(n, std::max<uint64_t>(1, max_bytes / per_pos)));
-  const size_t side = size_t{rows.layers} * rows.n * rows.row_bytes;
-  k->resize(side);
-  v->resize(side);
-  // Sealed blocks may live in device memory: copy those out once each.
-  MemoryBackend& mem = im.store->backend();
-  const std::byte* base = mem.base();
-  std::map<size_t, std::vector<std::byte>> staged;
-  auto block = [&](uint32_t pos) -> const std::byte* {
-    const size_t b = pos / L.block_tokens;
-    const std::byte* p = view.blocks[b];
-    if (mem.host_accessible() || p < base || p >= base + mem.size()) return p;
-    auto it = staged.find(b);
-    if (it == staged.end()) {
-      it = staged.emplace(b, std::vector<std::byte>(L.bytes())).first;
-      mem.CopyOut(it->second.data(), p, L.bytes());
-    }
-    return it->second.data();
-  };
-  for (uint32_t i = 0; i < rows.n; ++i) {
-    const uint32_t pos = from + i;
-    const std::byte* blk = block(pos);
-    for (uint32_t l = 0; l < rows.layers; ++l) {
-      for (uint32_t h = 0; h < L.heads.size(); ++h) {
-        const size_t dst = (size_t{l} * rows.n + i) * rows.row_bytes + h * dim_bytes;
-        const uint32_t layer = L.layers.begin + l, head = L.heads.begin + h;
-        std::memcpy(k->data() + dst, blk + L.Offset(layer, 0, head, pos % L.block_tokens), dim_bytes);
-        std::memcpy(v->data() + dst, blk + L.Offset(layer, 1, head, pos % L.block_tokens), dim_bytes);
+  return im.Locked(this, id, [&](Entry& e) -> Result<SeqRows> {
+    SequenceTable& t = *e.slot->table;
+    KVMESH_ASSIGN_OR_RETURN(SequenceView view, t.View(e.local));
+    if (uint64_t{from} + n > view.length)
+      return InvalidArgument("read of positions [" + std::to_string(from) + ", " + std::to_string(uint64_t{from} + n) +
+                             ") outside a sequence of " + std::to_string(view.length) + " tokens");
+    const BlockLayout& L = view.layout;
+    SeqRows rows;
+    rows.layers = L.layers.size();
+    const size_t dim_bytes = size_t{L.head_dim} * DTypeSize(L.dtype);
+    rows.row_bytes = static_cast<uint32_t>(dim_bytes * L.heads.size());
+    const uint64_t per_pos = uint64_t{2} * rows.layers * rows.row_bytes;
+    rows.n = per_pos == 0 ? n
+                          : static_cast<uint32_t>(std::min<uint64_t>(n, std::max<uint64_t>(1, max_bytes / per_pos)));
+    const size_t side = size_t{rows.layers} * rows.n * rows.row_bytes;
+    k->resize(side);
+    v->resize(side);
+    // Sealed blocks may live in device memory: copy those out once each.
+    MemoryBackend& mem = im.store->backend();
+    const std::byte* base = mem.base();
+    std::map<size_t, std::vector<std::byte>> staged;
+    auto block = [&](uint32_t pos) -> const std::byte* {
+      const size_t b = pos / L.block_tokens;
+      const std::byte* p = view.blocks[b];
+      if (mem.host_accessible() || p < base || p >= base + mem.size()) return p;
+      auto it = staged.find(b);
+      if (it == staged.end()) {
+        it = staged.emplace(b, std::vector<std::byte>(L.bytes())).first;
+        mem.CopyOut(it->second.data(), p, L.bytes());
+      }
+      return it->second.data();
+    };
+    for (uint32_t i = 0; i < rows.n; ++i) {
+      const uint32_t pos = from + i;
+      const std::byte* blk = block(pos);
+      for (uint32_t l = 0; l < rows.layers; ++l) {
+        for (uint32_t h = 0; h < L.heads.size(); ++h) {
+          const size_t dst = (size_t{l} * rows.n + i) * rows.row_bytes + h * dim_bytes;
+          const uint32_t layer = L.layers.begin + l, head = L.heads.begin + h;
+          std::memcpy(k->data() + dst, blk + L.Offset(layer, 0, head, pos % L.block_tokens), dim_bytes);
+          std::memcpy(v->data() + dst, blk + L.Offset(layer, 1, head, pos % L.block_tokens), dim_bytes);
+        }
       }
     }
-  }
-  return rows;
+    return rows;
+  });
 }
 
 size_t SequenceService::ReapIdle() {

@@ -44,6 +44,9 @@ struct SequenceServiceOptions {
   uint32_t max_sequences = 4096;             // live sequences per node
   uint32_t max_slices = 64;                  // distinct (slice, salt, priority) tables
   uint32_t max_sequence_tokens = 1u << 20;   // length bound of one sequence
+  // KV codec of the blocks the sequences seal ($.codec): stored encoded,
+  // read back dequantised (SequenceOptions::codec). "none": raw.
+  CodecConfig codec;
 };
 
 // What SEQ_CREATE asks for.

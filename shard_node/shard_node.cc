@@ -92,6 +92,7 @@ SequenceServiceOptions ShardNode::SequenceOptions(const ClusterConfig& config) {
   o.max_sequences = config.sequences.max_sequences;
   o.max_slices = config.sequences.max_slices;
   o.max_sequence_tokens = config.sequences.max_sequence_tokens;
+  o.codec = config.codec;
   return o;
 }
 

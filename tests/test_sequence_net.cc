@@ -592,3 +592,50 @@ TEST_CASE("Sequences: many threads on one router, own and shared sequences", "[s
   CHECK(c.router->SequenceInfo(shared).value().length == 20);
   REQUIRE(c.router->ReleaseSequence(shared).ok());
 }
+
+TEST_CASE("Network sequences on a node with a codec seal their blocks encoded and read them back dequantised",
+          "[sequence][net][codec]") {
+  // A node whose config has $.codec: its sequences store sealed blocks
+  // through the codec (fewer stored bytes), the tail stays exact, and reads
+  // return the decoded values (here Val() rounded by fp16: within 1e-3 relative).
+  ClusterConfig cfg = Config();
+  cfg.codec.codec = "fp16";
+  auto cluster = EmbeddedCluster::Start(cfg).value();
+  Router& r = cluster->router();
+  std::vector<TokenId> toks(10);
+  std::iota(toks.begin(), toks.end(), 7);
+  SequenceHandle h = r.CreateSequence({}).value();
+  REQUIRE(Append(r, h, toks, 0).ok());
+  SequenceState st = r.SequenceInfo(h).value();
+  CHECK(st.sealed_blocks == 2);
+  std::vector<std::byte> k, v;
+  REQUIRE(r.ReadSequence(h, 0, st.length, &k, &v).ok());
+  std::vector<float> ek, ev;
+  MakeKv(toks, 0, h.heads, &ek, &ev);
+  REQUIRE(k.size() == ek.size() * sizeof(float));
+  const size_t n = toks.size(), H = h.heads.size();
+  size_t exact_sealed = 0, sealed = 0;
+  for (uint32_t l = 0; l < kLayers; ++l)
+    for (size_t i = 0; i < n; ++i)
+      for (size_t x = 0; x < H * kDim; ++x) {
+        const size_t idx = (l * n + i) * H * kDim + x;
+        float gk, gv;
+        std::memcpy(&gk, k.data() + idx * sizeof(float), sizeof gk);
+        std::memcpy(&gv, v.data() + idx * sizeof(float), sizeof gv);
+        if (i >= 2 * kBt) {  // the open tail: exact
+          REQUIRE(gk == ek[idx]);
+          REQUIRE(gv == ev[idx]);
+        } else {
+          REQUIRE(std::abs(gk - ek[idx]) <= 1e-3f * std::abs(ek[idx]));
+          REQUIRE(std::abs(gv - ev[idx]) <= 1e-3f * std::abs(ev[idx]));
+          exact_sealed += (gk == ek[idx]) + (gv == ev[idx]);
+          sealed += 2;
+        }
+      }
+  CHECK(exact_sealed < sealed);  // really went through fp16
+  ShardNode& node = cluster->node(h.node);
+  const StoreStats ss = node.store().Stats();
+  CHECK(ss.blocks == 2);
+  CHECK(ss.bytes_stored < ss.bytes_logical);  // encoded
+  REQUIRE(r.ReleaseSequence(h).ok());
+}
