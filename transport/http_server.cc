@@ -1,8 +1,6 @@
 #include "transport/http_server.h"
 
-#include <thread>
-
-#include "transport/asio.h"
+#include "transport/asio_listener.h"
 
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -17,50 +15,26 @@ using asio::ip::tcp;
 
 class BeastServer final : public HttpServer {
  public:
-  BeastServer(HttpHandler h) : handler_(std::move(h)), acceptor_(io_) {}
+  explicit BeastServer(HttpHandler h) : handler_(std::move(h)) {}
   ~BeastServer() override { Stop(); }
 
   Status Bind(const std::string& host, uint16_t port) {
-    boost::system::error_code ec;
-    auto addr = asio::ip::make_address(host, ec);
-    if (ec) return InvalidArgument("bad listen address " + host + ": " + ec.message());
-    tcp::endpoint ep(addr, port);
-    acceptor_.open(ep.protocol(), ec);
-    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(ep, ec);
-    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) return Unavailable("HTTP listen on " + host + ":" + std::to_string(port) + ": " + ec.message());
-    port_ = acceptor_.local_endpoint().port();
-    asio::co_spawn(io_, Accept(), asio::detached);
-    thread_ = std::thread([this] { io_.run(); });
+    AsioListenerOptions o;
+    o.host = host;
+    o.port = port;
+    o.what = "HTTP";
+    KVMESH_ASSIGN_OR_RETURN(listener_,
+                            AsioListener::Start(o, [this](tcp::socket s) { return Session(std::move(s)); }));
     return Status::Ok();
   }
 
-  uint16_t port() const override { return port_; }
+  uint16_t port() const override { return listener_->port(); }
 
   void Stop() override {
-    if (stopped_.exchange(true)) return;
-    asio::post(io_, [this] {
-      boost::system::error_code ec;
-      acceptor_.close(ec);
-      io_.stop();
-    });
-    if (thread_.joinable()) thread_.join();
+    if (listener_) listener_->Stop();
   }
 
  private:
-  asio::awaitable<void> Accept() {
-    for (;;) {
-      boost::system::error_code ec;
-      tcp::socket s = co_await acceptor_.async_accept(asio::redirect_error(asio::use_awaitable, ec));
-      if (ec) {
-        if (!acceptor_.is_open()) co_return;
-        continue;
-      }
-      asio::co_spawn(io_, Session(std::move(s)), asio::detached);
-    }
-  }
-
   asio::awaitable<void> Session(tcp::socket socket) {
     beast::tcp_stream stream(std::move(socket));
     beast::flat_buffer buf;
@@ -94,11 +68,7 @@ class BeastServer final : public HttpServer {
   }
 
   HttpHandler handler_;
-  asio::io_context io_{1};
-  tcp::acceptor acceptor_;
-  std::thread thread_;
-  uint16_t port_ = 0;
-  std::atomic<bool> stopped_{false};
+  std::unique_ptr<AsioListener> listener_;  // last: sessions use handler_
 };
 
 }  // namespace

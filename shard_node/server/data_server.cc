@@ -6,13 +6,12 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "common/checksum.h"
 #include "common/histogram.h"
 #include "shard_node/shard_node.h"
-#include "transport/asio.h"
+#include "transport/asio_listener.h"
 
 namespace kvmesh {
 namespace {
@@ -32,43 +31,26 @@ struct OpStats {
 class Server final : public DataServer {
  public:
   Server(ShardNode* node, DataServerOptions o, const std::atomic<uint64_t>* epoch)
-      : node_(node), o_(std::move(o)), epoch_(epoch), handler_(node, o_.limits, o_.token, epoch), acceptor_(accept_io_) {
-    // One single-threaded io_context per I/O thread (connections are spread
-    // round robin): a connection's handlers never hop threads.
-    for (uint32_t i = 0; i < o_.threads; ++i) ios_.push_back(std::make_unique<asio::io_context>(1));
-  }
+      : node_(node), o_(std::move(o)), epoch_(epoch), handler_(node, o_.limits, o_.token, epoch) {}
   ~Server() override { Stop(); }
 
   Status Bind() {
-    boost::system::error_code ec;
-    auto addr = asio::ip::make_address(o_.host, ec);
-    if (ec) return InvalidArgument("bad listen address " + o_.host + ": " + ec.message());
-    tcp::endpoint ep(addr, o_.port);
-    acceptor_.open(ep.protocol(), ec);
-    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(ep, ec);
-    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) return Unavailable("data listen on " + o_.host + ":" + std::to_string(o_.port) + ": " + ec.message());
-    port_ = acceptor_.local_endpoint().port();
-    asio::co_spawn(accept_io_, Accept(), asio::detached);
-    for (auto& io : ios_) guards_.emplace_back(asio::make_work_guard(*io));
-    threads_.emplace_back([this] { accept_io_.run(); });
-    for (auto& io : ios_) threads_.emplace_back([p = io.get()] { p->run(); });
+    // One accept thread and o_.threads session threads (AsioListener): a
+    // connection's handlers never hop threads.
+    AsioListenerOptions l;
+    l.host = o_.host;
+    l.port = o_.port;
+    l.session_threads = o_.threads;
+    l.what = "data";
+    KVMESH_ASSIGN_OR_RETURN(listener_,
+                            AsioListener::Start(l, [this](tcp::socket s) { return Session(std::move(s)); }));
     return Status::Ok();
   }
 
-  uint16_t port() const override { return port_; }
+  uint16_t port() const override { return listener_->port(); }
 
   void Stop() override {
-    if (stopped_.exchange(true)) return;
-    asio::post(accept_io_, [this] {
-      boost::system::error_code ec;
-      acceptor_.close(ec);
-      accept_io_.stop();
-    });
-    for (auto& io : ios_) io->stop();
-    for (auto& t : threads_)
-      if (t.joinable()) t.join();
+    if (listener_) listener_->Stop();
   }
 
   std::string MetricsText() const override {
@@ -108,19 +90,6 @@ class Server final : public DataServer {
   }
 
  private:
-  asio::awaitable<void> Accept() {
-    for (;;) {
-      boost::system::error_code ec;
-      asio::io_context& io = *ios_[next_io_++ % ios_.size()];
-      tcp::socket s = co_await acceptor_.async_accept(io, asio::redirect_error(asio::use_awaitable, ec));
-      if (ec) {
-        if (!acceptor_.is_open()) co_return;
-        continue;
-      }
-      asio::co_spawn(io, Session(std::move(s)), asio::detached);
-    }
-  }
-
   asio::awaitable<void> Session(tcp::socket s) {
     boost::system::error_code ec;
     s.set_option(tcp::no_delay(true), ec);
@@ -179,19 +148,10 @@ class Server final : public DataServer {
   DataServerOptions o_;
   const std::atomic<uint64_t>* epoch_;
   FrameHandler handler_;
-  // Order matters for destruction: the pending accept on accept_io_ holds a
-  // socket of one of ios_, so accept_io_ must go first (declared after).
-  std::vector<std::unique_ptr<asio::io_context>> ios_;
-  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards_;
-  asio::io_context accept_io_{1};
-  size_t next_io_ = 0;
-  tcp::acceptor acceptor_;
-  std::vector<std::thread> threads_;
-  uint16_t port_ = 0;
-  std::atomic<bool> stopped_{false};
   std::atomic<uint64_t> conns_total_{0}, conns_open_{0}, malformed_{0}, truncated_{0};
   std::atomic<uint64_t> bytes_in_{0}, bytes_out_{0};
   std::array<OpStats, kOps> ops_;
+  std::unique_ptr<AsioListener> listener_;  // last: destroyed first, with the sessions that use the above
 };
 
 }  // namespace
