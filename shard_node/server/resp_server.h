@@ -1,17 +1,13 @@
-// shard_node/server/resp_server.h — a Redis-protocol (RESP2) front on a shard
-// node, so redis-cli, redis-benchmark and Redis-backed KV-cache connectors
-// work unchanged against this node's store.
+// shard_node/server/resp_server.h — the node-local Redis-protocol (RESP2)
+// front: redis-cli, redis-benchmark and Redis-backed KV-cache connectors work
+// unchanged against this node's store. It is the zero-hop path: every key is
+// answered from this node, whichever node the router would place it on. For a
+// cluster-wide front that sends each key to its owner, see resp_proxy.h
+// (`kvmesh proxy`); both speak resp_protocol.h and name keys with RespKey.
 //
-// Commands: PING [msg], ECHO, GET, SET key value (options such as EX are
-// accepted and ignored: kvmesh evicts by policy), MGET, MSET, EXISTS, DEL,
-// INFO, DBSIZE, SELECT 0, QUIT, plus the handshake answers clients ask for
-// (COMMAND, CONFIG GET, CLIENT ...). Keys and values are binary-safe; a key
-// is stored under BlockKey = xxHash3-128("resp\0" + key), so RESP keys never
-// meet router block keys. Values are blocks: at most the store's slot size.
-// Requests are parsed with every length bounded (bulk <= max_value_bytes,
-// array <= 1M elements, inline line <= 64 KiB); a protocol error closes only
-// that connection. Pipelined commands are answered in one gathered write;
-// GET answers come straight from pool memory.
+// Commands run inline on the front's one I/O thread (store calls never
+// block); pipelined commands are answered in one gathered write, GET answers
+// straight from pool memory (the blocks stay pinned until written).
 #pragma once
 
 #include <cstdint>
@@ -27,7 +23,10 @@ class ShardNode;
 struct RespServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;
-  uint64_t max_value_bytes = 16u << 20;
+  uint64_t max_value_bytes = 16u << 20;  // the slot size: a larger SET is answered an error
+  // Longest bulk string accepted at all (0: max(max_value_bytes, 16 MiB)); a
+  // longer one is a protocol error that closes the connection.
+  uint64_t max_bulk_bytes = 0;
 };
 
 class RespServer {
