@@ -22,6 +22,9 @@ void AddNodeCommand(CLI::App& app, int* exit_code);
 void AddCoordinatorCommand(CLI::App& app, int* exit_code);
 void AddServeCommand(CLI::App& app, int* exit_code);
 
+// kvmesh proxy: the cluster-wide RESP front (cli/cmd_proxy.cc).
+void AddProxyCommand(CLI::App& app, int* exit_code);
+
 // Issue 6: kvmesh decode (cli/cmd_decode.cc).
 void AddDecodeCommand(CLI::App& app, int* exit_code);
 

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   kvmesh::cli::AddNodeCommand(app, &exit_code);
   kvmesh::cli::AddCoordinatorCommand(app, &exit_code);
   kvmesh::cli::AddServeCommand(app, &exit_code);
+  kvmesh::cli::AddProxyCommand(app, &exit_code);
   kvmesh::cli::AddDecodeCommand(app, &exit_code);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,107 @@
+// kvmesh proxy --config F [--coordinator host:port] [--resp-port P] ...
+//
+// The cluster-wide Redis-protocol front (shard_node/server/resp_proxy.h): a
+// stateless process that sends every key to the node that owns it. Run as
+// many as you like; each one reads the shard map from the coordinator.
+#include <unistd.h>
+
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/daemon_signals.h"
+#include "kvmesh/config.h"
+#include "kvmesh/network.h"
+#include "shard_node/server/resp_proxy.h"
+#include "transport/http_client.h"
+#include "transport/socket_util.h"
+
+namespace kvmesh::cli {
+namespace {
+
+// DBSIZE/INFO figures: the coordinator's /stats totals (node heartbeats, so
+// up to one heartbeat period old).
+Result<RespClusterStats> CoordinatorStats(const std::string& host, uint16_t port, int64_t timeout_ms) {
+  KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/stats", "", timeout_ms));
+  if (r.status != 200) return Unavailable("coordinator /stats: HTTP " + std::to_string(r.status));
+  nlohmann::json j = nlohmann::json::parse(r.body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Unavailable("coordinator /stats: not JSON");
+  RespClusterStats s;
+  s.nodes = j.value("live_nodes", uint64_t{0});
+  const nlohmann::json t = j.value("totals", nlohmann::json::object());
+  s.blocks = t.value("blocks", uint64_t{0});
+  s.bytes_stored = t.value("bytes_stored", uint64_t{0});
+  s.hits = t.value("hits", uint64_t{0});
+  s.misses = t.value("misses", uint64_t{0});
+  s.evictions = t.value("evictions", uint64_t{0});
+  return s;
+}
+
+}  // namespace
+
+void AddProxyCommand(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand("proxy", "Run a cluster-wide Redis-protocol proxy (every key to the node that owns it)");
+  struct Args {
+    std::string config, coordinator, host = "127.0.0.1", token;
+    int port = 6380;
+    uint32_t workers = 4, io_threads = 1;
+    uint64_t max_value_bytes = 0;
+    int64_t timeout_ms = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--config", a->config, "cluster config JSON (slot size, coordinator, token)")->required();
+  cmd->add_option("--coordinator", a->coordinator, "coordinator host:port (default: $.coordinator)");
+  cmd->add_option("--host", a->host, "listen address (default 127.0.0.1)");
+  cmd->add_option("--resp-port", a->port, "RESP port (default 6380; 0 = a free port)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--workers", a->workers, "threads making router calls (default 4)")->check(CLI::Range(1, 256));
+  cmd->add_option("--io-threads", a->io_threads, "connection threads (default 1)")->check(CLI::Range(1, 64));
+  cmd->add_option("--max-value-bytes", a->max_value_bytes,
+                  "largest value (default: $.store.slot_bytes, else the model's block bytes)");
+  cmd->add_option("--timeout-ms", a->timeout_ms, "per router operation (default $.transport.timeout_ms)");
+  cmd->add_option("--token", a->token, "shared secret (overrides $.auth.token)");
+  cmd->callback([a, exit_code] {
+    BlockStopSignals();
+    auto fail = [&](const Status& s) {
+      std::cerr << "kvmesh proxy: " << s.ToString() << "\n";
+      *exit_code = 1;
+    };
+    Result<ClusterConfig> c = LoadConfigFile(a->config);
+    if (!c.ok()) return fail(c.status());
+    NetworkClientOptions n;
+    n.coordinator = a->coordinator;
+    if (n.coordinator.empty() && c->coordinator.port != 0)
+      n.coordinator = c->coordinator.host + ":" + std::to_string(c->coordinator.port);
+    if (n.coordinator.empty()) return fail(InvalidArgument("no coordinator: pass --coordinator or set $.coordinator.port"));
+    n.client_id = "kvmesh-proxy";
+    n.token = a->token.empty() ? c->auth.token : a->token;
+    n.timeout_ms = a->timeout_ms > 0 ? a->timeout_ms : c->transport.timeout_ms;
+    n.connect_timeout_ms = c->transport.connect_timeout_ms;
+    std::string coord_host;
+    uint16_t coord_port = 0;
+    if (Status s = SplitHostPort(n.coordinator, &coord_host, &coord_port); !s.ok()) return fail(s);
+    auto client = NetworkClient::Connect(n);
+    if (!client.ok()) return fail(client.status());
+    RespProxyOptions o;
+    o.host = a->host;
+    o.port = static_cast<uint16_t>(a->port);
+    o.max_value_bytes = a->max_value_bytes   ? a->max_value_bytes
+                        : c->store.slot_bytes ? c->store.slot_bytes
+                                              : c->model.FullBlockBytes();
+    o.workers = a->workers;
+    o.io_threads = a->io_threads;
+    o.timeout_ms = n.timeout_ms;
+    o.stats = [coord_host, coord_port, t = n.timeout_ms] { return CoordinatorStats(coord_host, coord_port, t); };
+    auto proxy = RespProxy::Start(&(*client)->router(), o);
+    if (!proxy.ok()) return fail(proxy.status());
+    nlohmann::json j{{"event", "listening"}, {"role", "proxy"}, {"host", o.host}, {"pid", ::getpid()},
+                     {"coordinator", n.coordinator}, {"nodes", (*client)->num_nodes()},
+                     {"max_value_bytes", o.max_value_bytes}, {"ports", {{"resp", (*proxy)->port()}}}};
+    PrintLine(j.dump());
+    int sig = WaitForStopSignal();
+    (*proxy)->Stop();
+    PrintLine("{\"event\":\"stopped\",\"role\":\"proxy\",\"signal\":" + std::to_string(sig) + "}");
+  });
+}
+
+}  // namespace kvmesh::cli
