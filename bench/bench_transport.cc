@@ -9,6 +9,13 @@
 // the same size (what a perfect store over one TCP round trip could reach).
 //
 //   build/bench/bench_transport [--seconds 1] [--reps 3] [--sizes 65536,262144,1048576] [--clients 1,8]
+//                               [--tables transport,resp] [--resp-sizes 16384] [--resp-clients 1,8]
+//
+// The RESP table (docs/resp.md): redis-benchmark-style SET and GET (one
+// blocking request per client at a time) of --resp-sizes values against
+// redis-server, the node-local RESP front of one `kvmesh node`, and a
+// `kvmesh proxy` in front of a coordinator and two nodes (every key through
+// the router to its owner), interleaved per rep; medians and ratios.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -232,6 +239,123 @@ std::vector<size_t> ParseList(const std::string& s) {
 
 std::string SizeName(size_t b) { return b >= (1 << 20) ? std::to_string(b >> 20) + " MiB" : std::to_string(b >> 10) + " KiB"; }
 
+// ---- the RESP table: redis-server vs node-local front vs kvmesh proxy -------------
+int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, double seconds, int reps,
+              const std::vector<size_t>& sizes, const std::vector<size_t>& client_counts) {
+  const size_t max_clients = *std::max_element(client_counts.begin(), client_counts.end());
+  const size_t keys_per_client = 16;
+  const std::string cfg_path = "/tmp/kvmesh-bench-resp-" + std::to_string(::getpid()) + ".json";
+  {
+    std::ofstream f(cfg_path);
+    f << R"({"model": {"model_id": "bench", "num_layers": 4, "num_kv_heads": 4, "head_dim": 64, "block_tokens": 16},
+            "nodes": [{"id": "r0", "ports": {"data": 0, "http": 0, "resp": 0}, "memory": {"host": "256MiB"}},
+                      {"id": "r1", "ports": {"data": 0, "http": 0, "resp": 0}, "memory": {"host": "256MiB"}}],
+            "store": {"slot_bytes": "1MiB", "stripes": 8},
+            "transport": {"io_threads": 2, "backend": "tcp"},
+            "coordinator": {"host": "127.0.0.1", "port": 0, "heartbeat_ms": 200, "dead_after_ms": 2000}})";
+  }
+  testing::Process coord, proxy, redis;
+  std::vector<std::unique_ptr<testing::Process>> nodes;
+  auto cleanup = [&] {
+    proxy.Kill(SIGTERM), proxy.Wait(5s);
+    for (auto& n : nodes) n->Kill(SIGTERM), n->Wait(5s);
+    coord.Kill(SIGTERM), coord.Wait(5s);
+    redis.Kill(SIGTERM), redis.Wait(5s);
+    ::unlink(cfg_path.c_str());
+  };
+  if (!coord.Start({kvmesh_bin, "coordinator", "--config", cfg_path, "--port", "0"})) return 1;
+  auto ce = coord.WaitEvent("listening", 10s);
+  if (!ce) return cleanup(), 1;
+  const std::string coord_addr = "127.0.0.1:" + std::to_string((*ce)["ports"]["http"].get<uint16_t>());
+  uint16_t local_port = 0;
+  for (const char* id : {"r0", "r1"}) {
+    nodes.push_back(std::make_unique<testing::Process>());
+    if (!nodes.back()->Start({kvmesh_bin, "node", "--config", cfg_path, "--id", id, "--coordinator", coord_addr}))
+      return cleanup(), 1;
+    auto ne = nodes.back()->WaitEvent("listening", 10s);
+    if (!ne) return cleanup(), 1;
+    if (local_port == 0) local_port = (*ne)["ports"]["resp"].get<uint16_t>();
+  }
+  std::this_thread::sleep_for(600ms);  // both nodes registered (heartbeat 200 ms)
+  if (!proxy.Start({kvmesh_bin, "proxy", "--config", cfg_path, "--coordinator", coord_addr, "--resp-port", "0"}))
+    return cleanup(), 1;
+  auto pe = proxy.WaitEvent("listening", 10s);
+  if (!pe) {
+    std::fprintf(stderr, "bench: kvmesh proxy did not start\n");
+    return cleanup(), 1;
+  }
+  const uint16_t proxy_port = (*pe)["ports"]["resp"].get<uint16_t>();
+  const int proxy_nodes = (*pe)["nodes"].get<int>();
+  const uint16_t redis_port = FreePort();
+  const bool have_redis = ::access(redis_bin.c_str(), X_OK) == 0 &&
+                          redis.Start({redis_bin, "--port", std::to_string(redis_port), "--bind", "127.0.0.1", "--save",
+                                       "", "--appendonly", "no", "--protected-mode", "no"});
+  struct Target {
+    const char* name = "";
+    uint16_t port = 0;
+    std::vector<RedisClient> c;
+  };
+  std::vector<Target> targets(3);
+  targets[0].name = "redis", targets[0].port = redis_port;
+  targets[1].name = "local", targets[1].port = local_port;
+  targets[2].name = "proxy", targets[2].port = proxy_port;
+  for (auto& t : targets) {
+    if (std::string(t.name) == "redis" && !have_redis) continue;
+    t.c.resize(max_clients);
+    for (auto& c : t.c)
+      if (!c.Connect(t.port)) return std::fprintf(stderr, "bench: cannot reach %s\n", t.name), cleanup(), 1;
+  }
+  std::printf("\n# RESP: redis-server vs kvmesh node-local front vs kvmesh proxy (%d nodes) — %d reps x %.1f s per "
+              "cell, medians\n", proxy_nodes, reps, seconds);
+  std::printf("| op | value | clients | redis ops/s | redis p50/p99 us | node-local ops/s | node-local p50/p99 us | "
+              "proxy ops/s | proxy p50/p99 us | proxy/redis | proxy/node-local | node-local/redis |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (size_t size : sizes) {
+    std::vector<std::vector<std::byte>> payload(max_clients, std::vector<std::byte>(size));
+    std::mt19937_64 rng(size);
+    for (auto& p : payload)
+      for (auto& b : p) b = static_cast<std::byte>(rng());
+    std::vector<std::vector<std::byte>> dst(max_clients, std::vector<std::byte>(size + 2));
+    auto key = [&](int c, uint64_t i) {
+      return "rk" + std::to_string(c) + ":" + std::to_string(i % keys_per_client) + ":" + std::to_string(size);
+    };
+    for (auto& t : targets)  // every key exists before any timed GET
+      for (size_t c = 0; c < t.c.size(); ++c)
+        for (size_t k = 0; k < keys_per_client; ++k)
+          if (!t.c[c].Set(key(int(c), k), payload[c])) return std::fprintf(stderr, "bench: SET on %s\n", t.name), cleanup(), 1;
+    for (size_t clients : client_counts) {
+      std::map<std::string, std::vector<Cell>> cells;
+      for (int r = 0; r < reps; ++r) {
+        for (auto& t : targets) {
+          if (t.c.empty()) continue;
+          cells[std::string(t.name) + "_set"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+            return t.c[c].Set(key(c, i), payload[c]);
+          }));
+          cells[std::string(t.name) + "_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+            return t.c[c].Get(key(c, i), &dst[c]) && dst[c].size() == size + 2 &&
+                   std::memcmp(dst[c].data(), payload[c].data(), size) == 0;
+          }));
+        }
+      }
+      for (const char* op : {"set", "get"}) {
+        auto med = [&](const char* t) {
+          auto& v = cells[std::string(t) + "_" + op];
+          return v.empty() ? Cell{} : Median(v);
+        };
+        const Cell rd = med("redis"), lo = med("local"), px = med("proxy");
+        auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+        std::printf("| %s | %s | %zu | %.0f | %.0f / %.0f | %.0f | %.0f / %.0f | %.0f | %.0f / %.0f | %.2fx | %.2fx | %.2fx |\n",
+                    std::string(op) == "set" ? "SET" : "GET", SizeName(size).c_str(), clients, rd.ops, rd.p50_us,
+                    rd.p99_us, lo.ops, lo.p50_us, lo.p99_us, px.ops, px.p50_us, px.p99_us, ratio(px.ops, rd.ops),
+                    ratio(px.ops, lo.ops), ratio(lo.ops, rd.ops));
+        std::fflush(stdout);
+      }
+    }
+  }
+  cleanup();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -239,6 +363,7 @@ int main(int argc, char** argv) {
   int reps = 3;
   std::string sizes_arg = "65536,262144,1048576", clients_arg = "1,8";
   std::string kvmesh_bin = KVMESH_BIN, redis_bin = KVMESH_REDIS_SERVER;
+  std::string tables = "transport,resp", resp_sizes_arg = "16384", resp_clients_arg = "1,8";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--seconds") seconds = std::stod(v);
@@ -247,6 +372,9 @@ int main(int argc, char** argv) {
     else if (k == "--clients") clients_arg = v;
     else if (k == "--kvmesh") kvmesh_bin = v;
     else if (k == "--redis-server") redis_bin = v;
+    else if (k == "--tables") tables = v;
+    else if (k == "--resp-sizes") resp_sizes_arg = v;
+    else if (k == "--resp-clients") resp_clients_arg = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -259,6 +387,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   const auto client_counts = ParseList(clients_arg);
+  const bool want_transport = tables.find("transport") != std::string::npos;
+  const bool want_resp = tables.find("resp") != std::string::npos;
+  if (!want_transport) {
+    if (!want_resp) return 0;
+    return RespTable(kvmesh_bin, redis_bin, seconds, reps, ParseList(resp_sizes_arg), ParseList(resp_clients_arg));
+  }
   const size_t max_clients = *std::max_element(client_counts.begin(), client_counts.end());
   const size_t keys_per_client = 16;
 
@@ -414,5 +548,7 @@ int main(int argc, char** argv) {
   redis.Kill(SIGTERM);
   redis.Wait(5s);
   ::unlink(cfg_path.c_str());
+  if (want_resp)
+    return RespTable(kvmesh_bin, redis_bin, seconds, reps, ParseList(resp_sizes_arg), ParseList(resp_clients_arg));
   return 0;
 }
