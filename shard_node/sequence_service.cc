@@ -1,8 +1,11 @@
 // A node's live sequences behind node-local ids (shard_node/sequence_service.h).
 #include "shard_node/sequence_service.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -41,6 +44,18 @@ struct Entry {
 
 Status Unknown(SeqId id) { return NotFound("sequence " + std::to_string(id) + " does not exist on this node"); }
 
+// Ids count up from a random point per service: a restarted node (same node
+// id) would otherwise count from 1 again, and a handle a client kept from
+// before the restart would name another client's new sequence (read it,
+// truncate it, release it). From a random start in [2^32, 2^62) such a
+// handle answers NotFound (a miss) except with negligible probability.
+SeqId FirstId() {
+  uint64_t r = 0;
+  if (::getrandom(&r, sizeof(r), 0) != static_cast<ssize_t>(sizeof(r)))
+    r = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9E3779B97F4A7C15ull;
+  return (r & ((uint64_t{1} << 62) - 1)) | (uint64_t{1} << 32);
+}
+
 }  // namespace
 
 struct SequenceService::Impl {
@@ -52,7 +67,7 @@ struct SequenceService::Impl {
   mutable std::mutex mu;
   std::map<SliceKey, std::shared_ptr<Slot>> slots;         // guarded by mu
   std::unordered_map<SeqId, std::shared_ptr<Entry>> seqs;  // guarded by mu
-  SeqId next_id = 1;                                       // guarded by mu
+  SeqId next_id = FirstId();                               // guarded by mu
   SequenceServiceStats stats;                              // counters guarded by mu
   std::atomic<int64_t> next_reap_ns{0};
 

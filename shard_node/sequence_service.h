@@ -4,7 +4,10 @@
 // A ShardNode owns one SequenceService over its primary BlockStore. The
 // service keeps one SequenceTable per slice (layer range, KV-head range,
 // tenant salt, priority), created on first use, and hands out node-local
-// sequence ids (never reused while the service lives). Because clients can
+// sequence ids (never reused while the service lives, counted from a random
+// start so a restarted node does not hand out its previous run's ids again:
+// a client's handle from before the restart then answers NotFound instead of
+// reaching another client's new sequence). Because clients can
 // die without releasing, every sequence has a last-use time: sequences idle
 // for longer than idle_timeout are released (unpinning their blocks) by the
 // next call that looks, at most about every idle_timeout / 4; ReapIdle()
