@@ -35,7 +35,15 @@ struct Pending {
   std::vector<std::byte> body;
 };
 
+class Channel;
+class UcxCallState;
+void StartKeys(Channel* ch, UcxCallState* st, Opcode op, uint8_t flags, std::span<const BlockKey> keys,
+               const RequestOptions& o);
+
 class Channel final : public UcxChannel, private SeqFrameIo {
+  friend class UcxCallState;
+  friend void StartKeys(Channel*, UcxCallState*, Opcode, uint8_t, std::span<const BlockKey>, const RequestOptions&);
+
  public:
   explicit Channel(UcxChannelOptions o) : o_(std::move(o)) {}
   ~Channel() override {
@@ -86,36 +94,50 @@ class Channel final : public UcxChannel, private SeqFrameIo {
   std::string_view transport() const override { return "ucx"; }
   void set_epoch(uint64_t e) override { epoch_.store(e); }
 
+  // The synchronous calls are the asynchronous ones, waited for at once.
   Status Put(std::span<PutItem> items, const RequestOptions& o) override {
-    if (items.empty()) return Status::Ok();
-    std::string table(items.size() * kPutItemSize, '\0');
-    std::vector<ucp_dt_iov_t> iov{{table.data(), table.size()}};
-    uint64_t body = table.size();
-    for (size_t i = 0; i < items.size(); ++i) {
-      PutRecord r{items[i].key, static_cast<uint32_t>(items[i].data.size()), o.priority, 0,
-                  Checksum64(items[i].data.data(), items[i].data.size())};
-      EncodePutRecord(r, reinterpret_cast<std::byte*>(table.data()) + i * kPutItemSize);
-      iov.push_back({const_cast<std::byte*>(items[i].data.data()), items[i].data.size()});
-      body += items[i].data.size();
-    }
-    auto p = std::make_shared<Pending>();
-    KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kPut, 0, items.size(), iov, body, p, o));
-    std::vector<uint8_t> codes;
-    KVMESH_RETURN_IF_ERROR(ParseStatusBytes(p->header, p->body, &codes));
-    for (size_t i = 0; i < items.size(); ++i) items[i].status = ItemStatus(codes[i]);
-    return Status::Ok();
+    ChannelCall call;
+    StartPut(items, o, &call);
+    return call.Wait();
+  }
+  Status Get(std::span<GetItem> items, const RequestOptions& o) override {
+    ChannelCall call;
+    StartGet(items, o, &call);
+    return call.Wait();
+  }
+  Status Exists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch, const RequestOptions& o) override {
+    ChannelCall call;
+    StartExists(keys, found, touch, o, &call);
+    return call.Wait();
+  }
+  Status Erase(std::span<const BlockKey> keys, std::span<Status> st) override {
+    ChannelCall call;
+    StartErase(keys, st, {}, &call);
+    return call.Wait();
   }
 
-  Status Get(std::span<GetItem> items, const RequestOptions& o) override {
-    if (items.empty()) return Status::Ok();
-    std::string keys;
-    for (const GetItem& it : items) AppendKey(&keys, it.key);
-    auto p = std::make_shared<Pending>();
-    KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kGet, 0, items.size(), {{keys.data(), keys.size()}}, keys.size(), p, o));
-    const size_t table = size_t{p->header.count} * kGetItemSize;
-    if (p->header.count != items.size() || p->body.size() < table) return Unavailable("bad GET answer");
+  // Asynchronous forms (router fan-out): Start* posts the request (UCX
+  // sends it eagerly or starts the rendezvous) and returns; Wait progresses
+  // this channel's worker until the answer is in. Defined after the class.
+  bool async_calls() const override { return true; }
+  void StartPut(std::span<PutItem> items, const RequestOptions& o, ChannelCall* call) override;
+  void StartGet(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call) override;
+  void StartExists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch, const RequestOptions& o,
+                   ChannelCall* call) override;
+  void StartErase(std::span<const BlockKey> keys, std::span<Status> statuses, const RequestOptions& o,
+                  ChannelCall* call) override;
+
+  // Answer parsers shared by the calls: PUT / per-key status bytes, GET.
+  static Status FinishCodes(const Pending& p, size_t n, std::vector<uint8_t>* codes) {
+    KVMESH_RETURN_IF_ERROR(ParseStatusBytes(p.header, p.body, codes));
+    if (codes->size() != n) return Unavailable("answer count differs from the request");
+    return Status::Ok();
+  }
+  Status FinishGet(const Pending& p, std::span<GetItem> items) const {
+    const size_t table = size_t{p.header.count} * kGetItemSize;
+    if (p.header.count != items.size() || p.body.size() < table) return Unavailable("bad GET answer");
     std::vector<GetRecord> recs;
-    KVMESH_RETURN_IF_ERROR(ParseGetTable(p->header, std::span(p->body).first(table), o_.limits, &recs));
+    KVMESH_RETURN_IF_ERROR(ParseGetTable(p.header, std::span(p.body).first(table), o_.limits, &recs));
     size_t off = table;
     for (size_t i = 0; i < items.size(); ++i) {
       GetItem& it = items[i];
@@ -124,7 +146,7 @@ class Channel final : public UcxChannel, private SeqFrameIo {
         it.status = recs[i].status == StatusCode::kNotFound ? NotFound("not stored") : ItemStatus(uint8_t(recs[i].status));
         continue;
       }
-      const std::byte* src = p->body.data() + off;
+      const std::byte* src = p.body.data() + off;
       off += recs[i].size;
       if (it.dst.size() < recs[i].size) {
         it.status = ResourceExhausted("destination smaller than the block");
@@ -136,13 +158,6 @@ class Channel final : public UcxChannel, private SeqFrameIo {
     return Status::Ok();
   }
 
-  Status Exists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch, const RequestOptions& o) override {
-    std::vector<uint8_t> codes;
-    KVMESH_RETURN_IF_ERROR(KeyCall(Opcode::kExists, touch ? kFlagTouch : 0, keys, o, &codes));
-    for (size_t i = 0; i < keys.size(); ++i) found[i] = codes[i] ? 1 : 0;
-    return Status::Ok();
-  }
-  Status Erase(std::span<const BlockKey> keys, std::span<Status> st) override { return StatusCall(Opcode::kErase, keys, st); }
   Status Pin(std::span<const BlockKey> keys, std::span<Status> st) override { return StatusCall(Opcode::kPin, keys, st); }
   Status Unpin(std::span<const BlockKey> keys, std::span<Status> st) override { return StatusCall(Opcode::kUnpin, keys, st); }
   Result<std::string> StatsJson() override {
@@ -199,7 +214,7 @@ class Channel final : public UcxChannel, private SeqFrameIo {
     for (const BlockKey& k : keys) AppendKey(&body, k);
     auto p = std::make_shared<Pending>();
     KVMESH_RETURN_IF_ERROR(Roundtrip(op, flags, keys.size(), {{body.data(), body.size()}}, body.size(), p, o));
-    return ParseStatusBytes(p->header, p->body, codes);
+    return FinishCodes(*p, keys.size(), codes);
   }
   Status StatusCall(Opcode op, std::span<const BlockKey> keys, std::span<Status> st) {
     std::vector<uint8_t> codes;
@@ -211,6 +226,25 @@ class Channel final : public UcxChannel, private SeqFrameIo {
   // Posts one request (AM header = frame header, data = iov) and waits for the answer.
   Status Roundtrip(Opcode op, uint8_t flags, size_t count, std::vector<ucp_dt_iov_t> iov, uint64_t body_len,
                    const std::shared_ptr<Pending>& p, const RequestOptions& o) {
+    Posted x;
+    x.p = p;
+    KVMESH_RETURN_IF_ERROR(Post(op, flags, count, iov, body_len, o, &x));
+    return Await(x);  // iov (and what it points at) outlives the send
+  }
+
+  // A request Post sent whose answer Await has not collected yet.
+  struct Posted {
+    std::shared_ptr<Pending> p;  // set by the caller
+    void* req = nullptr;         // the UCX send request (nullptr or an error: finished inline)
+    uint64_t id = 0;
+    Clock::time_point deadline;
+  };
+
+  // Sends the request; UCX reads iov and its buffers until p->send_done.
+  // On an error nothing is left in flight.
+  Status Post(Opcode op, uint8_t flags, size_t count, const std::vector<ucp_dt_iov_t>& iov, uint64_t body_len,
+              const RequestOptions& o, Posted* x) {
+    const std::shared_ptr<Pending>& p = x->p;
     if (op != Opcode::kHello && (count > server_limits_.max_items || body_len > server_limits_.max_body_bytes))
       return InvalidArgument("batch exceeds the node's limits");
     if (broken_) return Unavailable("UCX endpoint to the node failed");
@@ -261,12 +295,24 @@ class Channel final : public UcxChannel, private SeqFrameIo {
         return UcxStatus(UCS_PTR_STATUS(r), "ucp_am_send_nbx", __FILE__, __LINE__);
       }
     }
+    x->req = r;
+    x->id = h.request_id;
+    x->deadline = deadline;
+    return Status::Ok();
+  }
+
+  // Progresses the worker until x's answer is in (and UCX no longer reads
+  // its request), or its deadline: then the request is cancelled.
+  Status Await(Posted& x) {
+    const std::shared_ptr<Pending>& p = x.p;
+    void* r = x.req;
+    const auto deadline = x.deadline;
     auto finished = [&] {
       std::lock_guard<std::mutex> lock(p->mu);
       return p->done && p->send_done;
     };
     if (!Progress(finished, deadline)) {
-      Forget(h.request_id);
+      Forget(x.id);
       bool sent;
       {
         std::lock_guard<std::mutex> lock(p->mu);
@@ -431,6 +477,116 @@ class Channel final : public UcxChannel, private SeqFrameIo {
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending_;  // guarded by map_mu_
   std::deque<Rndv> rndv_;  // touched only by the caller holding progress_mu_ (callbacks run inside its progress)
 };
+
+enum class UcxCallKind : uint8_t { kPut, kGet, kExists, kErase };
+
+// One UCX call in flight (ChannelCall state): the request's buffers, which
+// UCX reads until the send completes, and where the answer goes.
+class UcxCallState final : public ChannelCallState {
+ public:
+  Status Wait() override {
+    Status s = posted.ok() ? ch->Await(x) : posted;
+    if (s.ok()) {
+      switch (kind) {
+        case UcxCallKind::kGet:
+          s = ch->FinishGet(*x.p, get);
+          break;
+        case UcxCallKind::kPut:
+        case UcxCallKind::kExists:
+        case UcxCallKind::kErase:
+          s = Channel::FinishCodes(*x.p, n, &codes);
+          if (!s.ok()) break;
+          for (size_t i = 0; i < n; ++i) {
+            if (kind == UcxCallKind::kPut) put[i].status = ItemStatus(codes[i]);
+            if (kind == UcxCallKind::kExists) found[i] = codes[i] ? 1 : 0;
+            if (kind == UcxCallKind::kErase) statuses[i] = ItemStatus(codes[i]);
+          }
+          break;
+      }
+    }
+    x = {};  // the Pending goes; buffers keep their capacity
+    return s;
+  }
+
+  Channel* ch = nullptr;
+  UcxCallKind kind = UcxCallKind::kPut;
+  Channel::Posted x;
+  Status posted;  // why Post failed (OK: posted)
+  size_t n = 0;
+  std::span<PutItem> put;
+  std::span<GetItem> get;
+  std::span<uint8_t> found;
+  std::span<Status> statuses;
+  std::string body;  // PUT item table, or the key list
+  std::vector<ucp_dt_iov_t> iov;
+  std::vector<uint8_t> codes;
+};
+
+// Builds the key-list body of a GET / EXISTS / ERASE and posts it.
+void StartKeys(Channel* ch, UcxCallState* st, Opcode op, uint8_t flags, std::span<const BlockKey> keys,
+               const RequestOptions& o) {
+  st->body.clear();
+  for (const BlockKey& k : keys) AppendKey(&st->body, k);
+  st->iov.assign(1, {st->body.data(), st->body.size()});
+  st->x.p = std::make_shared<Pending>();
+  st->posted = ch->Post(op, flags, keys.size(), st->iov, st->body.size(), o, &st->x);
+}
+
+void Channel::StartPut(std::span<PutItem> items, const RequestOptions& o, ChannelCall* call) {
+  if (items.empty()) return call->Finish(Status::Ok());
+  UcxCallState* st = call->StartAs<UcxCallState>();
+  st->ch = this;
+  st->kind = UcxCallKind::kPut;
+  st->n = items.size();
+  st->put = items;
+  st->body.assign(items.size() * kPutItemSize, '\0');
+  st->iov.assign(1, {st->body.data(), st->body.size()});
+  uint64_t len = st->body.size();
+  for (size_t i = 0; i < items.size(); ++i) {
+    PutRecord r{items[i].key, static_cast<uint32_t>(items[i].data.size()), o.priority, 0,
+                Checksum64(items[i].data.data(), items[i].data.size())};
+    EncodePutRecord(r, reinterpret_cast<std::byte*>(st->body.data()) + i * kPutItemSize);
+    st->iov.push_back({const_cast<std::byte*>(items[i].data.data()), items[i].data.size()});
+    len += items[i].data.size();
+  }
+  st->x.p = std::make_shared<Pending>();
+  st->posted = Post(Opcode::kPut, 0, items.size(), st->iov, len, o, &st->x);
+}
+
+void Channel::StartGet(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call) {
+  if (items.empty()) return call->Finish(Status::Ok());
+  UcxCallState* st = call->StartAs<UcxCallState>();
+  st->ch = this;
+  st->kind = UcxCallKind::kGet;
+  st->n = items.size();
+  st->get = items;
+  thread_local std::vector<BlockKey> keys;
+  keys.clear();
+  for (const GetItem& it : items) keys.push_back(it.key);
+  StartKeys(this, st, Opcode::kGet, 0, keys, o);
+}
+
+void Channel::StartExists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch,
+                          const RequestOptions& o, ChannelCall* call) {
+  if (keys.empty()) return call->Finish(Status::Ok());
+  UcxCallState* st = call->StartAs<UcxCallState>();
+  st->ch = this;
+  st->kind = UcxCallKind::kExists;
+  st->n = keys.size();
+  st->found = found;
+  StartKeys(this, st, Opcode::kExists, touch ? kFlagTouch : 0, keys, o);
+}
+
+void Channel::StartErase(std::span<const BlockKey> keys, std::span<Status> statuses, const RequestOptions& o,
+                         ChannelCall* call) {
+  if (keys.empty()) return call->Finish(Status::Ok());
+  UcxCallState* st = call->StartAs<UcxCallState>();
+  st->ch = this;
+  st->kind = UcxCallKind::kErase;
+  st->n = keys.size();
+  st->statuses = statuses;
+  StartKeys(this, st, Opcode::kErase, 0, keys, o);
+}
 
 }  // namespace
 
