@@ -28,13 +28,17 @@ Result<RespClusterStats> CoordinatorStats(const std::string& host, uint16_t port
   nlohmann::json j = nlohmann::json::parse(r.body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Unavailable("coordinator /stats: not JSON");
   RespClusterStats s;
-  s.nodes = j.value("live_nodes", uint64_t{0});
-  const nlohmann::json t = j.value("totals", nlohmann::json::object());
-  s.blocks = t.value("blocks", uint64_t{0});
-  s.bytes_stored = t.value("bytes_stored", uint64_t{0});
-  s.hits = t.value("hits", uint64_t{0});
-  s.misses = t.value("misses", uint64_t{0});
-  s.evictions = t.value("evictions", uint64_t{0});
+  try {  // a field of another type throws: never past this function (it runs on a proxy worker)
+    s.nodes = j.value("live_nodes", uint64_t{0});
+    const nlohmann::json t = j.value("totals", nlohmann::json::object());
+    s.blocks = t.value("blocks", uint64_t{0});
+    s.bytes_stored = t.value("bytes_stored", uint64_t{0});
+    s.hits = t.value("hits", uint64_t{0});
+    s.misses = t.value("misses", uint64_t{0});
+    s.evictions = t.value("evictions", uint64_t{0});
+  } catch (const nlohmann::json::exception& e) {
+    return Unavailable(std::string("coordinator /stats: ") + e.what());
+  }
   return s;
 }
 
