@@ -190,6 +190,7 @@ Result<SeqCreated> SequenceService::Create(const SeqCreateArgs& a) {
       so.tenant_salt = a.tenant_salt;
       so.priority = a.priority;
       so.codec = im.o.codec;
+      so.tiers = im.o.tiers;
       KVMESH_ASSIGN_OR_RETURN(auto table, SequenceTable::Create(im.store, im.model, layers, heads, std::move(so)));
       slot = std::make_shared<Slot>();
       slot->table = std::move(table);

@@ -50,6 +50,9 @@ struct SequenceServiceOptions {
   // KV codec of the blocks the sequences seal ($.codec): stored encoded,
   // read back dequantised (SequenceOptions::codec). "none": raw.
   CodecConfig codec;
+  // The node's tiers over the store (ShardNode sets it): demoted prefix
+  // blocks are promoted back on create (SequenceOptions::tiers).
+  TieredStore* tiers = nullptr;
 };
 
 // What SEQ_CREATE asks for.

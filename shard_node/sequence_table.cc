@@ -10,6 +10,7 @@
 #include "kernels/codec.h"
 #include "shard_node/block_store.h"
 #include "shard_node/codec_stage.h"
+#include "shard_node/tiered_store.h"
 
 namespace kvmesh {
 namespace {
@@ -84,12 +85,14 @@ struct SequenceTable::Impl {
     std::lock_guard<std::mutex> lock(mu);
     stats.*field += n;
   }
-  // A stored block a sequence can read in place: raw (not codec-encoded by
-  // another writer of the same key) and exactly one slice block.
+  // A stored block of this slice a sequence can use, whatever wrote it: raw
+  // (read in place), or encoded (by this table's codec, another table's, or
+  // the node's pressure level 2; read through a shared decoded copy, and a
+  // miss if it does not decode to this slice's shape).
   bool Usable(const BlockRef& r) const {
-    if (codec) return r.meta().codec == codec_id && r.meta().logical_size == layout.bytes();
-    return r.meta().codec == 0 && r.meta().size == layout.bytes();
+    return r.meta().codec == 0 ? r.meta().size == layout.bytes() : r.meta().logical_size == layout.bytes();
   }
+  static bool Encoded(const BlockRef& r) { return r.meta().codec != 0; }
 
   // The shared decoded copy of stored block `key` (encoded, Usable): from the
   // cache, else `fresh` when given (this writer's own decode), else decoded
@@ -109,7 +112,7 @@ struct SequenceTable::Impl {
       if (!(info.shape == shape)) return DataLoss("stored block " + key.ToHex() + " is " + info.shape.ToString() +
                                                   ", not this sequence slice's " + shape.ToString());
       auto d = std::make_shared<Bytes>(layout.bytes());
-      KVMESH_RETURN_IF_ERROR(codec->Decode(blob, *d));
+      KVMESH_RETURN_IF_ERROR(codec ? codec->Decode(blob, *d) : kernels::DecodeBlock(blob, *d));
       fresh = std::move(d);
     }
     std::lock_guard<std::mutex> lock(mu);
@@ -122,6 +125,17 @@ struct SequenceTable::Impl {
     }
     return fresh;
   }
+  // The store, through the node's tiers when it has them.
+  bool Has(const BlockKey& key, bool touch) const {
+    return options.tiers ? options.tiers->Exists(key, touch) : store->Exists(key, touch);
+  }
+  Result<BlockRef> Fetch(const BlockKey& key) const {
+    return options.tiers ? options.tiers->Get(key) : store->Get(key);
+  }
+  Status Store(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& po) const {
+    return options.tiers ? options.tiers->Put(key, payload, po) : store->Put(key, payload, po);
+  }
+
   BlockKey PrevChain(const Seq& s, size_t b) const { return b == 0 ? deriver.root() : s.blocks[b - 1].chain; }
   BlockKey StoredKey(const BlockKey& chain) const { return KeyDeriver::Qualify(chain, layout.layers, layout.heads); }
 
@@ -131,7 +145,7 @@ struct SequenceTable::Impl {
     Block& blk = s.blocks[b];
     blk.chain = KeyDeriver::Chain(PrevChain(s, b), std::span<const TokenId>(s.tokens).subspan(b * bt, bt));
     const BlockKey key = StoredKey(blk.chain);
-    const bool existed = store->Exists(key, false);
+    const bool existed = Has(key, false);
     PutOptions po;
     po.priority = options.priority;
     std::span<const std::byte> payload = blk.open;
@@ -157,10 +171,11 @@ struct SequenceTable::Impl {
       // An encode failure (none is expected for a validated slice) keeps the
       // block raw and private below.
     }
-    Status st = (codec && !dec) ? Internal("codec refused the block") : store->Put(key, payload, po);
-    Result<BlockRef> ref = st.ok() ? store->Get(key) : Result<BlockRef>(st);
-    if (ref.ok() && Usable(*ref) && codec) {
-      Result<std::shared_ptr<const Bytes>> shared = Decoded(key, *ref, dec);
+    Status st = (codec && !dec) ? Internal("codec refused the block") : Store(key, payload, po);
+    Result<BlockRef> ref = st.ok() ? Fetch(key) : Result<BlockRef>(st);
+    if (ref.ok() && Usable(*ref) && Encoded(*ref)) {
+      // Ours (dec) or, on a dedup, another writer's encoded block.
+      Result<std::shared_ptr<const Bytes>> shared = Decoded(key, *ref, existed ? nullptr : dec);
       if (shared.ok()) {
         blk.dec = std::move(shared).value();
       } else {
@@ -205,10 +220,10 @@ Result<std::unique_ptr<SequenceTable>> SequenceTable::Create(BlockStore* store, 
                            " bytes");
   }
   auto impl = std::make_unique<Impl>(store, model, layout, std::move(options));
+  impl->shape = shape;
   if (codec) {
     impl->codec_id = kernels::PrimaryCodecId(codec->policy());
     impl->codec = std::move(codec);
-    impl->shape = shape;
     impl->max_encoded = stored_bytes;
   }
   return std::unique_ptr<SequenceTable>(new SequenceTable(std::move(impl)));
@@ -226,7 +241,7 @@ size_t SequenceTable::MatchPrefix(std::span<const TokenId> tokens) {
   size_t run = 0;
   for (size_t b = 0; (b + 1) * bt <= tokens.size(); ++b) {
     chain = KeyDeriver::Chain(chain, tokens.subspan(b * bt, bt));
-    if (!im.store->Exists(im.StoredKey(chain), /*touch=*/true)) break;
+    if (!im.Has(im.StoredKey(chain), /*touch=*/true)) break;
     ++run;
   }
   return run;
@@ -240,10 +255,10 @@ SeqId SequenceTable::CreateFromPrefix(std::span<const TokenId> tokens, size_t ma
   for (size_t b = 0; b < max_blocks && (b + 1) * bt <= tokens.size(); ++b) {
     chain = KeyDeriver::Chain(chain, tokens.subspan(b * bt, bt));
     const BlockKey key = im.StoredKey(chain);
-    Result<BlockRef> ref = im.store->Get(key);
+    Result<BlockRef> ref = im.Fetch(key);  // promotes a demoted block
     if (!ref.ok() || !im.Usable(*ref)) break;
     Block blk;
-    if (im.codec) {
+    if (im.Encoded(*ref)) {
       Result<std::shared_ptr<const Bytes>> dec = im.Decoded(key, *ref, nullptr);
       if (!dec.ok()) break;  // a block that does not decode is a miss
       blk.dec = std::move(dec).value();
@@ -371,7 +386,7 @@ Result<SeqId> SequenceTable::Fork(SeqId seq) {
     if (src.ref.valid()) {
       // Pin the same stored block once more (no copy). It is pinned by `s`,
       // so it is still there; a checksum failure falls back to a private copy.
-      Result<BlockRef> ref = im.store->Get(src.ref.meta().key);
+      Result<BlockRef> ref = im.Fetch(src.ref.meta().key);
       if (ref.ok()) {
         dst.ref = std::move(ref).value();
         dst.dec = src.dec;

@@ -81,8 +81,9 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
     if (!tiers.ok()) return tiers.status().WithContext("node " + node_id);
     n->tiers_ = std::move(tiers).value();
   }
-  n->sequences_ = std::make_unique<SequenceService>(n->store_.get(), n->model_,
-                                                   sequences ? *sequences : SequenceOptions(config), clock);
+  SequenceServiceOptions seq = sequences ? *sequences : SequenceOptions(config);
+  seq.tiers = n->tiers_.get();
+  n->sequences_ = std::make_unique<SequenceService>(n->store_.get(), n->model_, std::move(seq), clock);
   return n;
 }
 

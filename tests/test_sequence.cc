@@ -9,6 +9,7 @@
 #include "kernels/codec.h"
 #include "kvmesh/sequence.h"
 #include "shard_node/shard_node.h"
+#include "shard_node/tiered_store.h"
 
 using namespace kvmesh;
 
@@ -406,7 +407,7 @@ TEST_CASE("Sequence codec: forks and prefix matches share one decoded copy; trun
   CHECK(t->Stats().decoded_blocks == 0);
 }
 
-TEST_CASE("Sequence codec: raw and encoded tables do not read each other's blocks; a bad codec is refused",
+TEST_CASE("Sequence codec: raw and encoded tables read each other's blocks; a bad codec is refused",
           "[sequence][codec]") {
   Fixture f;
   BlockStore& store = f.cluster->node(0).store();
@@ -418,12 +419,77 @@ TEST_CASE("Sequence codec: raw and encoded tables do not read each other's block
   SeqId sa = raw->Create(), sb = enc->Create();
   REQUIRE(raw->Append(sa, a, std::as_bytes(std::span(kv.k)), std::as_bytes(std::span(kv.v))).ok());
   REQUIRE(enc->Append(sb, b, std::as_bytes(std::span(kv.k)), std::as_bytes(std::span(kv.v))).ok());
-  CHECK(enc->Length(enc->CreateFromPrefix(a)).value() == 0);
-  CHECK(raw->Length(raw->CreateFromPrefix(b)).value() == 0);
+  // The encoded table attaches the raw blocks in place (exact values)...
+  SeqId ea = enc->CreateFromPrefix(a);
+  REQUIRE(enc->Length(ea).value() == 8);
+  CHECK(enc->View(ea).value().blocks[0] == raw->View(sa).value().blocks[0]);
+  // ...and the raw table attaches the encoded ones through a decoded copy,
+  // the same values the encoding table reads.
+  SeqId rb = raw->CreateFromPrefix(b);
+  REQUIRE(raw->Length(rb).value() == 8);
+  CHECK(std::memcmp(raw->View(rb).value().blocks[1], enc->View(sb).value().blocks[1], raw->layout().bytes()) == 0);
+  CHECK(raw->Stats().decoded_blocks == 2);
   CHECK(enc->Length(enc->CreateFromPrefix(b)).value() == 8);
 
   Result<std::unique_ptr<SequenceTable>> bad =
       SequenceTable::Create(&store, model, {0, kLayers}, {0, kHeads}, WithCodec("int9"));
   REQUIRE(bad.status().code() == StatusCode::kInvalidArgument);
   CHECK(bad.status().message().find("sequence codec.codec") != std::string::npos);
+}
+
+TEST_CASE("Sequence with the node's tiers: prefix blocks demoted to the host tier are promoted back and attached",
+          "[sequence][tiers]") {
+  // 16 KiB blocks (2 layers x K,V x 2 heads x 16 tokens x 64 dims, fp16); the
+  // primary tier holds 8 of them, the host tier 32.
+  auto cfg = ParseConfig(R"({"model": {"model_id": "seqtier", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64,
+                                       "dtype": "fp16", "block_tokens": 16},
+                             "nodes": [{"id": "n0", "memory": {"device": "128KiB", "host": "512KiB"}}],
+                             "store": {"stripes": 1},
+                             "eviction": {"tiers": {"offload_idle_s": 1000, "interval_ms": 5}}})");
+  REQUIRE(cfg.ok());
+  auto node = ShardNode::Create(*cfg, "n0").value();
+  REQUIRE(node->tiers() != nullptr);
+  SequenceOptions with_tiers;
+  with_tiers.tiers = node->tiers();
+  auto t = SequenceTable::Create(&node->store(), cfg->model, {0, 2}, {0, 2}, with_tiers).value();
+  auto primary_only = SequenceTable::Create(&node->store(), cfg->model, {0, 2}, {0, 2}).value();
+  const size_t row = 64 * 2;  // fp16 head_dim
+  auto append = [&](SeqId s, std::span<const TokenId> toks, uint8_t fill) {
+    std::vector<std::byte> k(2 * toks.size() * 2 * row), v(k.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = std::byte(uint8_t(fill + i * 7));
+      v[i] = std::byte(uint8_t(fill + i * 13));
+    }
+    REQUIRE(t->Append(s, toks, k, v).ok());
+  };
+  std::vector<TokenId> a = Toks(6 * 16, 1), b = Toks(12 * 16, 5000);
+  SeqId sa = t->Create();
+  append(sa, a, 3);
+  SequenceView va = t->View(sa).value();
+  std::vector<std::vector<std::byte>> want;
+  for (int i = 0; i < 6; ++i) want.emplace_back(va.blocks[i], va.blocks[i] + t->layout().bytes());
+  REQUIRE(t->Release(sa).ok());
+  // Another conversation fills the primary tier: a's blocks are evicted from it and demoted to the host tier.
+  SeqId sb = t->Create();
+  for (size_t off = 0; off < b.size(); off += 16) append(sb, std::span(b).subspan(off, 16), 9);
+  REQUIRE(t->Release(sb).ok());
+  REQUIRE(node->tiers()->Stats().demoted_on_evict + node->tiers()->Stats().demoted_offload > 0);
+  size_t on_host = 0;
+  BlockKey chain = t->deriver().root();
+  for (int i = 0; i < 6; ++i) {
+    chain = KeyDeriver::Chain(chain, std::span(a).subspan(i * 16, 16));
+    on_host += node->tiers()->Locate(KeyDeriver::Qualify(chain, {0, 2}, {0, 2})) == Tier::kHost;
+  }
+  REQUIRE(on_host > 0);
+
+  // The primary tier alone has lost the prefix's first demoted block...
+  CHECK(primary_only->MatchPrefix(a) < 6);
+  // ...the tiers find all six and promote them back, bytes intact.
+  CHECK(t->MatchPrefix(a) == 6);
+  SeqId back = t->CreateFromPrefix(a);
+  REQUIRE(t->Length(back).value() == 6 * 16);
+  SequenceView vb = t->View(back).value();
+  for (int i = 0; i < 6; ++i) CHECK(std::memcmp(vb.blocks[i], want[i].data(), want[i].size()) == 0);
+  CHECK(node->tiers()->Stats().promotions >= on_host);
+  REQUIRE(t->Release(back).ok());
 }

@@ -12,10 +12,12 @@ namespace kvmesh::decode {
 namespace {
 
 // The options of a rank's sequence table: the config's codec, if any, for
-// the KV blocks it seals.
-SequenceOptions RankSequenceOptions(const ClusterConfig& config) {
+// the KV blocks it seals, and the node's tiers, so prefix blocks demoted to
+// host or SSD are promoted back instead of recomputed.
+SequenceOptions RankSequenceOptions(const ClusterConfig& config, ShardNode* node) {
   SequenceOptions so;
   so.codec = config.codec;
+  so.tiers = node->tiers();
   return so;
 }
 
@@ -57,7 +59,7 @@ Status RunOnThreads(const ClusterConfig& config, std::shared_ptr<const Weights> 
     ShardNode* node = &cluster->node(static_cast<size_t>(r) % cluster->num_nodes());
     BlockStore* store = &node->store();
     KVMESH_ASSIGN_OR_RETURN(auto t, SequenceTable::Create(store, config.model, {0, m.layers}, p.kv_heads,
-                                                          RankSequenceOptions(config)));
+                                                          RankSequenceOptions(config, node)));
     engines.push_back(std::make_unique<RankEngine>(w, p, t.get(), comms[r].get()));
     tables.push_back(std::move(t));
     nodes.push_back(node);
@@ -95,7 +97,7 @@ Status RunOnComm(const ClusterConfig& config, std::shared_ptr<const Weights> w, 
   const std::string& id = config.nodes[static_cast<size_t>(r) % config.nodes.size()].id;
   KVMESH_ASSIGN_OR_RETURN(auto node, ShardNode::Create(config, id));
   KVMESH_ASSIGN_OR_RETURN(auto table, SequenceTable::Create(&node->store(), config.model, {0, m.layers}, p.kv_heads,
-                                                            RankSequenceOptions(config)));
+                                                            RankSequenceOptions(config, node.get())));
   RankEngine engine(w, p, table.get(), &comm);
   SequenceTable* t = table.get();
   PrefixLookup lookup = [t](std::span<const TokenId> toks) { return t->MatchPrefix(toks); };

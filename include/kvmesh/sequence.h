@@ -25,12 +25,14 @@
 // Sealed blocks are immutable; truncating into one copies it into a new open
 // block (the sealed block stays in the store for other prefixes to use).
 // A full block the store refuses to take (every slot pinned) stays private to
-// the sequence (and its forks): correct, only not shareable. Only blocks of
-// exactly one slice in this table's form (raw, or encoded by this table's
-// codec: SequenceOptions::codec) are attached or shared; a block another
-// writer stored under the same key in another form is not read in place.
-// Sequences use the store's own tier (BlockStore); blocks demoted to lower
-// tiers read as misses here.
+// the sequence (and its forks): correct, only not shareable. A stored block
+// of this slice is attached or shared whatever form it is in: raw blocks are
+// read in place, encoded ones (this table's codec, another writer's, or the
+// node's pressure re-encoding) through a decoded copy shared by every reader;
+// a block that is not this slice's shape, or does not decode, is a miss.
+// Sequences pin blocks in the store's own tier (BlockStore); with
+// SequenceOptions::tiers, blocks demoted to lower tiers are promoted back when
+// a prefix attaches them (else they read as misses).
 //
 // Thread-safety: methods on different sequences may run concurrently; calls
 // on one sequence (and reads through its View) must not overlap a write to
@@ -52,6 +54,7 @@
 namespace kvmesh {
 
 class BlockStore;
+class TieredStore;
 
 using SeqId = uint64_t;
 
@@ -66,6 +69,12 @@ struct SequenceOptions {
   // tail stays exact (KIVI's full-precision residual window). Sequences
   // reading the same sealed block share one decoded copy.
   CodecConfig codec;
+  // The node's memory hierarchy over `store` (its primary tier), if it has
+  // lower tiers: prefix blocks demoted to host or SSD are then found by
+  // MatchPrefix and promoted back by CreateFromPrefix instead of missing, and
+  // seals go through it (Busy at pressure level 3: the block stays private).
+  // nullptr: the primary tier only. REQUIRES: outlives the table.
+  TieredStore* tiers = nullptr;
 };
 
 // Read-only view of a sequence for attention: block b holds positions
