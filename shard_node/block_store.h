@@ -62,6 +62,9 @@ struct PutOptions {
   uint8_t codec = 0;
   uint32_t logical_size = 0;  // 0: same as the payload size
   float score = 0.0f;         // hint for score-based policies
+  // ShardNode::Put only: replace a block already stored under the key (in
+  // every tier). Default: the first block stays (keys name their content).
+  bool replace = false;
 };
 
 struct StoreStats {

@@ -106,6 +106,9 @@ void ShardNode::Prefetch(std::span<const BlockKey> keys) {
 }
 
 Status ShardNode::Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {
+  // Replace (RESP SET): drop every tier's copy first, so no stale copy can be
+  // demoted or promoted later. A pinned old block lives on for its readers.
+  if (o.replace) (void)(tiers_ ? tiers_->Erase(key) : store_->Erase(key));
   if (codec_ && o.codec == 0 && codec_->Encodes(payload)) {
     KVMESH_ASSIGN_OR_RETURN(std::span<const std::byte> enc, codec_->Encode(payload));
     PutOptions po = o;

@@ -95,6 +95,9 @@ TEST_CASE("RESP: redis-cli and redis-benchmark work unchanged", "[resp][redis]")
   const std::string port = std::to_string(n.resp);
   CHECK(Run({cli, "-p", port, "set", "k", "v"}) == "OK\n");
   CHECK(Run({cli, "-p", port, "get", "k"}) == "v\n");
+  CHECK(Run({cli, "-p", port, "set", "k", "v2"}) == "OK\n");  // SET replaces, as in Redis
+  CHECK(Run({cli, "-p", port, "get", "k"}) == "v2\n");
+  CHECK(Run({cli, "-p", port, "set", "k", "v"}) == "OK\n");
   CHECK(Run({cli, "-p", port, "exists", "k", "nope"}) == "1\n");
   CHECK(Run({cli, "-p", port, "ping"}) == "PONG\n");
   CHECK_THAT(Run({cli, "-p", port, "info"}), Catch::Contains("node_id:n0"));

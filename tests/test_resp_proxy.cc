@@ -191,8 +191,8 @@ TEST_CASE("RESP proxy: redis-cli SET/GET/MGET/DEL reach the node that owns each 
   CHECK(c.Owner("key:1") == "");
   CHECK_THAT(c.Cli({"info"}), Catch::Contains("role:proxy") && Catch::Contains("live_nodes:3"));
   // A key SET on its owner's node-local front is read through the proxy. SET
-  // keeps the value of a key already stored (keys are content-addressed, as
-  // blocks are): DEL first to replace it.
+  // replaces the value of a key already stored, as in Redis (the PUT frame's
+  // replace flag: one round trip).
   std::string fresh, fresh_owner;
   for (int i = 0; i < 20 && fresh_owner.empty(); ++i) {  // a key whose owner is n1
     fresh = "fresh:" + std::to_string(i);
@@ -204,10 +204,12 @@ TEST_CASE("RESP proxy: redis-cli SET/GET/MGET/DEL reach the node that owns each 
   CHECK(c.Cli({"set", fresh, "from-n1"}, c.node_resp["n1"]) == "OK\n");
   CHECK(c.Cli({"get", fresh}) == "from-n1\n");
   CHECK(c.Cli({"set", "alpha", "two"}) == "OK\n");
-  CHECK(c.Cli({"get", "alpha"}) == "one\n");
-  CHECK(c.Cli({"del", "alpha"}) == "1\n");
-  CHECK(c.Cli({"set", "alpha", "two"}) == "OK\n");
   CHECK(c.Cli({"get", "alpha"}) == "two\n");
+  CHECK(c.Cli({"set", fresh, "from-proxy"}) == "OK\n");  // replaces what the node-local front stored
+  CHECK(c.Cli({"get", fresh}, c.node_resp["n1"]) == "from-proxy\n");
+  CHECK(c.Cli({"mset", "alpha", "three", "alpha", "four"}) == "OK\n");  // in order: the last wins
+  CHECK(c.Cli({"get", "alpha"}) == "four\n");
+  CHECK(c.Cli({"del", "alpha"}) == "1\n");
 }
 
 TEST_CASE("RESP proxy: a killed node's keys read nil while the other nodes still answer", "[resp][proxy]") {

@@ -450,3 +450,42 @@ TEST_CASE("Router fan-out: threads sharing one router and its channels get their
   CHECK(failures == 0);
   CHECK(fan->Stats().node_errors == 0);
 }
+
+TEST_CASE("Router PutBatch with RequestOptions::replace overwrites over TCP and in-process; without it the first stays",
+          "[router][cluster]") {
+  TcpCluster c(3);
+  auto r = c.MakeRouter(true);
+  const size_t bytes = c.BlockBytes();
+  std::vector<std::byte> v1 = Block(1, bytes), v2 = Block(2, bytes), v3 = Block(3, bytes);
+  std::vector<PutItem> items;
+  for (uint64_t i = 0; i < 6; ++i) items.push_back(PutItem{BlockKey{99, i}, v1, {}});
+  REQUIRE(r->PutBatch(items).ok());
+  auto read_all = [&](Router& router) {
+    std::vector<BlockKey> keys;
+    for (const PutItem& it : items) keys.push_back(it.key);
+    return GetAll(router, keys, bytes);
+  };
+  for (PutItem& it : items) it.data = v2;
+  REQUIRE(r->PutBatch(items).ok());  // keys name their content: the first block stays
+  for (const auto& b : read_all(*r).bytes) CHECK(b == v1);
+  RequestOptions replace;
+  replace.replace = true;
+  REQUIRE(r->PutBatch(items, replace).ok());
+  for (const PutItem& it : items) CHECK(it.status.ok());
+  for (const auto& b : read_all(*r).bytes) CHECK(b == v2);
+
+  // The in-process channel honours it too.
+  auto node = ShardNode::Create(c.cfg, "n0").value();
+  std::vector<std::shared_ptr<ShardChannel>> local{std::shared_ptr<ShardChannel>(MakeInProcessChannel(node.get()))};
+  ClusterConfig one = Config(1);
+  auto lr = Router::Create(one.model, ShardMap::FromConfig(one).value(), local).value();
+  PutItem it{BlockKey{7, 7}, v1, {}};
+  REQUIRE(lr->PutBatch(std::span(&it, 1)).ok());
+  it.data = v3;
+  REQUIRE(lr->PutBatch(std::span(&it, 1), replace).ok());
+  std::vector<std::byte> got(bytes);
+  GetItem g{BlockKey{7, 7}, got, 0, {}};
+  REQUIRE(lr->GetBatch(std::span(&g, 1)).ok());
+  REQUIRE(g.status.ok());
+  CHECK(got == v3);
+}

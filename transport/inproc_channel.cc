@@ -16,6 +16,7 @@ class InProcessChannel final : public ShardChannel {
     PutOptions po;
     po.priority = o.priority;
     po.score = o.score;
+    po.replace = o.replace;
     for (PutItem& it : items) it.status = node_->Put(it.key, it.data, po);
     return Status::Ok();
   }

@@ -68,7 +68,8 @@ bool IsKnownOpcode(uint8_t op);
 // Header flag bits.
 inline constexpr uint8_t kFlagResponse = 0x01;  // set on every answer
 inline constexpr uint8_t kFlagTouch = 0x02;     // EXISTS: count hits as accesses
-inline constexpr uint8_t kKnownFlags = kFlagResponse | kFlagTouch;
+inline constexpr uint8_t kFlagReplace = 0x04;   // PUT: replace blocks already stored under the keys
+inline constexpr uint8_t kKnownFlags = kFlagResponse | kFlagTouch | kFlagReplace;
 
 struct FrameHeader {
   Opcode opcode = Opcode::kHello;

@@ -599,7 +599,8 @@ Status TcpChannelImpl::SendPut(std::span<PutItem> items, size_t begin, const Req
     st->iov.push_back({const_cast<std::byte*>(it.data.data()), it.data.size()});
     body += it.data.size();
   }
-  return SendPart(Opcode::kPut, 0, items.size(), body, st, begin, std::make_shared<Pending>());
+  return SendPart(Opcode::kPut, o.replace ? kFlagReplace : 0, items.size(), body, st, begin,
+                  std::make_shared<Pending>());
 }
 
 Status TcpChannelImpl::SendKeys(Opcode op, uint8_t flags, std::span<const BlockKey> keys, TcpCallState* st) {

@@ -550,7 +550,7 @@ void Channel::StartPut(std::span<PutItem> items, const RequestOptions& o, Channe
     len += items[i].data.size();
   }
   st->x.p = std::make_shared<Pending>();
-  st->posted = Post(Opcode::kPut, 0, items.size(), st->iov, len, o, &st->x);
+  st->posted = Post(Opcode::kPut, o.replace ? kFlagReplace : 0, items.size(), st->iov, len, o, &st->x);
 }
 
 void Channel::StartGet(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call) {

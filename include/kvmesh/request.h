@@ -18,6 +18,9 @@ struct RequestOptions {
   Range heads;                           // empty = all KV heads
   float score = 0.0f;                    // importance hint for score-based policies
   int64_t timeout_ms = 0;                // network calls; 0 = the router's default
+  // Put: replace a block already stored under the same key (RESP SET
+  // semantics). Default: the stored block stays, since a key names its content.
+  bool replace = false;
 };
 
 // One block to store. The router fills `status`.

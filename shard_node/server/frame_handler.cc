@@ -121,6 +121,7 @@ Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte>
           PutOptions po;
           po.priority = recs[i].priority;
           po.codec = recs[i].codec;
+          po.replace = h.flags & kFlagReplace;
           s = node_->Put(recs[i].key, data, po);
         }
         codes[i] = static_cast<char>(s.code());

@@ -64,7 +64,9 @@ class RouterBackend final : public RespBackend {
       items[i].key = RespKey(keys[i]);
       items[i].data = std::as_bytes(std::span<const char>(values[i]));
     }
-    (void)router_->PutBatch(items, ro_);
+    RequestOptions ro = ro_;
+    ro.replace = true;  // Redis SET semantics: the new value wins (one round trip: the PUT's replace flag)
+    (void)router_->PutBatch(items, ro);
     for (size_t i = 0; i < items.size(); ++i) statuses[i] = std::move(items[i].status);
   }
 

@@ -22,8 +22,10 @@ class NodeBackend final : public RespBackend {
   }
   void Set(std::span<const std::string_view> keys, std::span<const std::string_view> values,
            std::span<Status> statuses) override {
+    PutOptions po;
+    po.replace = true;  // Redis SET semantics: the new value wins
     for (size_t i = 0; i < keys.size(); ++i)
-      statuses[i] = node_->Put(RespKey(keys[i]), std::as_bytes(std::span<const char>(values[i])), PutOptions{});
+      statuses[i] = node_->Put(RespKey(keys[i]), std::as_bytes(std::span<const char>(values[i])), po);
   }
   int64_t Exists(std::span<const std::string_view> keys) override {
     int64_t n = 0;
