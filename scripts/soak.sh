@@ -28,11 +28,11 @@ while [ $# -gt 0 ]; do
 done
 if [ ! -f "$build/CMakeCache.txt" ]; then
   if [ "$build" = build ]; then
-    scripts/install-deps.sh
-    cmake --preset default >/dev/null
+    scripts/install-deps.sh >&2
+    cmake --preset default >&2
   else
-    cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >&2
   fi
 fi
-cmake --build "$build" -j2 --target kvmesh kvmesh_soak
+cmake --build "$build" -j2 --target kvmesh kvmesh_soak >&2   # stdout carries only the JSON report
 exec "$build/bin/kvmesh_soak" --kvmesh "$build/bin/kvmesh" --seconds "$seconds" ${args[@]+"${args[@]}"}
