@@ -209,6 +209,10 @@ Status DecodeHeader(std::span<const std::byte> bytes, const ProtocolLimits& limi
   if (!resp && h.status != StatusCode::kOk) return Malformed("request with a status code");
   if (resp && h.status != StatusCode::kOk) {
     if (len > kMaxErrorBytes) return Malformed("error message too long");
+  } else if (IsSequenceOpcode(h.opcode)) {
+    if (n != 0 || len < (resp ? SeqAnswerMin(h.opcode) : SeqRequestMin(h.opcode)) ||
+        len > (resp ? SeqAnswerMax(h.opcode) : SeqRequestMax(h.opcode)))
+      return Malformed("bad " + std::string(OpcodeName(h.opcode)) + (resp ? " answer" : "") + " length");
   } else if (!resp) {
     switch (h.opcode) {
       case Opcode::kHello:
@@ -219,16 +223,6 @@ Status DecodeHeader(std::span<const std::byte> bytes, const ProtocolLimits& limi
         break;
       case Opcode::kStats:
         if (n != 0 || len != 0) return Malformed("STATS carries no body");
-        break;
-      case Opcode::kSeqCreate:
-      case Opcode::kSeqAppend:
-      case Opcode::kSeqTruncate:
-      case Opcode::kSeqFork:
-      case Opcode::kSeqRelease:
-      case Opcode::kSeqInfo:
-      case Opcode::kSeqRead:
-        if (n != 0 || len < SeqRequestMin(h.opcode) || len > SeqRequestMax(h.opcode))
-          return Malformed("bad " + std::string(OpcodeName(h.opcode)) + " length");
         break;
       default:  // key lists
         if (len != n * kKeySize) return Malformed(std::string(OpcodeName(h.opcode)) + " body is not count x 16 bytes");
@@ -245,16 +239,6 @@ Status DecodeHeader(std::span<const std::byte> bytes, const ProtocolLimits& limi
         if (len != 4) return Malformed("MATCH_PREFIX answer is not 4 bytes");
         break;
       case Opcode::kStats:
-        break;
-      case Opcode::kSeqCreate:
-      case Opcode::kSeqAppend:
-      case Opcode::kSeqTruncate:
-      case Opcode::kSeqFork:
-      case Opcode::kSeqRelease:
-      case Opcode::kSeqInfo:
-      case Opcode::kSeqRead:
-        if (n != 0 || len < SeqAnswerMin(h.opcode) || len > SeqAnswerMax(h.opcode))
-          return Malformed("bad " + std::string(OpcodeName(h.opcode)) + " answer length");
         break;
       default:  // one status byte per item
         if (len != n) return Malformed(std::string(OpcodeName(h.opcode)) + " answer is not one byte per item");

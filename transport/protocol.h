@@ -64,6 +64,8 @@ enum class Opcode : uint8_t {
 inline constexpr uint8_t kMaxOpcode = 16;
 std::string_view OpcodeName(Opcode op);
 bool IsKnownOpcode(uint8_t op);
+// SEQ_CREATE .. SEQ_READ (live sequences).
+inline bool IsSequenceOpcode(Opcode op) { return op >= Opcode::kSeqCreate && op <= Opcode::kSeqRead; }
 
 // Header flag bits.
 inline constexpr uint8_t kFlagResponse = 0x01;  // set on every answer
