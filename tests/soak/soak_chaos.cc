@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "common/checksum.h"
 #include "kvmesh/size.h"
 #include "soak_cluster.h"
 #include "soak_workload.h"
@@ -269,6 +270,63 @@ class Chaos {
     }
   }
 
+  // A PUT whose payload does not match its checksum (a block torn on the
+  // way) is refused for that item (DATA_LOSS), the connection stays, and the
+  // block is never served.
+  void CorruptPut(size_t i) {
+    const size_t bb = nc_.router().model().FullBlockBytes();
+    auto fd = ConnectTcp("127.0.0.1", cl_.node(i).data_port, SteadyClock::now() + 1s);
+    if (!fd.ok()) return;
+    c_.st.corrupt_puts++;
+    rep_->garbage_by_kind["corrupt_payload"]++;
+    const BlockKey key{rng_(), rng_()};
+    std::string payload(bb, '\0');
+    Payload(key, c_.o.seed, std::as_writable_bytes(std::span(payload)));
+    proto::PutRecord rec;
+    rec.key = key;
+    rec.size = static_cast<uint32_t>(bb);
+    rec.checksum = Checksum64(payload.data(), payload.size());
+    payload[rng_() % bb] ^= 0x10;  // one bit flipped after the checksum was taken
+    std::byte table[proto::kPutItemSize];
+    proto::EncodePutRecord(rec, table);
+    std::string body(reinterpret_cast<const char*>(table), sizeof(table));
+    body += payload;
+    const std::string bytes = Hello() + Header(Opcode::kPut, 1, static_cast<uint32_t>(body.size())) + body;
+    (void)WriteAll(fd->get(), bytes.data(), bytes.size(), SteadyClock::now() + 1s);
+    // Two answers: HELLO, then the PUT's one status byte.
+    std::string what;
+    for (int n = 0; n < 2 && what.empty(); ++n) {
+      std::byte hb[proto::kHeaderSize];
+      FrameHeader h;
+      std::string answer;
+      Status s = ReadFull(fd->get(), hb, sizeof(hb), 2000, {});
+      if (s.ok()) s = proto::DecodeHeader(hb, proto::ProtocolLimits{}, &h);
+      if (s.ok()) {
+        answer.resize(h.body_len);
+        if (h.body_len > 0) s = ReadFull(fd->get(), answer.data(), answer.size(), 2000, {});
+      }
+      if (!s.ok()) {
+        what = "no answer: " + s.ToString();
+      } else if (h.status != StatusCode::kOk) {
+        what = "call answered " + std::string(StatusCodeName(h.status)) + ": " + answer;
+      } else if (n == 1 && (answer.size() != 1 || answer[0] != static_cast<char>(StatusCode::kDataLoss))) {
+        what = "the item was not refused with DATA_LOSS";
+      }
+    }
+    if (!what.empty()) c_.inv.Violation("corrupt_block", cl_.node(i).id + ", PUT of a torn payload: " + what);
+    else c_.st.corrupt_refused++;
+    // Whatever the answer, the torn block must never be served.
+    std::vector<std::byte> back(bb);
+    GetItem it{key, back, 0, {}};
+    auto t0 = SteadyClock::now();
+    Status s = nc_.router().GetBatch(std::span(&it, 1));
+    c_.Count(kProbe, s, t0);
+    if (it.status.ok()) {
+      c_.st.wrong_bytes++;
+      c_.inv.Violation("wrong_bytes", "a torn PUT payload was stored and served by " + cl_.node(i).id);
+    }
+  }
+
   void Garbage() {
     const size_t i = rng_() % cl_.size();
     const uint16_t port = cl_.node(i).data_port;
@@ -293,6 +351,7 @@ class Chaos {
         std::this_thread::sleep_for(100ms);
       }
     }
+    CorruptPut(i);
     cl_.CheckExits(c_.st);
   }
 

@@ -294,6 +294,8 @@ int main(int argc, char** argv) {
         {"malformed_connections", st.garbage_conns.load()},
         {"malformed_closed_by_node", st.garbage_closed.load()},
         {"malformed_by_kind", chaos.garbage_by_kind},
+        {"torn_put_payloads", st.corrupt_puts.load()},
+        {"torn_put_payloads_refused_data_loss", st.corrupt_refused.load()},
         {"unexpected_daemon_exits", st.unexpected_exits.load()},
         {"serving_again_ms", Summary(chaos.recover_ms)},
         {"hit_rate_recovered_ms", Summary(chaos.hit_recover_ms)}}},
