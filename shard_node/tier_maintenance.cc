@@ -279,6 +279,7 @@ TierStats TieredStore::Stats() const {
   s.reencode_bytes_saved = ld(c_.reencode_bytes_saved);
   s.reencode_skipped = ld(c_.reencode_skipped);
   s.busy_refusals = ld(c_.busy_refusals);
+  s.stored_below = ld(c_.stored_below);
   s.maintenance_ticks = ld(c_.ticks);
   return s;
 }
@@ -307,6 +308,7 @@ std::string TieredStore::StatsJson() const {
       {"reencoded_blocks", s.reencoded_blocks},
       {"reencode_bytes_saved", s.reencode_bytes_saved},
       {"busy_refusals", s.busy_refusals},
+      {"stored_below", s.stored_below},
   };
   if (s.has_host)
     j["host"] = {{"capacity_bytes", s.host.capacity_bytes}, {"blocks", s.host.blocks},
@@ -356,6 +358,8 @@ std::string TieredStore::PrometheusText() const {
   sample("kvmesh_pressure_reencoded_blocks_total", "", s.reencoded_blocks);
   metric("kvmesh_pressure_busy_refusals_total", "counter", "Puts refused with Busy at level 3");
   sample("kvmesh_pressure_busy_refusals_total", "", s.busy_refusals);
+  metric("kvmesh_tier_stored_below_total", "counter", "Puts stored in the host tier because every primary slot was pinned");
+  sample("kvmesh_tier_stored_below_total", "", s.stored_below);
   return out;
 }
 

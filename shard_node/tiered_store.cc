@@ -265,7 +265,20 @@ Status TieredStore::Put(const BlockKey& key, std::span<const std::byte> payload,
     return Busy("node " + o_.node_id + " is under memory pressure (level 3): new blocks are refused, reads still work");
   }
   std::optional<Tier> was = Locate(key);
-  KVMESH_RETURN_IF_ERROR(primary_->Put(key, payload, o));
+  Status st = primary_->Put(key, payload, o);
+  if (st.code() == StatusCode::kResourceExhausted && host_ && was != Tier::kPrimary) {
+    // Every primary slot is pinned (a running batch's working set): store
+    // the block one tier down instead of refusing it, so it stays shared and
+    // cached; a later Get promotes it (or serves it in place).
+    Status h = host_->Put(key, payload, o);
+    if (h.ok()) {
+      c_.stored_below.fetch_add(1, std::memory_order_relaxed);
+      SetShadow(key, Tier::kHost, o.priority, true);
+      if (was == Tier::kSsd && ssd_) (void)ssd_->Erase(key);
+      return Status::Ok();
+    }
+  }
+  KVMESH_RETURN_IF_ERROR(st);
   SetShadow(key, Tier::kPrimary, o.priority, true);
   // Keep tiers exclusive: a re-put of a demoted block replaces the lower copy.
   if (was == Tier::kHost && host_) (void)host_->Erase(key);

@@ -113,6 +113,7 @@ struct TierStats {
   uint64_t offload_runs = 0;
   uint64_t reencoded_blocks = 0, reencode_bytes_saved = 0, reencode_skipped = 0;
   uint64_t busy_refusals = 0;
+  uint64_t stored_below = 0;       // Puts stored in the host tier because every primary slot was pinned
   uint64_t maintenance_ticks = 0;
 };
 
@@ -232,7 +233,7 @@ class TieredStore {
     std::atomic<uint64_t> demoted_on_evict{0}, demoted_offload{0}, demoted_pressure{0}, dropped_pressure{0},
         demote_failed{0}, promotions{0}, served_in_place{0}, host_hits{0}, ssd_hits{0}, ssd_corrupt{0},
         prefetch_requested{0}, prefetch_promoted{0}, offload_runs{0}, reencoded_blocks{0},
-        reencode_bytes_saved{0}, reencode_skipped{0}, busy_refusals{0}, ticks{0};
+        reencode_bytes_saved{0}, reencode_skipped{0}, busy_refusals{0}, stored_below{0}, ticks{0};
     std::array<std::atomic<uint64_t>, 4> entered{};  // pressure levels entered
   };
   mutable Counters c_;

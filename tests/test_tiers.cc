@@ -774,3 +774,49 @@ TEST_CASE("SSD tier: a file named in a directory is per node and removed on clos
   { REQUIRE(SsdTier::Create(o).ok()); }
   CHECK(std::filesystem::exists(o.path));
 }
+
+TEST_CASE("Tiers: with every primary slot pinned, a Put is stored in the host tier instead of refused", "[tiers]") {
+  ManualClock clock;
+  const uint64_t slot = 4096;
+  auto primary = MakeStore(4, slot, &clock);
+  TieredStoreOptions o;
+  o.node_id = "n0";
+  o.host_bytes = 8 * slot;
+  o.host_stripes = 1;
+  o.background = false;
+  o.clock = &clock;
+  o.reencode_codec = "";
+  auto t = TieredStore::Create(primary.get(), o);
+  REQUIRE(t.ok());
+  TieredStore& ts = **t;
+  std::vector<BlockRef> pins;  // a running batch pins the whole primary tier
+  for (uint64_t i = 0; i < 4; ++i) {
+    REQUIRE(ts.Put(Key(i), Payload(i, slot), {}).ok());
+    pins.push_back(ts.Get(Key(i)).value());
+  }
+  auto extra = Payload(100, slot);
+  REQUIRE(ts.Put(Key(100), extra, {}).ok());  // before: ResourceExhausted, the block lost
+  CHECK(ts.Locate(Key(100)) == Tier::kHost);
+  CHECK(ts.Stats().stored_below == 1);
+  CHECK(ts.Exists(Key(100), false));
+  CHECK(Read(ts, Key(100), slot) == Bytes(extra));
+  // A pinned view works too (served in place: the primary has no free slot).
+  {
+    Result<BlockRef> r = ts.Get(Key(100));
+    REQUIRE(r.ok());
+    CHECK(std::memcmp(r->data().data(), extra.data(), slot) == 0);
+  }
+  // Once the batch lets go, a Get promotes it back into the primary tier.
+  pins.clear();
+  REQUIRE(ts.Get(Key(100)).ok());
+  CHECK(ts.Locate(Key(100)) == Tier::kPrimary);
+  CHECK(Read(ts, Key(100), slot) == Bytes(extra));
+  // Without a host tier the refusal stands (nothing below to hold it).
+  auto lone = MakeStore(1, slot, &clock);
+  TieredStoreOptions no_host = o;
+  no_host.host_bytes = 0;
+  auto t2 = TieredStore::Create(lone.get(), no_host).value();
+  REQUIRE(t2->Put(Key(1), Payload(1, slot), {}).ok());
+  BlockRef pin = t2->Get(Key(1)).value();
+  CHECK(t2->Put(Key(2), Payload(2, slot), {}).code() == StatusCode::kResourceExhausted);
+}
