@@ -1,5 +1,7 @@
 #include "kvmesh/status.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace kvmesh {
@@ -48,6 +50,16 @@ Status ErrnoStatus(std::string_view what, int err) {
   m += ": ";
   m += std::strerror(err);
   return IoError(std::move(m));
+}
+
+}  // namespace kvmesh
+
+namespace kvmesh {
+
+void DieOnBadResultAccess(const Status& status) {
+  std::fprintf(stderr, "kvmesh: Result::value() called on an error: %s\n", status.ToString().c_str());
+  std::fflush(stderr);
+  std::abort();
 }
 
 }  // namespace kvmesh

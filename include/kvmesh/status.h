@@ -90,6 +90,10 @@ inline bool IsMiss(const Status& s) {
          s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded;
 }
 
+// Prints "what: status" to stderr and aborts: value() of an errored Result
+// is a caller bug, and it must fail loudly, never read an empty value.
+[[noreturn]] void DieOnBadResultAccess(const Status& status);
+
 // Result<T>: a T or a non-OK Status. REQUIRES: never constructed from an OK Status.
 template <typename T>
 class [[nodiscard]] Result {
@@ -102,10 +106,19 @@ class [[nodiscard]] Result {
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
 
-  // REQUIRES: ok().
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
+  // REQUIRES: ok(); otherwise the process aborts naming the status.
+  T& value() & {
+    if (!value_) DieOnBadResultAccess(status_);
+    return *value_;
+  }
+  const T& value() const& {
+    if (!value_) DieOnBadResultAccess(status_);
+    return *value_;
+  }
+  T&& value() && {
+    if (!value_) DieOnBadResultAccess(status_);
+    return std::move(*value_);
+  }
   T& operator*() & { return *value_; }
   const T& operator*() const& { return *value_; }
   T* operator->() { return &*value_; }

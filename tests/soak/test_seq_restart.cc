@@ -73,7 +73,14 @@ TEST_CASE("A sequence handle from before its node restarted never reaches the ne
   };
   start_node(node);
   auto a = Client(port);
-  SequenceHandle old = a->router().CreateSequence({}).value();
+  // The node prints "listening" before the coordinator has it in the map.
+  for (auto until = std::chrono::steady_clock::now() + 10s;
+       a->num_nodes() != 1 && std::chrono::steady_clock::now() < until;)
+    std::this_thread::sleep_for(20ms);
+  REQUIRE(a->num_nodes() == 1);
+  Result<SequenceHandle> created = a->router().CreateSequence({});
+  REQUIRE(created.ok());
+  SequenceHandle old = *created;
   Append(a->router(), old, {1, 2, 3});
   const uint64_t epoch_before = a->epoch();
 
@@ -89,7 +96,9 @@ TEST_CASE("A sequence handle from before its node restarted never reaches the ne
 
   // Client B's first sequence on the restarted node.
   auto b = Client(port);
-  SequenceHandle fresh = b->router().CreateSequence({}).value();
+  Result<SequenceHandle> made = b->router().CreateSequence({});
+  REQUIRE(made.ok());
+  SequenceHandle fresh = *made;
   Append(b->router(), fresh, {70, 71, 72, 73, 74});
 
   Result<SequenceState> info = a->router().SequenceInfo(old);
