@@ -2,11 +2,10 @@
 // carries them. A transport gives one request frame there and back
 // (SeqFrameIo); these functions build the bodies, parse the answers, split an
 // append too large for one frame into several and join a read the node
-// answered in pieces, so every ShardChannel backend (TCP, UCX) implements its
-// sequence calls as one-line forwards and behaves the same, byte for byte.
+// answered in pieces, so every ShardChannel backend (TCP, UCX) gets its
+// sequence calls from SeqOverFrames and behaves the same, byte for byte.
 //
-//   class MyChannel : public ShardChannel, private SeqFrameIo {
-//     Result<SeqId> SeqFork(SeqId id, const RequestOptions& o) override { return SeqForkCall(*this, id, o); }
+//   class MyChannel : public SeqOverFrames<ShardChannel> {
 //     Status SeqRoundtrip(...) override;  // send one frame, wait for its answer
 //     Result<uint64_t> SeqMaxBody() override;
 //   };
@@ -61,5 +60,30 @@ Result<SeqState> SeqInfoCall(SeqFrameIo& io, SeqId id, const RequestOptions& o);
 // written only on success.
 Status SeqReadCall(SeqFrameIo& io, SeqId id, uint32_t from, uint32_t n, std::vector<std::byte>* k,
                    std::vector<std::byte>* v, const RequestOptions& o);
+
+// The ShardChannel sequence methods of a frame-based channel (Base is a
+// ShardChannel subclass), each forwarding to the function above with the
+// channel's own SeqFrameIo.
+template <typename Base>
+class SeqOverFrames : public Base, protected SeqFrameIo {
+ public:
+  Result<SeqCreated> SeqCreate(const SeqCreateArgs& a, const RequestOptions& o) override {
+    return SeqCreateCall(*this, a, o);
+  }
+  Result<uint32_t> SeqAppend(SeqId id, std::span<const TokenId> tokens, std::span<const std::byte> k,
+                             std::span<const std::byte> v, uint32_t layers, const RequestOptions& o) override {
+    return SeqAppendCall(*this, id, tokens, k, v, layers, o);
+  }
+  Status SeqTruncate(SeqId id, uint32_t n, const RequestOptions& o) override {
+    return SeqTruncateCall(*this, id, n, o);
+  }
+  Result<SeqId> SeqFork(SeqId id, const RequestOptions& o) override { return SeqForkCall(*this, id, o); }
+  Status SeqRelease(SeqId id, const RequestOptions& o) override { return SeqReleaseCall(*this, id, o); }
+  Result<SeqState> SeqInfo(SeqId id, const RequestOptions& o) override { return SeqInfoCall(*this, id, o); }
+  Status SeqRead(SeqId id, uint32_t from, uint32_t n, std::vector<std::byte>* k, std::vector<std::byte>* v,
+                 const RequestOptions& o) override {
+    return SeqReadCall(*this, id, from, n, k, v, o);
+  }
+};
 
 }  // namespace kvmesh

@@ -249,7 +249,7 @@ class Connection {
 class TcpCallState;
 enum class TcpCallKind : uint8_t { kPut, kGet, kExists, kErase };
 
-class TcpChannelImpl final : public TcpChannel, private SeqFrameIo {
+class TcpChannelImpl final : public SeqOverFrames<TcpChannel> {
  public:
   explicit TcpChannelImpl(TcpChannelOptions o) : o_(std::move(o)), slots_(std::max<uint32_t>(1, o_.connections)) {}
 
@@ -313,24 +313,7 @@ class TcpChannelImpl final : public TcpChannel, private SeqFrameIo {
     return ParseMatchAnswer(p->header, p->body, matched);
   }
 
-  // ---- live sequences (transport/seq_calls.h builds and joins the frames) -----
-  Result<SeqCreated> SeqCreate(const SeqCreateArgs& a, const RequestOptions& o) override {
-    return SeqCreateCall(*this, a, o);
-  }
-  Result<uint32_t> SeqAppend(SeqId id, std::span<const TokenId> tokens, std::span<const std::byte> k,
-                             std::span<const std::byte> v, uint32_t layers, const RequestOptions& o) override {
-    return SeqAppendCall(*this, id, tokens, k, v, layers, o);
-  }
-  Status SeqTruncate(SeqId id, uint32_t n, const RequestOptions& o) override {
-    return SeqTruncateCall(*this, id, n, o);
-  }
-  Result<SeqId> SeqFork(SeqId id, const RequestOptions& o) override { return SeqForkCall(*this, id, o); }
-  Status SeqRelease(SeqId id, const RequestOptions& o) override { return SeqReleaseCall(*this, id, o); }
-  Result<SeqState> SeqInfo(SeqId id, const RequestOptions& o) override { return SeqInfoCall(*this, id, o); }
-  Status SeqRead(SeqId id, uint32_t from, uint32_t n, std::vector<std::byte>* k, std::vector<std::byte>* v,
-                 const RequestOptions& o) override {
-    return SeqReadCall(*this, id, from, n, k, v, o);
-  }
+  // Live sequences: SeqOverFrames (transport/seq_calls.h) over SeqRoundtrip below.
 
   Result<std::string> StatsJson() override {
     std::vector<iovec> iov{{}};

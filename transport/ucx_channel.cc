@@ -40,7 +40,7 @@ class UcxCallState;
 void StartKeys(Channel* ch, UcxCallState* st, Opcode op, uint8_t flags, std::span<const BlockKey> keys,
                const RequestOptions& o);
 
-class Channel final : public UcxChannel, private SeqFrameIo {
+class Channel final : public SeqOverFrames<UcxChannel> {
   friend class UcxCallState;
   friend void StartKeys(Channel*, UcxCallState*, Opcode, uint8_t, std::span<const BlockKey>, const RequestOptions&);
 
@@ -166,24 +166,7 @@ class Channel final : public UcxChannel, private SeqFrameIo {
     return std::string(reinterpret_cast<const char*>(p->body.data()), p->body.size());
   }
 
-  // ---- live sequences (transport/seq_calls.h builds and joins the frames) -----
-  Result<SeqCreated> SeqCreate(const SeqCreateArgs& a, const RequestOptions& o) override {
-    return SeqCreateCall(*this, a, o);
-  }
-  Result<uint32_t> SeqAppend(SeqId id, std::span<const TokenId> tokens, std::span<const std::byte> k,
-                             std::span<const std::byte> v, uint32_t layers, const RequestOptions& o) override {
-    return SeqAppendCall(*this, id, tokens, k, v, layers, o);
-  }
-  Status SeqTruncate(SeqId id, uint32_t n, const RequestOptions& o) override {
-    return SeqTruncateCall(*this, id, n, o);
-  }
-  Result<SeqId> SeqFork(SeqId id, const RequestOptions& o) override { return SeqForkCall(*this, id, o); }
-  Status SeqRelease(SeqId id, const RequestOptions& o) override { return SeqReleaseCall(*this, id, o); }
-  Result<SeqState> SeqInfo(SeqId id, const RequestOptions& o) override { return SeqInfoCall(*this, id, o); }
-  Status SeqRead(SeqId id, uint32_t from, uint32_t n, std::vector<std::byte>* k, std::vector<std::byte>* v,
-                 const RequestOptions& o) override {
-    return SeqReadCall(*this, id, from, n, k, v, o);
-  }
+  // Live sequences: SeqOverFrames (transport/seq_calls.h) over SeqRoundtrip below.
 
  private:
   // SeqFrameIo: one SEQ frame there and back (AM data = the pieces, unjoined).
