@@ -6,24 +6,10 @@
 #include <cstring>
 #include <string>
 
+#include "transport/nccl_status.h"
+
 namespace kvmesh {
 namespace {
-
-// Foreign error codes become Status here, with file:line.
-#define KVMESH_CUDA_RETURN(expr)                                                                       \
-  do {                                                                                                 \
-    cudaError_t e_ = (expr);                                                                           \
-    if (e_ != cudaSuccess)                                                                             \
-      return Unavailable(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " #expr ": " +   \
-                         cudaGetErrorString(e_));                                                      \
-  } while (0)
-#define KVMESH_NCCL_RETURN(expr)                                                                       \
-  do {                                                                                                 \
-    ncclResult_t r_ = (expr);                                                                          \
-    if (r_ != ncclSuccess)                                                                             \
-      return Unavailable(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " #expr ": " +   \
-                         ncclGetErrorString(r_));                                                      \
-  } while (0)
 
 static_assert(sizeof(ncclUniqueId) == sizeof(NcclId), "NCCL unique id size");
 

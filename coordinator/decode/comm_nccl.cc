@@ -16,27 +16,12 @@
 #include <thread>
 
 #include "coordinator/decode/comm_tcp.h"
+#include "transport/nccl_status.h"
 
 namespace kvmesh::decode {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Foreign error codes become Status here, with file:line.
-#define KVMESH_DECODE_CUDA(expr)                                                                      \
-  do {                                                                                                \
-    cudaError_t e_ = (expr);                                                                          \
-    if (e_ != cudaSuccess)                                                                            \
-      return Unavailable(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " #expr ": " +  \
-                         cudaGetErrorString(e_));                                                     \
-  } while (0)
-#define KVMESH_DECODE_NCCL(expr)                                                                      \
-  do {                                                                                                \
-    ncclResult_t r_ = (expr);                                                                         \
-    if (r_ != ncclSuccess)                                                                            \
-      return Unavailable(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " #expr ": " +  \
-                         ncclGetErrorString(r_));                                                     \
-  } while (0)
 
 struct StreamDeleter {
   void operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
@@ -58,14 +43,14 @@ class NcclComm final : public StepComm {
   }
 
   Status Init() {
-    KVMESH_DECODE_CUDA(cudaSetDevice(device_));
+    KVMESH_CUDA_RETURN(cudaSetDevice(device_));
     cudaStream_t s = nullptr;
-    KVMESH_DECODE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    KVMESH_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     stream_.reset(s);
     ncclUniqueId id;
-    if (tcp_->rank() == 0) KVMESH_DECODE_NCCL(ncclGetUniqueId(&id));
+    if (tcp_->rank() == 0) KVMESH_NCCL_RETURN(ncclGetUniqueId(&id));
     KVMESH_RETURN_IF_ERROR(tcp_->Broadcast(std::as_writable_bytes(std::span(&id, 1)), 0));
-    KVMESH_DECODE_NCCL(ncclCommInitRank(&comm_, tcp_->size(), id, tcp_->rank()));
+    KVMESH_NCCL_RETURN(ncclCommInitRank(&comm_, tcp_->size(), id, tcp_->rank()));
     return Status::Ok();
   }
 
@@ -112,23 +97,23 @@ class NcclComm final : public StepComm {
 
   // Host -> device buffer (grown as needed), on the stream.
   Status Stage(std::span<const std::byte> host) {
-    KVMESH_DECODE_CUDA(cudaSetDevice(device_));
+    KVMESH_CUDA_RETURN(cudaSetDevice(device_));
     if (host.size() > dev_bytes_) {
       void* p = nullptr;
       dev_.reset();
       dev_bytes_ = 0;
-      KVMESH_DECODE_CUDA(cudaMalloc(&p, host.size()));
+      KVMESH_CUDA_RETURN(cudaMalloc(&p, host.size()));
       dev_.reset(static_cast<std::byte*>(p));
       dev_bytes_ = host.size();
     }
-    KVMESH_DECODE_CUDA(
+    KVMESH_CUDA_RETURN(
         cudaMemcpyAsync(dev_.get(), host.data(), host.size(), cudaMemcpyHostToDevice, stream_.get()));
     return Status::Ok();
   }
 
   // Device -> host, then wait for the stream within the step timeout.
   Status Unstage(std::span<std::byte> host) {
-    KVMESH_DECODE_CUDA(
+    KVMESH_CUDA_RETURN(
         cudaMemcpyAsync(host.data(), dev_.get(), host.size(), cudaMemcpyDeviceToHost, stream_.get()));
     return Check(Wait());
   }
