@@ -49,6 +49,16 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// One random value of `size` bytes per client, seeded by the size (the same
+// bytes in every run and table).
+std::vector<std::vector<std::byte>> Payloads(size_t clients, size_t size) {
+  std::vector<std::vector<std::byte>> payload(clients, std::vector<std::byte>(size));
+  std::mt19937_64 rng(size);
+  for (auto& p : payload)
+    for (auto& b : p) b = static_cast<std::byte>(rng());
+  return payload;
+}
+
 #if defined(KVMESH_HAVE_UCX)
 constexpr bool KVMESH_UCX_ON = true;
 #else
@@ -311,10 +321,7 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, doubl
               "proxy ops/s | proxy p50/p99 us | proxy/redis | proxy/node-local | node-local/redis |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t size : sizes) {
-    std::vector<std::vector<std::byte>> payload(max_clients, std::vector<std::byte>(size));
-    std::mt19937_64 rng(size);
-    for (auto& p : payload)
-      for (auto& b : p) b = static_cast<std::byte>(rng());
+    const std::vector<std::vector<std::byte>> payload = Payloads(max_clients, size);
     std::vector<std::vector<std::byte>> dst(max_clients, std::vector<std::byte>(size + 2));
     auto key = [&](int c, uint64_t i) {
       return "rk" + std::to_string(c) + ":" + std::to_string(i % keys_per_client) + ":" + std::to_string(size);
@@ -461,10 +468,7 @@ int main(int argc, char** argv) {
               "TCP/redis | UCX/redis | TCP/raw req |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t size : sizes) {
-    std::vector<std::vector<std::byte>> payload(max_clients, std::vector<std::byte>(size));
-    std::mt19937_64 rng(size);
-    for (auto& p : payload)
-      for (auto& b : p) b = static_cast<std::byte>(rng());
+    const std::vector<std::vector<std::byte>> payload = Payloads(max_clients, size);
     std::vector<std::vector<std::byte>> dst(max_clients, std::vector<std::byte>(size + 2));
     auto key = [&](int c, uint64_t i) {
       uint64_t x = (uint64_t(c) << 32 | (i % keys_per_client)) * 0x9E3779B97F4A7C15ull + size;

@@ -22,6 +22,7 @@
 
 #include "cli/commands.h"
 #include "cli/default_config.h"
+#include "cli/report.h"
 #include "coordinator/decode/cluster.h"
 #include "coordinator/decode/comm_tcp.h"
 #include "kvmesh/size.h"
@@ -56,8 +57,6 @@ struct DecodeArgs {
   float temperature = 0.8f;
   SpecOptions spec_options;
 };
-
-double Ms(uint64_t ns) { return static_cast<double>(ns) / 1e6; }
 
 struct Runner {
   const DecodeArgs& a;
@@ -125,8 +124,6 @@ nlohmann::json ReportJson(const DecodeReport& r) {
           {"wall_s", r.wall_s},
           {"token_digest", r.token_digest}};
 }
-
-double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
 
 std::vector<uint32_t> ParseList(const std::string& s) {
   std::vector<uint32_t> v;
@@ -368,12 +365,7 @@ int Run(const DecodeArgs& a) {
     std::cout << j.dump(2) << "\n";
   } else {
     std::printf("\n  %-26s %14s %14s %10s\n", "", "with reuse", "without", "ratio");
-    auto row = [](const char* name, double x, double y, const char* fmt) {
-      char bx[32], by[32];
-      std::snprintf(bx, sizeof bx, fmt, x);
-      std::snprintf(by, sizeof by, fmt, y);
-      std::printf("  %-26s %14s %14s %9.2fx\n", name, bx, by, Ratio(x, y));
-    };
+    auto row = [](const char* name, double x, double y, const char* fmt) { PrintRatioRow(name, x, y, fmt, 26, 14); };
     row("TTFT p50 (ms)", Ms(R.ttft.Percentile(0.5)), Ms(N.ttft.Percentile(0.5)), "%.2f");
     row("TTFT p99 (ms)", Ms(R.ttft.Percentile(0.99)), Ms(N.ttft.Percentile(0.99)), "%.2f");
     row("TPOT p50 (ms)", Ms(R.tpot.Percentile(0.5)), Ms(N.tpot.Percentile(0.5)), "%.3f");

@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/default_config.h"
+#include "cli/report.h"
 #include "coordinator/decode/cluster.h"
 #include "coordinator/demo.h"
 #include "kvmesh/embedded.h"
@@ -29,8 +30,6 @@ struct DemoArgs {
 };
 
 double Us(uint64_t ns) { return static_cast<double>(ns) / 1e3; }
-double Ms(uint64_t ns) { return static_cast<double>(ns) / 1e6; }
-double Ratio(double a, double b) { return b > 0 ? a / b : 0; }
 
 // The decode part: the reference MoE model on `ranks` thread ranks over a
 // fresh embedded cluster of the same config, a small seeded chat + agent
@@ -202,12 +201,7 @@ int Run(const DemoArgs& a) {
                   "%llu requests (chat + agent loops); `kvmesh decode` for more\n",
                   d.ranks, d.params_m, (unsigned long long)d.with.requests);
       std::printf("  %-24s %12s %12s %8s\n", "", "with reuse", "without", "ratio");
-      auto drow = [](const char* name, double x, double y, const char* fmt) {
-        char bx[32], by[32];
-        std::snprintf(bx, sizeof bx, fmt, x);
-        std::snprintf(by, sizeof by, fmt, y);
-        std::printf("  %-24s %12s %12s %7.2fx\n", name, bx, by, Ratio(x, y));
-      };
+      auto drow = [](const char* name, double x, double y, const char* fmt) { PrintRatioRow(name, x, y, fmt, 24, 12); };
       drow("TTFT p50 (ms)", Ms(d.with.ttft.Percentile(0.5)), Ms(d.without.ttft.Percentile(0.5)), "%.2f");
       drow("TPOT p50 (ms)", Ms(d.with.tpot.Percentile(0.5)), Ms(d.without.tpot.Percentile(0.5)), "%.2f");
       drow("throughput (tokens/s)", d.with.tokens_per_s(), d.without.tokens_per_s(), "%.0f");
