@@ -10,6 +10,7 @@
 
 #include "coordinator/decode/engine.h"
 #include "coordinator/decode/model.h"
+#include "coordinator/decode/model_cuda.h"
 #include "tests/decode_scenario.h"
 #include "coordinator/decode/cluster.h"
 #include "kvmesh/embedded.h"
@@ -302,5 +303,32 @@ TEST_CASE("Decode with a lossy KV codec stays within the codec's stated toleranc
     CHECK(top1 >= tol.min_top1);
     CHECK(split < 1e-4f);
     if (std::string(tol.codec) != "fp16") CHECK(rel > 1e-6f);  // the codec really was in the path
+  }
+}
+
+TEST_CASE("CUDA reference model: refused cleanly without a CUDA build or device", "[decode]") {
+  // With a device, kernels/cuda/gpu_model_test (ctest gpu:model_cuda_vs_cpu) compares it with the CPU.
+  if (CudaDeviceStatus().ok()) return;
+  auto w = Weights::Generate(ModelConfig{});
+  REQUIRE(w.ok());
+  auto m = CudaReferenceModel::Create(*w);
+  REQUIRE(!m.ok());
+  CHECK(m.status().code() == StatusCode::kUnavailable);
+  CHECK(!m.status().message().empty());
+}
+
+TEST_CASE("RopeAngle is the formula Rope applies", "[decode]") {
+  const uint32_t dim = 16;
+  for (uint32_t pos : {0u, 1u, 300u}) {
+    std::vector<float> v(dim), want(dim);
+    for (uint32_t i = 0; i < dim; ++i) v[i] = want[i] = 0.25f * static_cast<float>(i) - 1.0f;
+    Rope(v.data(), dim, pos, 10000.0f);
+    for (uint32_t i = 0; i < dim / 2; ++i) {
+      float c, s;
+      RopeAngle(dim, pos, i, 10000.0f, &c, &s);
+      const float a = want[i], b = want[i + dim / 2];
+      CHECK(v[i] == a * c - b * s);
+      CHECK(v[i + dim / 2] == a * s + b * c);
+    }
   }
 }

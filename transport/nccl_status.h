@@ -6,20 +6,13 @@
 //   KVMESH_NCCL_RETURN(ncclGroupEnd());
 #pragma once
 
-#include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <string>
 
+#include "kernels/cuda/cuda_status.h"  // KVMESH_CUDA_RETURN
 #include "kvmesh/status.h"
 
-#define KVMESH_CUDA_RETURN(expr)                                                                       \
-  do {                                                                                                 \
-    cudaError_t e_ = (expr);                                                                           \
-    if (e_ != cudaSuccess)                                                                             \
-      return ::kvmesh::Unavailable(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " #expr \
-                                   ": " + cudaGetErrorString(e_));                                     \
-  } while (0)
 #define KVMESH_NCCL_RETURN(expr)                                                                       \
   do {                                                                                                 \
     ncclResult_t r_ = (expr);                                                                          \

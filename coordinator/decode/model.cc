@@ -128,12 +128,18 @@ void RmsNorm(const float* x, const float* gain, size_t n, float* out) {
   for (size_t i = 0; i < n; ++i) out[i] = x[i] * inv * gain[i];
 }
 
+void RopeAngle(uint32_t dim, uint32_t pos, uint32_t i, float theta, float* c, float* s) {
+  const double freq = std::pow(static_cast<double>(theta), -2.0 * i / dim);
+  const double ang = pos * freq;
+  *c = static_cast<float>(std::cos(ang));
+  *s = static_cast<float>(std::sin(ang));
+}
+
 void Rope(float* v, uint32_t dim, uint32_t pos, float theta) {
   const uint32_t half = dim / 2;
   for (uint32_t i = 0; i < half; ++i) {
-    const double freq = std::pow(static_cast<double>(theta), -2.0 * i / dim);
-    const double ang = pos * freq;
-    const float c = static_cast<float>(std::cos(ang)), s = static_cast<float>(std::sin(ang));
+    float c, s;
+    RopeAngle(dim, pos, i, theta, &c, &s);
     const float a = v[i], b = v[i + half];
     v[i] = a * c - b * s;
     v[i + half] = a * s + b * c;

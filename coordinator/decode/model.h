@@ -83,6 +83,9 @@ float Dot(const float* a, const float* b, size_t n);
 void RmsNorm(const float* x, const float* gain, size_t n, float* out);
 // Rotates pairs (i, i + dim/2) of one head vector for position pos.
 void Rope(float* v, uint32_t dim, uint32_t pos, float theta);
+// cos and sin of pair i's angle at position pos: the one formula Rope uses,
+// also for the CUDA model, which takes the angles from the host.
+void RopeAngle(uint32_t dim, uint32_t pos, uint32_t i, float theta, float* c, float* s);
 float Silu(float x);
 // Logits = LogitScale * LmHead . RMSNorm(x): keeps logits of a random model in a
 // range where sampling is neither uniform nor always greedy.
