@@ -154,8 +154,8 @@ class Chaos {
       : c_(c), cl_(cl), nc_(nc), rep_(rep), rng_(Mix(c.o.seed ^ 0xC4A05)) {}
 
   void Run() {
-    const std::vector<void (Chaos::*)()> cycle = {&Chaos::KillRestart, &Chaos::Garbage, &Chaos::Stall,
-                                                  &Chaos::Fill, &Chaos::Garbage};
+    const std::vector<void (Chaos::*)()> cycle = {&Chaos::KillRestart, &Chaos::Garbage, &Chaos::KillCoordinator,
+                                                  &Chaos::Stall, &Chaos::Fill, &Chaos::Garbage};
     for (size_t e = 0; !c_.stop_chaos.load(); ++e) {
       (this->*cycle[e % cycle.size()])();
       Sleep(std::chrono::milliseconds(c_.o.chaos_gap_ms / 2 + rng_() % (c_.o.chaos_gap_ms + 1)));
@@ -233,6 +233,31 @@ class Chaos {
     c_.inv.Violation("hit_recovery", "hit rate below half of " + std::to_string(baseline) + " for " +
                                          std::to_string(c_.o.hit_recover_ms) + " ms after restarting " +
                                          cl_.node(i).id);
+  }
+
+  // The data plane does not need the coordinator: while it is dead, clients
+  // keep their last map and nodes keep serving (probe round trips must
+  // succeed), and a new coordinator on the same address gets every node back.
+  void KillCoordinator() {
+    cl_.KillCoordinator();
+    c_.st.coordinator_kills++;
+    const auto down = SteadyClock::now();
+    const auto up_at = down + std::chrono::milliseconds(600 + rng_() % 1400);
+    uint64_t served = 0;
+    while (SteadyClock::now() < up_at && !c_.stop_chaos.load()) {
+      if (Probe(c_, nc_.router(), rng_())) ++served;
+      if (!Sleep(100ms)) break;
+    }
+    c_.st.served_without_coordinator += served;
+    if (served == 0 && !c_.stop_chaos.load())
+      c_.inv.Violation("coordinator_down", "no probe round trip succeeded while the coordinator was down");
+    const auto t0 = SteadyClock::now();
+    Status s = cl_.RestartCoordinator();
+    if (!s.ok()) {
+      c_.inv.Violation("restart", s.ToString());
+      return;
+    }
+    AwaitServing(t0, "restarting the coordinator");
   }
 
   void Stall() {

@@ -160,7 +160,7 @@ Cluster::Cluster(const Options& o, Invariants& inv) : o_(o), inv_(inv) {
 Cluster::~Cluster() {
   for (auto& n : nodes_)
     if (n->proc) n->proc->Signal(SIGKILL);
-  coord_.Signal(SIGKILL);
+  coord_->Signal(SIGKILL);
 }
 
 int Cluster::IndexOf(const std::string& id) const {
@@ -189,10 +189,10 @@ Status Cluster::Start() {
                             {"ports", {{"data", 0}, {"http", 0}, {"resp", 0}}}, {"memory", mem}});
   }
   std::ofstream(config_path_) << cfg.dump(2);
-  KVMESH_RETURN_IF_ERROR(coord_.Start({o_.kvmesh_bin, "coordinator", "--config", config_path_, "--port", "0"},
-                                      dir_ + "/coordinator.log"));
-  auto j = coord_.WaitEvent("listening", 10s);
-  if (!j) return Unavailable("coordinator did not print its listening line: " + coord_.LogTail(2000));
+  KVMESH_RETURN_IF_ERROR(coord_->Start({o_.kvmesh_bin, "coordinator", "--config", config_path_, "--port", "0"},
+                                       dir_ + "/coordinator.log"));
+  auto j = coord_->WaitEvent("listening", 10s);
+  if (!j) return Unavailable("coordinator did not print its listening line: " + coord_->LogTail(2000));
   coord_port_ = (*j)["ports"]["http"].get<uint16_t>();
   for (size_t i = 0; i < nodes_.size(); ++i) KVMESH_RETURN_IF_ERROR(StartNode(i));
   if (!WaitNodes(nodes_.size(), 10s)) return Unavailable("the coordinator did not list every node");
@@ -225,6 +225,29 @@ void Cluster::KillNode(size_t i) {
   }
 }
 
+void Cluster::KillCoordinator() {
+  coord_down_ = true;
+  coord_->Signal(SIGKILL);
+  auto st = coord_->Reap(5s);
+  if (!st) {
+    inv_.Violation("daemon_exit", "the coordinator survived SIGKILL for 5 s");
+  } else if (!(WIFSIGNALED(*st) && WTERMSIG(*st) == SIGKILL)) {
+    inv_.Violation("daemon_exit", "the coordinator had already " + DescribeWaitStatus(*st) + " before the SIGKILL");
+  }
+}
+
+Status Cluster::RestartCoordinator() {
+  coord_ = std::make_unique<Daemon>();
+  // The same port: nodes and clients know the coordinator by its address.
+  KVMESH_RETURN_IF_ERROR(coord_->Start({o_.kvmesh_bin, "coordinator", "--config", config_path_, "--port",
+                                        std::to_string(coord_port_)},
+                                       dir_ + "/coordinator.log"));
+  auto j = coord_->WaitEvent("listening", 10s);
+  if (!j) return Unavailable("the restarted coordinator did not print its listening line: " + coord_->LogTail(2000));
+  coord_down_ = false;
+  return Status::Ok();
+}
+
 int Cluster::LiveNodes() {
   auto r = HttpRequest("127.0.0.1", coord_port_, "GET", "/nodes", "", 500);
   if (!r.ok() || r->status != 200) return -1;
@@ -243,9 +266,9 @@ bool Cluster::WaitNodes(size_t n, std::chrono::milliseconds timeout) {
 }
 
 void Cluster::CheckExits(Stats& st) {
-  if (coord_.running()) {
-    if (auto s = coord_.Reap(0ms)) {
-      inv_.Violation("daemon_exit", "coordinator " + DescribeWaitStatus(*s) + "; log: " + coord_.LogTail(1500));
+  if (!coord_down_ && coord_->running()) {
+    if (auto s = coord_->Reap(0ms)) {
+      inv_.Violation("daemon_exit", "coordinator " + DescribeWaitStatus(*s) + "; log: " + coord_->LogTail(1500));
       st.unexpected_exits++;
     }
   }
@@ -276,7 +299,7 @@ void Cluster::StopAll() {
   };
   for (auto& n : nodes_)
     if (n->proc && !n->down) stop(*n->proc, n->id);
-  stop(coord_, "coordinator");
+  if (!coord_down_) stop(*coord_, "coordinator");
 }
 
 }  // namespace kvmesh::soak

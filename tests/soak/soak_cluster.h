@@ -89,6 +89,10 @@ class Cluster {
   Status StartNode(size_t i);
   // SIGKILL (the generation is bumped first); checks it died of it.
   void KillNode(size_t i);
+  // SIGKILL the coordinator (checks it died of it), and start a new one on
+  // the same port: nodes re-register, clients refresh their map.
+  void KillCoordinator();
+  Status RestartCoordinator();
   // Nodes the coordinator lists now (-1: no answer).
   int LiveNodes();
   bool WaitNodes(size_t n, std::chrono::milliseconds timeout);
@@ -103,8 +107,9 @@ class Cluster {
   const Options& o_;
   Invariants& inv_;
   std::string dir_, config_path_;
-  Daemon coord_;
+  std::unique_ptr<Daemon> coord_ = std::make_unique<Daemon>();
   uint16_t coord_port_ = 0;
+  bool coord_down_ = false;  // killed on purpose and not restarted yet
   std::vector<std::unique_ptr<NodeSlot>> nodes_;
 };
 

@@ -100,13 +100,13 @@ class Progress {
     std::fprintf(stderr,
                  "soak [%5.0fs] ops/s %5" PRIu64 " (prefix %5" PRIu64 " seq %4" PRIu64 ") | hit %5.1f%% | verified %7.1f MiB"
                  " | miss notfound %" PRIu64 " unavail %" PRIu64 " deadline %" PRIu64 " dataloss %" PRIu64
-                 " | refused %" PRIu64 " | chaos kill %" PRIu64 " stall %" PRIu64 " fill %" PRIu64 " garbage %" PRIu64
+                 " | refused %" PRIu64 " | chaos kill %" PRIu64 " coord %" PRIu64 " stall %" PRIu64 " fill %" PRIu64 " garbage %" PRIu64
                  " | violations %zu\n",
                  t, (prefix - last_prefix_) + (seq - last_seq_), prefix - last_prefix_, seq - last_seq_, 100.0 * rate,
                  double(st.bytes_verified.load() + st.seq_bytes_verified.load()) / (1 << 20),
                  Misses(st, StatusCode::kNotFound), Misses(st, StatusCode::kUnavailable),
                  Misses(st, StatusCode::kDeadlineExceeded), Misses(st, StatusCode::kDataLoss), Refusals(st),
-                 st.kills.load(), st.stalls.load(), st.fills.load(), st.garbage_conns.load(), c_.inv.count());
+                 st.kills.load(), st.coordinator_kills.load(), st.stalls.load(), st.fills.load(), st.garbage_conns.load(), c_.inv.count());
     last_prefix_ = prefix;
     last_seq_ = seq;
     last_asked_ = asked;
@@ -288,6 +288,8 @@ int main(int argc, char** argv) {
       {"chaos",
        {{"kills", st.kills.load()},
         {"restarts", st.restarts.load()},
+        {"coordinator_kills", st.coordinator_kills.load()},
+        {"probes_served_without_coordinator", st.served_without_coordinator.load()},
         {"stalls", st.stalls.load()},
         {"fills", st.fills.load()},
         {"fill_blocks", st.fill_blocks.load()},
