@@ -191,3 +191,41 @@ TEST_CASE("UCX: router fan-out over three UCX nodes answers exactly like the ser
   fan.reset();
   serial.reset();
 }
+
+TEST_CASE("UCX: clients that vanish with requests in flight never take the node down", "[cluster][ucx]") {
+  // Each client posts many GETs of large blocks, gives up on them at once
+  // (1 ms timeout) and is destroyed while the node still has them queued.
+  // The node must stay up and serve the next client; before server-owned
+  // endpoints it replied on the vanished client's reply endpoint (freed by
+  // UCX once the peer was gone) and crashed.
+  Fixture f;
+  {
+    auto ch = f.Channel();
+    REQUIRE(ch.ok());
+    std::vector<std::byte> big(1 << 20, std::byte{7});
+    std::vector<PutItem> puts;
+    for (uint64_t i = 0; i < 8; ++i) puts.push_back(PutItem{Key(100 + i), big, {}});
+    REQUIRE((*ch)->Put(puts, {}).ok());
+  }
+  std::vector<std::vector<std::byte>> dst(8, std::vector<std::byte>(1 << 20));
+  for (int round = 0; round < 20; ++round) {
+    auto ch = f.Channel();
+    REQUIRE(ch.ok());
+    std::vector<std::vector<GetItem>> items(16);
+    std::vector<ChannelCall> calls(16);
+    RequestOptions ro;
+    ro.timeout_ms = 1;
+    for (size_t c = 0; c < calls.size(); ++c) {
+      for (uint64_t i = 0; i < 8; ++i) items[c].push_back(GetItem{Key(100 + i), dst[i], 0, {}});
+      (*ch)->StartGet(items[c], ro, &calls[c]);
+    }
+    for (auto& c : calls) (void)c.Wait();
+  }  // the channel goes: endpoint force-closed, worker destroyed
+  auto ch = f.Channel();
+  INFO(ch.status().ToString());
+  REQUIRE(ch.ok());
+  std::vector<GetItem> g = {GetItem{Key(100), dst[0], 0, {}}};
+  REQUIRE((*ch)->Get(g, {}).ok());
+  CHECK(g[0].status.ok());
+  CHECK(g[0].size == size_t{1} << 20);
+}

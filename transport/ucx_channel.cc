@@ -215,6 +215,12 @@ class Channel final : public SeqOverFrames<UcxChannel> {
     return Await(x);  // iov (and what it points at) outlives the send
   }
 
+  // What a send in flight owns: its Pending and its AM header bytes.
+  struct SendHolder {
+    std::shared_ptr<Pending> p;
+    std::vector<std::byte> amh;
+  };
+
   // A request Post sent whose answer Await has not collected yet.
   struct Posted {
     std::shared_ptr<Pending> p;  // set by the caller
@@ -239,30 +245,34 @@ class Channel final : public SeqOverFrames<UcxChannel> {
     h.epoch = epoch_.load();
     h.count = static_cast<uint32_t>(count);
     h.body_len = static_cast<uint32_t>(body_len);
-    // AM header: the frame header, then this channel's session nonce.
-    std::array<std::byte, kHeaderSize + 8> amh;
+    // AM header: the frame header, then this channel's session nonce; a
+    // HELLO adds this worker's address (the node answers on an endpoint of
+    // its own to it, docs/protocol.md "UCX"). UCX may read the header until
+    // the send completes, so it lives in the send's holder, with the Pending.
+    auto* holder = new SendHolder{p, {}};
     HeaderBytes hb = EncodeHeader(h);
-    std::memcpy(amh.data(), hb.data(), kHeaderSize);
-    std::memcpy(amh.data() + kHeaderSize, &nonce_, 8);
+    const std::string& addr = worker_->address();
+    holder->amh.resize(kHeaderSize + 8 + (op == Opcode::kHello ? addr.size() : 0));
+    std::memcpy(holder->amh.data(), hb.data(), kHeaderSize);
+    std::memcpy(holder->amh.data() + kHeaderSize, &nonce_, 8);
+    if (op == Opcode::kHello) std::memcpy(holder->amh.data() + kHeaderSize + 8, addr.data(), addr.size());
+    const std::vector<std::byte>& amh = holder->amh;
     {
       std::lock_guard<std::mutex> lock(map_mu_);
       pending_[h.request_id] = p;
     }
     ucp_request_param_t rp{};
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE |
-                      UCP_OP_ATTR_FIELD_FLAGS;
-    rp.flags = UCP_AM_SEND_FLAG_REPLY;
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
     // No body (STATS): zero contiguous bytes; UCX refuses an empty iov.
     static const std::byte kNoBody{};
     rp.datatype = iov.empty() ? ucp_dt_make_contig(1) : ucp_dt_make_iov();
-    auto* holder = new std::shared_ptr<Pending>(p);
     rp.user_data = holder;
     rp.cb.send = [](void* req, ucs_status_t, void* user) {
-      auto* hp = static_cast<std::shared_ptr<Pending>*>(user);
+      auto* hp = static_cast<SendHolder*>(user);
       {
-        std::lock_guard<std::mutex> lock((*hp)->mu);
-        (*hp)->send_done = true;
-        (*hp)->cv.notify_all();
+        std::lock_guard<std::mutex> lock(hp->p->mu);
+        hp->p->send_done = true;
+        hp->p->cv.notify_all();
       }
       delete hp;
       ucp_request_free(req);

@@ -18,10 +18,15 @@ namespace {
 namespace asio = boost::asio;
 using namespace proto;
 
+// Longest client worker address a HELLO may carry (UCX addresses of tcp, shm
+// and RDMA transports are a few hundred bytes).
+constexpr size_t kMaxClientAddress = 4096;
+constexpr size_t kMaxSessions = 4096;  // beyond: the least recently used one is closed
+
 // A request whose body is (being) received.
 struct Incoming {
-  ucp_ep_h ep = nullptr;
   uint64_t nonce = 0;  // the client's session nonce (AM header bytes 40..47)
+  std::string client_address;  // HELLO only: the client's worker address (AM header bytes 48..)
   FrameHeader header;
   std::vector<std::byte> body;
   void* rndv_desc = nullptr;  // set while the body waits for ucp_am_recv_data_nbx
@@ -36,6 +41,20 @@ struct Outgoing {
 
 class Server final : public UcxServer {
  public:
+  // One client session (a channel's nonce): the endpoint this node created
+  // to the client's worker, so it owns it. A reply endpoint from UCX would be
+  // freed by UCX when the client goes, possibly while a request of that
+  // client is still queued here; an owned endpoint is only failed (error
+  // callback), and this loop closes it.
+  struct Session {
+    Server* server = nullptr;
+    uint64_t nonce = 0;
+    ucp_ep_h ep = nullptr;
+    bool hello_done = false;
+    bool failed = false;  // the error callback ran: no more sends, close it
+    uint64_t last_used = 0;
+  };
+
   Server(ShardNode* node, UcxServerOptions o, const std::atomic<uint64_t>* epoch)
       : handler_(node, o.limits, o.token, epoch), sd_(io_) {}
   ~Server() override { Stop(); }
@@ -69,9 +88,13 @@ class Server final : public UcxServer {
       io_.stop();
     });
     if (thread_.joinable()) thread_.join();
-    // Let in-flight sends finish or fail before the worker goes.
-    for (int i = 0; i < 1000 && !inflight_.empty(); ++i) worker_->ProgressAll();
-    conns_.clear();
+    // Close every session (force: pending sends complete with an error), then
+    // let those sends and closes finish before the worker goes.
+    while (!sessions_.empty()) CloseSession(sessions_.begin());
+    for (int i = 0; i < 1000 && (!inflight_.empty() || !closing_.empty()); ++i) {
+      worker_->ProgressAll();
+      ReapCloses();
+    }
   }
 
  private:
@@ -79,12 +102,14 @@ class Server final : public UcxServer {
   asio::awaitable<void> Loop() {
     for (;;) {
       worker_->ProgressAll();
+      CloseFailed();
+      ReapCloses();
       StartRendezvous();
       if (!ready_.empty()) {
         HandleReady();
         continue;
       }
-      if (!inflight_.empty() || !receiving_.empty()) {
+      if (!inflight_.empty() || !receiving_.empty() || !closing_.empty()) {
         // Replies or rendezvous receives under way need progress the wakeup
         // fd does not always announce: poll, yielding to the loop.
         co_await asio::post(io_, asio::use_awaitable);
@@ -99,14 +124,22 @@ class Server final : public UcxServer {
 
   static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data, size_t length,
                                 const ucp_am_recv_param_t* param) {
+    (void)param;
     auto* self = static_cast<Server*>(arg);
     auto in = std::make_unique<Incoming>();
-    in->ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
     const auto hb = std::span<const std::byte>(static_cast<const std::byte*>(header), header_length);
-    if (header_length == kHeaderSize + 8) std::memcpy(&in->nonce, hb.data() + kHeaderSize, 8);
-    if (in->ep == nullptr || header_length != kHeaderSize + 8 ||
-        !DecodeHeader(hb, self->handler_.limits(), &in->header).ok() || in->header.is_response() ||
-        in->header.body_len != length) {
+    bool ok = header_length >= kHeaderSize + 8 && header_length <= kHeaderSize + 8 + kMaxClientAddress &&
+              DecodeHeader(hb.first(kHeaderSize), self->handler_.limits(), &in->header).ok() &&
+              !in->header.is_response() && in->header.body_len == length;
+    if (ok) {
+      std::memcpy(&in->nonce, hb.data() + kHeaderSize, 8);
+      // A HELLO carries the client's worker address (this node answers on an
+      // endpoint of its own to it); no other frame does.
+      const size_t addr = header_length - kHeaderSize - 8;
+      ok = (in->header.opcode == Opcode::kHello) == (addr > 0);
+      in->client_address.assign(reinterpret_cast<const char*>(hb.data()) + kHeaderSize + 8, addr);
+    }
+    if (!ok) {
       self->handler_.malformed.fetch_add(1);  // dropped; a malformed peer gets no answer
       return UCS_OK;
     }
@@ -155,15 +188,85 @@ class Server final : public UcxServer {
       std::unique_ptr<Incoming> in = std::move(ready_.front());
       ready_.pop_front();
       requests_.fetch_add(1, std::memory_order_relaxed);
-      const auto session = std::make_pair(in->ep, in->nonce);
-      auto& conn = conns_[session];
+      auto it = sessions_.find(in->nonce);
+      if (in->header.opcode == Opcode::kHello && it == sessions_.end()) it = OpenSession(in->nonce, in->client_address);
+      if (it == sessions_.end() || it->second->failed) {
+        // No session (a frame before HELLO, or its client is gone): nowhere to answer.
+        handler_.malformed.fetch_add(1);
+        continue;
+      }
+      Session& ss = *it->second;
+      ss.last_used = ++use_clock_;
       auto out = std::make_unique<Outgoing>();
-      const FrameOutcome oc = handler_.Handle(in->header, in->body, &conn.hello_done, &out->rep);
-      // "Closing" a UCX peer forgets its handshake: its next frame must be a
-      // (valid) HELLO again. Endpoint pointers can be reused by new peers.
-      if (oc != FrameOutcome::kReply) conns_.erase(session);
-      if (oc == FrameOutcome::kClose) continue;
-      Send(in->ep, std::move(out));
+      const FrameOutcome oc = handler_.Handle(in->header, in->body, &ss.hello_done, &out->rep);
+      if (oc == FrameOutcome::kClose) {
+        CloseSession(it);
+        continue;
+      }
+      // "Closing" a UCX peer otherwise forgets its handshake: its next frame
+      // must be a (valid) HELLO again.
+      if (oc != FrameOutcome::kReply) ss.hello_done = false;
+      Send(ss.ep, std::move(out));
+    }
+  }
+
+  using Sessions = std::map<uint64_t, std::unique_ptr<Session>>;
+
+  // A session for a HELLO: an endpoint of this node's own to the client's
+  // worker, with an error callback. end() when it cannot be made.
+  Sessions::iterator OpenSession(uint64_t nonce, const std::string& address) {
+    if (sessions_.size() >= kMaxSessions) {
+      auto lru = sessions_.begin();
+      for (auto i = sessions_.begin(); i != sessions_.end(); ++i)
+        if (i->second->last_used < lru->second->last_used) lru = i;
+      CloseSession(lru);
+    }
+    auto ss = std::make_unique<Session>();
+    ss->server = this;
+    ss->nonce = nonce;
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) {
+      auto* s = static_cast<Session*>(arg);
+      s->failed = true;  // closed by the loop (CloseFailed), never from inside UCX's callback
+      s->server->failed_.push_back(s->nonce);
+    };
+    ep.err_handler.arg = ss.get();
+    if (ucp_ep_create(worker_->get(), &ep, &ss->ep) != UCS_OK) return sessions_.end();
+    return sessions_.emplace(nonce, std::move(ss)).first;
+  }
+
+  // Force-closes the session's endpoint (its pending sends complete with an
+  // error) and forgets the session; the close request is reaped later.
+  void CloseSession(Sessions::iterator it) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* r = ucp_ep_close_nbx(it->second->ep, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing_.push_back(r);
+    sessions_.erase(it);
+  }
+
+  void CloseFailed() {
+    for (uint64_t nonce : failed_) {
+      auto it = sessions_.find(nonce);
+      if (it != sessions_.end() && it->second->failed) CloseSession(it);
+    }
+    failed_.clear();
+  }
+
+  void ReapCloses() {
+    for (size_t i = 0; i < closing_.size();) {
+      if (ucp_request_check_status(closing_[i]) == UCS_INPROGRESS) {
+        ++i;
+        continue;
+      }
+      ucp_request_free(closing_[i]);
+      closing_[i] = closing_.back();
+      closing_.pop_back();
     }
   }
 
@@ -191,10 +294,6 @@ class Server final : public UcxServer {
     inflight_[r] = std::move(out);
   }
 
-  struct ConnState {
-    bool hello_done = false;
-  };
-
   FrameHandler handler_;
   asio::io_context io_{1};
   asio::posix::stream_descriptor sd_;
@@ -206,9 +305,10 @@ class Server final : public UcxServer {
   std::deque<std::unique_ptr<Incoming>> rndv_, ready_;
   std::map<void*, std::unique_ptr<Incoming>> receiving_;
   std::map<void*, std::unique_ptr<Outgoing>> inflight_;
-  // Handshake state per (endpoint, client session nonce): a new peer that
-  // happens to get a reused endpoint pointer still has to HELLO.
-  std::map<std::pair<ucp_ep_h, uint64_t>, ConnState> conns_;
+  Sessions sessions_;              // by client session nonce
+  std::vector<uint64_t> failed_;   // sessions whose endpoint failed, to close
+  std::vector<void*> closing_;     // endpoint close requests in progress
+  uint64_t use_clock_ = 0;
 };
 
 }  // namespace

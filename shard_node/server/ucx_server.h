@@ -2,8 +2,11 @@
 // messages with the kvmesh protocol (docs/protocol.md, "UCX"). The worker's
 // wakeup fd is driven by an Asio loop (no busy polling); requests arrive as
 // AM (header = frame header, data = body; large bodies by rendezvous straight
-// into a buffer sized from the checked header), answers go back on the
-// sender's reply endpoint with an iov gathered from pool memory.
+// into a buffer sized from the checked header), answers go back with an iov
+// gathered from pool memory on an endpoint the server creates to the client's
+// worker (whose address the client's HELLO carries): one session per client
+// nonce, closed when the client's endpoint fails or the client is gone, so a
+// client vanishing with requests queued never leaves a dangling endpoint.
 // Peers reach it by its worker address (address(), published through the
 // coordinator and exchanged over MPI in `kvmesh serve`).
 //

@@ -177,7 +177,7 @@ Status Cluster::Start() {
       {"model", {{"model_id", "kvmesh-soak"}, {"num_layers", 2}, {"num_kv_heads", 2}, {"head_dim", 32},
                  {"dtype", "fp16"}, {"block_tokens", 16}}},
       {"store", {{"stripes", 4}, {"verify_checksums", true}}},
-      {"transport", {{"backend", "tcp"}, {"io_threads", 2}, {"max_frame_bytes", "4MiB"},
+      {"transport", {{"backend", o_.transport}, {"io_threads", 2}, {"max_frame_bytes", "4MiB"},
                      {"timeout_ms", o_.timeout_ms}}},
       {"coordinator", {{"host", "127.0.0.1"}, {"port", 0}, {"heartbeat_ms", 100}, {"dead_after_ms", 600}}},
       {"sequences", {{"idle_timeout_ms", 30000}, {"max_sequences", 64}, {"max_sequence_tokens", 4096}}},
