@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_reader.h"
 #include "router/map_json.h"
 #include "transport/http_server.h"
 
@@ -119,20 +120,26 @@ class Coordinator final : public CoordinatorServer {
     return Json(404, {{"error", "no such endpoint: " + path}});
   }
 
+  // A registration names its JSON path and reason when it is refused (400),
+  // like a bad config: {"id", "host"?, "weight"?, "ports": {"data", "http"?,
+  // "resp"?}, "ucx"?}; unknown keys are refused too.
   HttpServerResponse Register(const std::string& id, const json& b) {
     ShardInfo s;
     s.id = id;
-    try {
-      s.host = b.value("host", std::string("127.0.0.1"));
-      s.weight = b.value("weight", 1.0);
-      const json& p = b.at("ports");
-      s.ports.data = p.at("data").get<uint16_t>();
-      s.ports.http = p.value("http", uint16_t{0});
-      s.ports.resp = p.value("resp", uint16_t{0});
-    } catch (const std::exception& e) {
-      return Json(400, {{"error", std::string("bad registration: ") + e.what()}});
+    s.host = "127.0.0.1";
+    s.weight = 1.0;
+    std::string ucx, id_again;
+    ObjectReader r(b, "$");
+    r.Required("id", &id_again).Optional("host", &s.host).Optional("weight", &s.weight).Optional("ucx", &ucx);
+    if (const json* p = r.Child("ports", /*required=*/true); p != nullptr && r.ok()) {
+      ObjectReader pr(*p, "$.ports");
+      pr.Required("data", &s.ports.data).Optional("http", &s.ports.http).Optional("resp", &s.ports.resp);
+      if (pr.ok() && s.ports.data == 0) pr.Fail("data", "must be a port in 1..65535");
+      if (Status st = pr.Finish(); !st.ok()) return Json(400, {{"error", "bad registration: " + st.message()}});
     }
-    if (!(s.weight > 0) || s.ports.data == 0) return Json(400, {{"error", "weight must be > 0 and ports.data set"}});
+    if (r.ok() && !(s.weight > 0)) r.Fail("weight", "must be > 0");
+    if (r.ok() && s.host.empty()) r.Fail("host", "must not be empty");
+    if (Status st = r.Finish(); !st.ok()) return Json(400, {{"error", "bad registration: " + st.message()}});
     std::lock_guard<std::mutex> lock(mu_);
     auto it = members_.find(id);
     const bool rejoin = it != members_.end();
@@ -145,7 +152,7 @@ class Coordinator final : public CoordinatorServer {
     }
     Member& m = members_[id];
     m.info = s;
-    m.ucx = b.value("ucx", std::string());
+    m.ucx = ucx;
     m.last = SteadyClock::now();
     return Json(200, {{"epoch", epoch_}, {"heartbeat_ms", config_.coordinator.heartbeat_ms}});
   }

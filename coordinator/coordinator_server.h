@@ -2,7 +2,9 @@
 // membership, heartbeats and shard-map epochs, behind an HTTP/JSON control API
 // (docs/launch.md lists every endpoint).
 //
-//   POST /register  {"id","host","weight","ports":{"data","http","resp"}} -> {"epoch","heartbeat_ms"}
+//   POST /register  {"id","host","weight","ports":{"data","http","resp"},"ucx"} -> {"epoch","heartbeat_ms"}
+//                   (400 naming the JSON path and the reason: a wrong type, a
+//                   port outside 1..65535, weight <= 0, an unknown key)
 //   POST /heartbeat {"id","stats":{...}}  -> {"epoch"}  (404: unknown, register again)
 //   POST /leave     {"id"}                -> {"epoch"}  (clean shutdown)
 //   GET  /map     the published shard map (router/map_json.h)

@@ -374,6 +374,37 @@ TEST_CASE("Daemons: a restarted coordinator gets the nodes back and routers keep
   CHECK(again.Wait(5s));
 }
 
+TEST_CASE("Daemons: a bad registration is refused naming the JSON path and changes nothing", "[cluster][daemons]") {
+  Cluster c;
+  c.StartCoordinator();
+  c.StartNode("n0");
+  const uint64_t epoch = c.WaitNodes(1);
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"id": "x", "ports": {"data": 70000}})", "$.ports.data: too large"},  // once stored as port 4464
+      {R"({"id": "x", "ports": {"data": "7000"}})", "$.ports.data: expected an integer"},
+      {R"({"id": "x", "ports": {"data": 0}})", "$.ports.data: must be a port"},
+      {R"({"id": "x", "ports": 9})", "$.ports: expected an object"},
+      {R"({"id": "x"})", "$.ports"},
+      {R"({"id": "x", "ports": {"data": 9}, "weight": 0})", "$.weight: must be > 0"},
+      {R"({"id": "x", "ports": {"data": 9}, "colour": "red"})", "$.colour: unknown key"},
+      {R"({"id": "x", "ports": {"data": 9, "rdma": 1}})", "$.ports.rdma: unknown key"},
+      {R"({"id": 5, "ports": {"data": 9}})", "a non-empty string"},
+      {R"([1, 2])", "JSON object"},
+  };
+  for (const auto& [body, want] : bad) {
+    auto r = HttpRequest("127.0.0.1", c.coord_port, "POST", "/register", body, 1000);
+    REQUIRE(r.ok());
+    INFO(body << " -> " << r->body);
+    CHECK(r->status == 400);
+    CHECK(r->body.find(want) != std::string::npos);
+  }
+  auto nodes = HttpRequest("127.0.0.1", c.coord_port, "GET", "/nodes", "", 1000);
+  REQUIRE(nodes.ok());
+  auto j = nlohmann::json::parse(nodes->body);
+  CHECK(j["nodes"].size() == 1);
+  CHECK(j["epoch"].get<uint64_t>() == epoch);
+}
+
 #if defined(KVMESH_HAVE_UCX)
 TEST_CASE("Daemons: with $.transport.backend = ucx the router's data goes over UCX", "[cluster][daemons][ucx]") {
   // daemons-local.json with the UCX backend, in a temporary file.
