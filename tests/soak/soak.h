@@ -47,6 +47,7 @@ struct Options {
   std::string node_memory = "2MiB";  // device (primary) budget per node
   std::string node_host = "4MiB";    // host tier budget per node ("" = no tier)
   std::string transport = "tcp";     // data plane: tcp | ucx (malformed frames always go to the TCP port)
+  uint32_t replicas = 1;             // $.placement.replicas: copies of each block
   uint32_t fd_slack = 12;      // fds the client may hold more at the end than at the start
   uint32_t thread_slack = 2;
   std::string json_out;        // also write the report here

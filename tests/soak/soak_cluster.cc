@@ -181,6 +181,7 @@ Status Cluster::Start() {
                      {"timeout_ms", o_.timeout_ms}}},
       {"coordinator", {{"host", "127.0.0.1"}, {"port", 0}, {"heartbeat_ms", 100}, {"dead_after_ms", 600}}},
       {"sequences", {{"idle_timeout_ms", 30000}, {"max_sequences", 64}, {"max_sequence_tokens", 4096}}},
+      {"placement", {{"replicas", o_.replicas}}},
   };
   for (auto& n : nodes_) {
     nlohmann::json mem = {{"device", o_.node_memory}};

@@ -152,6 +152,7 @@ int main(int argc, char** argv) {
   app.add_option("--node-host", o.node_host, "host tier budget per node (\"\": no tier)");
   app.add_option("--transport", o.transport, "data plane of the clients: tcp or ucx")
       ->check(CLI::IsMember({"tcp", "ucx"}));
+  app.add_option("--replicas", o.replicas, "copies of each block ($.placement.replicas)")->check(CLI::Range(1, 4));
   app.add_option("--kvmesh", o.kvmesh_bin, "the kvmesh binary");
   app.add_option("--json-out", o.json_out, "also write the JSON report here");
   app.add_option("--work-dir", o.work_dir, "config and daemon logs (default /tmp/kvmesh-soak-PID)");
@@ -265,6 +266,7 @@ int main(int argc, char** argv) {
       {"seconds", load_seconds},
       {"nodes", o.nodes},
       {"transport", o.transport},
+      {"replicas", o.replicas},
       {"threads", {{"prefix", o.prefix_threads}, {"sequence", o.seq_threads}}},
       {"seed", o.seed},
       {"timeout_ms", o.timeout_ms},
