@@ -83,6 +83,7 @@ struct Stats {
   // Chaos.
   std::atomic<uint64_t> kills{0}, restarts{0}, stalls{0}, fills{0}, fill_blocks{0};
   std::atomic<uint64_t> coordinator_kills{0}, served_without_coordinator{0};
+  std::atomic<uint64_t> replica_checked{0}, replica_served{0};  // kept blocks read with one node down
   std::atomic<uint64_t> garbage_conns{0}, garbage_closed{0};
   std::atomic<uint64_t> corrupt_puts{0}, corrupt_refused{0};  // torn PUT payloads, refused DATA_LOSS
   std::atomic<uint64_t> unexpected_exits{0};

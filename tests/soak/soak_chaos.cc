@@ -207,8 +207,12 @@ class Chaos {
     const size_t i = last_restarted_ >= 0 && rng_() % 2 == 0 ? static_cast<size_t>(last_restarted_)
                                                               : rng_() % cl_.size();
     const double baseline = RecentHitRate(3);
+    // With replicas, blocks put while every node is up outlive one node's death.
+    std::vector<BlockKey> kept;
+    if (c_.o.replicas >= 2) kept = PutKept();
     cl_.KillNode(i);
     c_.st.kills++;
+    if (!kept.empty()) CheckKept(kept, cl_.node(i).id);
     Sleep(std::chrono::milliseconds(300 + rng_() % 1200));  // misses while it is down
     const auto t0 = SteadyClock::now();
     Status s = cl_.StartNode(i);
@@ -233,6 +237,67 @@ class Chaos {
     c_.inv.Violation("hit_recovery", "hit rate below half of " + std::to_string(baseline) + " for " +
                                          std::to_string(c_.o.hit_recover_ms) + " ms after restarting " +
                                          cl_.node(i).id);
+  }
+
+  // 32 fresh blocks at priority 3 (evicted last), put while every node is up;
+  // empty when the put did not go through.
+  std::vector<BlockKey> PutKept() {
+    Router& r = nc_.router();
+    const size_t bb = r.model().FullBlockBytes();
+    std::vector<BlockKey> keys(32);
+    std::vector<std::byte> data(keys.size() * bb);
+    std::vector<PutItem> puts;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      keys[i] = BlockKey{rng_(), rng_()};
+      auto d = std::span(data).subspan(i * bb, bb);
+      Payload(keys[i], c_.o.seed, d);
+      puts.push_back(PutItem{keys[i], d, {}});
+    }
+    RequestOptions ro;
+    ro.priority = 3;
+    const auto t0 = SteadyClock::now();
+    Status s = r.PutBatch(puts, ro);
+    if (!c_.Count(kProbe, s, t0, {StatusCode::kBusy, StatusCode::kResourceExhausted, StatusCode::kStaleEpoch}))
+      return {};
+    for (const PutItem& p : puts)
+      if (!p.status.ok()) return {};
+    return keys;
+  }
+
+  // Every kept block must still be served, byte for byte, with `dead` down
+  // (the client may first need one call to notice the dead node).
+  void CheckKept(const std::vector<BlockKey>& keys, const std::string& dead) {
+    Router& r = nc_.router();
+    const size_t bb = r.model().FullBlockBytes();
+    std::vector<std::byte> back(keys.size() * bb), want(bb);
+    size_t served = 0;
+    for (int attempt = 0; attempt < 3 && served < keys.size(); ++attempt) {
+      std::vector<GetItem> gets;
+      for (size_t i = 0; i < keys.size(); ++i) gets.push_back(GetItem{keys[i], std::span(back).subspan(i * bb, bb), 0, {}});
+      RequestOptions ro;
+      ro.priority = 3;
+      const auto t0 = SteadyClock::now();
+      Status s = r.GetBatch(gets, ro);
+      c_.Count(kProbe, s, t0);
+      served = 0;
+      for (size_t i = 0; i < gets.size(); ++i) {
+        if (!gets[i].status.ok()) continue;
+        Payload(keys[i], c_.o.seed, want);
+        if (gets[i].size != bb || std::memcmp(back.data() + i * bb, want.data(), bb) != 0) {
+          c_.st.wrong_bytes++;
+          c_.inv.Violation("wrong_bytes", "kept block " + keys[i].ToHex() + " came back different");
+        } else {
+          ++served;
+        }
+      }
+    }
+    c_.st.replica_checked += keys.size();
+    c_.st.replica_served += served;
+    if (served < keys.size())
+      c_.inv.Violation("replica_failover", std::to_string(keys.size() - served) + " of " +
+                                               std::to_string(keys.size()) + " blocks put with " +
+                                               std::to_string(c_.o.replicas) + " replicas missed with only " +
+                                               dead + " down");
   }
 
   // The data plane does not need the coordinator: while it is dead, clients

@@ -295,6 +295,8 @@ int main(int argc, char** argv) {
         {"restarts", st.restarts.load()},
         {"coordinator_kills", st.coordinator_kills.load()},
         {"probes_served_without_coordinator", st.served_without_coordinator.load()},
+        {"replicated_blocks_checked_after_kill", st.replica_checked.load()},
+        {"replicated_blocks_served_after_kill", st.replica_served.load()},
         {"stalls", st.stalls.load()},
         {"fills", st.fills.load()},
         {"fill_blocks", st.fill_blocks.load()},
