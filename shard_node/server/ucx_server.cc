@@ -1,5 +1,6 @@
 #include "shard_node/server/ucx_server.h"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -22,6 +23,7 @@ using namespace proto;
 // and RDMA transports are a few hundred bytes).
 constexpr size_t kMaxClientAddress = 4096;
 constexpr size_t kMaxSessions = 4096;  // beyond: the least recently used one is closed
+constexpr long kBusyWaitNs = 100'000;    // longest sleep on the worker fd with work under way
 
 // A request whose body is (being) received.
 struct Incoming {
@@ -111,8 +113,16 @@ class Server final : public UcxServer {
       }
       if (!inflight_.empty() || !receiving_.empty() || !closing_.empty()) {
         // Replies or rendezvous receives under way need progress the wakeup
-        // fd does not always announce: poll, yielding to the loop.
-        co_await asio::post(io_, asio::use_awaitable);
+        // fd does not always announce: wait on it at most kBusyWaitNs, then
+        // progress again. (Spinning instead kept this thread runnable, so on
+        // oversubscribed cores the peer it waits for got the CPU only at the
+        // next scheduler tick: milliseconds per rendezvous.)
+        if (worker_->Arm()) {
+          pollfd pf{worker_->efd(), POLLIN, 0};
+          const timespec ts{0, kBusyWaitNs};
+          ::ppoll(&pf, 1, &ts, nullptr);
+        }
+        co_await asio::post(io_, asio::use_awaitable);  // lets Stop's cancel in
         continue;
       }
       if (!worker_->Arm()) continue;  // events pending: progress again
