@@ -12,6 +12,16 @@
 //                                                  vs memcpy of the same bytes
 //   match_prefix  Router::MatchPrefix on a 4-node embedded cluster, block
 //                 lookups/s, vs lookups of the same keys in one absl::flat_hash_set
+//   mixed put / mixed get / mixed held
+//                 a mixed-size workload (30% raw blocks, 30% int8-of-fp16
+//                 size, 20% int4 size, 20% uniform 1 KiB..slot/4) on the
+//                 size-classed store (size_classes = N, default 4) vs the
+//                 fixed-slot store (size_classes = 1), same keys, same pool:
+//                 put and get GB/s of payload, and blocks resident after
+//                 filling (the "held" row's figures are counts, not rates)
+// --classes N sets size_classes for the put/get/view rows and the mixed rows
+// (default 4; --classes 1 runs the put/get/view rows on fixed slots);
+// --sweep prints the mixed rows for N = 2..6; --mixed-only skips the rest.
 // Rates are medians of 7 trials (3 with --quick); each trial of a row runs the
 // kvmesh operation and its baseline back to back, so both see the same load.
 #include <cstring>
@@ -24,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_util.h"
+#include "common/hash.h"
 #include "kvmesh/embedded.h"
 #include "kvmesh/size.h"
 #include "shard_node/block_store.h"
@@ -43,7 +54,7 @@ struct Row {
 
 BlockKey Key(uint64_t i) { return BlockKey{i * 0x9E3779B97F4A7C15ull + 1, i}; }
 
-std::vector<Row> StoreRows(size_t block, int trials) {
+std::vector<Row> StoreRows(size_t block, int trials, uint32_t classes) {
   const size_t capacity = 256ull << 20;
   const size_t slots = capacity / block;
   const size_t src_blocks = std::max<size_t>(8, (64ull << 20) / block);  // 64 MiB of sources: out of cache
@@ -59,6 +70,7 @@ std::vector<Row> StoreRows(size_t block, int trials) {
   StoreOptions o;
   o.capacity_bytes = capacity;
   o.slot_bytes = block;
+  o.size_classes = classes;
   o.stripes = 8;
   o.policy_options.aging_ns = 0;
   HostMemoryOptions hm;
@@ -119,6 +131,78 @@ std::vector<Row> StoreRows(size_t block, int trials) {
   return {rp, rg, rv};
 }
 
+// Keys that spread over every stripe (Key() above leaves some stripes empty).
+BlockKey SpreadKey(uint64_t i) { return BlockKey{Mix64(i + 1), i}; }
+
+// The mixed-size rows: `classes` against fixed slots (size_classes = 1).
+std::vector<Row> MixedRows(uint32_t classes, int trials) {
+  const size_t slot = 256 << 10, capacity = 256ull << 20;
+  auto make = [&](uint32_t n) {
+    StoreOptions o;
+    o.capacity_bytes = capacity;
+    o.slot_bytes = slot;
+    o.size_classes = n;
+    o.stripes = 8;
+    o.policy_options.aging_ns = 0;
+    HostMemoryOptions hm;
+    hm.prefault = true;
+    o.backend = MakeHostMemory(capacity, hm).value();
+    return BlockStore::Create(std::move(o)).value();
+  };
+  auto slab = make(classes), fixed = make(1);
+  const size_t keys = 4 * capacity / slot;  // 4x more distinct blocks than full slots
+  std::vector<uint32_t> size_of(keys);
+  std::mt19937_64 rng(5);
+  for (size_t k = 0; k < keys; ++k) {
+    const uint64_t d = rng() % 10;
+    size_of[k] = d < 3 ? slot                                         // raw
+                 : d < 6 ? slot / 2 + slot / 128 + 112                 // int8 g128 of fp16 + header
+                 : d < 8 ? slot / 4 + slot / 256 + 112                 // int4 g128
+                         : 1024 + static_cast<uint32_t>(rng() % (slot / 4 - 1024));
+  }
+  std::vector<std::byte> src(slot);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(rng());
+  // Every put is a new key (a copy, a checksum and, at steady state, an
+  // eviction); both stores see the same key and size sequence.
+  const size_t ops = keys;
+  auto puts = [&](BlockStore& store, uint64_t& next) {
+    return [&, st = &store, n = &next] {
+      double bytes = 0;
+      for (size_t i = 0; i < ops; ++i, ++*n) {
+        const uint32_t size = size_of[*n % keys];
+        (void)st->Put(SpreadKey(*n), std::span(src).first(size));
+        bytes += size;
+      }
+      return bytes;
+    };
+  };
+  uint64_t next_slab = 0, next_fixed = 0;
+  auto [put_s, put_f] = MeasurePair(trials, puts(*slab, next_slab), puts(*fixed, next_fixed));
+  // Reads of the last `ops` keys put, in a random order; only hits count.
+  std::vector<uint64_t> order(ops);
+  for (uint64_t& k : order) k = next_slab - 1 - rng() % ops;
+  std::vector<std::byte> out(slot);
+  auto gets = [&](BlockStore& store) {
+    return [&, st = &store] {
+      double bytes = 0;
+      for (uint64_t k : order) {
+        auto n = st->GetInto(SpreadKey(k), out);
+        bytes += n.ok() ? *n : 0;
+      }
+      return bytes;
+    };
+  };
+  auto [get_s, get_f] = MeasurePair(trials, gets(*slab), gets(*fixed));
+  const std::string tag = " (" + std::to_string(classes) + " classes)";
+  Row rp{"mixed put" + tag, "GB/s", put_s, put_f, "fixed slots"};
+  Row rg{"mixed get (hit bytes)" + tag, "GB/s", get_s, get_f, "fixed slots"};
+  for (Row* r : {&rp, &rg})
+    for (Sample* x : {&r->value, &r->baseline}) x->median /= 1e9, x->min /= 1e9, x->max /= 1e9;
+  const double held_s = double(slab->Stats().blocks), held_f = double(fixed->Stats().blocks);
+  Row rh{"mixed held" + tag, "blks", {held_s, held_s, held_s}, {held_f, held_f, held_f}, "fixed slots"};
+  return {rp, rg, rh};
+}
+
 Row MatchRow(int trials) {
   auto cfg = ParseConfig(R"({"model": {"model_id": "bench", "num_layers": 4, "num_kv_heads": 4, "head_dim": 64,
                                        "block_tokens": 16},
@@ -168,24 +252,35 @@ Row MatchRow(int trials) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, json = false;
+  bool quick = false, json = false, sweep = false, mixed_only = false;
+  uint32_t classes = kDefaultSizeClasses;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--json") json = true;
+    else if (a == "--sweep") sweep = true;
+    else if (a == "--mixed-only") mixed_only = true;
+    else if (a == "--classes" && i + 1 < argc) classes = static_cast<uint32_t>(std::stoul(argv[++i]));
     else {
-      std::cerr << "usage: bench_store [--quick] [--json]\n";
+      std::cerr << "usage: bench_store [--quick] [--json] [--classes N | --sweep] [--mixed-only]\n";
       return 2;
     }
   }
   const int trials = quick ? 3 : 7;
   std::vector<Row> rows;
-  for (size_t block : {64ull << 10, 256ull << 10, 1ull << 20, 2ull << 20}) {
-    if (!json) std::fprintf(stderr, "bench_store: blocks of %s...\n", FormatSize(block).c_str());
-    for (Row& r : StoreRows(block, trials)) rows.push_back(r);
+  if (!mixed_only) {
+    for (size_t block : {64ull << 10, 256ull << 10, 1ull << 20, 2ull << 20}) {
+      if (!json) std::fprintf(stderr, "bench_store: blocks of %s...\n", FormatSize(block).c_str());
+      for (Row& r : StoreRows(block, trials, classes)) rows.push_back(r);
+    }
+    if (!json) std::fprintf(stderr, "bench_store: match_prefix...\n");
+    rows.push_back(MatchRow(trials));
   }
-  if (!json) std::fprintf(stderr, "bench_store: match_prefix...\n");
-  rows.push_back(MatchRow(trials));
+  std::vector<uint32_t> sweep_classes = sweep ? std::vector<uint32_t>{2, 3, 4, 5, 6} : std::vector<uint32_t>{classes};
+  for (uint32_t n : sweep_classes) {
+    if (!json) std::fprintf(stderr, "bench_store: mixed sizes, %u classes...\n", n);
+    for (Row& r : MixedRows(n, trials)) rows.push_back(r);
+  }
   if (json) {
     nlohmann::json j = nlohmann::json::array();
     for (const Row& r : rows)

@@ -344,8 +344,12 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
     ObjectReader sr(*s, "$.store");
     sr.Optional("stripes", &c.store.stripes)
         .Size("slot_bytes", &c.store.slot_bytes, false)
+        .Optional("size_classes", &c.store.size_classes)
         .Optional("verify_checksums", &c.store.verify_checksums);
     KVMESH_RETURN_IF_ERROR(sr.Finish());
+    if (c.store.size_classes == 0 || c.store.size_classes > 8)
+      return InvalidArgument("$.store.size_classes: must be in 1..8 (1: fixed slots), got " +
+                             std::to_string(c.store.size_classes));
     if (c.store.stripes == 0 || (c.store.stripes & (c.store.stripes - 1)) != 0 || c.store.stripes > 256)
       return InvalidArgument("$.store.stripes: must be a power of two in 1..256");
   }

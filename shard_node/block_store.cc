@@ -13,15 +13,28 @@
 namespace kvmesh {
 namespace {
 
-constexpr uint64_t kSlotAlign = 256;  // keeps every slot aligned for SIMD and DMA
+constexpr uint64_t kSlotAlign = 256;  // keeps every chunk aligned for SIMD and DMA
+constexpr uint32_t kNone = UINT32_MAX;
+constexpr uint8_t kNoClass = UINT8_MAX;
 
 enum class SlotState : uint8_t { kFree, kWriting, kLive, kDoomed };
 
-struct Slot {
+struct Slot {  // one chunk
   BlockMeta meta;
   uint32_t pins = 0;           // all pins: BlockRefs + explicit
   uint32_t explicit_pins = 0;  // Pin()/Unpin() only
+  uint32_t next_free = kNone;  // the page's free list
   SlotState state = SlotState::kFree;
+};
+
+struct Page {
+  uint64_t offset = 0;         // from the stripe's base
+  uint32_t bytes = 0;          // a full page, or less for a stripe's last page
+  uint32_t chunks = 0;         // chunks of the current class
+  uint32_t used = 0;           // chunks not free
+  uint32_t free_head = kNone;  // free chunk ids of this page
+  uint32_t prev = kNone, next = kNone;  // the class's list of pages with a free chunk
+  uint8_t cls = kNoClass;
 };
 
 Status DestinationTooSmall(size_t have, size_t need) {
@@ -33,15 +46,29 @@ AccessInfo InfoOf(const BlockMeta& m, float score = 0.0f) {
   return AccessInfo{m.priority, m.size, score, m.key.lo ^ m.key.hi};
 }
 
+// Eviction order across classes: lower effective priority class first, then
+// idle longer. Lower ranks go first.
+struct Rank {
+  Priority cls = 0;
+  int64_t last_ns = 0;
+  bool operator<(const Rank& o) const { return cls != o.cls ? cls < o.cls : last_ns < o.last_ns; }
+};
+
 }  // namespace
 
 struct BlockStore::Stripe {
+  struct Class {
+    std::unique_ptr<EvictionPolicy> policy;  // the class's evictable blocks
+    uint32_t partial_head = kNone, partial_tail = kNone;  // pages with a free chunk
+    uint64_t max_chunks = 0;                 // if the class had every page
+  };
   mutable std::mutex mu;
   std::byte* base = nullptr;
-  std::vector<Slot> slots;                          // guarded by mu
-  std::vector<uint32_t> free;                       // guarded by mu
+  std::vector<Slot> slots;                          // guarded by mu; chunk id = page * stride + index
+  std::vector<Page> pages;                          // guarded by mu
+  std::vector<uint32_t> free_pages;                 // guarded by mu
+  std::vector<Class> classes;                       // guarded by mu
   absl::flat_hash_map<BlockKey, uint32_t> index;    // guarded by mu
-  std::unique_ptr<EvictionPolicy> policy;           // guarded by mu
   StoreStats stats;                                 // guarded by mu (counters only)
 };
 
@@ -69,12 +96,17 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(StoreOptions o) {
   if (o.slot_bytes == 0) return InvalidArgument("store slot size must be > 0");
   if (o.stripes == 0 || (o.stripes & (o.stripes - 1)) != 0)
     return InvalidArgument("store stripes must be a power of two");
+  if (o.size_classes == 0 || o.size_classes > kMaxSizeClasses)
+    return InvalidArgument("store size_classes must be in 1.." + std::to_string(kMaxSizeClasses));
+  if (o.size_classes > 1 && o.page_slots < 2) return InvalidArgument("store page_slots must be >= 2");
   const uint64_t slot = (o.slot_bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
   const uint64_t total_slots = o.capacity_bytes / slot;
   if (total_slots == 0) {
     return InvalidArgument("a budget of " + std::to_string(o.capacity_bytes) +
                            " bytes cannot hold one block of " + std::to_string(slot) + " bytes");
   }
+  if (slot * std::max<uint32_t>(o.page_slots, 1) > UINT32_MAX)
+    return InvalidArgument("store slot size of " + std::to_string(slot) + " bytes is too large for its pages");
   // Fewer stripes for small budgets, so each stripe holds a useful number of
   // blocks (eviction is per stripe).
   uint32_t stripes = o.stripes;
@@ -82,31 +114,66 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(StoreOptions o) {
   const uint64_t per_stripe = total_slots / stripes;
 
   std::unique_ptr<BlockStore> s(new BlockStore());
+  // The class table: class 0 = one slot; class k cuts a page into
+  // 7 * 2^(k-1) * page_slots / 4 chunks (see the header). Only one class
+  // left (small slots) is the fixed-slot store.
+  uint32_t page_slots = o.size_classes > 1 ? o.page_slots : 1;
+  s->classes_.push_back({slot, page_slots});
+  for (uint32_t k = 1; k < o.size_classes; ++k) {
+    const uint64_t page = page_slots * slot;
+    const uint64_t n = page_slots * (uint64_t{7} << k) / 8;
+    const uint64_t chunk = page / n / kSlotAlign * kSlotAlign;
+    if (chunk < kMinChunkBytes || chunk >= s->classes_.back().chunk_bytes) break;
+    s->classes_.push_back({chunk, static_cast<uint32_t>(page / chunk)});
+  }
+  if (s->classes_.size() == 1) {
+    page_slots = 1;
+    s->classes_[0].per_page = 1;
+  }
+  s->page_bytes_ = page_slots * slot;
+  s->chunk_stride_ = s->classes_.back().per_page;
+
+  const uint64_t stripe_bytes = per_stripe * slot;
   if (o.backend == nullptr) {
-    KVMESH_ASSIGN_OR_RETURN(o.backend, MakeHostMemory(per_stripe * stripes * slot));
-  } else if (o.backend->size() < per_stripe * stripes * slot) {
+    KVMESH_ASSIGN_OR_RETURN(o.backend, MakeHostMemory(stripe_bytes * stripes));
+  } else if (o.backend->size() < stripe_bytes * stripes) {
     return InvalidArgument("memory backend smaller than the store budget");
   }
+  const uint64_t pages = (per_stripe + page_slots - 1) / page_slots;  // the last may be short
+  if (pages * s->chunk_stride_ > UINT32_MAX) return InvalidArgument("store has too many chunks per stripe");
   s->backend_ = std::move(o.backend);
   s->num_stripes_ = stripes;
   s->slot_bytes_ = slot;
-  s->capacity_bytes_ = per_stripe * stripes * slot;
+  s->capacity_bytes_ = stripe_bytes * stripes;
   s->verify_ = o.verify_checksums;
   s->clock_ = o.clock ? o.clock : SystemClock();
   s->policy_name_ = o.policy;
   s->stripes_ = std::make_unique<Stripe[]>(stripes);
   PolicyOptions po = o.policy_options;
   po.clock = s->clock_;
-  po.capacity_hint = per_stripe;
   s->policy_options_ = po;
   for (uint32_t i = 0; i < stripes; ++i) {
     Stripe& st = s->stripes_[i];
-    st.base = s->backend_->base() + i * per_stripe * slot;
-    st.slots.resize(per_stripe);
-    st.free.reserve(per_stripe);
-    for (uint64_t j = per_stripe; j-- > 0;) st.free.push_back(static_cast<uint32_t>(j));
-    st.index.reserve(per_stripe);
-    KVMESH_ASSIGN_OR_RETURN(st.policy, MakeEvictionPolicy(o.policy, po));
+    st.base = s->backend_->base() + i * stripe_bytes;
+    st.pages.resize(pages);
+    st.free_pages.reserve(pages);
+    for (uint64_t p = 0; p < pages; ++p) {
+      st.pages[p].offset = p * s->page_bytes_;
+      st.pages[p].bytes = static_cast<uint32_t>(std::min(s->page_bytes_, stripe_bytes - st.pages[p].offset));
+    }
+    // Taken from the back: page 0 first, a short last page last.
+    for (uint64_t p = pages; p-- > 0;) st.free_pages.push_back(static_cast<uint32_t>(p));
+    st.slots.resize(pages * s->chunk_stride_);
+    uint64_t max_blocks = 0;
+    st.classes.resize(s->classes_.size());
+    for (size_t c = 0; c < s->classes_.size(); ++c) {
+      for (const Page& pg : st.pages) st.classes[c].max_chunks += pg.bytes / s->classes_[c].chunk_bytes;
+      max_blocks = std::max(max_blocks, st.classes[c].max_chunks);
+      PolicyOptions cpo = po;
+      cpo.capacity_hint = st.classes[c].max_chunks;
+      KVMESH_ASSIGN_OR_RETURN(st.classes[c].policy, MakeEvictionPolicy(o.policy, cpo));
+    }
+    st.index.reserve(max_blocks);
   }
   return s;
 }
@@ -118,34 +185,227 @@ BlockStore::Stripe& BlockStore::StripeOf(const BlockKey& k) const {
   return stripes_[Mix64(k.hi ^ (k.lo * 0x9E3779B97F4A7C15ull)) & (num_stripes_ - 1)];
 }
 
+uint32_t BlockStore::StripeNo(const Stripe& s) const { return static_cast<uint32_t>(&s - stripes_.get()); }
+
+uint32_t BlockStore::ClassFor(uint64_t size) const {
+  uint32_t c = static_cast<uint32_t>(classes_.size()) - 1;
+  while (classes_[c].chunk_bytes < size) --c;  // class 0 holds a slot
+  return c;
+}
+
+uint64_t BlockStore::ChunkBytesFor(uint64_t size) const {
+  if (size > slot_bytes_) return 0;
+  return classes_[ClassFor(std::max<uint64_t>(size, 1))].chunk_bytes;
+}
+
 std::string BlockStore::policy_name() const {
   std::lock_guard<std::mutex> lock(policy_mu_);
   return policy_name_;
 }
 
+// ---- Chunk allocator (stripe lock held) --------------------------------------------
+
+std::byte* BlockStore::ChunkData(const Stripe& s, uint32_t chunk) const {
+  const Page& pg = s.pages[chunk / chunk_stride_];
+  return s.base + pg.offset + (chunk % chunk_stride_) * classes_[pg.cls].chunk_bytes;
+}
+
+bool BlockStore::TakeChunk(Stripe& s, uint32_t cls, uint32_t* chunk) {
+  Stripe::Class& c = s.classes[cls];
+  if (c.partial_head == kNone) {
+    if (s.free_pages.empty()) return false;
+    const uint32_t p = s.free_pages.back();
+    s.free_pages.pop_back();
+    Page& pg = s.pages[p];
+    pg.cls = static_cast<uint8_t>(cls);
+    pg.chunks = static_cast<uint32_t>(pg.bytes / classes_[cls].chunk_bytes);
+    pg.used = 0;
+    pg.free_head = kNone;
+    for (uint32_t i = pg.chunks; i-- > 0;) {  // chunk 0 first
+      const uint32_t id = p * chunk_stride_ + i;
+      s.slots[id].next_free = pg.free_head;
+      pg.free_head = id;
+    }
+    pg.prev = pg.next = kNone;
+    c.partial_head = c.partial_tail = p;
+    ++s.stats.classes[cls].pages;
+  }
+  const uint32_t p = c.partial_head;
+  Page& pg = s.pages[p];
+  const uint32_t id = pg.free_head;
+  pg.free_head = s.slots[id].next_free;
+  s.slots[id].next_free = kNone;
+  ++pg.used;
+  if (pg.free_head == kNone) {  // full: off the partial list (it is the head)
+    c.partial_head = pg.next;
+    if (pg.next != kNone) s.pages[pg.next].prev = kNone;
+    else c.partial_tail = kNone;
+    pg.prev = pg.next = kNone;
+  }
+  ++s.stats.classes[cls].chunks_used;
+  s.stats.bytes_held += classes_[cls].chunk_bytes;
+  *chunk = id;
+  return true;
+}
+
+void BlockStore::FreeChunk(Stripe& s, uint32_t chunk) {
+  const uint32_t p = chunk / chunk_stride_;
+  Page& pg = s.pages[p];
+  Stripe::Class& c = s.classes[pg.cls];
+  s.slots[chunk] = Slot{};
+  --s.stats.classes[pg.cls].chunks_used;
+  s.stats.bytes_held -= classes_[pg.cls].chunk_bytes;
+  const bool was_full = pg.free_head == kNone;
+  --pg.used;
+  if (pg.used == 0) {  // the page goes back to the stripe for any class
+    if (!was_full) {
+      (pg.prev != kNone ? s.pages[pg.prev].next : c.partial_head) = pg.next;
+      (pg.next != kNone ? s.pages[pg.next].prev : c.partial_tail) = pg.prev;
+    }
+    --s.stats.classes[pg.cls].pages;
+    pg.cls = kNoClass;
+    pg.chunks = 0;
+    pg.free_head = kNone;
+    pg.prev = pg.next = kNone;
+    s.free_pages.push_back(p);
+    return;
+  }
+  s.slots[chunk].next_free = pg.free_head;
+  pg.free_head = chunk;
+  if (was_full) {  // to the tail: allocate from fuller pages first, so others can drain
+    pg.prev = c.partial_tail;
+    pg.next = kNone;
+    (c.partial_tail != kNone ? s.pages[c.partial_tail].next : c.partial_head) = p;
+    c.partial_tail = p;
+  }
+}
+
+// A live, unpinned block: out of its policy, through the listener, freed.
+void BlockStore::EvictChunk(Stripe& s, uint32_t chunk) {
+  Slot& victim = s.slots[chunk];
+  const uint8_t cls = s.pages[chunk / chunk_stride_].cls;
+  EvictionPolicy& policy = *s.classes[cls].policy;
+  const Priority pri = policy.EffectiveClass(chunk);
+  policy.Remove(chunk, RemoveReason::kEvicted);
+  if (listener_) listener_(victim.meta, {ChunkData(s, chunk), victim.meta.size});
+  s.index.erase(victim.meta.key);
+  ++s.stats.evictions;
+  ++s.stats.evictions_by_class[std::min<size_t>(pri, kMaxPriorityClasses - 1)];
+  ++s.stats.classes[cls].evictions;
+  --s.stats.blocks;
+  s.stats.bytes_stored -= victim.meta.size;
+  s.stats.bytes_logical -= victim.meta.logical_size;
+  FreeChunk(s, chunk);
+}
+
+Status BlockStore::MakeRoom(Stripe& s, uint32_t cls) {
+  auto rank = [&](uint32_t chunk) {
+    const uint8_t c = s.pages[chunk / chunk_stride_].cls;
+    return Rank{s.classes[c].policy->EffectiveClass(chunk), s.slots[chunk].meta.last_access_ns};
+  };
+  // Whether every block on page p can go (live, unpinned, and ranked below
+  // `bound` when given); `worst` gets the highest rank among them.
+  auto reclaimable = [&](uint32_t p, Rank* worst, const Rank* bound) {
+    const Page& pg = s.pages[p];
+    bool any = false;
+    for (uint32_t i = 0; i < pg.chunks; ++i) {
+      const uint32_t id = p * chunk_stride_ + i;
+      const Slot& sl = s.slots[id];
+      if (sl.state == SlotState::kFree) continue;
+      if (sl.state != SlotState::kLive || sl.pins != 0) return false;
+      const Rank r = rank(id);
+      if (bound && !(r < *bound)) return false;
+      if (!any || *worst < r) *worst = r;
+      any = true;
+    }
+    return any;
+  };
+  while (s.classes[cls].partial_head == kNone && s.free_pages.empty()) {
+    std::optional<EntryId> own = s.classes[cls].policy->Victim();
+    uint32_t take = kNone;
+    if (own) {
+      // A page of another class whose every block ranks below our victim.
+      const Rank mine = rank(static_cast<uint32_t>(*own));
+      uint32_t best_used = UINT32_MAX;
+      for (uint32_t k = 0; k < s.classes.size(); ++k) {
+        if (k == cls) continue;
+        std::optional<EntryId> v = s.classes[k].policy->Victim();
+        if (!v) continue;
+        const uint32_t p = static_cast<uint32_t>(*v) / chunk_stride_;
+        Rank worst;
+        if (s.pages[p].used < best_used && reclaimable(p, &worst, &mine)) {
+          take = p;
+          best_used = s.pages[p].used;
+        }
+      }
+    } else {
+      // Nothing of our own to evict: the page whose blocks are of the lowest
+      // priority classes, then the one that frees soonest (fewest blocks).
+      Rank best_worst;
+      uint32_t best_used = UINT32_MAX;
+      for (uint32_t p = 0; p < s.pages.size(); ++p) {
+        if (s.pages[p].cls == kNoClass || s.pages[p].cls == cls) continue;
+        Rank worst;
+        if (!reclaimable(p, &worst, nullptr)) continue;
+        const uint32_t used = s.pages[p].used;
+        if (take == kNone || worst.cls < best_worst.cls ||
+            (worst.cls == best_worst.cls && (used < best_used || (used == best_used && worst < best_worst)))) {
+          take = p;
+          best_worst = worst;
+          best_used = used;
+        }
+      }
+    }
+    if (take != kNone) {
+      ++s.stats.page_reclaims;
+      const Page& pg = s.pages[take];
+      const uint32_t n = pg.chunks;
+      for (uint32_t i = 0; i < n; ++i) {
+        const uint32_t id = take * chunk_stride_ + i;
+        if (s.slots[id].state == SlotState::kLive) EvictChunk(s, id);  // the last one frees the page
+      }
+    } else if (own) {
+      EvictChunk(s, static_cast<uint32_t>(*own));
+    } else {
+      return ResourceExhausted("stripe " + std::to_string(StripeNo(s)) +
+                               " is full: every block that could make room for a " +
+                               std::to_string(classes_[cls].chunk_bytes) + "-byte chunk is pinned or being written");
+    }
+  }
+  return Status::Ok();
+}
+
+// ---- Policies and listener ---------------------------------------------------------
+
 Status BlockStore::SetPolicy(std::string_view name, const PolicyOptions* options) {
   std::lock_guard<std::mutex> admin(policy_mu_);  // one switch at a time
   PolicyOptions po = options ? *options : policy_options_;
   po.clock = clock_;
-  po.capacity_hint = policy_options_.capacity_hint;
-  std::vector<std::unique_ptr<EvictionPolicy>> fresh;
+  std::vector<std::vector<std::unique_ptr<EvictionPolicy>>> fresh(num_stripes_);
   for (uint32_t i = 0; i < num_stripes_; ++i) {
-    auto p = MakeEvictionPolicy(name, po);
-    if (!p.ok()) return p.status();  // before any stripe changed
-    fresh.push_back(std::move(p).value());
+    for (const Stripe::Class& c : stripes_[i].classes) {
+      PolicyOptions cpo = po;
+      cpo.capacity_hint = c.max_chunks;  // fixed at Create: no lock needed
+      auto p = MakeEvictionPolicy(name, cpo);
+      if (!p.ok()) return p.status();  // before any stripe changed
+      fresh[i].push_back(std::move(p).value());
+    }
   }
-  std::vector<std::pair<int64_t, uint32_t>> order;  // (last access, slot)
+  std::vector<std::pair<int64_t, uint32_t>> order;  // (last access, chunk)
   for (uint32_t i = 0; i < num_stripes_; ++i) {
     Stripe& s = stripes_[i];
     std::lock_guard<std::mutex> lock(s.mu);
-    order.clear();
-    for (uint32_t slot = 0; slot < s.slots.size(); ++slot) {
-      const Slot& sl = s.slots[slot];
-      if (sl.state == SlotState::kLive && sl.pins == 0) order.emplace_back(sl.meta.last_access_ns, slot);
+    for (size_t c = 0; c < s.classes.size(); ++c) {
+      order.clear();
+      for (uint32_t id = 0; id < s.slots.size(); ++id) {
+        const Slot& sl = s.slots[id];
+        if (sl.state == SlotState::kLive && sl.pins == 0 && s.pages[id / chunk_stride_].cls == c)
+          order.emplace_back(sl.meta.last_access_ns, id);
+      }
+      std::sort(order.begin(), order.end());
+      for (const auto& [ns, id] : order) fresh[i][c]->Insert(id, InfoOf(s.slots[id].meta));
+      s.classes[c].policy = std::move(fresh[i][c]);
     }
-    std::sort(order.begin(), order.end());
-    for (const auto& [ns, slot] : order) fresh[i]->Insert(slot, InfoOf(s.slots[slot].meta));
-    s.policy = std::move(fresh[i]);
   }
   policy_name_ = std::string(name);
   policy_options_ = po;
@@ -159,6 +419,8 @@ void BlockStore::SetEvictionListener(EvictionListener l) {
   for (uint32_t i = num_stripes_; i-- > 0;) stripes_[i].mu.unlock();
 }
 
+// ---- Requests ----------------------------------------------------------------------
+
 Status BlockStore::Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {
   if (payload.empty()) return InvalidArgument("empty block payload");
   if (payload.size() > slot_bytes_) {
@@ -166,8 +428,9 @@ Status BlockStore::Put(const BlockKey& key, std::span<const std::byte> payload, 
                            std::to_string(slot_bytes_) + " bytes");
   }
   Stripe& s = StripeOf(key);
-  const uint32_t stripe_no = static_cast<uint32_t>(&s - stripes_.get());
+  const uint32_t cls = ClassFor(payload.size());
   uint32_t slot;
+  std::byte* dst;
   AccessInfo info{o.priority, static_cast<uint32_t>(payload.size()), o.score, key.lo ^ key.hi};
   {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -178,47 +441,35 @@ Status BlockStore::Put(const BlockKey& key, std::span<const std::byte> payload, 
       if (sl.state == SlotState::kLive) {
         sl.meta.priority = std::max(sl.meta.priority, o.priority);
         sl.meta.last_access_ns = clock_->NowNanos();
-        if (sl.pins == 0) s.policy->Touch(it->second, InfoOf(sl.meta, o.score));
+        if (sl.pins == 0)
+          s.classes[s.pages[it->second / chunk_stride_].cls].policy->Touch(it->second, InfoOf(sl.meta, o.score));
       }
       return Status::Ok();
     }
-    if (!s.policy->Admit(info.key_hash, info)) {  // no slot yet: the key hash is the id
+    if (!s.classes[cls].policy->Admit(info.key_hash, info)) {  // no chunk yet: the key hash is the id
       ++s.stats.put_rejected;
       return Busy("admission filter declined the block");
     }
-    while (s.free.empty()) {
-      std::optional<EntryId> v = s.policy->Victim();
-      if (!v) {
+    if (!TakeChunk(s, cls, &slot)) {
+      Status room = o.may_evict ? MakeRoom(s, cls)
+                                : ResourceExhausted("stripe " + std::to_string(StripeNo(s)) +
+                                                    " has no free chunk or page and the put may not evict");
+      if (!room.ok()) {
         ++s.stats.put_rejected;
-        return ResourceExhausted("stripe " + std::to_string(stripe_no) + " is full: all " +
-                                 std::to_string(s.slots.size()) + " blocks are pinned or being written");
+        return room;
       }
-      const uint32_t vs = static_cast<uint32_t>(*v);
-      Slot& victim = s.slots[vs];
-      const Priority cls = s.policy->EffectiveClass(*v);
-      s.policy->Remove(*v, RemoveReason::kEvicted);
-      if (listener_) listener_(victim.meta, {s.base + vs * slot_bytes_, victim.meta.size});
-      s.index.erase(victim.meta.key);
-      ++s.stats.evictions;
-      ++s.stats.evictions_by_class[std::min<size_t>(cls, kMaxPriorityClasses - 1)];
-      --s.stats.blocks;
-      s.stats.bytes_stored -= victim.meta.size;
-      s.stats.bytes_logical -= victim.meta.logical_size;
-      victim = Slot{};
-      s.free.push_back(vs);
+      TakeChunk(s, cls, &slot);  // MakeRoom left a free chunk or page
     }
-    slot = s.free.back();
-    s.free.pop_back();
     Slot& sl = s.slots[slot];
     sl.state = SlotState::kWriting;
     sl.meta = BlockMeta{};
     sl.meta.key = key;
     s.index.emplace(key, slot);
+    dst = ChunkData(s, slot);  // stable while the chunk is used: its page keeps its class
   }
 
-  // Copy and checksum outside the lock: the slot is reserved (kWriting), so
+  // Copy and checksum outside the lock: the chunk is reserved (kWriting), so
   // readers miss it and duplicate puts return early.
-  std::byte* dst = s.base + slot * slot_bytes_;
   uint64_t sum;
   if (backend_->host_accessible()) {
     sum = CopyWithChecksum64(dst, payload.data(), payload.size());
@@ -230,8 +481,7 @@ Status BlockStore::Put(const BlockKey& key, std::span<const std::byte> payload, 
   std::lock_guard<std::mutex> lock(s.mu);
   Slot& sl = s.slots[slot];
   if (sl.state == SlotState::kDoomed) {  // erased while we were writing
-    sl = Slot{};
-    s.free.push_back(slot);
+    FreeChunk(s, slot);
     return Status::Ok();
   }
   sl.state = SlotState::kLive;
@@ -243,7 +493,7 @@ Status BlockStore::Put(const BlockKey& key, std::span<const std::byte> payload, 
   m.checksum = sum;
   m.last_access_ns = clock_->NowNanos();
   m.access_count = 0;
-  s.policy->Insert(slot, info);
+  s.classes[cls].policy->Insert(slot, info);
   ++s.stats.blocks;
   s.stats.bytes_stored += m.size;
   s.stats.bytes_logical += m.logical_size;
@@ -264,16 +514,16 @@ Result<BlockRef> BlockStore::Pin(const BlockKey& key, bool verify) {
     const uint32_t slot = it->second;
     Slot& sl = s.slots[slot];
     if (sl.pins++ == 0) {
-      s.policy->Remove(slot, RemoveReason::kPinned);
+      s.classes[s.pages[slot / chunk_stride_].cls].policy->Remove(slot, RemoveReason::kPinned);
       ++s.stats.pinned_blocks;
     }
     sl.meta.last_access_ns = clock_->NowNanos();
     ++sl.meta.access_count;
     ++s.stats.hits;
     ref.store_ = this;
-    ref.stripe_ = static_cast<uint32_t>(&s - stripes_.get());
+    ref.stripe_ = StripeNo(s);
     ref.slot_ = slot;
-    ref.data_ = s.base + slot * slot_bytes_;
+    ref.data_ = ChunkData(s, slot);
     ref.meta_ = sl.meta;
   }
   if (verify && Checksum64(ref.data_, ref.meta_.size) != ref.meta_.checksum) {
@@ -333,10 +583,9 @@ void BlockStore::ReleaseRef(uint32_t stripe, uint32_t slot) {
   if (--sl.pins != 0) return;
   --s.stats.pinned_blocks;
   if (sl.state == SlotState::kDoomed) {
-    sl = Slot{};
-    s.free.push_back(slot);
+    FreeChunk(s, slot);
   } else {
-    s.policy->Insert(slot, InfoOf(sl.meta));
+    s.classes[s.pages[slot / chunk_stride_].cls].policy->Insert(slot, InfoOf(sl.meta));
   }
 }
 
@@ -350,7 +599,7 @@ bool BlockStore::Exists(const BlockKey& key, bool touch) {
   if (touch) {
     sl.meta.last_access_ns = clock_->NowNanos();
     ++sl.meta.access_count;
-    if (sl.pins == 0) s.policy->Touch(it->second, InfoOf(sl.meta));
+    if (sl.pins == 0) s.classes[s.pages[it->second / chunk_stride_].cls].policy->Touch(it->second, InfoOf(sl.meta));
   }
   return true;
 }
@@ -374,9 +623,8 @@ Status BlockStore::Erase(const BlockKey& key) {
   if (sl.pins > 0) {
     sl.state = SlotState::kDoomed;  // the last unpin frees it
   } else {
-    s.policy->Remove(slot, RemoveReason::kErased);
-    sl = Slot{};
-    s.free.push_back(slot);
+    s.classes[s.pages[slot / chunk_stride_].cls].policy->Remove(slot, RemoveReason::kErased);
+    FreeChunk(s, slot);
   }
   return Status::Ok();
 }
@@ -389,7 +637,7 @@ Status BlockStore::Pin(const BlockKey& key) {
     return NotFound("block " + key.ToHex() + " is not stored");
   Slot& sl = s.slots[it->second];
   if (sl.pins++ == 0) {
-    s.policy->Remove(it->second, RemoveReason::kPinned);
+    s.classes[s.pages[it->second / chunk_stride_].cls].policy->Remove(it->second, RemoveReason::kPinned);
     ++s.stats.pinned_blocks;
   }
   ++sl.explicit_pins;
@@ -408,8 +656,16 @@ Status BlockStore::Unpin(const BlockKey& key) {
     if (sl.explicit_pins == 0) return FailedPrecondition("block " + key.ToHex() + " is not pinned");
     --sl.explicit_pins;
   }
-  ReleaseRef(static_cast<uint32_t>(&s - stripes_.get()), slot);
+  ReleaseRef(StripeNo(s), slot);
   return Status::Ok();
+}
+
+uint64_t BlockStore::PlacementOf(const BlockKey& key) const {
+  const Stripe& s = StripeOf(key);
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.index.find(key);
+  if (it == s.index.end()) return UINT64_MAX;
+  return (uint64_t{StripeNo(s)} << 32) | (it->second / chunk_stride_);
 }
 
 void StoreStats::Add(const StoreStats& x) {
@@ -418,6 +674,18 @@ void StoreStats::Add(const StoreStats& x) {
   slots_total += x.slots_total;
   blocks += x.blocks;
   bytes_stored += x.bytes_stored;
+  bytes_held += x.bytes_held;
+  page_bytes = std::max(page_bytes, x.page_bytes);
+  pages_total += x.pages_total;
+  pages_free += x.pages_free;
+  page_reclaims += x.page_reclaims;
+  size_classes = std::max(size_classes, x.size_classes);
+  for (size_t c = 0; c < kMaxSizeClasses; ++c) {
+    classes[c].chunk_bytes = std::max(classes[c].chunk_bytes, x.classes[c].chunk_bytes);
+    classes[c].pages += x.classes[c].pages;
+    classes[c].chunks_used += x.classes[c].chunks_used;
+    classes[c].evictions += x.classes[c].evictions;
+  }
   bytes_logical += x.bytes_logical;
   pinned_blocks += x.pinned_blocks;
   puts += x.puts;
@@ -436,11 +704,16 @@ StoreStats BlockStore::Stats() const {
   StoreStats t;
   t.capacity_bytes = capacity_bytes_;
   t.slot_bytes = slot_bytes_;
+  t.slots_total = capacity_bytes_ / slot_bytes_;
+  t.page_bytes = page_bytes_;
+  t.size_classes = static_cast<uint32_t>(classes_.size());
+  for (size_t c = 0; c < classes_.size(); ++c) t.classes[c].chunk_bytes = classes_[c].chunk_bytes;
   for (uint32_t i = 0; i < num_stripes_; ++i) {
     const Stripe& s = stripes_[i];
     std::lock_guard<std::mutex> lock(s.mu);
     t.Add(s.stats);  // stripes keep counters only (no capacity or slot figures)
-    t.slots_total += s.slots.size();
+    t.pages_total += s.pages.size();
+    t.pages_free += s.free_pages.size();
   }
   return t;
 }

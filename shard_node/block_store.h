@@ -1,18 +1,40 @@
 // shard_node/block_store.h — one node's block store over one memory region.
 //
-// The budget is allocated once up front and cut into fixed-size slots; a put
-// takes a free slot (evicting by policy when none is free) and never
-// allocates. Keys map to slots in per-stripe hash maps reserved at start-up.
+// The budget is allocated once up front and managed as a slab allocator
+// (memcached style). It is cut into pages of `page_slots` slots; a slot is
+// `slot_bytes`, the largest storable block. Size class 0 has chunks of one
+// slot; class k >= 1 cuts a page into 7 * 2^(k-1) chunks (for 4-slot pages:
+// 4/7, 2/7, 1/7 of a slot ...), i.e. 7/8 of an exact halving, so that codec
+// output (slot / 2^k plus a header and scales: int8 or fp8 of fp16, int4)
+// lands in class k rather than k-1. A page is given to a class when the class
+// needs a chunk and is cut into chunks; when every chunk of a page is free
+// again the page goes back to the stripe's free pages for any class. A put
+// takes a chunk of the smallest class that fits, so encoded (smaller) blocks
+// hold less memory. `size_classes = 1` is the fixed-slot store (one-slot
+// pages, one class). Nothing is allocated per put: chunk metadata, the index
+// and the policies are reserved at start-up for the most chunks a stripe can
+// hold.
+//
+// Eviction: each stripe keeps one policy per class. A put that finds no free
+// chunk in its class and no free page evicts its own class's victim (one
+// eviction frees one usable chunk), except that it takes a whole page of
+// another class instead when every block on that page ranks below its own
+// victim (lower effective priority class, else idle longer): the policy
+// would evict those blocks first anyway, and this moves pages from stale
+// classes to busy ones. A class with nothing evictable takes the page that
+// evicts the lowest priority classes, then the fewest blocks.
 // Every payload carries an xxHash3-64 checksum computed on put and verified
 // on get: a mismatch erases the block and reads as a miss (kDataLoss).
 //
-// Pins: a pinned block is never evicted. Get() returns a BlockRef that holds a
-// pin until it is destroyed; Pin()/Unpin() hold explicit pins for clients.
-// Erasing a pinned block hides it at once and frees its slot on the last unpin.
+// Pins: a pinned block is never evicted (nor is its page taken). Get() returns
+// a BlockRef that holds a pin until it is destroyed; Pin()/Unpin() hold
+// explicit pins for clients. Erasing a pinned block hides it at once and frees
+// its chunk on the last unpin.
 //
 // Thread-safety: all methods are thread-safe. The store is split into
-// `stripes` independently locked parts by key hash (leveldb ShardedLRUCache);
-// payload copies and checksums run outside the stripe lock.
+// `stripes` independently locked parts by key hash (leveldb ShardedLRUCache),
+// each with its own pages; payload copies and checksums run outside the
+// stripe lock.
 // Lock order: a stripe lock is a leaf, except that the eviction listener runs
 // under it (the listener must not call back into this store).
 #pragma once
@@ -25,6 +47,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "eviction/eviction_policy.h"
 #include "kvmesh/clock.h"
@@ -45,9 +68,20 @@ struct BlockMeta {
   uint32_t access_count = 0;
 };
 
+// Size classes of a store: 1 = fixed slots (every block takes a whole slot).
+inline constexpr uint32_t kDefaultSizeClasses = 4;
+inline constexpr uint32_t kMaxSizeClasses = 8;
+// No class has chunks smaller than this (they would cost more metadata than
+// they save), so small slots get fewer classes than asked for (one under 7 KiB).
+inline constexpr uint64_t kMinChunkBytes = 4096;
+
 struct StoreOptions {
   uint64_t capacity_bytes = 0;  // pool budget (> 0)
   uint64_t slot_bytes = 0;      // bytes per slot = largest storable block (> 0)
+  // 1..kMaxSizeClasses. 1: fixed slots (one-slot pages). More: pages of
+  // `page_slots` slots cut into chunks per class (see the file comment).
+  uint32_t size_classes = kDefaultSizeClasses;
+  uint32_t page_slots = 4;      // slots per page when size_classes > 1 (>= 2)
   uint32_t stripes = 8;         // power of two; each gets capacity/stripes
   bool verify_checksums = true;
   std::string policy = "lru-priority";
@@ -65,14 +99,34 @@ struct PutOptions {
   // ShardNode::Put only: replace a block already stored under the key (in
   // every tier). Default: the first block stays (keys name their content).
   bool replace = false;
+  // BlockStore::Put only. False: ResourceExhausted instead of evicting when
+  // the block's class has no free chunk and no page is free (level-2
+  // re-encoding waits for the page its erases are emptying).
+  bool may_evict = true;
+};
+
+// One size class of a store (StoreStats::classes).
+struct SizeClassStats {
+  uint64_t chunk_bytes = 0;  // bytes per chunk (the largest block the class takes)
+  uint64_t pages = 0;        // pages assigned to the class now
+  uint64_t chunks_used = 0;  // chunks holding a block (live, being written, or erased but pinned)
+  uint64_t evictions = 0;    // blocks of this class evicted
 };
 
 struct StoreStats {
   uint64_t capacity_bytes = 0;
-  uint64_t slot_bytes = 0;
-  uint64_t slots_total = 0;
+  uint64_t slot_bytes = 0;     // largest storable block
+  uint64_t slots_total = 0;    // capacity in blocks of slot_bytes (capacity_bytes / slot_bytes)
   uint64_t blocks = 0;
   uint64_t bytes_stored = 0;   // sum of stored payload sizes
+  // Memory the blocks take: chunk bytes of every used chunk (a whole slot per
+  // block with fixed slots). Watermarks and pressure measure this.
+  uint64_t bytes_held = 0;
+  uint64_t page_bytes = 0;     // max over stripes (the stripe's last page may be shorter)
+  uint64_t pages_total = 0, pages_free = 0;
+  uint64_t page_reclaims = 0;  // pages taken from one class (their blocks evicted) for another
+  uint32_t size_classes = 0;
+  std::array<SizeClassStats, kMaxSizeClasses> classes{};
   uint64_t bytes_logical = 0;  // sum of logical sizes
   uint64_t pinned_blocks = 0;
   uint64_t puts = 0, put_duplicates = 0, put_rejected = 0;
@@ -82,7 +136,8 @@ struct StoreStats {
   uint64_t evictions = 0;
   std::array<uint64_t, kMaxPriorityClasses> evictions_by_class{};  // by effective class
 
-  // Sums another store's (or stripe's) figures into these; slot_bytes takes the max.
+  // Sums another store's (or stripe's) figures into these; slot_bytes,
+  // page_bytes, size_classes and classes[].chunk_bytes take the max.
   void Add(const StoreStats& o);
 };
 
@@ -128,7 +183,9 @@ class BlockStore {
   // stripe is full. A key that is already stored is refreshed (its priority
   // raised to max(old, new)) and keeps its payload: keys are content-addressed.
   // Errors: InvalidArgument (empty or larger than a slot), ResourceExhausted
-  // (every block of the stripe is pinned), Busy (the admission filter refused).
+  // (every block that could make room is pinned or being written, or
+  // o.may_evict is false and there is no room), Busy (the admission filter
+  // refused).
   Status Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o = {});
 
   // A pinned view of the block. NotFound on a miss, DataLoss on a checksum
@@ -156,16 +213,39 @@ class BlockStore {
   // nullptr keeps the current options. Thread-safe; requests keep flowing.
   Status SetPolicy(std::string_view name, const PolicyOptions* options = nullptr);
 
+  // Where the block's memory is: blocks with equal values share a page, which
+  // is freed only when all of them are gone. For ordering bulk rewrites
+  // (level-2 re-encoding erases page by page). UINT64_MAX when absent.
+  uint64_t PlacementOf(const BlockKey& key) const;
+
   StoreStats Stats() const;
   std::string policy_name() const;
   uint64_t slot_bytes() const { return slot_bytes_; }
+  uint32_t size_classes() const { return static_cast<uint32_t>(classes_.size()); }
+  // Chunk bytes a block of `size` bytes would hold (0 when larger than a slot).
+  uint64_t ChunkBytesFor(uint64_t size) const;
   MemoryBackend& backend() { return *backend_; }
 
  private:
   struct Stripe;
+  struct ClassSpec {
+    uint64_t chunk_bytes;
+    uint32_t per_page;  // chunks in a full page
+  };
   friend class BlockRef;
   BlockStore() = default;
   Stripe& StripeOf(const BlockKey& k) const;
+  uint32_t StripeNo(const Stripe& s) const;
+  // Smallest class whose chunks hold `size` bytes. REQUIRES size <= slot_bytes_.
+  uint32_t ClassFor(uint64_t size) const;
+  // The chunk allocator; all REQUIRE the stripe lock.
+  std::byte* ChunkData(const Stripe& s, uint32_t chunk) const;
+  bool TakeChunk(Stripe& s, uint32_t cls, uint32_t* chunk);  // false: no free chunk or page
+  void FreeChunk(Stripe& s, uint32_t chunk);
+  void EvictChunk(Stripe& s, uint32_t chunk);
+  // Evicts until class `cls` has a free chunk or a page is free; see the
+  // file comment for the choice. ResourceExhausted when nothing can go.
+  Status MakeRoom(Stripe& s, uint32_t cls);
   void ReleaseRef(uint32_t stripe, uint32_t slot);
   // Pins a live block; with verify, checks its checksum first.
   Result<BlockRef> Pin(const BlockKey& key, bool verify);
@@ -176,6 +256,9 @@ class BlockStore {
   std::unique_ptr<Stripe[]> stripes_;
   uint32_t num_stripes_ = 0;
   uint64_t slot_bytes_ = 0;
+  uint64_t page_bytes_ = 0;       // a full page
+  uint32_t chunk_stride_ = 1;     // chunk ids per page (the smallest class's per_page)
+  std::vector<ClassSpec> classes_;  // largest chunk first
   uint64_t capacity_bytes_ = 0;
   bool verify_ = true;
   Clock* clock_ = nullptr;

@@ -28,6 +28,7 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
   so.slot_bytes = config.store.slot_bytes ? config.store.slot_bytes
                   : n->codec_         ? n->codec_->encoded_block_bytes()
                                       : config.model.FullBlockBytes();
+  so.size_classes = config.store.size_classes;
   so.stripes = config.store.stripes;
   so.verify_checksums = config.store.verify_checksums;
   so.policy = config.eviction.policy;

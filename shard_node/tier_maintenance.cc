@@ -2,6 +2,7 @@
 // their actions) and its observability (stats, events, Prometheus text).
 #include <algorithm>
 #include <cstring>
+#include <deque>
 
 #include <nlohmann/json.hpp>
 
@@ -43,8 +44,10 @@ std::vector<TieredStore::Candidate> TieredStore::CandidatesIn(Tier t) const {
   return out;
 }
 
+// "Used" is the chunk bytes blocks hold (StoreStats::bytes_held), not their
+// payload bytes: that is the memory a smaller (re-encoded) block gives back.
 uint64_t TieredStore::OffloadPrimary(uint64_t limit) {
-  uint64_t used = primary_->Stats().bytes_stored;
+  uint64_t used = primary_->Stats().bytes_held;
   if (!host_ && !ssd_) return used;
   const uint64_t high = static_cast<uint64_t>(o_.high_watermark * static_cast<double>(limit));
   const uint64_t low = static_cast<uint64_t>(o_.low_watermark * static_cast<double>(limit));
@@ -56,7 +59,7 @@ uint64_t TieredStore::OffloadPrimary(uint64_t limit) {
     bool dropped = false;
     if (DemoteFromPrimary(c.key, /*allow_drop=*/false, &dropped)) {
       ++moved;
-      used = primary_->Stats().bytes_stored;
+      used = primary_->Stats().bytes_held;
     }
   }
   c_.offload_runs.fetch_add(1, std::memory_order_relaxed);
@@ -73,7 +76,7 @@ void TieredStore::OffloadHost() {
   const StoreStats hs = host_->Stats();
   const uint64_t high = static_cast<uint64_t>(o_.high_watermark * static_cast<double>(hs.capacity_bytes));
   const uint64_t low = static_cast<uint64_t>(o_.low_watermark * static_cast<double>(hs.capacity_bytes));
-  uint64_t used = hs.bytes_stored;
+  uint64_t used = hs.bytes_held;
   if (used <= high) return;
   const uint64_t before = used;
   uint64_t moved = 0;
@@ -81,7 +84,7 @@ void TieredStore::OffloadHost() {
     if (used <= low) break;
     if (DemoteFromHost(c.key)) {
       ++moved;
-      used = host_->Stats().bytes_stored;
+      used = host_->Stats().bytes_held;
     }
   }
   c_.offload_runs.fetch_add(1, std::memory_order_relaxed);
@@ -109,15 +112,48 @@ bool HigherPrecision(const kernels::BlockInfo& info) {
 // Level 2: each primary block that is raw (a full raw block of the model) or
 // stored with a higher-precision codec (fp16/bf16/raw segments, e.g. by the
 // node's codec stage) is re-encoded with the pressure codec when that makes
-// it smaller, and replaced in place.
+// it smaller, and replaced: erased, then stored again in a smaller chunk.
+// Blocks are taken page by page (BlockStore::PlacementOf), and an encoded
+// block is put without evicting, waiting in `pending` until the erases have
+// emptied a page. Otherwise, in a full store, every put would make room by
+// evicting other blocks before their turn to shrink.
 void TieredStore::ReencodePrimary() {
   if (!reencoder_) return;
   const kernels::BlockShape model_shape = kernels::BlockShape::FromLayout(BlockLayout::Full(o_.model));
   const bool model_ok = o_.model.Validate().ok() && model_shape.Validate().ok();
   const uint8_t codec_id = kernels::PrimaryCodecId(reencoder_->policy());
+  struct Pending {
+    BlockKey key;
+    PutOptions po;
+    std::vector<std::byte> bytes;
+    uint32_t was_size;
+  };
+  constexpr size_t kMaxPending = 64;  // then put with eviction (bounds the staging memory)
+  std::deque<Pending> pending;
   std::vector<std::byte> stored, raw, enc;
   uint64_t blocks = 0, saved = 0, skipped = 0;
-  for (const Candidate& c : CandidatesIn(Tier::kPrimary)) {
+  // Stores pending blocks in order; `evict`: may make room by evicting.
+  auto flush = [&](bool evict) {
+    while (!pending.empty()) {
+      Pending& p = pending.front();
+      p.po.may_evict = evict;
+      Status st = primary_->Put(p.key, p.bytes, p.po);
+      if (!evict && st.code() == StatusCode::kResourceExhausted) return;
+      if (st.ok()) {
+        ++blocks;
+        saved += p.was_size - p.bytes.size();
+      } else {
+        DropShadow(p.key);
+      }
+      pending.pop_front();
+    }
+  };
+  std::vector<Candidate> todo = CandidatesIn(Tier::kPrimary);
+  std::vector<std::pair<uint64_t, size_t>> order;  // (placement, offload rank)
+  for (size_t i = 0; i < todo.size(); ++i) order.emplace_back(primary_->PlacementOf(todo[i].key), i);
+  std::sort(order.begin(), order.end());
+  for (const auto& [placement, i] : order) {
+    const Candidate& c = todo[i];
     BlockMeta meta;
     {
       Result<BlockRef> ref = primary_->Get(c.key);
@@ -161,15 +197,12 @@ void TieredStore::ReencodePrimary() {
     po.priority = meta.priority;
     po.codec = codec_id;
     po.logical_size = meta.logical_size;
-    // Replace in place: content-addressed, so readers between the two calls just miss.
+    // Replace: content-addressed, so readers until the put lands just miss.
     if (!primary_->Erase(c.key).ok()) continue;
-    if (primary_->Put(c.key, std::span<const std::byte>(enc.data(), *n), po).ok()) {
-      ++blocks;
-      saved += meta.size - *n;
-    } else {
-      DropShadow(c.key);
-    }
+    pending.push_back({c.key, po, std::vector<std::byte>(enc.begin(), enc.begin() + *n), meta.size});
+    flush(/*evict=*/pending.size() > kMaxPending);
   }
+  flush(/*evict=*/true);
   c_.reencoded_blocks.fetch_add(blocks, std::memory_order_relaxed);
   c_.reencode_bytes_saved.fetch_add(saved, std::memory_order_relaxed);
   c_.reencode_skipped.fetch_add(skipped, std::memory_order_relaxed);
@@ -256,7 +289,7 @@ TierStats TieredStore::Stats() const {
   s.pressure_level = pressure_level();
   for (int i = 0; i < 4; ++i) s.pressure_entered[i] = c_.entered[i].load(std::memory_order_relaxed);
   s.primary_limit_bytes = PrimaryLimit();
-  s.primary_used_bytes = primary_->Stats().bytes_stored;
+  s.primary_used_bytes = primary_->Stats().bytes_held;
   s.has_host = host_ != nullptr;
   s.has_ssd = ssd_ != nullptr;
   if (host_) s.host = host_->Stats();
@@ -312,7 +345,8 @@ std::string TieredStore::StatsJson() const {
   };
   if (s.has_host)
     j["host"] = {{"capacity_bytes", s.host.capacity_bytes}, {"blocks", s.host.blocks},
-                 {"bytes_stored", s.host.bytes_stored}, {"evictions", s.host.evictions}};
+                 {"bytes_stored", s.host.bytes_stored}, {"bytes_held", s.host.bytes_held},
+                 {"evictions", s.host.evictions}};
   if (s.has_ssd)
     j["ssd"] = {{"capacity_bytes", s.ssd.capacity_bytes}, {"blocks", s.ssd.blocks},
                 {"bytes_stored", s.ssd.bytes_stored}, {"reads", s.ssd.reads}, {"writes", s.ssd.writes},
@@ -333,9 +367,9 @@ std::string TieredStore::PrometheusText() const {
   sample("kvmesh_pressure_level", "", static_cast<uint64_t>(s.pressure_level));
   metric("kvmesh_pressure_level_entered_total", "counter", "Times each pressure level was entered");
   for (int l = 0; l < 4; ++l) sample("kvmesh_pressure_level_entered_total", "level=\"" + std::to_string(l) + "\"", s.pressure_entered[l]);
-  metric("kvmesh_tier_bytes", "gauge", "Bytes stored per tier");
+  metric("kvmesh_tier_bytes", "gauge", "Bytes used per tier (memory tiers: chunk bytes held)");
   sample("kvmesh_tier_bytes", "tier=\"primary\"", s.primary_used_bytes);
-  if (s.has_host) sample("kvmesh_tier_bytes", "tier=\"host\"", s.host.bytes_stored);
+  if (s.has_host) sample("kvmesh_tier_bytes", "tier=\"host\"", s.host.bytes_held);
   if (s.has_ssd) sample("kvmesh_tier_bytes", "tier=\"ssd\"", s.ssd.bytes_stored);
   metric("kvmesh_tier_limit_bytes", "gauge", "Current byte limit of the primary tier");
   sample("kvmesh_tier_limit_bytes", "tier=\"primary\"", s.primary_limit_bytes);

@@ -35,6 +35,7 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Create(BlockStore* primary, Ti
     StoreOptions so;
     so.capacity_bytes = o.host_bytes;
     so.slot_bytes = primary->slot_bytes();
+    so.size_classes = primary->size_classes();  // demoted encoded blocks stay small
     so.stripes = o.host_stripes;
     so.policy = o.host_policy;
     so.clock = t->clock_;

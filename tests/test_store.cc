@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -217,4 +218,290 @@ TEST_CASE("The eviction policy can be switched at run time and keeps recency ord
   CHECK_FALSE(s->Exists(Key(3)));
   CHECK(s->Exists(Key(2)));
   CHECK(s->Stats().blocks == 4);
+}
+
+// ---- Size classes (slab pages) -------------------------------------------------------
+
+namespace {
+constexpr uint64_t kBig = 64 * 1024;  // a slot: 4 classes of 64 KiB, 36.5 KiB, 18.25 KiB, 9 KiB
+std::unique_ptr<BlockStore> MakeSlabStore(uint64_t slots, uint32_t size_classes = kDefaultSizeClasses,
+                                          Clock* clock = nullptr, uint32_t stripes = 1) {
+  StoreOptions o;
+  o.capacity_bytes = slots * kBig;
+  o.slot_bytes = kBig;
+  o.size_classes = size_classes;
+  o.stripes = stripes;
+  o.clock = clock;
+  o.policy_options.aging_ns = 0;
+  auto r = BlockStore::Create(std::move(o));
+  REQUIRE(r.ok());
+  return std::move(r).value();
+}
+// Content is a function of (key, size), so any read can be checked.
+std::vector<std::byte> KeyBytes(uint64_t k, size_t n) {
+  std::vector<std::byte> v(n);
+  std::mt19937_64 rng(k * 1000003 + n);
+  for (size_t i = 0; i < n; i += 8) {
+    const uint64_t x = rng();
+    std::memcpy(&v[i], &x, std::min<size_t>(8, n - i));
+  }
+  return v;
+}
+}  // namespace
+
+TEST_CASE("Size classes: the class table halves with 7/8 slack, and small slots keep fixed slots", "[store][slab]") {
+  auto s = MakeSlabStore(8);
+  StoreStats st = s->Stats();
+  REQUIRE(st.size_classes == 4);
+  CHECK(st.page_bytes == 4 * kBig);
+  CHECK(st.pages_total == 2);
+  CHECK(st.slots_total == 8);  // still "blocks of slot_bytes that fit"
+  CHECK(st.classes[0].chunk_bytes == kBig);
+  CHECK(st.classes[1].chunk_bytes == 37376);  // 7 per page: int8/fp8 of fp16 (0.51 of a slot) fits
+  CHECK(st.classes[2].chunk_bytes == 18688);  // 14 per page: int4 of fp16 (0.26) fits
+  CHECK(st.classes[3].chunk_bytes == 9216);   // 28 per page
+  CHECK(s->ChunkBytesFor(kBig / 2 + 600) == 37376);
+  CHECK(s->ChunkBytesFor(kBig + 1) == 0);
+  // 4 KiB slots: no class above the 4 KiB minimum chunk below the slot, so fixed slots.
+  auto small = MakeStore(8);
+  CHECK(small->Stats().size_classes == 1);
+  CHECK(small->Stats().page_bytes == 4096);
+  StoreOptions bad;
+  bad.capacity_bytes = 8 * kBig;
+  bad.slot_bytes = kBig;
+  bad.size_classes = kMaxSizeClasses + 1;
+  CHECK(BlockStore::Create(std::move(bad)).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Size classes: small blocks share pages, 7x as many as fixed slots hold", "[store][slab]") {
+  auto slab = MakeSlabStore(8);
+  auto fixed = MakeSlabStore(8, /*size_classes=*/1);
+  REQUIRE(fixed->Stats().size_classes == 1);
+  for (uint64_t i = 0; i < 56; ++i) {  // blocks of slot/8: 9 KiB chunks, 28 per 4-slot page
+    REQUIRE(slab->Put(Key(i), KeyBytes(i, kBig / 8)).ok());
+    REQUIRE(fixed->Put(Key(i), KeyBytes(i, kBig / 8)).ok());
+  }
+  StoreStats s = slab->Stats(), f = fixed->Stats();
+  CHECK(s.blocks == 56);
+  CHECK(s.evictions == 0);
+  CHECK(s.bytes_held == 56 * 9216);
+  CHECK(s.pages_free == 0);
+  CHECK(s.classes[3].chunks_used == 56);
+  CHECK(f.blocks == 8);  // the fixed-slot store: one block per slot
+  CHECK(f.evictions == 48);
+  CHECK(f.bytes_held == 8 * kBig);
+  std::vector<std::byte> out(kBig);
+  for (uint64_t i = 0; i < 56; ++i) {
+    auto n = slab->GetInto(Key(i), out);
+    REQUIRE(n.ok());
+    CHECK(std::equal(out.begin(), out.begin() + *n, KeyBytes(i, kBig / 8).begin()));
+  }
+  // One more evicts one small block (its own class), not a page.
+  REQUIRE(slab->Put(Key(100), KeyBytes(100, kBig / 8)).ok());
+  CHECK(slab->Stats().evictions == 1);
+  CHECK(slab->Stats().page_reclaims == 0);
+}
+
+TEST_CASE("Size classes: an emptied page returns to the pool and serves another class", "[store][slab]") {
+  auto s = MakeSlabStore(8);
+  for (uint64_t i = 0; i < 28; ++i) REQUIRE(s->Put(Key(i), KeyBytes(i, 9000)).ok());
+  CHECK(s->Stats().pages_free == 1);
+  CHECK(s->Stats().classes[3].pages == 1);
+  for (uint64_t i = 0; i < 27; ++i) REQUIRE(s->Erase(Key(i)).ok());
+  CHECK(s->Stats().pages_free == 1);  // one block still holds the page
+  {
+    auto pinned = s->Get(Key(27));
+    REQUIRE(pinned.ok());
+    REQUIRE(s->Erase(Key(27)).ok());  // erased while pinned: the page waits for the unpin
+    CHECK(s->Stats().pages_free == 1);
+    CHECK(s->Stats().bytes_held == 9216);
+    CHECK(std::equal(pinned->data().begin(), pinned->data().end(), KeyBytes(27, 9000).begin()));
+  }
+  StoreStats st = s->Stats();
+  CHECK(st.pages_free == 2);
+  CHECK(st.classes[3].pages == 0);
+  CHECK(st.bytes_held == 0);
+  // Both pages now take full-size blocks: 8 of them, without evicting.
+  for (uint64_t i = 100; i < 108; ++i) REQUIRE(s->Put(Key(i), KeyBytes(i, kBig)).ok());
+  st = s->Stats();
+  CHECK(st.blocks == 8);
+  CHECK(st.evictions == 0);
+  CHECK(st.classes[0].pages == 2);
+  CHECK(st.bytes_held == st.capacity_bytes);
+}
+
+TEST_CASE("Size classes: a stale class gives its page to a busy one, in policy order", "[store][slab]") {
+  ManualClock clock;
+  auto s = MakeSlabStore(8, kDefaultSizeClasses, &clock);
+  for (uint64_t i = 0; i < 28; ++i) REQUIRE(s->Put(Key(i), KeyBytes(i, 9000)).ok());  // page A, old
+  clock.Advance(1000);
+  for (uint64_t i = 100; i < 104; ++i) {  // page B: full blocks, newer
+    REQUIRE(s->Put(Key(i), KeyBytes(i, kBig)).ok());
+    clock.Advance(10);
+  }
+  // A fifth full block: class 0's own victim (100) is newer than every small
+  // block, so the small blocks' page is taken instead (all 28 evicted at once).
+  REQUIRE(s->Put(Key(104), KeyBytes(104, kBig)).ok());
+  StoreStats st = s->Stats();
+  CHECK(st.page_reclaims == 1);
+  CHECK(st.evictions == 28);
+  CHECK(st.classes[3].evictions == 28);
+  for (uint64_t i = 100; i < 105; ++i) CHECK(s->Exists(Key(i)));
+  CHECK(st.classes[0].pages == 2);
+  // Now a small block again: the class has no page and nothing evictable, so
+  // a full-block page must go; at equal priority the one that frees soonest:
+  // 104's page (1 block) rather than 100-103's (4 blocks).
+  clock.Advance(10);
+  REQUIRE(s->Put(Key(200), KeyBytes(200, 9000)).ok());
+  st = s->Stats();
+  CHECK(st.page_reclaims == 2);
+  CHECK(st.classes[3].pages == 1);
+  CHECK(s->Exists(Key(200)));
+  CHECK_FALSE(s->Exists(Key(104)));
+  for (uint64_t i = 100; i < 104; ++i) CHECK(s->Exists(Key(i)));
+}
+
+TEST_CASE("Size classes: a page-taking eviction respects priorities and never touches pins", "[store][slab]") {
+  ManualClock clock;
+  auto s = MakeSlabStore(8, kDefaultSizeClasses, &clock);
+  // Page 0: 4 full blocks at priority 2; page 1: 4 full blocks at priority 0.
+  for (uint64_t i = 0; i < 8; ++i) {
+    PutOptions o;
+    o.priority = i < 4 ? 2 : 0;
+    REQUIRE(s->Put(Key(i), KeyBytes(i, kBig), o).ok());
+    clock.Advance(10);
+  }
+  REQUIRE(s->Pin(Key(5)).ok());  // pins page 1
+  // A small block needs a page: page 1 is cheaper by priority but pinned, so page 0 goes.
+  REQUIRE(s->Put(Key(50), KeyBytes(50, 9000)).ok());
+  for (uint64_t i = 0; i < 4; ++i) CHECK_FALSE(s->Exists(Key(i)));
+  for (uint64_t i = 4; i < 8; ++i) CHECK(s->Exists(Key(i)));
+  REQUIRE(s->Unpin(Key(5)).ok());
+  // Fill page 0 with 27 more small blocks, then pin all 8 pages' worth: a
+  // full block finds every block pinned and is refused.
+  for (uint64_t i = 51; i < 78; ++i) REQUIRE(s->Put(Key(i), KeyBytes(i, 9000)).ok());
+  std::vector<BlockRef> refs;
+  for (uint64_t i : {4, 5, 6, 7}) refs.push_back(s->Get(Key(i)).value());
+  for (uint64_t i = 50; i < 78; ++i) refs.push_back(s->Get(Key(i)).value());
+  const uint64_t evictions = s->Stats().evictions;
+  CHECK(s->Put(Key(90), KeyBytes(90, kBig)).code() == StatusCode::kResourceExhausted);
+  CHECK(s->Put(Key(91), KeyBytes(91, 9000)).code() == StatusCode::kResourceExhausted);
+  CHECK(s->Stats().evictions == evictions);
+  refs.clear();
+  CHECK(s->Put(Key(90), KeyBytes(90, kBig)).ok());
+}
+
+TEST_CASE("Size classes: a put that may not evict is refused when there is no room", "[store][slab]") {
+  auto s = MakeSlabStore(8);
+  for (uint64_t i = 0; i < 8; ++i) REQUIRE(s->Put(Key(i), KeyBytes(i, kBig)).ok());
+  PutOptions o;
+  o.may_evict = false;
+  CHECK(s->Put(Key(20), KeyBytes(20, 9000), o).code() == StatusCode::kResourceExhausted);
+  CHECK(s->Put(Key(21), KeyBytes(21, kBig), o).code() == StatusCode::kResourceExhausted);
+  CHECK(s->Stats().evictions == 0);
+  for (uint64_t i = 0; i < 4; ++i) REQUIRE(s->Erase(Key(i)).ok());  // page 0 empties
+  CHECK(s->Put(Key(20), KeyBytes(20, 9000), o).ok());
+  CHECK(s->Stats().evictions == 0);
+}
+
+TEST_CASE("Size classes: mixed sizes under eviction return exact bytes or a miss, pins hold", "[store][slab]") {
+  ManualClock clock;
+  auto s = MakeSlabStore(16, kDefaultSizeClasses, &clock, 1);
+  const size_t sizes[] = {kBig, 33000, 37376, 18000, 9216, 5000, 1};
+  std::mt19937_64 rng(7);
+  std::map<uint64_t, size_t> pinned;  // key -> size, explicitly pinned
+  std::vector<std::byte> out(kBig);
+  uint64_t hits = 0;
+  for (int op = 0; op < 20000; ++op) {
+    clock.Advance(1);
+    const uint64_t k = rng() % 400;
+    const size_t n = sizes[k % std::size(sizes)];  // a key's size never changes
+    const int what = static_cast<int>(rng() % 10);
+    if (what < 5) {
+      PutOptions o;
+      o.priority = static_cast<Priority>(rng() % 4);
+      Status st = s->Put(Key(k), KeyBytes(k, n), o);
+      REQUIRE((st.ok() || st.code() == StatusCode::kResourceExhausted));
+    } else if (what < 8) {
+      auto r = s->GetInto(Key(k), out);
+      if (r.ok()) {
+        ++hits;
+        REQUIRE(*r == n);
+        REQUIRE(std::equal(out.begin(), out.begin() + n, KeyBytes(k, n).begin()));
+      } else {
+        REQUIRE(r.status().code() == StatusCode::kNotFound);
+        REQUIRE_FALSE(pinned.count(k));  // a pinned block is never evicted
+      }
+    } else if (what == 8 && pinned.size() < 6) {
+      if (!pinned.count(k) && s->Pin(Key(k)).ok()) pinned.emplace(k, n);
+    } else if (!pinned.empty()) {
+      auto it = pinned.begin();
+      std::advance(it, rng() % pinned.size());
+      REQUIRE(s->Exists(Key(it->first)));
+      REQUIRE(s->Unpin(Key(it->first)).ok());
+      pinned.erase(it);
+    }
+  }
+  StoreStats st = s->Stats();
+  CHECK(hits > 300);
+  CHECK(st.page_reclaims > 0);
+  CHECK(st.corrupt == 0);
+  CHECK(st.bytes_held <= st.capacity_bytes);
+  uint64_t held = 0, used = 0;
+  for (uint32_t c = 0; c < st.size_classes; ++c) {
+    held += st.classes[c].chunks_used * st.classes[c].chunk_bytes;
+    used += st.classes[c].chunks_used;
+  }
+  CHECK(held == st.bytes_held);
+  CHECK(used == st.blocks);
+  CHECK(st.pinned_blocks == pinned.size());
+}
+
+TEST_CASE("Size classes: concurrent mixed-size puts, gets, pins and erases stay consistent",
+          "[store][slab][concurrency]") {
+  auto s = MakeSlabStore(64, kDefaultSizeClasses, nullptr, 4);
+  std::atomic<uint64_t> bad{0}, hits{0};
+  auto worker = [&](int seed) {
+    std::mt19937_64 rng(seed);
+    const size_t sizes[] = {kBig, 30000, 17000, 8000, 3000};
+    for (int i = 0; i < 6000; ++i) {
+      const uint64_t k = rng() % 600;
+      const size_t n = sizes[k % std::size(sizes)];
+      switch (rng() % 6) {
+        case 0:
+        case 1:
+          (void)s->Put(Key(k), KeyBytes(k, n));
+          break;
+        case 2:
+        case 3: {
+          auto r = s->Get(Key(k));
+          if (r.ok()) {
+            hits.fetch_add(1);
+            if (r->data().size() != n || !std::equal(r->data().begin(), r->data().end(), KeyBytes(k, n).begin()))
+              bad.fetch_add(1);
+          }
+          break;
+        }
+        case 4:
+          if (s->Pin(Key(k)).ok()) (void)s->Unpin(Key(k));
+          break;
+        case 5:
+          (void)s->Erase(Key(k));
+          break;
+      }
+    }
+  };
+  std::thread t1(worker, 1), t2(worker, 2), t3(worker, 3);
+  t1.join();
+  t2.join();
+  t3.join();
+  CHECK(bad.load() == 0);
+  CHECK(hits.load() > 200);
+  StoreStats st = s->Stats();
+  CHECK(st.pinned_blocks == 0);
+  CHECK(st.corrupt == 0);
+  CHECK(st.bytes_held <= st.capacity_bytes);
+  uint64_t used = 0;
+  for (uint32_t c = 0; c < st.size_classes; ++c) used += st.classes[c].chunks_used;
+  CHECK(used == st.blocks);
 }

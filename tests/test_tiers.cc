@@ -57,10 +57,12 @@ std::vector<std::byte> Fp16Block(uint64_t seed, size_t bytes) {
   return v;
 }
 
-std::unique_ptr<BlockStore> MakeStore(uint64_t slots, uint64_t slot_bytes, Clock* clock) {
+std::unique_ptr<BlockStore> MakeStore(uint64_t slots, uint64_t slot_bytes, Clock* clock,
+                                      uint32_t size_classes = kDefaultSizeClasses) {
   StoreOptions so;
   so.capacity_bytes = slots * slot_bytes;
   so.slot_bytes = slot_bytes;
+  so.size_classes = size_classes;
   so.stripes = 1;
   so.policy = "lru";
   so.clock = clock;
@@ -494,7 +496,7 @@ TEST_CASE("A node under pressure walks through levels 1, 2 and 3 and back", "[ti
     CHECK(worst < 0.02);
   }
 
-  const uint64_t used = primary->Stats().bytes_stored;
+  const uint64_t used = ts.Stats().primary_used_bytes;  // chunk bytes held
   ts.SetPrimaryLimit(static_cast<uint64_t>(used / 0.75));  // between the watermarks: hold
   ts.RunMaintenance();
   CHECK(ts.pressure_level() == 2);
@@ -819,4 +821,155 @@ TEST_CASE("Tiers: with every primary slot pinned, a Put is stored in the host ti
   REQUIRE(t2->Put(Key(1), Payload(1, slot), {}).ok());
   BlockRef pin = t2->Get(Key(1)).value();
   CHECK(t2->Put(Key(2), Payload(2, slot), {}).code() == StatusCode::kResourceExhausted);
+}
+
+namespace {
+ModelSpec TinyModel() {  // full blocks of 2x2x16x64 fp16 = 16 KiB
+  ModelSpec model;
+  model.model_id = "tiny";
+  model.num_layers = 2;
+  model.num_kv_heads = 2;
+  model.head_dim = 64;
+  model.block_tokens = 16;
+  model.dtype = DType::kFp16;
+  return model;
+}
+
+struct LevelTwoRun {
+  uint64_t held_before = 0, held_after = 0, stored_after = 0;
+  uint64_t reencoded = 0, evictions_during = 0;
+  uint64_t accepted_without_evicting = 0;  // raw puts after level 2 before the first eviction
+};
+
+// 16 raw blocks fill a 16-slot primary tier (no lower tier); the engine takes
+// memory back so that level 1 evicts `level1_fraction` and level 2 re-encodes
+// the rest at int8; then memory comes back and raw blocks are put until the
+// store evicts.
+LevelTwoRun RunLevelTwo(uint32_t size_classes, double level1_fraction) {
+  ManualClock clock;
+  const ModelSpec model = TinyModel();
+  const uint64_t block = model.FullBlockBytes();
+  auto primary = MakeStore(16, block, &clock, size_classes);
+  TieredStoreOptions o;
+  o.node_id = "n0";
+  o.model = model;
+  o.background = false;
+  o.clock = &clock;
+  o.pressure_evict_fraction = level1_fraction;
+  auto t = TieredStore::Create(primary.get(), o);
+  REQUIRE(t.ok());
+  TieredStore& ts = **t;
+  std::vector<std::vector<std::byte>> raw;
+  for (uint64_t i = 0; i < 16; ++i) {
+    raw.push_back(Fp16Block(i, block));
+    REQUIRE(ts.Put(Key(i), raw.back(), {}).ok());
+    clock.AdvanceSeconds(1);
+  }
+  REQUIRE(primary->Stats().evictions == 0);
+  ts.SetPrimaryLimit(8 * block);
+  ts.RunMaintenance();
+  REQUIRE(ts.pressure_level() == 1);
+  LevelTwoRun r;
+  r.held_before = ts.Stats().primary_used_bytes;
+  const uint64_t evictions0 = primary->Stats().evictions;
+  ts.RunMaintenance();
+  REQUIRE(ts.pressure_level() == 2);
+  const StoreStats after = primary->Stats();
+  r.held_after = ts.Stats().primary_used_bytes;
+  r.stored_after = after.bytes_stored;
+  r.reencoded = ts.Stats().reencoded_blocks;
+  r.evictions_during = after.evictions - evictions0;
+  // Every surviving block still decodes close to what was put.
+  std::vector<std::byte> back(block);
+  for (uint64_t i = 0; i < 16; ++i) {
+    auto n = ts.GetInto(Key(i), back);
+    if (!n.ok()) continue;
+    REQUIRE(*n == block);
+    double worst = 0;
+    for (size_t b = 0; b < block; b += 2) {
+      uint16_t x, y;
+      std::memcpy(&x, &raw[i][b], 2);
+      std::memcpy(&y, &back[b], 2);
+      worst = std::max(worst, static_cast<double>(std::fabs(kernels::HalfToFloat(x) - kernels::HalfToFloat(y))));
+    }
+    CHECK(worst < 0.02);
+  }
+  ts.SetPrimaryLimit(0);  // memory is back; pressure steps down, admissions continue
+  for (uint64_t i = 100; i < 140; ++i) {
+    REQUIRE(ts.Put(Key(i), Fp16Block(i, block), {}).ok());
+    if (primary->Stats().evictions != after.evictions) break;
+    ++r.accepted_without_evicting;
+  }
+  return r;
+}
+}  // namespace
+
+TEST_CASE("Pressure level 2 frees capacity: re-encoded blocks hold smaller chunks", "[tiers][slab]") {
+  const uint64_t block = TinyModel().FullBlockBytes();
+  const LevelTwoRun slab = RunLevelTwo(kDefaultSizeClasses, 0.25);
+  const LevelTwoRun fixed = RunLevelTwo(1, 0.25);
+  INFO("slab held " << slab.held_before << " -> " << slab.held_after << ", then " << slab.accepted_without_evicting
+                    << " raw puts without evicting; fixed held " << fixed.held_before << " -> " << fixed.held_after
+                    << ", then " << fixed.accepted_without_evicting);
+  // Both re-encode the 12 blocks level 1 left, to about half their bytes.
+  CHECK(slab.reencoded == 12);
+  CHECK(fixed.reencoded == 12);
+  CHECK(slab.stored_after < 12 * block * 6 / 10);
+  CHECK(fixed.stored_after == slab.stored_after);
+  // Fixed slots: every re-encoded block still holds a whole slot.
+  CHECK(fixed.held_before == 12 * block);
+  CHECK(fixed.held_after == 12 * block);
+  // Size classes: each holds a 4/7-slot chunk (int8 of fp16 is 0.51 of a slot).
+  CHECK(slab.held_before == 12 * block);
+  CHECK(slab.held_after == 12 * 9216);
+  CHECK(slab.evictions_during == 0);
+  // The memory comes back as capacity: 2 of 4 pages are free, 8 raw blocks fit
+  // where the fixed store takes only the 4 slots level 1 freed.
+  CHECK(fixed.accepted_without_evicting == 4);
+  CHECK(slab.accepted_without_evicting == 8);
+}
+
+TEST_CASE("Pressure level 2 on a full store re-encodes page by page without evicting", "[tiers][slab]") {
+  // Level 1 evicts a single block, so no page is free when level 2 starts:
+  // each encoded block waits until its page's other blocks are erased.
+  const uint64_t block = TinyModel().FullBlockBytes();
+  const LevelTwoRun r = RunLevelTwo(kDefaultSizeClasses, 1.0 / 16);
+  CHECK(r.held_before == 15 * block);
+  CHECK(r.reencoded == 15);
+  CHECK(r.evictions_during == 0);
+  CHECK(r.held_after == 15 * 9216);
+  // 15 chunks of 7 per page use 3 pages; the 4th is free for 4 raw blocks
+  // (fixed slots: the 1 slot level 1 freed).
+  CHECK(r.accepted_without_evicting == 4);
+  CHECK(RunLevelTwo(1, 1.0 / 16).accepted_without_evicting == 1);
+}
+
+TEST_CASE("Config: $.store.size_classes reaches the node's stores, bad values name the path", "[tiers][slab]") {
+  TempDir dir;
+  std::string cfg = TieredConfig(dir.path.string());
+  const std::string stripes = R"("store": {"stripes": 1})";
+  auto with = [&](const std::string& store) {
+    std::string c = cfg;
+    c.replace(c.find(stripes), stripes.size(), store);
+    return ParseConfig(c);
+  };
+  auto def = with(R"("store": {"stripes": 1})");
+  REQUIRE(def.ok());
+  CHECK(def->store.size_classes == kDefaultSizeClasses);
+  auto one = with(R"("store": {"stripes": 1, "size_classes": 1})");
+  REQUIRE(one.ok());
+  auto node = ShardNode::Create(*one, "n0");
+  REQUIRE(node.ok());
+  CHECK((*node)->store().size_classes() == 1);
+  CHECK((*node)->tiers()->host()->size_classes() == 1);
+  auto multi = ShardNode::Create(*def, "n0");
+  REQUIRE(multi.ok());
+  CHECK((*multi)->store().size_classes() == 3);  // 16 KiB slots: 16, 9, 4.5 KiB (4 KiB minimum chunk)
+  for (const char* bad : {R"("store": {"size_classes": 0})", R"("store": {"size_classes": 9})",
+                          R"("store": {"size_classes": "four"})"}) {
+    INFO(bad);
+    auto r = with(bad);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().message().find("$.store.size_classes") != std::string::npos);
+  }
 }

@@ -47,6 +47,7 @@ struct NodeConfig {
 struct StoreConfig {
   uint32_t stripes = 8;          // lock stripes per node (power of two)
   uint64_t slot_bytes = 0;       // 0: the model's full block bytes
+  uint32_t size_classes = 4;     // 1..8; 1: fixed slots (shard_node/block_store.h)
   bool verify_checksums = true;  // verify each payload's checksum on read
 };
 
