@@ -6,11 +6,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
 #include <thread>
 
 #include "coordinator/decode/engine.h"
 #include "coordinator/decode/model.h"
 #include "coordinator/decode/model_cuda.h"
+#include "kernels/cuda/model_ops_threads.h"
 #include "tests/decode_scenario.h"
 #include "coordinator/decode/cluster.h"
 #include "kvmesh/embedded.h"
@@ -330,5 +334,156 @@ TEST_CASE("RopeAngle is the formula Rope applies", "[decode]") {
       CHECK(v[i] == a * c - b * s);
       CHECK(v[i + dim / 2] == a * s + b * c);
     }
+  }
+}
+
+// ---- The CUDA kernels' per-thread work, run on the CPU -----------------------
+// kernels/cuda/model_ops_threads.h is what each thread or lane of the model
+// kernels computes; here the warp shuffles and block reductions are emulated
+// lane by lane, so the index math and the summation order that make the GPU's
+// MatMul, RMSNorm and RoPE equal the CPU's bits are checked without a GPU.
+
+namespace {
+
+namespace th = kvmesh::kernels::cuda::threads;
+
+std::vector<float> RandomFloats(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng) * scale;
+  return v;
+}
+
+// DotLanes of model_ops.cu for one group of eight lanes: partial sums, the
+// xor shuffles 1, 2, 4 (every lane adds its partner's value), lane 0's tail.
+float EmulatedDotLanes(const float* a, const float* b, size_t n) {
+  float acc[8];
+  for (unsigned l = 0; l < 8; ++l) acc[l] = th::DotLanePartial(a, b, n, l);
+  for (unsigned step : {1u, 2u, 4u}) {
+    float next[8];
+    for (unsigned l = 0; l < 8; ++l) next[l] = th::AddRn(acc[l], acc[l ^ step]);
+    std::copy(next, next + 8, acc);
+  }
+  return th::DotTail(a, b, n, acc[0]);
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("CUDA model kernels, per thread on the CPU: MatMul, RMSNorm and RoPE give the CPU's bits", "[decode][cuda]") {
+  std::mt19937_64 rng(17);
+  for (size_t cols : {1u, 7u, 8u, 9u, 100u, 133u, 256u})
+    for (size_t batch : {1u, 3u, 17u}) {
+      const size_t rows = 37, ldw = cols + 3, ldx = cols + 1, ldy = rows + 2;
+      std::vector<float> W = RandomFloats(rows * ldw, rng), x = RandomFloats(batch * ldx, rng);
+      std::vector<float> want(batch * ldy, 0.0f), got(batch * ldy, 0.0f);
+      MatMul(W.data(), ldw, rows, cols, x.data(), ldx, batch, want.data(), ldy);
+      // Every group of eight lanes of every block of 256 threads, the padding ones too.
+      const size_t outputs = rows * batch, groups = (outputs + 31) / 32 * 32;
+      for (size_t o = 0; o < groups; ++o) {
+        const th::MatMulIndex m = th::MatMulOutput(o, rows, batch);
+        if (!m.live) continue;
+        got[m.b * ldy + m.r] = EmulatedDotLanes(W.data() + m.r * ldw, x.data() + m.b * ldx, cols);
+      }
+      INFO("cols " << cols << " batch " << batch);
+      CHECK(SameBits(got, want));
+    }
+  for (size_t n : {3u, 64u, 100u, 133u}) {
+    std::vector<float> x = RandomFloats(n, rng, 3.0f), gain = RandomFloats(n, rng), want(n), got(n);
+    RmsNorm(x.data(), gain.data(), n, want.data());
+    const float inv = th::RmsInv(EmulatedDotLanes(x.data(), x.data(), n), n);
+    for (size_t i = 0; i < n; ++i) got[i] = th::RmsOut(x[i], inv, gain[i]);
+    INFO("n " << n);
+    CHECK(SameBits(got, want));
+  }
+  {
+    const uint32_t heads = 3, dim = 48;
+    const std::vector<uint32_t> pos = {0, 1, 17, 255, 4095};
+    const size_t rows = pos.size();
+    std::vector<float> v = RandomFloats(rows * heads * dim, rng), want = v, cs(rows * dim);
+    for (size_t r = 0; r < rows; ++r)
+      for (uint32_t i = 0; i < dim / 2; ++i) RopeAngle(dim, pos[r], i, 10000.0f, &cs[r * dim + 2 * i], &cs[r * dim + 2 * i + 1]);
+    for (size_t t = 0; t < rows * heads * dim / 2 + 100; ++t) th::RopeThread(v.data(), rows, heads, dim, cs.data(), t);
+    for (size_t r = 0; r < rows; ++r)
+      for (uint32_t h = 0; h < heads; ++h) Rope(want.data() + (r * heads + h) * dim, dim, pos[r], 10000.0f);
+    CHECK(SameBits(v, want));
+  }
+}
+
+TEST_CASE("CUDA model kernels, per thread on the CPU: GQA attention, SwiGLU and the row moves", "[decode][cuda]") {
+  std::mt19937_64 rng(23);
+  // 6 query heads over 2 KV heads, 4 rows after 300 cached positions; blocks of
+  // 128 threads, the block reductions emulated warp by warp.
+  const uint32_t Q = 6, KV = 2, D = 40, pos0 = 300, block = 128;
+  const size_t rows = 4, stride = pos0 + rows;
+  std::vector<float> q = RandomFloats(rows * Q * D, rng), k = RandomFloats(stride * KV * D, rng),
+                     v = RandomFloats(stride * KV * D, rng), scratch(rows * Q * stride), got(rows * Q * D);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (uint32_t r = 0; r < rows; ++r)
+    for (uint32_t i = 0; i < Q; ++i) {
+      const th::AttentionIndex a = th::AttentionOf(q.data(), scratch.data(), r, i, pos0, Q, KV, D, stride);
+      REQUIRE(a.P == pos0 + r + 1);
+      std::vector<float> tmax(block, -INFINITY), tsum(block, 0.0f);
+      for (uint32_t t = 0; t < block; ++t)
+        for (uint32_t p = t; p < a.P; p += block) tmax[t] = std::max(tmax[t], a.scores[p] = th::AttentionScore(a, k.data(), D, scale, p));
+      const float mx = *std::max_element(tmax.begin(), tmax.end());
+      for (uint32_t t = 0; t < block; ++t)
+        for (uint32_t p = t; p < a.P; p += block) tsum[t] = th::AddRn(tsum[t], a.scores[p] = std::exp(a.scores[p] - mx));
+      // BlockReduce: xor shuffles 16..1 inside each warp, then warps 0..3 in order.
+      float warp_sum[block / 32];
+      for (uint32_t w = 0; w < block / 32; ++w) {
+        std::vector<float> lane(tsum.begin() + w * 32, tsum.begin() + (w + 1) * 32);
+        for (unsigned off = 16; off > 0; off /= 2) {
+          std::vector<float> next(32);
+          for (unsigned l = 0; l < 32; ++l) next[l] = th::AddRn(lane[l], lane[l ^ off]);
+          lane = next;
+        }
+        warp_sum[w] = lane[0];
+      }
+      float sum = warp_sum[0];
+      for (uint32_t w = 1; w < block / 32; ++w) sum = th::AddRn(sum, warp_sum[w]);
+      for (uint32_t d = 0; d < D; ++d) got[(r * Q + i) * D + d] = th::AttentionOut(a, v.data(), sum, d);
+    }
+  // The CPU engine's attention (double-checked formula, fp32, sequential sum).
+  double worst = 0, amax = 0;
+  for (uint32_t r = 0; r < rows; ++r)
+    for (uint32_t i = 0; i < Q; ++i) {
+      const uint32_t kvh = i / (Q / KV), n = pos0 + r + 1;
+      std::vector<float> s(n);
+      float mx = -INFINITY, sum = 0;
+      for (uint32_t p = 0; p < n; ++p) mx = std::max(mx, s[p] = Dot(&q[(r * Q + i) * D], &k[(p * KV + kvh) * D], D) * scale);
+      for (uint32_t p = 0; p < n; ++p) sum += s[p] = std::exp(s[p] - mx);
+      for (uint32_t d = 0; d < D; ++d) {
+        float o = 0;
+        for (uint32_t p = 0; p < n; ++p) o += s[p] / sum * v[(p * KV + kvh) * D + d];
+        worst = std::max(worst, std::abs(double(o) - got[(r * Q + i) * D + d]));
+        amax = std::max(amax, std::abs(double(o)));
+      }
+    }
+  CHECK(worst <= 1e-6 * amax);  // only the order of the softmax sum differs
+  // SwiGLU and the residual add: the CPU's expressions.
+  for (float a : {-9.0f, -1.5f, 0.0f, 0.3f, 4.0f}) {
+    CHECK(th::SwiGluOf(a, 1.25f) == Silu(a) * 1.25f);
+    CHECK(th::AxpyOf(0.5f, a, 2.0f) == 2.0f + 0.5f * a);
+  }
+  // Gather and scatter move whole rows to and from the listed indices.
+  const size_t n = 5;
+  std::vector<float> table(4 * n);
+  std::iota(table.begin(), table.end(), 0.0f);
+  const std::vector<uint32_t> idx = {3, 0, 2};
+  std::vector<float> gathered(idx.size() * n), y(4 * n, 1.0f);
+  for (size_t t = 0; t < gathered.size(); ++t) th::GatherThread(table.data(), idx.data(), n, gathered.data(), t);
+  for (size_t r = 0; r < idx.size(); ++r)
+    for (size_t c = 0; c < n; ++c) CHECK(gathered[r * n + c] == table[idx[r] * n + c]);
+  const std::vector<float> w = {2.0f, 3.0f, 4.0f};
+  for (size_t t = 0; t < gathered.size(); ++t) th::ScatterAxpyThread(gathered.data(), idx.data(), w.data(), n, y.data(), t);
+  for (size_t c = 0; c < n; ++c) {
+    CHECK(y[3 * n + c] == 1.0f + 2.0f * table[3 * n + c]);
+    CHECK(y[0 * n + c] == 1.0f + 3.0f * table[0 * n + c]);
+    CHECK(y[2 * n + c] == 1.0f + 4.0f * table[2 * n + c]);
+    CHECK(y[1 * n + c] == 1.0f);
   }
 }

@@ -1,9 +1,11 @@
-// kernels/cuda/model_ops.cu — see model_ops.h. Every product and sum is
-// written with the explicit round-to-nearest intrinsics, so no flag can fuse
-// one into an FMA and change a bit against the CPU.
+// kernels/cuda/model_ops.cu — see model_ops.h. The per-thread work is in
+// model_ops_threads.h (tested on the CPU); every product and sum there and
+// here uses the explicit round-to-nearest intrinsics, so no flag can fuse one
+// into an FMA and change a bit against the CPU.
 #include <cmath>
 
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/model_ops_threads.h"
 
 namespace kvmesh::kernels::cuda {
 namespace {
@@ -13,34 +15,17 @@ constexpr int kThreads = 256;
 
 unsigned Blocks(size_t n, int per_block) { return static_cast<unsigned>((n + per_block - 1) / per_block); }
 
-// decode::Dot, one thread: eight strided partial sums, the same combining
-// tree, then the tail in order.
-__device__ float DotSeq(const float* a, const float* b, uint32_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  uint32_t i = 0;
-  for (; i + 8 <= n; i += 8)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(a[i + j], b[i + j]));
-  float s = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), __fadd_rn(acc[2], acc[3])),
-                      __fadd_rn(__fadd_rn(acc[4], acc[5]), __fadd_rn(acc[6], acc[7])));
-  for (; i < n; ++i) s = __fadd_rn(s, __fmul_rn(a[i], b[i]));
-  return s;
-}
-
-// decode::Dot by eight lanes of a warp (lane j keeps partial sum j); the xor
-// shuffles 1, 2, 4 build the CPU's tree ((0+1)+(2+3))+((4+5)+(6+7)) (IEEE
-// addition commutes exactly). Every lane of the warp must call it; lane
-// `lane8 == 0` of each group of eight gets the full result.
+// decode::Dot by eight lanes of a warp (threads::DotLanePartial per lane);
+// the xor shuffles 1, 2, 4 build the CPU's tree ((0+1)+(2+3))+((4+5)+(6+7))
+// for lane 0 (IEEE addition commutes exactly), which adds the tail. Every
+// lane of the warp must call it; lane8 == 0 of each group of eight gets the
+// full result.
 __device__ float DotLanes(const float* a, const float* b, size_t n, unsigned lane8, bool live) {
-  const size_t n8 = n / 8 * 8;
-  float acc = 0.0f;
-  if (live)
-    for (size_t i = lane8; i < n8; i += 8) acc = __fadd_rn(acc, __fmul_rn(a[i], b[i]));
+  float acc = live ? threads::DotLanePartial(a, b, n, lane8) : 0.0f;
   acc = __fadd_rn(acc, __shfl_xor_sync(kFull, acc, 1));
   acc = __fadd_rn(acc, __shfl_xor_sync(kFull, acc, 2));
   acc = __fadd_rn(acc, __shfl_xor_sync(kFull, acc, 4));
-  if (live && lane8 == 0)
-    for (size_t i = n8; i < n; ++i) acc = __fadd_rn(acc, __fmul_rn(a[i], b[i]));
+  if (live && lane8 == 0) acc = threads::DotTail(a, b, n, acc);
   return acc;
 }
 
@@ -48,39 +33,24 @@ __global__ void MatMulKernel(const float* W, size_t ldw, size_t rows, size_t col
                              size_t batch, float* y, size_t ldy) {
   const size_t o = static_cast<size_t>(blockIdx.x) * (blockDim.x / 8) + threadIdx.x / 8;
   const unsigned lane8 = threadIdx.x % 8;
-  const bool live = o < rows * batch;  // dead groups still join the shuffles
-  const size_t r = live ? o % rows : 0, b = live ? o / rows : 0;
-  const float s = DotLanes(W + r * ldw, x + b * ldx, cols, lane8, live);
-  if (live && lane8 == 0) y[b * ldy + r] = s;
+  const threads::MatMulIndex m = threads::MatMulOutput(o, rows, batch);  // dead groups still join the shuffles
+  const float s = DotLanes(W + m.r * ldw, x + m.b * ldx, cols, lane8, m.live);
+  if (m.live && lane8 == 0) y[m.b * ldy + m.r] = s;
 }
 
 // One warp per row.
-__global__ void RmsNormKernel(const float* x, const float* gain, size_t n, size_t rows, float* out) {
+__global__ void RmsNormKernel(const float* x, const float* gain, size_t n, float* out) {
   const size_t row = blockIdx.x;
   const unsigned lane = threadIdx.x;
   const float* xr = x + row * n;
   const float dot = DotLanes(xr, xr, n, lane, lane < 8);
-  float inv = 0.0f;
-  if (lane == 0) {
-    const float ms = __fdiv_rn(dot, static_cast<float>(n));
-    inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, 1e-6f)));
-  }
+  float inv = lane == 0 ? threads::RmsInv(dot, n) : 0.0f;
   inv = __shfl_sync(kFull, inv, 0);
-  for (size_t i = lane; i < n; i += 32) out[row * n + i] = __fmul_rn(__fmul_rn(xr[i], inv), gain[i]);
-  (void)rows;
+  for (size_t i = lane; i < n; i += 32) out[row * n + i] = threads::RmsOut(xr[i], inv, gain[i]);
 }
 
 __global__ void RopeKernel(float* v, size_t rows, uint32_t heads, uint32_t dim, const float* cs) {
-  const uint32_t half = dim / 2;
-  const size_t t = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= rows * heads * half) return;
-  const uint32_t i = t % half;
-  const size_t rh = t / half, r = rh / heads;
-  float* h = v + rh * dim;
-  const float c = cs[r * dim + 2 * i], s = cs[r * dim + 2 * i + 1];
-  const float a = h[i], b = h[i + half];
-  h[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-  h[i + half] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+  threads::RopeThread(v, rows, heads, dim, cs, static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x);
 }
 
 __device__ float BlockReduce(float v, bool is_max, float* shared) {
@@ -103,42 +73,32 @@ __global__ void AttentionKernel(const float* q, const float* k, const float* v, 
                                 float* out) {
   __shared__ float red[32];
   const uint32_t r = blockIdx.x, i = blockIdx.y;
-  const uint32_t kvh = i / (q_heads / kv_heads), kvw = kv_heads * dim;
-  const uint32_t P = pos0 + r + 1;
-  const float* qi = q + (static_cast<size_t>(r) * q_heads + i) * dim;
-  float* s = scratch + (static_cast<size_t>(r) * q_heads + i) * stride;
+  const threads::AttentionIndex a = threads::AttentionOf(q, scratch, r, i, pos0, q_heads, kv_heads, dim, stride);
   float mx = -INFINITY;
-  for (uint32_t p = threadIdx.x; p < P; p += blockDim.x) {
-    s[p] = __fmul_rn(DotSeq(qi, k + static_cast<size_t>(p) * kvw + kvh * dim, dim), scale);
-    mx = fmaxf(mx, s[p]);
+  for (uint32_t p = threadIdx.x; p < a.P; p += blockDim.x) {
+    a.scores[p] = threads::AttentionScore(a, k, dim, scale, p);
+    mx = fmaxf(mx, a.scores[p]);
   }
   mx = BlockReduce(mx, true, red);
   float sum = 0.0f;
-  for (uint32_t p = threadIdx.x; p < P; p += blockDim.x) {
-    s[p] = expf(__fsub_rn(s[p], mx));
-    sum = __fadd_rn(sum, s[p]);
+  for (uint32_t p = threadIdx.x; p < a.P; p += blockDim.x) {
+    a.scores[p] = expf(__fsub_rn(a.scores[p], mx));
+    sum = __fadd_rn(sum, a.scores[p]);
   }
   sum = BlockReduce(sum, false, red);
-  __syncthreads();  // every s[p] written before any thread reads them all
+  __syncthreads();  // every score written before any thread reads them all
   float* o = out + (static_cast<size_t>(r) * q_heads + i) * dim;
-  for (uint32_t d = threadIdx.x; d < dim; d += blockDim.x) {
-    float acc = 0.0f;
-    for (uint32_t p = 0; p < P; ++p)
-      acc = __fadd_rn(acc, __fmul_rn(__fdiv_rn(s[p], sum), v[static_cast<size_t>(p) * kvw + kvh * dim + d]));
-    o[d] = acc;
-  }
+  for (uint32_t d = threadIdx.x; d < dim; d += blockDim.x) o[d] = threads::AttentionOut(a, v, sum, d);
 }
 
 __global__ void SwiGluKernel(float* a, const float* b, size_t n) {
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float x = a[i];
-  a[i] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), b[i]);
+  if (i < n) a[i] = threads::SwiGluOf(a[i], b[i]);
 }
 
 __global__ void AxpyKernel(float alpha, const float* x, float* y, size_t n) {
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = __fadd_rn(y[i], __fmul_rn(alpha, x[i]));
+  if (i < n) y[i] = threads::AxpyOf(alpha, x[i], y[i]);
 }
 
 __global__ void ScaleKernel(float alpha, float* x, size_t n) {
@@ -148,17 +108,13 @@ __global__ void ScaleKernel(float alpha, float* x, size_t n) {
 
 __global__ void GatherKernel(const float* table, const uint32_t* idx, size_t rows, size_t n, float* out) {
   const size_t t = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= rows * n) return;
-  out[t] = table[static_cast<size_t>(idx[t / n]) * n + t % n];
+  if (t < rows * n) threads::GatherThread(table, idx, n, out, t);
 }
 
 __global__ void ScatterAxpyKernel(const float* x, const uint32_t* idx, const float* w, size_t rows, size_t n,
                                   float* y) {
   const size_t t = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= rows * n) return;
-  const size_t r = t / n, c = t % n;
-  float* dst = y + static_cast<size_t>(idx[r]) * n + c;
-  *dst = __fadd_rn(*dst, __fmul_rn(w[r], x[t]));
+  if (t < rows * n) threads::ScatterAxpyThread(x, idx, w, n, y, t);
 }
 
 }  // namespace
@@ -174,7 +130,7 @@ cudaError_t MatMul(const float* W, size_t ldw, size_t rows, size_t cols, const f
 cudaError_t RmsNorm(const float* x, const float* gain, size_t n, size_t rows, float* out, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (!x || !gain || !out || n == 0) return cudaErrorInvalidValue;
-  RmsNormKernel<<<static_cast<unsigned>(rows), 32, 0, stream>>>(x, gain, n, rows, out);
+  RmsNormKernel<<<static_cast<unsigned>(rows), 32, 0, stream>>>(x, gain, n, out);
   return cudaGetLastError();
 }
 
