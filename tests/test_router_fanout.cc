@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -160,20 +161,32 @@ class StalledNode {
     ::close(lfd_);
   }
   uint16_t port() const { return port_; }
+  // Connections on which a request arrived after the HELLO.
+  size_t ConnectionsWithRequests() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return used_;
+  }
 
  private:
   void Run() {
     std::vector<char> sink(1 << 16);
+    std::vector<bool> used;  // per fds_ entry
     while (!stop_) {
       std::vector<pollfd> pf{{lfd_, POLLIN, 0}};
       for (int fd : fds_) pf.push_back({fd, POLLIN, 0});
       if (::poll(pf.data(), pf.size(), 20) <= 0) continue;
       if (pf[0].revents & POLLIN) {
         int fd = ::accept(lfd_, nullptr, nullptr);
-        if (fd >= 0 && Hello(fd)) fds_.push_back(fd);
+        if (fd >= 0 && Hello(fd)) fds_.push_back(fd), used.push_back(false);
       }
-      for (size_t i = 1; i < pf.size(); ++i)
-        if (pf[i].revents) (void)::recv(pf[i].fd, sink.data(), sink.size(), MSG_DONTWAIT);  // never answered
+      for (size_t i = 1; i < pf.size(); ++i) {
+        if (!pf[i].revents) continue;
+        if (::recv(pf[i].fd, sink.data(), sink.size(), MSG_DONTWAIT) > 0 && !used[i - 1]) {  // never answered
+          used[i - 1] = true;
+          std::lock_guard<std::mutex> lock(mu_);
+          ++used_;
+        }
+      }
     }
   }
   static bool Hello(int fd) {
@@ -196,6 +209,8 @@ class StalledNode {
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
   std::vector<int> fds_;  // used by the thread only (then by the destructor after join)
+  mutable std::mutex mu_;
+  size_t used_ = 0;  // guarded by mu_
   std::thread thread_;
 };
 
@@ -488,4 +503,50 @@ TEST_CASE("Router PutBatch with RequestOptions::replace overwrites over TCP and 
   REQUIRE(lr->GetBatch(std::span(&g, 1)).ok());
   REQUIRE(g.status.ok());
   CHECK(got == v3);
+}
+
+TEST_CASE("TCP channel: a lone caller keeps to one connection, concurrent callers spread over the pool",
+          "[router][fanout][cluster]") {
+  // A stalled node shows which connections the requests went on. (Each call
+  // used to take two round-robin steps, one to learn the node's limits and one
+  // to send, so with two connections every request went to the same one
+  // whatever the concurrency; then alternating connections slowed a lone
+  // caller down.)
+  StalledNode s;
+  TcpChannelOptions o;
+  o.port = s.port();
+  o.connections = 2;
+  auto ch = TcpChannel::Create(o);
+  std::vector<std::byte> dst(64), dst2(64);
+  RequestOptions quick;
+  quick.timeout_ms = 30;
+  for (uint64_t i = 0; i < 4; ++i) {  // one after another: always the same connection
+    GetItem it{BlockKey{7, i + 1}, dst, 0, {}};
+    CHECK(ch->Get(std::span<GetItem>(&it, 1), quick).code() == StatusCode::kDeadlineExceeded);
+    PutItem p{BlockKey{8, i + 1}, dst, {}};
+    CHECK(ch->Put(std::span<PutItem>(&p, 1), quick).code() == StatusCode::kDeadlineExceeded);
+  }
+  auto wait_for = [&](size_t n) {
+    const auto end = SteadyClock::now() + std::chrono::seconds(2);
+    while (s.ConnectionsWithRequests() < n && SteadyClock::now() < end) std::this_thread::sleep_for(milliseconds(5));
+    return s.ConnectionsWithRequests();
+  };
+  CHECK(wait_for(1) == 1);
+  std::this_thread::sleep_for(milliseconds(50));
+  CHECK(s.ConnectionsWithRequests() == 1);
+
+  // While one call is in flight, the next takes the other connection.
+  RequestOptions slow;
+  slow.timeout_ms = 600;
+  Status first;
+  std::thread t([&] {
+    GetItem it{BlockKey{9, 1}, dst2, 0, {}};
+    first = ch->Get(std::span<GetItem>(&it, 1), slow);
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  GetItem it{BlockKey{9, 2}, dst, 0, {}};
+  CHECK(ch->Get(std::span<GetItem>(&it, 1), quick).code() == StatusCode::kDeadlineExceeded);
+  t.join();
+  CHECK(first.code() == StatusCode::kDeadlineExceeded);
+  CHECK(wait_for(2) == 2);
 }

@@ -1,7 +1,15 @@
 #include "shard_node/server/resp_proxy.h"
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <list>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "kvmesh/router.h"
 #include "shard_node/server/resp_protocol.h"
@@ -18,7 +26,8 @@ using asio::ip::tcp;
 // is read again at its size (one more round trip for that key only).
 constexpr uint64_t kFirstReadBytes = 256u << 10;
 
-// The cluster, through the router, as a RESP backend. Runs on the workers.
+// The cluster, through the router, as a RESP backend. Runs on the connection
+// threads (and the workers); thread-safe (the router is).
 class RouterBackend final : public RespBackend {
  public:
   RouterBackend(Router* router, const RespProxyOptions& o) : router_(router), o_(o) {
@@ -26,21 +35,24 @@ class RouterBackend final : public RespBackend {
   }
 
   void Get(std::span<const std::string_view> keys, RespReply* out) override {
-    std::vector<std::string> values(keys.size());
+    // Each value lands in a buffer of its own, handed to the reply without a
+    // copy. Allocated, not zero-filled: the node writes every byte we answer
+    // (a std::string of the first-read size would memset 256 KiB per GET).
+    std::vector<std::shared_ptr<char[]>> values(keys.size());
     std::vector<GetItem> items(keys.size());
     const uint64_t first = std::min(o_.max_value_bytes, kFirstReadBytes);
     for (size_t i = 0; i < keys.size(); ++i) {
-      values[i].resize(first);
+      values[i].reset(new char[first]);
       items[i].key = RespKey(keys[i]);
-      items[i].dst = std::as_writable_bytes(std::span<char>(values[i]));
+      items[i].dst = std::as_writable_bytes(std::span<char>(values[i].get(), first));
     }
     (void)router_->GetBatch(items, ro_);  // per-item results; a dead node's items miss
     std::vector<GetItem> again;           // values larger than the first read
     std::vector<size_t> where;
     for (size_t i = 0; i < items.size(); ++i) {
       if (items[i].status.code() != StatusCode::kResourceExhausted || items[i].size <= first) continue;
-      values[i].resize(items[i].size);
-      again.push_back(GetItem{items[i].key, std::as_writable_bytes(std::span<char>(values[i])), 0, {}});
+      values[i].reset(new char[items[i].size]);
+      again.push_back(GetItem{items[i].key, std::as_writable_bytes(std::span<char>(values[i].get(), items[i].size)), 0, {}});
       where.push_back(i);
     }
     if (!again.empty()) {
@@ -52,8 +64,7 @@ class RouterBackend final : public RespBackend {
         out->Nil();
         continue;
       }
-      values[i].resize(items[i].size);
-      out->BulkOwned(std::move(values[i]));
+      out->BulkBorrowed(std::span<const char>(values[i].get(), items[i].size), values[i]);
     }
   }
 
@@ -149,9 +160,7 @@ class Proxy final : public RespProxy {
     l.port = o_.port;
     l.session_threads = std::max<uint32_t>(1, o_.io_threads);
     l.what = "RESP proxy";
-    KVMESH_ASSIGN_OR_RETURN(listener_, AsioListener::Start(l, [this](tcp::socket s) {
-                              return ServeRespConnection(std::move(s), &commands_, conn_);
-                            }));
+    KVMESH_ASSIGN_OR_RETURN(listener_, AsioListener::Start(l, [this](tcp::socket s) { return Session(std::move(s)); }));
     return Status::Ok();
   }
   uint16_t port() const override { return listener_->port(); }
@@ -159,21 +168,98 @@ class Proxy final : public RespProxy {
 
   void Stop() override {
     if (stopped_.exchange(true)) return;
-    // Connection threads first: no new run reaches the workers. Then the runs
-    // in flight finish (bounded by the router timeout); their answers are
-    // posted to stopped io_contexts and dropped with the connections when the
-    // listener is destroyed.
+    // No connection is given a thread from here on; then the listener stops
+    // (no new connection; its Asio connections stop being served).
+    {
+      std::lock_guard<std::mutex> lock(conn_mu_);
+      stopping_ = true;
+    }
     if (listener_) listener_->Stop();
+    // Wake every connection thread: a read or write in progress fails at
+    // once; a router call in progress finishes (bounded by the router
+    // timeout) and its answer fails to write.
+    {
+      std::lock_guard<std::mutex> lock(conn_mu_);
+      for (ConnThread& c : conns_)
+        if (c.fd >= 0) ::shutdown(c.fd, SHUT_RDWR);
+    }
+    for (ConnThread& c : conns_) c.thread.join();  // conns_ no longer changes (stopping_)
+    conns_.clear();
+    // The Asio connections' runs in flight finish; their answers are posted
+    // to stopped io_contexts and dropped with the connections when the
+    // listener is destroyed.
     workers_.join();
   }
 
  private:
+  // One connection on a thread of its own. fd is closed by its thread, under
+  // conn_mu_, which is when fd becomes -1 and done true.
+  struct ConnThread {
+    int fd = -1;
+    bool done = false;
+    std::thread thread;
+  };
+
+  // A new connection: a thread of its own when allowed, else the Asio path.
+  asio::awaitable<void> Session(tcp::socket s) {
+    if (!Adopt(s)) co_await ServeRespConnection(std::move(s), &commands_, conn_);
+  }
+
+  // Moves the socket to a new connection thread. False when the Asio path
+  // must serve s instead: stopping, at connection_threads, or no thread could
+  // be started. (True with s empty also when s could not be served at all.)
+  bool Adopt(tcp::socket& s) {
+    std::lock_guard<std::mutex> lock(conn_mu_);
+    if (stopping_) return false;
+    for (auto it = conns_.begin(); it != conns_.end();) {  // reap finished connections
+      if (!it->done) {
+        ++it;
+        continue;
+      }
+      it->thread.join();  // it is past its last statement: the join waits for no I/O
+      it = conns_.erase(it);
+    }
+    if (conns_.size() >= o_.connection_threads) return false;
+    boost::system::error_code ec;
+    s.set_option(tcp::no_delay(true), ec);
+    const tcp::endpoint local = s.local_endpoint(ec);
+    if (ec) return false;
+    const int fd = s.release(ec);
+    if (ec || fd < 0) return false;
+    // Blocking I/O from here on (Asio may have made the socket non-blocking).
+    const int fl = ::fcntl(fd, F_GETFL);
+    if (fl >= 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    ConnThread& c = conns_.emplace_back();
+    c.fd = fd;
+    try {
+      c.thread = std::thread([this, &c, fd] { ServeOnThread(&c, fd); });
+    } catch (const std::system_error&) {  // no thread to be had: the Asio path serves it
+      conns_.pop_back();
+      s.assign(local.protocol(), fd, ec);
+      if (!ec) return false;  // back in s
+      ::close(fd);
+      return true;  // closed: nothing left to serve
+    }
+    return true;
+  }
+
+  void ServeOnThread(ConnThread* c, int fd) {
+    ServeRespConnectionBlocking(fd, &commands_, conn_);
+    std::lock_guard<std::mutex> lock(conn_mu_);
+    ::close(fd);
+    c->fd = -1;
+    c->done = true;
+  }
+
   RespProxyOptions o_;
   RouterBackend backend_;
   RespCommands commands_;
   RespConnectionOptions conn_;
   asio::thread_pool workers_;
   std::atomic<bool> stopped_{false};
+  std::mutex conn_mu_;
+  bool stopping_ = false;        // guarded by conn_mu_
+  std::list<ConnThread> conns_;  // guarded by conn_mu_ (stable addresses for the threads)
   std::unique_ptr<AsioListener> listener_;  // last: its connections use the members above
 };
 

@@ -17,12 +17,18 @@
 // affinity hint), so a key SET through the proxy is the key its owner's
 // node-local front answers.
 //
-// Threads: the connections run on io_threads Asio threads that never block;
-// each connection's parsed run of commands goes to a pool of `workers`
-// threads that make the (blocking) router calls, consecutive GETs/SETs of a
-// pipelined run as one router batch (one fan-out, the slowest node's round
-// trip). A connection reads nothing more until its run is answered, so
-// answers keep the command order.
+// Threads (design, docs/resp.md "Threads"): a router call blocks on the
+// network, so the question is which thread waits for it. Each connection gets
+// a thread of its own (up to connection_threads of them) that reads the
+// socket, parses a pipelined run and makes the run's router calls inline,
+// consecutive GETs/SETs as one router batch (one fan-out, the slowest node's
+// round trip): a request costs no thread hand-off, and the TCP channel's
+// leader/follower reader lets that thread read its node's answer itself.
+// (The former path, an Asio I/O thread handing each run to a worker and
+// back, cost two hand-offs per request; it now serves only the connections
+// beyond connection_threads: io_threads Asio threads that never block, and
+// `workers` threads for their router calls.) A connection reads nothing more
+// until its run is answered, so answers keep the command order.
 //
 // Failure behaviour: a key whose node cannot be reached reads nil (GET/MGET),
 // counts as absent (EXISTS/DEL) and a SET to it answers "-ERR Unavailable...";
@@ -30,7 +36,7 @@
 // value of N bytes exceeds the slot size ..." and keeps the connection; a
 // protocol error closes only its own connection.
 //
-// Thread-safety: Start/Stop from one thread.
+// Thread-safety: Start/Stop from one thread; commands() from any.
 #pragma once
 
 #include <cstdint>
@@ -54,10 +60,14 @@ struct RespProxyOptions {
   uint16_t port = 0;                     // 0 = a free port
   uint64_t max_value_bytes = 1u << 20;   // the cluster's slot size ($.store.slot_bytes)
   uint64_t max_bulk_bytes = 0;           // parser bound (0: max(max_value_bytes, 16 MiB))
-  uint32_t io_threads = 1;               // connection threads
-  uint32_t workers = 4;                  // threads making router calls
+  // Connections served by a thread of their own (see above). Connections
+  // beyond this many go to the Asio path below.
+  uint32_t connection_threads = 1024;
+  uint32_t io_threads = 1;               // accept, and the Asio connections past connection_threads
+  uint32_t workers = 4;                  // router calls of the Asio connections
   int64_t timeout_ms = 0;                // per router operation (0: the router's default)
-  // Called (on a worker) by DBSIZE and INFO; unset: DBSIZE answers 0.
+  // Called by DBSIZE and INFO, on the connection's thread (or a worker), so
+  // possibly from many threads at once; unset: DBSIZE answers 0.
   std::function<Result<RespClusterStats>()> stats;
 };
 
@@ -67,8 +77,10 @@ class RespProxy {
   static Result<std::unique_ptr<RespProxy>> Start(Router* router, RespProxyOptions options);
   virtual ~RespProxy() = default;
   virtual uint16_t port() const = 0;
-  // Stops accepting, waits for the router calls in flight, closes every
-  // connection, joins the threads. Idempotent.
+  // Stops accepting, shuts the connection threads' sockets down, waits for
+  // the router calls in flight (bounded by the router timeout), joins the
+  // threads. Connections on the Asio path are closed when the proxy is
+  // destroyed. Idempotent.
   virtual void Stop() = 0;
   virtual uint64_t commands() const = 0;
 };
