@@ -49,7 +49,7 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
   struct Args {
     std::string config, coordinator, host = "127.0.0.1", token;
     int port = 6380;
-    uint32_t workers = 4, io_threads = 1;
+    uint32_t workers = 4, io_threads = 1, connection_threads = 1024;
     uint64_t max_value_bytes = 0;
     int64_t timeout_ms = 0;
   };
@@ -58,8 +58,15 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--coordinator", a->coordinator, "coordinator host:port (default: $.coordinator)");
   cmd->add_option("--host", a->host, "listen address (default 127.0.0.1)");
   cmd->add_option("--resp-port", a->port, "RESP port (default 6380; 0 = a free port)")->check(CLI::Range(0, 65535));
-  cmd->add_option("--workers", a->workers, "threads making router calls (default 4)")->check(CLI::Range(1, 256));
-  cmd->add_option("--io-threads", a->io_threads, "connection threads (default 1)")->check(CLI::Range(1, 64));
+  cmd->add_option("--connection-threads", a->connection_threads,
+                  "connections served by a thread of their own, router calls inline (default 1024; 0 = none)")
+      ->check(CLI::Range(0, 65536));
+  cmd->add_option("--workers", a->workers,
+                  "threads making router calls for connections past --connection-threads (default 4)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--io-threads", a->io_threads,
+                  "Asio threads: accept, and connections past --connection-threads (default 1)")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--max-value-bytes", a->max_value_bytes,
                   "largest value (default: $.store.slot_bytes, else the model's block bytes)");
   cmd->add_option("--timeout-ms", a->timeout_ms, "per router operation (default $.transport.timeout_ms)");
@@ -94,6 +101,7 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
                                               : c->model.FullBlockBytes();
     o.workers = a->workers;
     o.io_threads = a->io_threads;
+    o.connection_threads = a->connection_threads;
     o.timeout_ms = n.timeout_ms;
     o.stats = [coord_host, coord_port, t = n.timeout_ms] { return CoordinatorStats(coord_host, coord_port, t); };
     auto proxy = RespProxy::Start(&(*client)->router(), o);
