@@ -138,10 +138,15 @@ Results RunCollectives(std::vector<std::unique_ptr<StepComm>>& comms, size_t flo
 void Put(std::byte* p, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
 }
+uint64_t Get(const std::byte* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= uint64_t(std::to_integer<uint8_t>(p[i])) << (8 * i);
+  return v;
+}
 std::array<std::byte, 40> Frame(uint8_t op, uint64_t seq, std::span<const std::byte> payload, uint64_t sum) {
   std::array<std::byte, 40> b{};
   Put(&b[0], 0x4353564bu, 4);
-  Put(&b[4], 1, 1);
+  Put(&b[4], 2, 1);  // version 2: the mesh
   Put(&b[5], op, 1);
   Put(&b[8], seq, 8);
   Put(&b[16], payload.size(), 8);
@@ -149,9 +154,26 @@ std::array<std::byte, 40> Frame(uint8_t op, uint64_t seq, std::span<const std::b
   Put(&b[32], Checksum64(b.data(), 32), 8);
   return b;
 }
+void SendFrame(int fd, uint8_t op, std::span<const std::byte> payload) {
+  auto h = Frame(op, 0, payload, Checksum64(payload.data(), payload.size()));
+  REQUIRE(::send(fd, h.data(), h.size(), MSG_NOSIGNAL) == 40);
+  if (!payload.empty()) REQUIRE(::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL) == ssize_t(payload.size()));
+}
 
-// Connects as `rank` of `size` to the rank 0 published in `file`, says hello.
-int FakeJoin(const std::string& file, int rank, int size) {
+// A blocking loopback connection to `port`.
+int ConnectLoopback(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  return fd;
+}
+
+// Connects as `rank` of `size` to the rank 0 published in `file` and says
+// hello, announcing a mesh listener on 127.0.0.1:listen_port (0: none).
+int FakeHello(const std::string& file, int rank, int size, uint16_t listen_port = 0) {
   std::string addr;
   for (int i = 0; i < 500 && addr.empty(); ++i) {
     std::ifstream f(file);
@@ -159,20 +181,47 @@ int FakeJoin(const std::string& file, int rank, int size) {
     if (addr.empty()) std::this_thread::sleep_for(milliseconds(10));
   }
   REQUIRE(!addr.empty());
-  const auto port = static_cast<uint16_t>(std::stoul(addr.substr(addr.rfind(':') + 1)));
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
-  std::array<std::byte, 8> hello;
+  int fd = ConnectLoopback(static_cast<uint16_t>(std::stoul(addr.substr(addr.rfind(':') + 1))));
+  std::array<std::byte, 16> hello{};
   Put(&hello[0], rank, 4);
   Put(&hello[4], size, 4);
-  auto h = Frame(1, 0, hello, Checksum64(hello.data(), hello.size()));
-  REQUIRE(::send(fd, h.data(), h.size(), MSG_NOSIGNAL) == 40);
-  REQUIRE(::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) == 8);
+  Put(&hello[8], listen_port == 0 ? 0 : htonl(INADDR_LOOPBACK), 4);
+  Put(&hello[12], listen_port, 4);
+  SendFrame(fd, 1, hello);
   return fd;
+}
+
+// A hand-made last rank (size - 1, which listens for nobody) fully joined to
+// the mesh: fd[k] is its socket to rank k. Closes them at the end.
+struct FakeRank {
+  std::vector<int> fd;
+  ~FakeRank() {
+    for (int f : fd)
+      if (f >= 0) ::close(f);
+  }
+};
+std::unique_ptr<FakeRank> FakeJoin(const std::string& file, int size) {
+  auto me = std::make_unique<FakeRank>();
+  me->fd.assign(size, -1);
+  me->fd[0] = FakeHello(file, size - 1, size);
+  std::array<std::byte, 40> h;
+  REQUIRE(::recv(me->fd[0], h.data(), h.size(), MSG_WAITALL) == 40);  // the welcome: group id, addresses
+  REQUIRE(Get(&h[5], 1) == 2);
+  std::vector<std::byte> welcome(8 + 8 * size);
+  REQUIRE(Get(&h[16], 8) == welcome.size());
+  REQUIRE(::recv(me->fd[0], welcome.data(), welcome.size(), MSG_WAITALL) == ssize_t(welcome.size()));
+  std::array<std::byte, 16> peer_hello;
+  Put(&peer_hello[0], Get(&welcome[0], 8), 8);
+  Put(&peer_hello[8], size - 1, 4);
+  Put(&peer_hello[12], size, 4);
+  for (int k = 1; k < size - 1; ++k) {
+    me->fd[k] = ConnectLoopback(static_cast<uint16_t>(Get(&welcome[12 + 8 * k], 4)));
+    SendFrame(me->fd[k], 9, peer_hello);
+  }
+  SendFrame(me->fd[0], 10, {});                                       // ready
+  REQUIRE(::recv(me->fd[0], h.data(), h.size(), MSG_WAITALL) == 40);  // every rank is
+  REQUIRE(Get(&h[5], 1) == 10);
+  return me;
 }
 
 // ---- Child processes ------------------------------------------------------------
@@ -389,49 +438,174 @@ TEST_CASE("TCP step comm: a stalled rank fails the others with DeadlineExceeded 
 }
 
 TEST_CASE("TCP step comm: garbage or a corrupt payload from a peer is DataLoss on every rank", "[decode][tcp]") {
-  for (bool corrupt_payload : {false, true}) {
-    const std::string what = corrupt_payload ? "corrupt payload" : "garbage header";
-    INFO(what);
-    const std::string file = RendezvousPath();
-    Result<std::unique_ptr<StepComm>> c0 = Unavailable("not made"), c1 = Unavailable("not made");
-    std::thread t0([&] { c0 = MakeTcpComm(Opts(0, 3, file, milliseconds(3000))); });
-    std::thread t1([&] { c1 = MakeTcpComm(Opts(1, 3, file, milliseconds(3000))); });
-    int fake = FakeJoin(file, 2, 3);
-    t0.join();
-    t1.join();
-    REQUIRE(c0.ok());
-    REQUIRE(c1.ok());
-    std::array<std::byte, 40> welcome;
-    REQUIRE(::recv(fake, welcome.data(), welcome.size(), MSG_WAITALL) == 40);
-    std::vector<float> payload(16, 2.0f);
-    auto bytes = std::as_bytes(std::span(payload));
-    if (corrupt_payload) {  // a well-formed AllReduceSum frame #1 whose payload checksum is wrong
-      auto h = Frame(3, 1, bytes, Checksum64(bytes.data(), bytes.size()) ^ 1);
-      REQUIRE(::send(fake, h.data(), h.size(), MSG_NOSIGNAL) == 40);
-      REQUIRE(::send(fake, bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size()));
-    } else {
-      std::array<char, 40> junk;
-      junk.fill('x');
-      REQUIRE(::send(fake, junk.data(), junk.size(), MSG_NOSIGNAL) == 40);
+  // The hand-made rank 2 sends its bad frame to rank 0 (the rank that decides
+  // a stall) or to rank 1 (in the mesh any rank can be the one that sees it).
+  for (int victim : {0, 1}) {
+    for (bool corrupt_payload : {false, true}) {
+      const std::string what = corrupt_payload ? "corrupt payload" : "garbage header";
+      INFO(what << " to rank " << victim);
+      const std::string file = RendezvousPath();
+      Result<std::unique_ptr<StepComm>> c0 = Unavailable("not made"), c1 = Unavailable("not made");
+      // The other real rank waits for the hand-made rank's data, which never
+      // comes: it reads the victim's abort when its own timer fires.
+      std::thread t0([&] { c0 = MakeTcpComm(Opts(0, 3, file, milliseconds(600))); });
+      std::thread t1([&] { c1 = MakeTcpComm(Opts(1, 3, file, milliseconds(600))); });
+      auto fake = FakeJoin(file, 3);
+      t0.join();
+      t1.join();
+      REQUIRE(c0.ok());
+      REQUIRE(c1.ok());
+      const int to = fake->fd[victim];
+      std::vector<float> payload(16, 2.0f);
+      auto bytes = std::as_bytes(std::span(payload));
+      if (corrupt_payload) {  // a well-formed AllReduceSum frame #1 whose payload checksum is wrong
+        auto h = Frame(3, 1, bytes, Checksum64(bytes.data(), bytes.size()) ^ 1);
+        REQUIRE(::send(to, h.data(), h.size(), MSG_NOSIGNAL) == 40);
+        REQUIRE(::send(to, bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size()));
+      } else {
+        std::array<char, 40> junk;
+        junk.fill('x');
+        REQUIRE(::send(to, junk.data(), junk.size(), MSG_NOSIGNAL) == 40);
+      }
+      Status s[2];
+      std::vector<std::thread> ts;
+      for (int r : {0, 1}) {
+        ts.emplace_back([&, r] {
+          std::vector<float> x(16, 1.0f);
+          s[r] = (r == 0 ? *c0 : *c1)->AllReduceSum(x);
+        });
+      }
+      for (auto& t : ts) t.join();
+      fake.reset();
+      const int other = 1 - victim;
+      INFO(s[0].ToString() << " / " << s[1].ToString());
+      CHECK(s[victim].code() == StatusCode::kDataLoss);
+      CHECK(s[other].code() == StatusCode::kDataLoss);  // carried by the victim's abort
+      CHECK_THAT(s[victim].message(), Catch::Contains("from rank 2"));
+      CHECK_THAT(s[other].message(), Catch::Contains("rank " + std::to_string(victim) + " aborted"));
     }
-    Status s0, s1;
-    std::thread a([&] {
-      std::vector<float> x(16, 1.0f);
-      s0 = (*c0)->AllReduceSum(x);
-    });
-    std::thread b([&] {
-      std::vector<float> x(16, 1.0f);
-      s1 = (*c1)->AllReduceSum(x);
-    });
-    a.join();
-    b.join();
-    ::close(fake);
-    INFO(s0.ToString() << " / " << s1.ToString());
-    CHECK(s0.code() == StatusCode::kDataLoss);
-    CHECK(s1.code() == StatusCode::kDataLoss);  // carried by rank 0's abort
-    CHECK_THAT(s0.message(), Catch::Contains("rank 2"));
-    CHECK_THAT(s1.message(), Catch::Contains("rank 0 aborted"));
   }
+}
+
+TEST_CASE("TCP step comm: a dead rank other than 0 fails every rank's next collective that needs it",
+          "[decode][tcp]") {
+  auto comms = TcpGroup(4);
+  comms[2].reset();  // rank 2 of 4 exits between collectives
+  std::vector<Status> bc(4), sum(4);
+  std::vector<std::vector<std::byte>> got(4, std::vector<std::byte>(64, std::byte(0)));
+  std::vector<std::thread> ts;
+  for (int r : {0, 1, 3}) {
+    ts.emplace_back([&, r] {
+      if (r == 3) std::fill(got[r].begin(), got[r].end(), std::byte(0x5a));
+      bc[r] = comms[r]->Broadcast(got[r], 3);  // rank 2's data is not needed: may succeed
+      std::vector<float> x(64, 1.0f);
+      sum[r] = comms[r]->AllReduceSum(x);  // needs rank 2: fails everywhere
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (int r : {0, 1, 3}) {
+    INFO("rank " << r << ": " << bc[r].ToString() << " / " << sum[r].ToString());
+    if (bc[r].ok()) CHECK(got[r][63] == std::byte(0x5a));
+    else CHECK_THAT(bc[r].message(), Catch::Contains("rank 2"));
+    CHECK(sum[r].code() == StatusCode::kUnavailable);
+    CHECK_THAT(sum[r].message(), Catch::Contains("rank 2"));
+  }
+}
+
+TEST_CASE("TCP step comm: a stalled rank 0 fails the others within the timeout plus the grace", "[decode][tcp]") {
+  auto comms = TcpGroup(3, milliseconds(400));
+  std::vector<Status> got(3);
+  std::vector<SClock::duration> took(3);
+  std::vector<std::thread> ts;
+  for (int r : {1, 2}) {
+    ts.emplace_back([&, r] {
+      auto t0 = SClock::now();
+      std::vector<float> x(8, 1.0f);
+      got[r] = comms[r]->AllReduceSum(x);
+      took[r] = SClock::now() - t0;
+    });
+  }
+  for (auto& t : ts) t.join();  // rank 0 never joins the collective
+  for (int r : {1, 2}) {
+    INFO("rank " << r << ": " << got[r].ToString());
+    CHECK(got[r].code() == StatusCode::kDeadlineExceeded);
+    CHECK_THAT(got[r].message(), Catch::Contains("rank 0"));
+    CHECK(took[r] >= milliseconds(400));
+    CHECK(took[r] < milliseconds(400 + 500 + 1000));
+  }
+}
+
+TEST_CASE("TCP step comm: ranks in different collectives fail with Internal on every rank", "[decode][tcp]") {
+  auto comms = TcpGroup(3);
+  std::vector<Status> got(3);
+  OnRanks(comms, [&](int r, StepComm& c) {
+    std::vector<float> x(16, 1.0f);
+    got[r] = r == 0 ? c.Barrier() : c.AllReduceSum(x);  // rank 0 left SPMD order
+  });
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << got[r].ToString());
+    CHECK(got[r].code() == StatusCode::kInternal);
+    CHECK_THAT(got[r].message(), Catch::Contains("collective mismatch"));
+  }
+}
+
+TEST_CASE("TCP step comm: every rank sending large frames to every other at once does not deadlock",
+          "[decode][tcp]") {
+  // 3 x 8 MB in flight per rank, far beyond the loopback socket buffers:
+  // each rank must read its peers while its own sends wait for space.
+  const size_t floats = size_t(2) << 20;
+  auto threads = MakeThreadComms(3);
+  auto tcp = TcpGroup(3, milliseconds(20000));
+  std::vector<std::vector<float>> want(3), got(3);
+  std::vector<Status> st(3);
+  OnRanks(threads, [&](int r, StepComm& c) {
+    want[r] = Input(r, floats);
+    (void)c.AllReduceSum(want[r]);
+  });
+  const auto t0 = SClock::now();
+  OnRanks(tcp, [&](int r, StepComm& c) {
+    got[r] = Input(r, floats);
+    st[r] = c.AllReduceSum(got[r]);
+  });
+  INFO("took " << std::chrono::duration_cast<milliseconds>(SClock::now() - t0).count() << " ms");
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << st[r].ToString());
+    REQUIRE(st[r].ok());
+    CHECK(std::memcmp(got[r].data(), want[r].data(), floats * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("TCP step comm: a rank that cannot reach a peer fails the rendezvous on every rank at once",
+          "[decode][tcp]") {
+  // Hand-made rank 1 announces a mesh port nobody listens on (bound, not
+  // listening: connections are refused), so rank 2 cannot link to it.
+  int dead = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(dead, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  socklen_t len = sizeof sa;
+  REQUIRE(::getsockname(dead, reinterpret_cast<sockaddr*>(&sa), &len) == 0);
+  const std::string file = RendezvousPath();
+  Result<std::unique_ptr<StepComm>> c0 = Unavailable("not made"), c2 = Unavailable("not made");
+  const auto t0 = SClock::now();
+  std::thread a([&] { c0 = MakeTcpComm(Opts(0, 3, file)); });  // connect timeout 10 s
+  std::thread b([&] { c2 = MakeTcpComm(Opts(2, 3, file)); });
+  int fake = FakeHello(file, 1, 3, ntohs(sa.sin_port));
+  a.join();
+  b.join();
+  const auto took = SClock::now() - t0;
+  ::close(fake);
+  ::close(dead);
+  INFO(c0.status().ToString() << " / " << c2.status().ToString());
+  REQUIRE(!c0.ok());
+  REQUIRE(!c2.ok());
+  CHECK(c2.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(c2.status().message(), Catch::Contains("connecting to rank 1"));
+  CHECK(c0.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(c0.status().message(), Catch::Contains("rank 2 aborted"));
+  CHECK_THAT(c0.status().message(), Catch::Contains("connecting to rank 1"));
+  CHECK(took < milliseconds(3000));  // told at once, not at the 10 s connect timeout
 }
 
 // Child process body for the next test: one rank of the scenario over TCP.
@@ -525,8 +699,10 @@ TEST_CASE("kvmesh decode --tcp-world 2 and 4: same tokens as one process with th
   for (int world : {2, 4}) {
     INFO("ranks " << world);
     kvmesh::testing::Process single;
+    // Generous bounds: under ThreadSanitizer on the loaded 2-core host one
+    // 4-rank run alone has taken 35 s.
     REQUIRE(single.Start(DecodeArgs({"--ranks", std::to_string(world)})));
-    nlohmann::json want = RunJson(single, milliseconds(30000));
+    nlohmann::json want = RunJson(single, milliseconds(90000));
     REQUIRE(ExitCode(single, milliseconds(5000)) == 0);
 
     const std::string file = RendezvousPath();
@@ -535,7 +711,7 @@ TEST_CASE("kvmesh decode --tcp-world 2 and 4: same tokens as one process with th
       ps.push_back(std::make_unique<kvmesh::testing::Process>());
       REQUIRE(ps.back()->Start(DecodeArgs(TcpRankArgs(r, world, file))));
     }
-    nlohmann::json got = RunJson(*ps[0], milliseconds(30000));
+    nlohmann::json got = RunJson(*ps[0], milliseconds(90000));
     for (int r = 0; r < world; ++r) CHECK(ExitCode(*ps[r], milliseconds(10000)) == 0);
     CHECK(got["transport"] == "tcp");
     CHECK(got["ranks"] == world);

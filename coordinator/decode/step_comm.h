@@ -5,8 +5,9 @@
 // Backends: threads in one process (tests, the embedded demo), MPI
 // collectives under mpirun, and, for ranks that are separate processes
 // started without mpirun, TCP or NCCL (comm_tcp.h). Every rank calls the
-// same collectives in the same order (SPMD); a collective returns when every
-// rank has joined it.
+// same collectives in the same order (SPMD). An all-reduce returns when every
+// rank's data is in, so it also synchronises; Broadcast may return at the root
+// before the others have joined (as MPI_Bcast may); Barrier synchronises.
 //
 // Thread-safety: one StepComm per rank, used by that rank's thread only.
 #pragma once
