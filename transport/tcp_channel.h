@@ -2,7 +2,10 @@
 // the kvmesh wire protocol (docs/protocol.md).
 //
 // A channel keeps a small pool of connections to its node, each opened with a
-// HELLO (client id, tenant, token). Callers share connections: a call writes
+// HELLO (client id, tenant, token) on first use. A call takes the first
+// connection with no call in flight, else the next one round robin, so a lone
+// caller keeps to one warm connection and concurrent callers spread over the
+// pool. Callers share connections: a call writes
 // its frame under the connection's write lock and waits for the answer with
 // its request id, so many calls are in flight on one connection (pipelining).
 // There is no reader thread: one waiting caller at a time reads the socket
