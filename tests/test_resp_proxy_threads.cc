@@ -27,6 +27,7 @@
 #include "transport/protocol.h"
 #include "transport/socket_util.h"
 #include "transport/tcp_channel.h"
+#include "tests/stalled_node.h"
 
 using namespace kvmesh;
 using namespace std::chrono_literals;
@@ -45,66 +46,7 @@ ClusterConfig Config(int nodes) {
   return *c;
 }
 
-// A node that answers HELLO and then never answers anything (a stalled process).
-class StalledNode {
- public:
-  StalledNode() {
-    lfd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(lfd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-    REQUIRE(::listen(lfd_, 8) == 0);
-    socklen_t len = sizeof(a);
-    ::getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    thread_ = std::thread([this] { Run(); });
-  }
-  ~StalledNode() {
-    stop_ = true;
-    thread_.join();
-    for (int fd : fds_) ::close(fd);
-    ::close(lfd_);
-  }
-  uint16_t port() const { return port_; }
-
- private:
-  void Run() {
-    std::vector<char> sink(1 << 16);
-    while (!stop_) {
-      std::vector<pollfd> pf{{lfd_, POLLIN, 0}};
-      for (int fd : fds_) pf.push_back({fd, POLLIN, 0});
-      if (::poll(pf.data(), pf.size(), 20) <= 0) continue;
-      if (pf[0].revents & POLLIN) {
-        int fd = ::accept(lfd_, nullptr, nullptr);
-        if (fd >= 0 && Hello(fd)) fds_.push_back(fd);
-      }
-      for (size_t i = 1; i < pf.size(); ++i)
-        if (pf[i].revents) (void)::recv(pf[i].fd, sink.data(), sink.size(), MSG_DONTWAIT);  // never answered
-    }
-  }
-  static bool Hello(int fd) {
-    proto::HeaderBytes hb;
-    if (!ReadFull(fd, hb.data(), hb.size(), 1000, {}).ok()) return false;
-    proto::FrameHeader h;
-    if (!proto::DecodeHeader(hb, {}, &h).ok()) return false;
-    std::vector<std::byte> body(h.body_len);
-    if (!ReadFull(fd, body.data(), body.size(), 1000, {}).ok()) return false;
-    proto::FrameHeader a;
-    a.opcode = proto::Opcode::kHello;
-    a.flags = proto::kFlagResponse;
-    proto::HelloAnswer ans;
-    ans.node_id = "stalled";
-    std::string frame = proto::BuildFrame(a, proto::EncodeHelloAnswerBody(ans));
-    return ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(frame.size());
-  }
-
-  int lfd_ = -1;
-  uint16_t port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::vector<int> fds_;  // used by the thread only (then by the destructor after join)
-  std::thread thread_;
-};
+using testing::StalledNode;
 
 // Shard nodes behind TCP data servers (node `stalled`, if >= 0, is a
 // StalledNode instead), a router over TCP channels to them, and a proxy.
