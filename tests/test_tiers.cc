@@ -27,6 +27,18 @@ using namespace kvmesh;
 
 namespace {
 
+// A tier stack for a test on a manual clock: no background thread, no level-2
+// codec, and a one-stripe host tier of host_bytes.
+TieredStoreOptions ManualTiers(ManualClock& clock, uint64_t host_bytes) {
+  TieredStoreOptions o;
+  o.host_bytes = host_bytes;
+  o.host_stripes = 1;
+  o.background = false;
+  o.clock = &clock;
+  o.reencode_codec = "";
+  return o;
+}
+
 struct TempDir {
   std::filesystem::path path;
   TempDir() {
@@ -296,12 +308,7 @@ TEST_CASE("Prefetch promotes ahead of use in the maintenance tick", "[tiers]") {
   ManualClock clock;
   const uint64_t slot = 4096;
   auto primary = MakeStore(4, slot, &clock);
-  TieredStoreOptions o;
-  o.host_bytes = 8 * slot;
-  o.host_stripes = 1;
-  o.background = false;
-  o.clock = &clock;
-  o.reencode_codec = "";
+  TieredStoreOptions o = ManualTiers(clock, 8 * slot);
   auto t = TieredStore::Create(primary.get(), o);
   REQUIRE(t.ok());
   TieredStore& ts = **t;
@@ -327,12 +334,7 @@ TEST_CASE("At pressure level 3 reads from every tier keep working", "[tiers]") {
   ManualClock clock;
   const uint64_t slot = 4096;
   auto primary = MakeStore(4, slot, &clock);
-  TieredStoreOptions o;
-  o.host_bytes = 4 * slot;
-  o.host_stripes = 1;
-  o.background = false;
-  o.clock = &clock;
-  o.reencode_codec = "";
+  TieredStoreOptions o = ManualTiers(clock, 4 * slot);
   auto t = TieredStore::Create(primary.get(), o);
   REQUIRE(t.ok());
   TieredStore& ts = **t;
@@ -781,13 +783,8 @@ TEST_CASE("Tiers: with every primary slot pinned, a Put is stored in the host ti
   ManualClock clock;
   const uint64_t slot = 4096;
   auto primary = MakeStore(4, slot, &clock);
-  TieredStoreOptions o;
+  TieredStoreOptions o = ManualTiers(clock, 8 * slot);
   o.node_id = "n0";
-  o.host_bytes = 8 * slot;
-  o.host_stripes = 1;
-  o.background = false;
-  o.clock = &clock;
-  o.reencode_codec = "";
   auto t = TieredStore::Create(primary.get(), o);
   REQUIRE(t.ok());
   TieredStore& ts = **t;
