@@ -128,9 +128,10 @@ class Coordinator final : public CoordinatorServer {
     s.id = id;
     s.host = "127.0.0.1";
     s.weight = 1.0;
-    std::string ucx, id_again;
+    std::string ucx;
     ObjectReader r(b, "$");
-    r.Required("id", &id_again).Optional("host", &s.host).Optional("weight", &s.weight).Optional("ucx", &ucx);
+    r.Child("id", /*required=*/true);  // its value was checked by the caller
+    r.Optional("host", &s.host).Optional("weight", &s.weight).Optional("ucx", &ucx);
     if (const json* p = r.Child("ports", /*required=*/true); p != nullptr && r.ok()) {
       ObjectReader pr(*p, "$.ports");
       pr.Required("data", &s.ports.data).Optional("http", &s.ports.http).Optional("resp", &s.ports.resp);

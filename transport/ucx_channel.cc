@@ -215,10 +215,12 @@ class Channel final : public SeqOverFrames<UcxChannel> {
     return Await(x);  // iov (and what it points at) outlives the send
   }
 
-  // What a send in flight owns: its Pending and its AM header bytes.
+  // What a send in flight owns: its Pending and its AM header bytes (inline;
+  // a HELLO's, which adds the worker address, in hello_amh).
   struct SendHolder {
     std::shared_ptr<Pending> p;
-    std::vector<std::byte> amh;
+    std::array<std::byte, kHeaderSize + 8> amh;
+    std::vector<std::byte> hello_amh;
   };
 
   // A request Post sent whose answer Await has not collected yet.
@@ -249,14 +251,18 @@ class Channel final : public SeqOverFrames<UcxChannel> {
     // HELLO adds this worker's address (the node answers on an endpoint of
     // its own to it, docs/protocol.md "UCX"). UCX may read the header until
     // the send completes, so it lives in the send's holder, with the Pending.
-    auto* holder = new SendHolder{p, {}};
+    auto* holder = new SendHolder{p, {}, {}};
     HeaderBytes hb = EncodeHeader(h);
-    const std::string& addr = worker_->address();
-    holder->amh.resize(kHeaderSize + 8 + (op == Opcode::kHello ? addr.size() : 0));
     std::memcpy(holder->amh.data(), hb.data(), kHeaderSize);
     std::memcpy(holder->amh.data() + kHeaderSize, &nonce_, 8);
-    if (op == Opcode::kHello) std::memcpy(holder->amh.data() + kHeaderSize + 8, addr.data(), addr.size());
-    const std::vector<std::byte>& amh = holder->amh;
+    std::span<const std::byte> amh = holder->amh;
+    if (op == Opcode::kHello) {
+      const std::string& addr = worker_->address();
+      holder->hello_amh.assign(holder->amh.begin(), holder->amh.end());
+      holder->hello_amh.insert(holder->hello_amh.end(), reinterpret_cast<const std::byte*>(addr.data()),
+                               reinterpret_cast<const std::byte*>(addr.data()) + addr.size());
+      amh = holder->hello_amh;
+    }
     {
       std::lock_guard<std::mutex> lock(map_mu_);
       pending_[h.request_id] = p;

@@ -70,18 +70,22 @@ struct CudaReferenceModel::Impl {
   std::vector<uint32_t> h_tok, h_idx, h_topk;
   std::vector<float> h_topw;
 
+  std::vector<void*> owned;  // the arena and the scratch buffers, freed with the model
+
+  // cudaMalloc of n T's, freed by ~Impl.
+  template <typename T>
+  Status Own(T** p, size_t n) {
+    KVMESH_RETURN_IF_ERROR(Alloc(p, n));
+    owned.push_back(*p);
+    return Status::Ok();
+  }
+
   ~Impl() {
     for (Seq& s : seqs) {
       cudaFree(s.k);
       cudaFree(s.v);
     }
-    for (void* p :
-         {static_cast<void*>(arena), static_cast<void*>(x), static_cast<void*>(hn), static_cast<void*>(q),
-          static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(att), static_cast<void*>(o),
-          static_cast<void*>(f), static_cast<void*>(a1), static_cast<void*>(a3), static_cast<void*>(g),
-          static_cast<void*>(tmp), static_cast<void*>(cs), static_cast<void*>(scores), static_cast<void*>(logits),
-          static_cast<void*>(wts), static_cast<void*>(tok), static_cast<void*>(idx)})
-      cudaFree(p);
+    for (void* p : owned) cudaFree(p);
     if (stream) cudaStreamDestroy(stream);
   }
 
@@ -93,7 +97,7 @@ struct CudaReferenceModel::Impl {
                L.gate.size();
       for (size_t e = 0; e < L.w1.size(); ++e) total += L.w1[e].size() + L.w2[e].size() + L.w3[e].size();
     }
-    KVMESH_RETURN_IF_ERROR(Alloc(&arena, total));
+    KVMESH_RETURN_IF_ERROR(Own(&arena, total));
     size_t at = 0;
     std::vector<float> host;  // one staging copy, so a single H2D transfer
     host.reserve(total);
@@ -131,25 +135,25 @@ struct CudaReferenceModel::Impl {
     const ModelConfig& c = w->config;
     const size_t R = kChunk, H = c.hidden, QD = size_t{c.q_heads} * c.head_dim, KVD = kvw;
     const size_t E = std::max<uint32_t>(c.experts, 1);
-    KVMESH_RETURN_IF_ERROR(Alloc(&x, R * H));
-    KVMESH_RETURN_IF_ERROR(Alloc(&hn, R * H));
-    KVMESH_RETURN_IF_ERROR(Alloc(&q, R * QD));
-    KVMESH_RETURN_IF_ERROR(Alloc(&k, R * KVD));
-    KVMESH_RETURN_IF_ERROR(Alloc(&v, R * KVD));
-    KVMESH_RETURN_IF_ERROR(Alloc(&att, R * QD));
-    KVMESH_RETURN_IF_ERROR(Alloc(&o, R * H));
-    KVMESH_RETURN_IF_ERROR(Alloc(&f, R * H));
-    KVMESH_RETURN_IF_ERROR(Alloc(&a1, R * c.ffn));
-    KVMESH_RETURN_IF_ERROR(Alloc(&a3, R * c.ffn));
-    KVMESH_RETURN_IF_ERROR(Alloc(&g, R * E));
-    KVMESH_RETURN_IF_ERROR(Alloc(&tmp, R * H));
-    KVMESH_RETURN_IF_ERROR(Alloc(&cs, R * c.head_dim));
-    KVMESH_RETURN_IF_ERROR(Alloc(&scores, R * c.q_heads * size_t{max_pos}));
-    KVMESH_RETURN_IF_ERROR(Alloc(&logits, c.vocab));
+    KVMESH_RETURN_IF_ERROR(Own(&x, R * H));
+    KVMESH_RETURN_IF_ERROR(Own(&hn, R * H));
+    KVMESH_RETURN_IF_ERROR(Own(&q, R * QD));
+    KVMESH_RETURN_IF_ERROR(Own(&k, R * KVD));
+    KVMESH_RETURN_IF_ERROR(Own(&v, R * KVD));
+    KVMESH_RETURN_IF_ERROR(Own(&att, R * QD));
+    KVMESH_RETURN_IF_ERROR(Own(&o, R * H));
+    KVMESH_RETURN_IF_ERROR(Own(&f, R * H));
+    KVMESH_RETURN_IF_ERROR(Own(&a1, R * c.ffn));
+    KVMESH_RETURN_IF_ERROR(Own(&a3, R * c.ffn));
+    KVMESH_RETURN_IF_ERROR(Own(&g, R * E));
+    KVMESH_RETURN_IF_ERROR(Own(&tmp, R * H));
+    KVMESH_RETURN_IF_ERROR(Own(&cs, R * c.head_dim));
+    KVMESH_RETURN_IF_ERROR(Own(&scores, R * c.q_heads * size_t{max_pos}));
+    KVMESH_RETURN_IF_ERROR(Own(&logits, c.vocab));
     // Expert routing of one layer: every (slot, row) once.
-    KVMESH_RETURN_IF_ERROR(Alloc(&wts, R * std::max<uint32_t>(c.top_k, 1)));
-    KVMESH_RETURN_IF_ERROR(Alloc(&idx, R * std::max<uint32_t>(c.top_k, 1)));
-    KVMESH_RETURN_IF_ERROR(Alloc(&tok, R));
+    KVMESH_RETURN_IF_ERROR(Own(&wts, R * std::max<uint32_t>(c.top_k, 1)));
+    KVMESH_RETURN_IF_ERROR(Own(&idx, R * std::max<uint32_t>(c.top_k, 1)));
+    KVMESH_RETURN_IF_ERROR(Own(&tok, R));
     return Status::Ok();
   }
 

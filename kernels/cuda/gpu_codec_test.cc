@@ -20,20 +20,13 @@
 #include <vector>
 
 #include "kernels/codec_math.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/codec_cuda.h"
 #include "kernels/quant_cpu.h"
 
 using namespace kvmesh::kernels;
 using namespace kvmesh::kernels::cuda;
 
-#define CUDA_OK(x)                                                                              \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                             \
-    }                                                                                           \
-  } while (0)
 
 namespace {
 

@@ -28,20 +28,13 @@
 
 #include "coordinator/decode/model.h"
 #include "coordinator/decode/model_cuda.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/model_ops.h"
 
 using namespace kvmesh;
 using namespace kvmesh::decode;
 namespace ops = kvmesh::kernels::cuda;
 
-#define CUDA_OK(x)                                                                             \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                            \
-    }                                                                                          \
-  } while (0)
 
 namespace {
 

@@ -103,7 +103,7 @@ __global__ void AxpyKernel(float alpha, const float* x, float* y, size_t n) {
 
 __global__ void ScaleKernel(float alpha, float* x, size_t n) {
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] = __fmul_rn(x[i], alpha);
+  if (i < n) x[i] = threads::MulRn(x[i], alpha);
 }
 
 __global__ void GatherKernel(const float* table, const uint32_t* idx, size_t rows, size_t n, float* out) {

@@ -18,44 +18,58 @@ namespace kvmesh::soak {
 
 using namespace std::chrono_literals;
 
-bool Probe(Context& c, Router& r, uint64_t salt) {
+std::vector<BlockKey> PutProbeBlocks(Context& c, Router& r, uint64_t salt) {
   const size_t bb = r.model().FullBlockBytes();
   std::mt19937_64 rng(Mix(c.o.seed ^ salt));
-  std::vector<std::byte> data(32 * bb), back(32 * bb);
+  std::vector<BlockKey> keys(32);
+  std::vector<std::byte> data(keys.size() * bb);
   std::vector<PutItem> puts;
-  std::vector<GetItem> gets;
-  for (size_t i = 0; i < 32; ++i) {
-    BlockKey k{rng(), rng()};
+  for (size_t i = 0; i < keys.size(); ++i) {
+    keys[i] = BlockKey{rng(), rng()};
     auto d = std::span(data).subspan(i * bb, bb);
-    Payload(k, c.o.seed, d);
-    puts.push_back(PutItem{k, d, {}});
-    gets.push_back(GetItem{k, std::span(back).subspan(i * bb, bb), 0, {}});
+    Payload(keys[i], c.o.seed, d);
+    puts.push_back(PutItem{keys[i], d, {}});
   }
   RequestOptions ro;
   ro.priority = 3;  // evicted last: the probe wants to see its own blocks
-  auto t0 = SteadyClock::now();
+  const auto t0 = SteadyClock::now();
   Status s = r.PutBatch(puts, ro);
   if (!c.Count(kProbe, s, t0, {StatusCode::kBusy, StatusCode::kResourceExhausted, StatusCode::kStaleEpoch}))
-    return false;
-  t0 = SteadyClock::now();
-  s = r.GetBatch(gets, ro);
-  if (!c.Count(kProbe, s, t0)) return false;
-  bool all = true;
+    return {};
+  for (const PutItem& p : puts)
+    if (!p.status.ok()) return {};
+  return keys;
+}
+
+size_t ReadProbeBlocks(Context& c, Router& r, std::span<const BlockKey> keys) {
+  const size_t bb = r.model().FullBlockBytes();
+  std::vector<std::byte> back(keys.size() * bb), want(bb);
+  std::vector<GetItem> gets;
+  for (size_t i = 0; i < keys.size(); ++i) gets.push_back(GetItem{keys[i], std::span(back).subspan(i * bb, bb), 0, {}});
+  RequestOptions ro;
+  ro.priority = 3;
+  const auto t0 = SteadyClock::now();
+  Status s = r.GetBatch(gets, ro);
+  if (!c.Count(kProbe, s, t0)) return 0;
+  size_t served = 0;
   for (size_t i = 0; i < gets.size(); ++i) {
-    if (!gets[i].status.ok()) {
-      all = false;
-      continue;
-    }
-    if (gets[i].size != bb || std::memcmp(back.data() + i * bb, data.data() + i * bb, bb) != 0) {
+    if (!gets[i].status.ok()) continue;
+    Payload(keys[i], c.o.seed, want);
+    if (gets[i].size != bb || std::memcmp(back.data() + i * bb, want.data(), bb) != 0) {
       c.st.wrong_bytes++;
-      c.inv.Violation("wrong_bytes", "probe block " + gets[i].key.ToHex() + " came back different");
-      all = false;
+      c.inv.Violation("wrong_bytes", "probe block " + keys[i].ToHex() + " came back different");
     } else {
+      ++served;
       c.st.blocks_verified++;
       c.st.bytes_verified += bb;
     }
   }
-  return all;
+  return served;
+}
+
+bool Probe(Context& c, Router& r, uint64_t salt) {
+  const std::vector<BlockKey> keys = PutProbeBlocks(c, r, salt);
+  return !keys.empty() && ReadProbeBlocks(c, r, keys) == keys.size();
 }
 
 namespace {
@@ -209,7 +223,7 @@ class Chaos {
     const double baseline = RecentHitRate(3);
     // With replicas, blocks put while every node is up outlive one node's death.
     std::vector<BlockKey> kept;
-    if (c_.o.replicas >= 2) kept = PutKept();
+    if (c_.o.replicas >= 2) kept = PutProbeBlocks(c_, nc_.router(), rng_());
     cl_.KillNode(i);
     c_.st.kills++;
     if (!kept.empty()) CheckKept(kept, cl_.node(i).id);
@@ -239,58 +253,12 @@ class Chaos {
                                          cl_.node(i).id);
   }
 
-  // 32 fresh blocks at priority 3 (evicted last), put while every node is up;
-  // empty when the put did not go through.
-  std::vector<BlockKey> PutKept() {
-    Router& r = nc_.router();
-    const size_t bb = r.model().FullBlockBytes();
-    std::vector<BlockKey> keys(32);
-    std::vector<std::byte> data(keys.size() * bb);
-    std::vector<PutItem> puts;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      keys[i] = BlockKey{rng_(), rng_()};
-      auto d = std::span(data).subspan(i * bb, bb);
-      Payload(keys[i], c_.o.seed, d);
-      puts.push_back(PutItem{keys[i], d, {}});
-    }
-    RequestOptions ro;
-    ro.priority = 3;
-    const auto t0 = SteadyClock::now();
-    Status s = r.PutBatch(puts, ro);
-    if (!c_.Count(kProbe, s, t0, {StatusCode::kBusy, StatusCode::kResourceExhausted, StatusCode::kStaleEpoch}))
-      return {};
-    for (const PutItem& p : puts)
-      if (!p.status.ok()) return {};
-    return keys;
-  }
-
   // Every kept block must still be served, byte for byte, with `dead` down
   // (the client may first need one call to notice the dead node).
   void CheckKept(const std::vector<BlockKey>& keys, const std::string& dead) {
-    Router& r = nc_.router();
-    const size_t bb = r.model().FullBlockBytes();
-    std::vector<std::byte> back(keys.size() * bb), want(bb);
     size_t served = 0;
-    for (int attempt = 0; attempt < 3 && served < keys.size(); ++attempt) {
-      std::vector<GetItem> gets;
-      for (size_t i = 0; i < keys.size(); ++i) gets.push_back(GetItem{keys[i], std::span(back).subspan(i * bb, bb), 0, {}});
-      RequestOptions ro;
-      ro.priority = 3;
-      const auto t0 = SteadyClock::now();
-      Status s = r.GetBatch(gets, ro);
-      c_.Count(kProbe, s, t0);
-      served = 0;
-      for (size_t i = 0; i < gets.size(); ++i) {
-        if (!gets[i].status.ok()) continue;
-        Payload(keys[i], c_.o.seed, want);
-        if (gets[i].size != bb || std::memcmp(back.data() + i * bb, want.data(), bb) != 0) {
-          c_.st.wrong_bytes++;
-          c_.inv.Violation("wrong_bytes", "kept block " + keys[i].ToHex() + " came back different");
-        } else {
-          ++served;
-        }
-      }
-    }
+    for (int attempt = 0; attempt < 3 && served < keys.size(); ++attempt)
+      served = ReadProbeBlocks(c_, nc_.router(), keys);
     c_.st.replica_checked += keys.size();
     c_.st.replica_served += served;
     if (served < keys.size())

@@ -39,6 +39,12 @@ struct ChaosReport {
 };
 // Runs until c.stop_chaos; leaves every node running and serving.
 void ChaosLoop(Context& c, Cluster& cluster, NetworkClient& client, ChaosReport* report);
+// 32 fresh blocks (keys drawn from salt, payloads Payload(key)) put at
+// priority 3, evicted last; their keys, or none when any put failed.
+std::vector<BlockKey> PutProbeBlocks(Context& c, Router& r, uint64_t salt);
+// Reads keys back and compares each with Payload(key) (a difference is a
+// wrong_bytes violation); how many came back intact.
+size_t ReadProbeBlocks(Context& c, Router& r, std::span<const BlockKey> keys);
 // Puts and reads back 32 fresh blocks: true when every one round-trips.
 bool Probe(Context& c, Router& r, uint64_t salt);
 
