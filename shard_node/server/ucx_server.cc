@@ -134,7 +134,6 @@ class Server final : public UcxServer {
 
   static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data, size_t length,
                                 const ucp_am_recv_param_t* param) {
-    (void)param;
     auto* self = static_cast<Server*>(arg);
     auto in = std::make_unique<Incoming>();
     const auto hb = std::span<const std::byte>(static_cast<const std::byte*>(header), header_length);
