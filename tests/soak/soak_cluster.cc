@@ -224,6 +224,7 @@ void Cluster::KillNode(size_t i) {
   } else if (!(WIFSIGNALED(*st) && WTERMSIG(*st) == SIGKILL)) {
     inv_.Violation("daemon_exit", n.id + " had already " + DescribeWaitStatus(*st) + " before the SIGKILL");
   }
+  if (st) n.dead_generation.store(n.generation.load());
 }
 
 void Cluster::KillCoordinator() {
@@ -281,6 +282,7 @@ void Cluster::CheckExits(Stats& st) {
     inv_.Violation("daemon_exit", n.id + " " + DescribeWaitStatus(*s) + " unasked; log: " + n.proc->LogTail(1500));
     st.unexpected_exits++;
     n.generation.fetch_add(1);  // its sequences are gone, as if killed
+    n.dead_generation.store(n.generation.load());  // and it was reaped above
     Status r = StartNode(i);
     if (!r.ok()) inv_.Violation("restart", r.ToString());
   }

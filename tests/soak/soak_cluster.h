@@ -8,7 +8,8 @@
 // at its default, so a daemon never holds a copy of a client's socket.
 //
 // Thread-safety: Daemon and Cluster are driven by one thread at a time (the
-// main thread, then the chaos thread); generation() may be read from any.
+// main thread, then the chaos thread); generation() and dead_generation()
+// may be read from any.
 #pragma once
 
 #include <sys/types.h>
@@ -69,6 +70,9 @@ struct NodeSlot {
   uint16_t data_port = 0;
   bool down = false;  // killed on purpose and not restarted yet
   std::atomic<uint64_t> generation{0};  // bumped before every deliberate SIGKILL
+  // The generation whose process is known dead (reaped): a handle of an older
+  // generation cannot reach its old process any more once this caught up.
+  std::atomic<uint64_t> dead_generation{0};
 };
 
 class Cluster {
@@ -85,6 +89,7 @@ class Cluster {
   // Index of node id "n<i>", or -1.
   int IndexOf(const std::string& id) const;
   uint64_t generation(size_t i) const { return nodes_[i]->generation.load(); }
+  uint64_t dead_generation(size_t i) const { return nodes_[i]->dead_generation.load(); }
 
   Status StartNode(size_t i);
   // SIGKILL (the generation is bumped first); checks it died of it.

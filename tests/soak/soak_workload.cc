@@ -156,6 +156,8 @@ struct LiveSeq {
 
 struct DeadSeq {
   SequenceHandle h;
+  int node = -1;
+  uint64_t gen = 0;  // the node's generation when the handle was retired
   SteadyClock::time_point next;
   int probes = 0;
 };
@@ -201,7 +203,8 @@ class SeqClient {
         ++i;
         continue;
       }
-      dead_.push_back(DeadSeq{live_[i].h, SteadyClock::now(), 0});
+      const int node = live_[i].node;
+      dead_.push_back(DeadSeq{live_[i].h, node, node < 0 ? 0 : c_.cluster->generation(node), SteadyClock::now(), 0});
       live_.erase(live_.begin() + static_cast<ptrdiff_t>(i));
     }
   }
@@ -211,7 +214,9 @@ class SeqClient {
     const auto now = SteadyClock::now();
     for (size_t i = 0; i < dead_.size();) {
       DeadSeq& d = dead_[i];
-      if (now < d.next) {
+      // The generation is bumped just before the SIGKILL: until the old
+      // process is reaped, a probe may still reach it and rightly answer OK.
+      if (now < d.next || (d.node >= 0 && c_.cluster->dead_generation(d.node) < d.gen)) {
         ++i;
         continue;
       }
