@@ -3,7 +3,7 @@
 // Starts N shard nodes (4 and 8 by default), each behind its own TCP data
 // server on 127.0.0.1 in this process, and two routers over the same TCP
 // channels: one with RouterOptions::parallel_fanout (every node's call in
-// flight together) and one without (the previous behaviour: one node after
+// flight together) and one without (the serial path: one node after
 // another). For a prompt of 64 blocks, spread over the nodes by rendezvous
 // hashing, it times MatchPrefix, GetBatch and PutBatch, the two routers in
 // alternating trials (bench_util MeasurePair), and reports the median latency
@@ -48,6 +48,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_util.h"
+#include "coordinator/embedded/inproc_channel.h"
 #include "kvmesh/config.h"
 #include "kvmesh/router.h"
 #include "router/shard_map.h"

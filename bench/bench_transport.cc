@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "common/histogram.h"
+#include "kvmesh/build_config.h"
 #include "tests/cluster_process.h"
 #include "transport/socket_util.h"
 #include "transport/tcp_channel.h"

@@ -10,7 +10,7 @@
 
 #include "cli/commands.h"
 #include "kernels/codec.h"
-#include "kernels/codec_bench.h"
+#include "cli/codec_bench.h"
 #include "kernels/lowrank.h"
 
 namespace kvmesh::cli {

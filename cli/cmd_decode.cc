@@ -1,4 +1,4 @@
-// kvmesh decode: model-parallel decode over KV that lives in kvmesh (issue 6).
+// kvmesh decode: model-parallel decode over KV that lives in kvmesh (docs/decode.md).
 //
 //   kvmesh decode [--config F] [--json] [--ranks N]        threads, embedded cluster
 //   mpirun -np 4 kvmesh decode --mpi [--config F] [--json]  one rank per process

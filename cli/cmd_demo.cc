@@ -1,5 +1,5 @@
 // kvmesh demo: the main job on the embedded cluster. Two parts: the prefill
-// replay through the router (coordinator/demo.h), then a short model-parallel
+// replay through the router (cli/demo.h), then a short model-parallel
 // decode whose KV lives in kvmesh sequences, with and without prefix reuse
 // (coordinator/decode/, the same code as `kvmesh decode`).
 #include <cstdio>
@@ -11,7 +11,7 @@
 #include "cli/default_config.h"
 #include "cli/report.h"
 #include "coordinator/decode/cluster.h"
-#include "coordinator/demo.h"
+#include "cli/demo.h"
 #include "kvmesh/embedded.h"
 #include "kvmesh/size.h"
 #include "shard_node/shard_node.h"

@@ -1,6 +1,6 @@
 // kvmesh proxy --config F [--coordinator host:port] [--resp-port P] ...
 //
-// The cluster-wide Redis-protocol front (shard_node/server/resp_proxy.h): a
+// The cluster-wide Redis-protocol front (router/proxy/resp_proxy.h): a
 // stateless process that sends every key to the node that owns it. Run as
 // many as you like; each one reads the shard map from the coordinator.
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include "cli/daemon_signals.h"
 #include "kvmesh/config.h"
 #include "kvmesh/network.h"
-#include "shard_node/server/resp_proxy.h"
+#include "router/proxy/resp_proxy.h"
 #include "transport/http_client.h"
 #include "transport/socket_util.h"
 

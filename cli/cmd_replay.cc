@@ -1,5 +1,5 @@
 // kvmesh replay — trace replay of the eviction policies against Belady's
-// optimum and the infinite cache (issue 5). See eviction/replay.h.
+// optimum and the infinite cache. See eviction/replay.h.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>

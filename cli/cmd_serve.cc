@@ -1,4 +1,4 @@
-// kvmesh serve --config F — the mpirun launch mode (ARCHITECTURE 6.3):
+// kvmesh serve --config F — the mpirun launch mode (docs/launch.md):
 //   mpirun -np N kvmesh serve --config cluster_configs/mpi-local.json
 // Rank 0 runs the coordinator, rank r >= 1 runs node config.nodes[r-1].
 // MPI only bootstraps: rank 0 broadcasts the coordinator's address, every
@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/daemon_signals.h"
 #include "coordinator/coordinator_server.h"
+#include "kvmesh/build_config.h"
 #include "kvmesh/config.h"
 #include "shard_node/server/node_daemon.h"
 

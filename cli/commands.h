@@ -17,7 +17,7 @@ void AddBenchCodecsCommand(CLI::App& app, int* exit_code);
 // The codec benchmark's options and callback on any app (bench/bench_codecs).
 void ConfigureCodecBench(CLI::App* cmd, int* exit_code);
 
-// Issue 3 daemons: kvmesh node / coordinator / serve (mpirun) (cli/cmd_node.cc, cmd_coordinator.cc, cmd_serve.cc).
+// The daemons: kvmesh node / coordinator / serve (mpirun) (cli/cmd_node.cc, cmd_coordinator.cc, cmd_serve.cc).
 void AddNodeCommand(CLI::App& app, int* exit_code);
 void AddCoordinatorCommand(CLI::App& app, int* exit_code);
 void AddServeCommand(CLI::App& app, int* exit_code);
@@ -25,7 +25,7 @@ void AddServeCommand(CLI::App& app, int* exit_code);
 // kvmesh proxy: the cluster-wide RESP front (cli/cmd_proxy.cc).
 void AddProxyCommand(CLI::App& app, int* exit_code);
 
-// Issue 6: kvmesh decode (cli/cmd_decode.cc).
+// kvmesh decode (cli/cmd_decode.cc).
 void AddDecodeCommand(CLI::App& app, int* exit_code);
 
 }  // namespace kvmesh::cli

@@ -1,6 +1,13 @@
 # One helper per target kind (after leveldb's leveldb_test and abseil's absl_cc_library).
+#
+# Include directories (docs/architecture.md, "Layers"): include/ (the public
+# API, plus the generated kvmesh/build_config.h in the build tree) is the only
+# PUBLIC include directory of any library. The repository root, which makes
+# "shard_node/block_store.h" and the like resolve, is PRIVATE to every kvmesh
+# target: a folder's internal headers are reachable from kvmesh's own code, and
+# scripts/check-layers.py (ctest "layering") keeps those includes one-way.
 
-# Flags every kvmesh target gets.
+# Flags every kvmesh target gets (linked PRIVATE: they do not travel to users).
 add_library(kvmesh_flags INTERFACE)
 target_compile_options(kvmesh_flags INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-missing-field-initializers>
@@ -14,17 +21,46 @@ if(KVMESH_SANITIZE)
     $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${KVMESH_SANITIZE} -fno-omit-frame-pointer>)
   target_link_options(kvmesh_flags INTERFACE -fsanitize=${KVMESH_SANITIZE})
 endif()
+target_include_directories(kvmesh_flags INTERFACE ${PROJECT_SOURCE_DIR})
+
+# The public include directories, as seen from the build tree and from an install.
+set(KVMESH_PUBLIC_INCLUDES
+  $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+  $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>
+  $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 
 # kvmesh_library(<name> SOURCES ... [PUBLIC_DEPS ...] [PRIVATE_DEPS ...])
-# Creates static library kvmesh_<name> (alias kvmesh::<name>). The folder itself
-# is its include root for internal headers, include/ for the public API.
+# Creates static library kvmesh_<name> (alias kvmesh::<name>) that names its own
+# dependencies: PUBLIC_DEPS are the libraries its headers expose, PRIVATE_DEPS
+# the ones only its sources use.
 function(kvmesh_library name)
   cmake_parse_arguments(A "" "" "SOURCES;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
   add_library(kvmesh_${name} STATIC ${A_SOURCES})
   add_library(kvmesh::${name} ALIAS kvmesh_${name})
-  target_include_directories(kvmesh_${name} PUBLIC
-    ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR})
-  target_link_libraries(kvmesh_${name} PUBLIC kvmesh_flags ${A_PUBLIC_DEPS} PRIVATE ${A_PRIVATE_DEPS})
+  target_include_directories(kvmesh_${name} PUBLIC ${KVMESH_PUBLIC_INCLUDES})
+  target_link_libraries(kvmesh_${name} PUBLIC ${A_PUBLIC_DEPS} PRIVATE kvmesh_flags ${A_PRIVATE_DEPS})
+endfunction()
+
+# kvmesh_executable(<name> SOURCES ... LIBS ...): a program of the project.
+function(kvmesh_executable name)
+  cmake_parse_arguments(A "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${A_SOURCES})
+  target_link_libraries(${name} PRIVATE kvmesh_flags ${A_LIBS})
+endfunction()
+
+# Time bounds of the tests grow under sanitizers, which run code several times
+# slower: KVMESH_TEST_TIMEOUT_SCALE (default 1; 4 with a sanitizer) multiplies
+# every test's TIMEOUT. kvmesh_timeout(<out-var> <seconds>) applies it.
+if(NOT DEFINED KVMESH_TEST_TIMEOUT_SCALE)
+  if(KVMESH_SANITIZE)
+    set(KVMESH_TEST_TIMEOUT_SCALE 4)
+  else()
+    set(KVMESH_TEST_TIMEOUT_SCALE 1)
+  endif()
+endif()
+function(kvmesh_timeout out seconds)
+  math(EXPR t "${seconds} * ${KVMESH_TEST_TIMEOUT_SCALE}")
+  set(${out} ${t} PARENT_SCOPE)
 endfunction()
 
 # kvmesh_test(<name> SOURCES ... LIBS ... [LABELS ...] [GPU])
@@ -42,9 +78,11 @@ function(kvmesh_test name)
   if(A_LABELS)
     list(GET A_LABELS 0 labels)
   endif()
-  catch_discover_tests(${name} TEST_SPEC "~[gpu]~[.]" PROPERTIES LABELS "${labels}" TIMEOUT 120)
+  kvmesh_timeout(t 120)
+  catch_discover_tests(${name} TEST_SPEC "~[gpu]~[.]" PROPERTIES LABELS "${labels}" TIMEOUT ${t})
   if(A_GPU)
+    kvmesh_timeout(tg 300)
     catch_discover_tests(${name} TEST_SPEC "[gpu]" TEST_PREFIX "gpu:"
-      PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "SKIP: no GPU" TIMEOUT 300)
+      PROPERTIES LABELS gpu SKIP_REGULAR_EXPRESSION "SKIP: no GPU" TIMEOUT ${tg})
   endif()
 endfunction()

@@ -26,7 +26,7 @@ int64_t UnixMs() {
       .count();
 }
 
-// One structured event per line on stderr (ARCHITECTURE 9).
+// One structured event per line on stderr (docs/architecture.md, "Observability").
 void LogEvent(json j) {
   j["ts_ms"] = UnixMs();
   j["role"] = "coordinator";

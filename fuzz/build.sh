@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# Builds the protocol fuzz target with clang + libFuzzer + ASan/UBSan into
-# ${OUT:-/tmp/kvmesh-fuzz}. Not part of CI. Run:
-#   fuzz/build.sh && /tmp/kvmesh-fuzz/fuzz_protocol -max_total_time=60 /tmp/kvmesh-fuzz/corpus
+# Builds the libFuzzer targets (clang + libFuzzer + ASan/UBSan) in build-fuzz/
+# through the KVMESH_BUILD_FUZZ option. Run one, e.g.:
+#   fuzz/build.sh && build-fuzz/bin/fuzz_protocol -max_total_time=60 /tmp/kvmesh-fuzz-corpus
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-/tmp/kvmesh-fuzz}"
-mkdir -p "$out/corpus"
-clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -I include -I . \
-  fuzz/fuzz_protocol.cc transport/protocol.cc common/status.cc -lxxhash -o "$out/fuzz_protocol"
-echo "built $out/fuzz_protocol"
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
+  -DKVMESH_BUILD_FUZZ=ON -DKVMESH_BUILD_TESTS=OFF -DKVMESH_BUILD_BENCH=OFF -DKVMESH_WITH_CUDA=OFF >/dev/null
+cmake --build build-fuzz -j2 --target fuzz_protocol
+echo "built build-fuzz/bin/fuzz_protocol"

@@ -1,5 +1,5 @@
 // libFuzzer target for every parser of untrusted wire bytes (transport/protocol.cc).
-// Build and run (clang only, not part of CI): fuzz/build.sh && /tmp/kvmesh-fuzz/fuzz_protocol -max_total_time=60
+// Build and run (clang only): fuzz/build.sh && build-fuzz/bin/fuzz_protocol -max_total_time=60
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -14,7 +14,7 @@ using namespace kvmesh::proto;
 static void ParseSequenceBodies(std::span<const std::byte> b) {
   SeqCreateRequest create;
   (void)ParseSeqCreate(b, &create);
-  SeqCreateAnswer created;
+  SeqCreated created;
   (void)ParseSeqCreateAnswer(b, &created);
   SeqAppendRequest append;
   if (ParseSeqAppend(b, &append).ok()) {
@@ -27,7 +27,7 @@ static void ParseSequenceBodies(std::span<const std::byte> b) {
   (void)ParseSeqTruncate(b, &id, &n);
   (void)ParseSeqRead(b, &id, &from, &n);
   (void)ParseU32Answer(b, &pos);
-  SeqInfoAnswer info;
+  SequenceState info;
   (void)ParseSeqInfoAnswer(b, &info);
   SeqReadAnswer read;
   if (ParseSeqReadAnswer(b, &read).ok()) {

@@ -1,4 +1,4 @@
-// kernels/codec.h — KV-block compression codecs (issue 4).
+// kernels/codec.h — KV-block compression codecs (docs/block-format.md).
 //
 // A Codec turns one raw KV block (layout [layer][k|v][head][token][dim], see
 // kvmesh/types.h) into a self-describing compressed block (docs/block-format.md)

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "kvmesh/build_config.h"
 #include "router/map_json.h"
 #include "transport/http_client.h"
 #include "transport/socket_util.h"

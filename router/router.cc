@@ -485,9 +485,7 @@ Status Router::ReleaseSequence(const SequenceHandle& s, const RequestOptions& o)
 }
 
 Result<SequenceState> Router::SequenceInfo(const SequenceHandle& s, const RequestOptions& o) {
-  KVMESH_ASSIGN_OR_RETURN(SeqState st,
-                          impl_->OnSequenceNode<SeqState>(*this, s, [&](ShardChannel& ch) { return ch.SeqInfo(s.id, o); }));
-  return SequenceState{st.length, st.sealed_blocks, std::move(st.tokens)};
+  return impl_->OnSequenceNode<SequenceState>(*this, s, [&](ShardChannel& ch) { return ch.SeqInfo(s.id, o); });
 }
 
 Status Router::ReadSequence(const SequenceHandle& s, uint32_t from, uint32_t n, std::vector<std::byte>* k,

@@ -1,5 +1,5 @@
 // router/shard_map.h — the cluster's shard map and expert-aware placement
-// (ARCHITECTURE 4).
+// (docs/architecture.md, "Placement").
 //
 // The map lists the live nodes (with rendezvous weights), the shard groups and
 // the affinity rules, versioned by an epoch that the coordinator advances on

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/gpu-checks.sh — every GPU check of kvmesh in one run, for a machine
 # with an NVIDIA GPU and only the CUDA toolkit, CMake and a C++20 compiler (no
-# Debian libraries needed): builds kernels/cuda as a top-level project, then
+# Debian libraries needed): builds kernels/cuda (the codecs) and
+# coordinator/decode/cuda (the reference model) as top-level projects, then
 #   gpu_codec_test   CUDA codecs vs the CPU, byte for byte
 #   gpu_model_test   the reference model on the GPU vs the CPU reference
 #   gpu_codec_bench  codec GB/s vs cudaMemcpy device-to-device (--json)
@@ -26,9 +27,12 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 set -x
-cmake -S kernels/cuda -B build-cuda "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
-  -DCMAKE_CUDA_ARCHITECTURES="$arch" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-cmake --build build-cuda -j"$(nproc)" >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+for part in kernels/cuda:kernels coordinator/decode/cuda:decode; do
+  src="${part%%:*}" bin="build-cuda/${part##*:}"
+  cmake -S "$src" -B "$bin" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" >"$out/configure-${part##*:}.log" 2>&1 || { tail -30 "$out/configure-${part##*:}.log"; exit 1; }
+  cmake --build "$bin" -j"$(nproc)" >"$out/build-${part##*:}.log" 2>&1 || { tail -40 "$out/build-${part##*:}.log"; exit 1; }
+done
 set +x
 rc=0
 step() {  # step NAME CMD...: runs, logs to $out/NAME.log, keeps the first failure
@@ -40,9 +44,9 @@ step() {  # step NAME CMD...: runs, logs to $out/NAME.log, keeps the first failu
   [[ $r -ne 0 && $rc -eq 0 ]] && rc=$r
   return 0
 }
-step codec_test build-cuda/gpu_codec_test
-step model_test build-cuda/gpu_model_test
-step codec_bench build-cuda/gpu_codec_bench --json
-step model_bench build-cuda/gpu_model_bench --json
+step codec_test build-cuda/kernels/gpu_codec_test
+step model_test build-cuda/decode/gpu_model_test
+step codec_bench build-cuda/kernels/gpu_codec_bench --json
+step model_bench build-cuda/decode/gpu_model_bench --json
 echo "gpu-checks: done, exit $rc (logs in $out)"
 exit $rc

@@ -1,4 +1,4 @@
-// shard_node/codec_stage.h — the codec step of a shard node (issue 4).
+// shard_node/codec_stage.h — the codec step of a shard node.
 //
 // Built from the config's `codec` section: full raw blocks (the model's
 // FullBlockBytes, layout [layer][k|v][head][token][dim]) are encoded on put

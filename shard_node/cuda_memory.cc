@@ -62,7 +62,7 @@ class PinnedHostMemory final : public MemoryBackend {
 };
 
 Status RequireGpu(int gpu) {
-  int n = 0;  // left unwritten when there is no driver (TOOLCHAIN.md)
+  int n = 0;  // cudaGetDeviceCount leaves it unwritten when there is no driver
   if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0) return Unavailable("no CUDA device");
   if (gpu < 0 || gpu >= n) return InvalidArgument("CUDA device " + std::to_string(gpu) + " does not exist (" +
                                                   std::to_string(n) + " present)");

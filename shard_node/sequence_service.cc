@@ -255,10 +255,10 @@ Status SequenceService::Release(SeqId id) {
   return Status::Ok();
 }
 
-Result<SeqState> SequenceService::Info(SeqId id) {
-  return impl_->Locked(this, id, [&](Entry& e) -> Result<SeqState> {
+Result<SequenceState> SequenceService::Info(SeqId id) {
+  return impl_->Locked(this, id, [&](Entry& e) -> Result<SequenceState> {
     SequenceTable& t = *e.slot->table;
-    SeqState s;
+    SequenceState s;
     KVMESH_ASSIGN_OR_RETURN(s.tokens, t.Tokens(e.local));
     KVMESH_ASSIGN_OR_RETURN(s.sealed_blocks, t.SealedBlocks(e.local));
     s.length = static_cast<uint32_t>(s.tokens.size());

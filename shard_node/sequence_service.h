@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "kvmesh/clock.h"
-#include "kvmesh/sequence.h"
+#include "shard_node/sequence_table.h"
 #include "kvmesh/status.h"
 #include "kvmesh/types.h"
 
@@ -53,28 +53,6 @@ struct SequenceServiceOptions {
   // The node's tiers over the store (ShardNode sets it): demoted prefix
   // blocks are promoted back on create (SequenceOptions::tiers).
   TieredStore* tiers = nullptr;
-};
-
-// What SEQ_CREATE asks for.
-struct SeqCreateArgs {
-  Range layers;  // empty: all layers of the model
-  Range heads;   // empty: all KV heads
-  std::string tenant_salt;
-  Priority priority = kDefaultPriority;
-  std::span<const TokenId> prefix;  // attach its leading full blocks the store has
-  size_t max_blocks = SIZE_MAX;     // attach at most this many
-};
-
-struct SeqCreated {
-  SeqId id = 0;
-  uint32_t length = 0;           // tokens attached
-  uint32_t attached_blocks = 0;  // blocks attached from the store
-};
-
-struct SeqState {
-  uint32_t length = 0;
-  uint32_t sealed_blocks = 0;
-  std::vector<TokenId> tokens;
 };
 
 // Shape of a Read: n positions of `layers` layers, row_bytes per (layer, position).
@@ -114,7 +92,7 @@ class SequenceService {
   Status Truncate(SeqId id, uint32_t n);
   Result<SeqId> Fork(SeqId id);
   Status Release(SeqId id);
-  Result<SeqState> Info(SeqId id);
+  Result<SequenceState> Info(SeqId id);
   // K and V of positions [from, from + rows.n) in the Append layout, where
   // rows.n is the most of n whose K plus V fit max_bytes (at least 1 when
   // n > 0). InvalidArgument when [from, from + n) is not inside the sequence.

@@ -1,5 +1,5 @@
-// Live sequences over one block store (include/kvmesh/sequence.h).
-#include "kvmesh/sequence.h"
+// Live sequences over one block store (shard_node/sequence_table.h).
+#include "shard_node/sequence_table.h"
 
 #include <algorithm>
 #include <cstring>

@@ -54,7 +54,7 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
   if (!store.ok()) return store.status().WithContext("node " + node_id);
   n->store_ = std::move(store).value();
 
-  // Tiers: a host and/or SSD budget besides the device budget (issue 5).
+  // Tiers: a host and/or SSD budget besides the device budget.
   const uint64_t host_tier = nc->memory.device ? nc->memory.host : 0;
   if (host_tier > 0 || nc->memory.ssd > 0) {
     const EvictionConfig& ev = config.eviction;

@@ -1,5 +1,5 @@
 // shard_node/shard_node.h — one shard node: the block store(s) of one GPU (or
-// host) and the operations every transport serves (ARCHITECTURE 3).
+// host) and the operations every transport serves (docs/architecture.md).
 //
 // A node serves its device budget (host memory without a GPU) and, when the
 // config gives host and/or SSD budgets, the device -> host -> SSD tiers with

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cluster_process.h"
+#include "kvmesh/build_config.h"
 #include "kvmesh/network.h"
 #include "transport/http_client.h"
 

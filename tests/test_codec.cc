@@ -10,7 +10,7 @@
 
 #include "kernels/block_format.h"
 #include "kernels/codec.h"
-#include "kernels/codec_bench.h"
+#include "cli/codec_bench.h"
 #include "kernels/cuda/codec_cuda_threads.h"
 #include "kernels/lowrank.h"
 #include "kernels/quant_cpu.h"

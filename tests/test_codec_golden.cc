@@ -15,7 +15,7 @@
 
 #include "common/checksum.h"
 #include "kernels/codec.h"
-#include "kernels/codec_bench.h"
+#include "cli/codec_bench.h"
 #include "kernels/lowrank.h"
 
 using namespace kvmesh;

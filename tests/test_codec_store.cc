@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/codec.h"
-#include "kernels/codec_bench.h"
+#include "cli/codec_bench.h"
 #include "kvmesh/config.h"
 #include "kvmesh/embedded.h"
 #include "kvmesh/router.h"

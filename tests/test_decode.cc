@@ -1,4 +1,4 @@
-// Issue 6, item 4: the model-parallel decode over kvmesh sequences produces the
+// The model-parallel decode over kvmesh sequences produces the
 // same tokens and logits (fp32 tolerance) as the single-process reference
 // without kvmesh, for 1, 2 and 4 ranks, with a fork, a truncate across a block
 // boundary, a multi-token (verify-style) feed and a prefix-matched prefill.
@@ -13,8 +13,8 @@
 
 #include "coordinator/decode/engine.h"
 #include "coordinator/decode/model.h"
-#include "coordinator/decode/model_cuda.h"
-#include "kernels/cuda/model_ops_threads.h"
+#include "coordinator/decode/cuda/model_cuda.h"
+#include "coordinator/decode/cuda/model_ops_threads.h"
 #include "tests/decode_scenario.h"
 #include "coordinator/decode/cluster.h"
 #include "kvmesh/embedded.h"
@@ -265,7 +265,7 @@ TEST_CASE("Speculative decoding (early-exit and int4-KV drafts): rollback by tru
   CHECK(acceptance[1] > 0.5);
 }
 
-// Issue 6, item 4 with codecs: sealed KV blocks stored through a lossy codec
+// The same with codecs: sealed KV blocks stored through a lossy codec
 // change the logits by a bounded amount. Each codec has a stated tolerance
 // (docs/decode.md): the worst |logit - reference| / (1 + |reference|) over
 // the teacher-forced scenario, and the share of steps whose greedy token
@@ -311,7 +311,7 @@ TEST_CASE("Decode with a lossy KV codec stays within the codec's stated toleranc
 }
 
 TEST_CASE("CUDA reference model: refused cleanly without a CUDA build or device", "[decode]") {
-  // With a device, kernels/cuda/gpu_model_test (ctest gpu:model_cuda_vs_cpu) compares it with the CPU.
+  // With a device, coordinator/decode/cuda/gpu_model_test (ctest gpu:model_cuda_vs_cpu) compares it with the CPU.
   if (CudaDeviceStatus().ok()) return;
   auto w = Weights::Generate(ModelConfig{});
   REQUIRE(w.ok());
@@ -338,7 +338,7 @@ TEST_CASE("RopeAngle is the formula Rope applies", "[decode]") {
 }
 
 // ---- The CUDA kernels' per-thread work, run on the CPU -----------------------
-// kernels/cuda/model_ops_threads.h is what each thread or lane of the model
+// coordinator/decode/cuda/model_ops_threads.h is what each thread or lane of the model
 // kernels computes; here the warp shuffles and block reductions are emulated
 // lane by lane, so the index math and the summation order that make the GPU's
 // MatMul, RMSNorm and RoPE equal the CPU's bits are checked without a GPU.

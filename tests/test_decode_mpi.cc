@@ -1,4 +1,4 @@
-// Issue 6 under mpirun: `mpirun -np N test_decode_mpi` runs the decode
+// The decode under mpirun: `mpirun -np N test_decode_mpi` runs the decode
 // equality scenario with one rank per process (each with its own ShardNode),
 // steps over MPI collectives; rank 0 compares tokens and logits with the
 // single-process reference, then a small workload checks prefix reuse.

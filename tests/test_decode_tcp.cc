@@ -1,4 +1,4 @@
-// The TCP step transport of the model-parallel decode (issue 6): collectives
+// The TCP step transport of the model-parallel decode: collectives
 // between threads over real loopback sockets equal the thread backend bit for
 // bit; the decode scenario (fork, truncate, prefix reuse) and `kvmesh decode`
 // run as separate processes joined over TCP and produce the same tokens and

@@ -1,4 +1,4 @@
-// Eviction order of each policy on hand-built sequences (issue 5).
+// Eviction order of each policy on hand-built sequences.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

@@ -4,7 +4,8 @@
 #include <atomic>
 #include <numeric>
 
-#include "coordinator/demo.h"
+#include "cli/demo.h"
+#include "coordinator/embedded/inproc_channel.h"
 #include "kvmesh/embedded.h"
 #include "router/shard_map.h"
 #include "shard_node/shard_node.h"

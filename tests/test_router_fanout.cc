@@ -18,6 +18,7 @@
 #include <random>
 #include <thread>
 
+#include "coordinator/embedded/inproc_channel.h"
 #include "kvmesh/router.h"
 #include "router/shard_map.h"
 #include "shard_node/server/data_server.h"
@@ -435,11 +436,10 @@ TEST_CASE("Router PutBatch with RequestOptions::replace overwrites over TCP and 
 
 TEST_CASE("TCP channel: a lone caller keeps to one connection, concurrent callers spread over the pool",
           "[router][fanout][cluster]") {
-  // A stalled node shows which connections the requests went on. (Each call
-  // used to take two round-robin steps, one to learn the node's limits and one
-  // to send, so with two connections every request went to the same one
-  // whatever the concurrency; then alternating connections slowed a lone
-  // caller down.)
+  // A stalled node shows which connections the requests went on. (Two
+  // round-robin steps per call, one to learn the node's limits and one to
+  // send, would put every request on the same one of two connections whatever
+  // the concurrency; alternating connections would slow a lone caller down.)
   StalledNode s;
   TcpChannelOptions o;
   o.port = s.port();

@@ -1,4 +1,4 @@
-// Live sequences (include/kvmesh/sequence.h) on the embedded store.
+// Live sequences (shard_node/sequence_table.h) on the embedded store.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -7,7 +7,7 @@
 
 #include "kvmesh/embedded.h"
 #include "kernels/codec.h"
-#include "kvmesh/sequence.h"
+#include "shard_node/sequence_table.h"
 #include "shard_node/shard_node.h"
 #include "shard_node/tiered_store.h"
 

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/checksum.h"
+#include "kvmesh/build_config.h"
 #include "kvmesh/clock.h"
 #include "kvmesh/embedded.h"
 #include "kvmesh/router.h"
@@ -458,7 +459,7 @@ TEST_CASE("Sequences: malformed and oversize SEQ frames close only their connect
     CHECK(ReadAnswer(fd.get(), &body).status == StatusCode::kNotFound);
     proto::FrameHeader a = ReadAnswer(fd.get(), &body);
     REQUIRE(a.status == StatusCode::kOk);
-    proto::SeqInfoAnswer info;
+    SequenceState info;
     REQUIRE(proto::ParseSeqInfoAnswer(std::as_bytes(std::span<const char>(body.data(), body.size())), &info).ok());
     CHECK(info.length == 6);  // the corrupt append added nothing
   }

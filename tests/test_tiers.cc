@@ -1,4 +1,4 @@
-// Tiers (issue 5): SSD round trip and corrupt-is-a-miss, demotion and
+// Tiers: SSD round trip and corrupt-is-a-miss, demotion and
 // promotion, watermark offload idle-first with an injected clock, prefetch,
 // and pressure levels 1 -> 2 -> 3 and back.
 #include <catch2/catch.hpp>

@@ -1,5 +1,5 @@
 // transport/asio.h — the one way kvmesh includes Boost.Asio: Boost 1.74's
-// asio.hpp uses std::exchange without including <utility> (TOOLCHAIN 4).
+// asio.hpp uses std::exchange without including <utility>.
 // Only .cc files include this; public headers stay free of Asio.
 #pragma once
 

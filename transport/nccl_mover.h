@@ -1,5 +1,5 @@
 // transport/nccl_mover.h — moves GPU-resident blocks between GPU nodes with
-// NCCL (rebalancing after a membership change, replication), ARCHITECTURE 5.
+// NCCL (rebalancing after a membership change, replication) (docs/architecture.md, "Transports").
 //
 // One communicator per mover, created at bootstrap from the NCCL unique id
 // that `kvmesh serve` broadcasts over MPI (rank 0 calls NewUniqueId()). A

@@ -440,7 +440,7 @@ Status ParseSeqCreate(std::span<const std::byte> body, SeqCreateRequest* out) {
   return Status::Ok();
 }
 
-std::string EncodeSeqCreateAnswer(const SeqCreateAnswer& a) {
+std::string EncodeSeqCreateAnswer(const SeqCreated& a) {
   std::string out;
   Append<uint64_t>(&out, a.id);
   Append<uint32_t>(&out, a.length);
@@ -448,9 +448,9 @@ std::string EncodeSeqCreateAnswer(const SeqCreateAnswer& a) {
   return out;
 }
 
-Status ParseSeqCreateAnswer(std::span<const std::byte> body, SeqCreateAnswer* out) {
+Status ParseSeqCreateAnswer(std::span<const std::byte> body, SeqCreated* out) {
   Reader r(body);
-  SeqCreateAnswer a;
+  SeqCreated a;
   if (!r.Get(&a.id) || !r.Get(&a.length) || !r.Get(&a.attached_blocks) || !r.done())
     return Malformed("bad SEQ_CREATE answer");
   *out = a;
@@ -512,7 +512,7 @@ Status ParseU32Answer(std::span<const std::byte> body, uint32_t* v) {
   return ParseFixed(body, v) ? Status::Ok() : Malformed("answer is not one u32");
 }
 
-std::string EncodeSeqInfoAnswer(const SeqInfoAnswer& a) {
+std::string EncodeSeqInfoAnswer(const SequenceState& a) {
   std::string out;
   Append<uint32_t>(&out, a.length);
   Append<uint32_t>(&out, a.sealed_blocks);
@@ -521,9 +521,9 @@ std::string EncodeSeqInfoAnswer(const SeqInfoAnswer& a) {
   return out;
 }
 
-Status ParseSeqInfoAnswer(std::span<const std::byte> body, SeqInfoAnswer* out) {
+Status ParseSeqInfoAnswer(std::span<const std::byte> body, SequenceState* out) {
   Reader r(body);
-  SeqInfoAnswer a;
+  SequenceState a;
   uint32_t ntok = 0;
   if (!r.Get(&a.length) || !r.Get(&a.sealed_blocks) || !r.Get(&ntok)) return Malformed("bad SEQ_INFO answer");
   if (ntok != a.length || uint64_t{ntok} * 4 != r.left() || !r.GetTokens(ntok, &a.tokens))

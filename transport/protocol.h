@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvmesh/sequence.h"
 #include "kvmesh/status.h"
 #include "kvmesh/types.h"
 
@@ -52,7 +53,7 @@ enum class Opcode : uint8_t {
   kPin = 7,
   kUnpin = 8,
   kStats = 9,
-  // Live sequences (ARCHITECTURE 2), node-local ids; added within version 1.
+  // Live sequences (kvmesh/sequence.h), node-local ids; part of version 1.
   kSeqCreate = 10,
   kSeqAppend = 11,
   kSeqTruncate = 12,
@@ -194,13 +195,9 @@ struct SeqCreateRequest {
 std::string EncodeSeqCreate(const SeqCreateRequest& r);
 Status ParseSeqCreate(std::span<const std::byte> body, SeqCreateRequest* out);
 
-struct SeqCreateAnswer {
-  uint64_t id = 0;
-  uint32_t length = 0;           // tokens attached from the prefix
-  uint32_t attached_blocks = 0;  // length / block_tokens
-};
-std::string EncodeSeqCreateAnswer(const SeqCreateAnswer& a);
-Status ParseSeqCreateAnswer(std::span<const std::byte> body, SeqCreateAnswer* out);
+// SEQ_CREATE answer: id u64, length u32, attached_blocks u32.
+std::string EncodeSeqCreateAnswer(const SeqCreated& a);
+Status ParseSeqCreateAnswer(std::span<const std::byte> body, SeqCreated* out);
 
 // SEQ_APPEND request: the fixed part and the tokens; K then V follow (sent
 // as separate pieces so payloads are never copied into one buffer).
@@ -230,13 +227,8 @@ std::string EncodeU32(uint32_t v);
 Status ParseU32Answer(std::span<const std::byte> body, uint32_t* v);
 
 // SEQ_INFO answer: length u32, sealed_blocks u32, ntok u32, tokens.
-struct SeqInfoAnswer {
-  uint32_t length = 0;
-  uint32_t sealed_blocks = 0;
-  std::vector<TokenId> tokens;
-};
-std::string EncodeSeqInfoAnswer(const SeqInfoAnswer& a);
-Status ParseSeqInfoAnswer(std::span<const std::byte> body, SeqInfoAnswer* out);
+std::string EncodeSeqInfoAnswer(const SequenceState& a);
+Status ParseSeqInfoAnswer(std::span<const std::byte> body, SequenceState* out);
 
 // SEQ_READ answer: n u32 (positions actually read: a node may return fewer
 // than asked so the answer fits its body limit), layers u32, row_bytes u32

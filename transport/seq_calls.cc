@@ -50,9 +50,9 @@ Result<SeqCreated> SeqCreateCall(SeqFrameIo& io, const SeqCreateArgs& a, const R
   q.prefix.assign(a.prefix.begin(), a.prefix.end());
   std::vector<std::byte> answer;
   KVMESH_RETURN_IF_ERROR(Call(io, Opcode::kSeqCreate, EncodeSeqCreate(q), o, &answer));
-  SeqCreateAnswer ans;
-  KVMESH_RETURN_IF_ERROR(BadAnswer(ParseSeqCreateAnswer(answer, &ans)));
-  return SeqCreated{ans.id, ans.length, ans.attached_blocks};
+  SeqCreated created;
+  KVMESH_RETURN_IF_ERROR(BadAnswer(ParseSeqCreateAnswer(answer, &created)));
+  return created;
 }
 
 Result<uint32_t> SeqAppendCall(SeqFrameIo& io, SeqId id, std::span<const TokenId> tokens,
@@ -103,12 +103,12 @@ Status SeqReleaseCall(SeqFrameIo& io, SeqId id, const RequestOptions& o) {
   return Call(io, Opcode::kSeqRelease, EncodeSeqId(id), o, &answer);
 }
 
-Result<SeqState> SeqInfoCall(SeqFrameIo& io, SeqId id, const RequestOptions& o) {
+Result<SequenceState> SeqInfoCall(SeqFrameIo& io, SeqId id, const RequestOptions& o) {
   std::vector<std::byte> answer;
   KVMESH_RETURN_IF_ERROR(Call(io, Opcode::kSeqInfo, EncodeSeqId(id), o, &answer));
-  SeqInfoAnswer a;
-  KVMESH_RETURN_IF_ERROR(BadAnswer(ParseSeqInfoAnswer(answer, &a)));
-  return SeqState{a.length, a.sealed_blocks, std::move(a.tokens)};
+  SequenceState state;
+  KVMESH_RETURN_IF_ERROR(BadAnswer(ParseSeqInfoAnswer(answer, &state)));
+  return state;
 }
 
 Status SeqReadCall(SeqFrameIo& io, SeqId id, uint32_t from, uint32_t n, std::vector<std::byte>* k,

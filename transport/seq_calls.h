@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "kvmesh/request.h"
+#include "kvmesh/sequence.h"
 #include "kvmesh/status.h"
-#include "shard_node/sequence_service.h"
 #include "transport/protocol.h"
 
 namespace kvmesh {
@@ -54,7 +54,7 @@ Result<uint32_t> SeqAppendCall(SeqFrameIo& io, SeqId id, std::span<const TokenId
 Status SeqTruncateCall(SeqFrameIo& io, SeqId id, uint32_t n, const RequestOptions& o);
 Result<SeqId> SeqForkCall(SeqFrameIo& io, SeqId id, const RequestOptions& o);
 Status SeqReleaseCall(SeqFrameIo& io, SeqId id, const RequestOptions& o);
-Result<SeqState> SeqInfoCall(SeqFrameIo& io, SeqId id, const RequestOptions& o);
+Result<SequenceState> SeqInfoCall(SeqFrameIo& io, SeqId id, const RequestOptions& o);
 // The node may answer fewer positions than asked (its frame limit): asks on
 // from where it stopped and joins the [layer][n][row] pieces. *k and *v are
 // written only on success.
@@ -79,7 +79,7 @@ class SeqOverFrames : public Base, protected SeqFrameIo {
   }
   Result<SeqId> SeqFork(SeqId id, const RequestOptions& o) override { return SeqForkCall(*this, id, o); }
   Status SeqRelease(SeqId id, const RequestOptions& o) override { return SeqReleaseCall(*this, id, o); }
-  Result<SeqState> SeqInfo(SeqId id, const RequestOptions& o) override { return SeqInfoCall(*this, id, o); }
+  Result<SequenceState> SeqInfo(SeqId id, const RequestOptions& o) override { return SeqInfoCall(*this, id, o); }
   Status SeqRead(SeqId id, uint32_t from, uint32_t n, std::vector<std::byte>* k, std::vector<std::byte>* v,
                  const RequestOptions& o) override {
     return SeqReadCall(*this, id, from, n, k, v, o);

@@ -20,12 +20,10 @@
 #include <vector>
 
 #include "kvmesh/request.h"
+#include "kvmesh/sequence.h"
 #include "kvmesh/status.h"
-#include "shard_node/sequence_service.h"
 
 namespace kvmesh {
-
-class ShardNode;
 
 // ---- asynchronous calls (the router's fan-out) ----------------------------------
 //
@@ -35,7 +33,7 @@ class ShardNode;
 // then costs the slowest node's round trip, with no thread hand-off and no
 // extra threads competing with the nodes for cores. Backends that cannot have
 // a call in flight (in-process, UCX today) run the synchronous call inside
-// Start*, which is exactly the old serial behaviour.
+// Start*, which makes a fan-out over them serial.
 
 // What a backend keeps for one call in flight. Reused from call to call.
 class ChannelCallState {
@@ -166,7 +164,7 @@ class ShardChannel {
     (void)id, (void)o;
     return NoSequences();
   }
-  virtual Result<SeqState> SeqInfo(SeqId id, const RequestOptions& o) {
+  virtual Result<SequenceState> SeqInfo(SeqId id, const RequestOptions& o) {
     (void)id, (void)o;
     return NoSequences();
   }
@@ -182,8 +180,5 @@ class ShardChannel {
     return Unimplemented("the " + std::string(transport()) + " transport does not carry live sequences");
   }
 };
-
-// A channel that calls `node` directly (embedded mode). REQUIRES: node outlives it.
-std::unique_ptr<ShardChannel> MakeInProcessChannel(ShardNode* node);
 
 }  // namespace kvmesh

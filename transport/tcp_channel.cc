@@ -620,8 +620,9 @@ void TcpChannelImpl::StartPut(std::span<PutItem> items, const RequestOptions& o,
   TcpCallState* st = BeginCall(call, TcpCallKind::kPut, o);
   st->put = items;
   // The node's limits come with its HELLO. The connection acquired for them
-  // carries the first frame (it used to be acquired twice, the second for
-  // sending, which with two connections sent every call on the same one).
+  // carries the first frame: acquiring a second one for sending would take
+  // two round-robin steps per call and, with two connections, send every
+  // call on the same one.
   Result<std::shared_ptr<Connection>> first = Acquire();
   if (!first.ok()) {
     st->unsent = first.status();

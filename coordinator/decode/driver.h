@@ -1,7 +1,7 @@
 // coordinator/decode/driver.h — the decode driver: a seeded workload of
 // conversations and agent loops with shared prefixes, served by continuous
 // batching over the model-parallel RankEngine, with TTFT/TPOT/throughput and
-// prefix-hit measurements (issue 6, item 5).
+// prefix-hit measurements.
 //
 // Every rank runs RunDecodeWorkload with the same options (SPMD): scheduling
 // depends only on tokens and step counts, never on time, so the ranks make

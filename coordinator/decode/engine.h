@@ -20,7 +20,7 @@
 
 #include "coordinator/decode/model.h"
 #include "coordinator/decode/step_comm.h"
-#include "kvmesh/sequence.h"
+#include "shard_node/sequence_table.h"
 
 namespace kvmesh::decode {
 

@@ -1,5 +1,5 @@
 // coordinator/decode/model.h — the reference decoder-only transformer that
-// exercises kvmesh with real attention (issue 6). It needs no downloaded
+// exercises kvmesh with real attention. It needs no downloaded
 // weights: every tensor is generated from the seed, so any process (or MPI
 // rank) rebuilds the same model. It exists to move real KV through the cache,
 // not to produce language.

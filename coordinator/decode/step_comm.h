@@ -1,5 +1,5 @@
 // coordinator/decode/step_comm.h — the collectives a model-parallel decode
-// step needs between its ranks (issue 6): reduce the ranks' partial outputs,
+// step needs between its ranks: reduce the ranks' partial outputs,
 // broadcast the driver's sampled tokens, agree on a prefix length.
 //
 // Backends: threads in one process (tests, the embedded demo), MPI

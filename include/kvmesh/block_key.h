@@ -1,4 +1,4 @@
-// kvmesh/block_key.h — content-addressed, chained block keys (ARCHITECTURE 2).
+// kvmesh/block_key.h — content-addressed, chained block keys (docs/block-layout.md).
 //
 //   root    = H("kvmesh-key-v1" | model_id | 0x00 | tenant_salt)
 //   chain_i = H(chain_{i-1} | tokens of block i as int32 little-endian)   chain_{-1} = root

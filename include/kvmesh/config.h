@@ -1,4 +1,4 @@
-// kvmesh/config.h — the JSON cluster config (ARCHITECTURE 8; schema in docs/config.md).
+// kvmesh/config.h — the JSON cluster config (schema in docs/config.md).
 //
 // One file describes a cluster: the model, the nodes and their memory budgets,
 // the block store, eviction, and expert-aware placement. The loader is strict:
@@ -93,7 +93,7 @@ struct PlacementConfig {
   std::vector<AffinityRule> affinity;
 };
 
-// Wire transports (issue 3; docs/protocol.md, docs/launch.md).
+// Wire transports (docs/protocol.md, docs/launch.md).
 struct TransportConfig {
   std::string backend = "tcp";          // data plane for routers: "tcp" or "ucx"
   uint32_t io_threads = 2;              // Asio threads per daemon
@@ -118,7 +118,7 @@ struct AuthConfig {
   std::string token;
 };
 
-// Block compression (issue 4; docs/block-format.md): shard nodes encode each
+// Block compression (docs/block-format.md): shard nodes encode each
 // full block on put with the codec of its layers and decode it on get.
 // Codec strings: none | raw | fp16 | bf16 | int8 | int4 | fp8-e4m3 | fp8-e5m2 |
 // lowrank, with options :gN (group), :kivi|token|channel (axes), :rN (rank),

@@ -15,7 +15,7 @@
 // kvmesh/types.h (BlockLayout). Only full blocks have keys: a trailing partial
 // block is ignored by Put and MatchPrefix.
 //
-// Live sequences (ARCHITECTURE 2) work the same way embedded and over the
+// Live sequences (kvmesh/sequence.h) work the same way embedded and over the
 // network: CreateSequence places the sequence on one node and returns a
 // handle; the other sequence calls go to that node only.
 //
@@ -48,6 +48,7 @@
 #include "kvmesh/block_key.h"
 #include "kvmesh/config.h"
 #include "kvmesh/request.h"
+#include "kvmesh/sequence.h"
 #include "kvmesh/status.h"
 
 namespace kvmesh {
@@ -74,9 +75,8 @@ struct RouterOptions {
   // the connection fails at once (its items miss, replicas are asked); one
   // that stalls holds the operation to the timeout, so with replicas its
   // items miss rather than wait a second timeout for the next replica.
-  // false: one node after another,
-  // each call with its own timeout (the previous behaviour; benchmarks use it
-  // as the baseline).
+  // false: one node after another, each call with its own timeout (the
+  // benchmarks' baseline).
   bool parallel_fanout = true;
 };
 
@@ -95,12 +95,6 @@ struct SequenceHandle {
   std::string node_id;      // finds the node again after the map changes
   Range layers, heads;      // the slice the sequence holds (never empty)
   uint32_t prefix_tokens = 0;  // tokens attached from the prefix at creation (0 for a fork)
-};
-
-struct SequenceState {
-  uint32_t length = 0;         // tokens
-  uint32_t sealed_blocks = 0;  // leading full blocks sealed into the node's store
-  std::vector<TokenId> tokens;
 };
 
 class Router {

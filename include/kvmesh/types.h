@@ -104,7 +104,7 @@ inline constexpr Priority kMaxPriorityClasses = 8;
 inline constexpr Priority kDefaultPriority = 1;
 
 // Placement hint carried by a request: put the block in the shard group that
-// serves this expert / layer group / tensor-parallel rank (ARCHITECTURE 4).
+// serves this expert / layer group / tensor-parallel rank (docs/architecture.md, "Placement").
 struct Affinity {
   enum class Kind : uint8_t { kNone = 0, kExpert, kLayerGroup, kRank };
   Kind kind = Kind::kNone;

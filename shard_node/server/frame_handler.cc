@@ -261,7 +261,7 @@ Status FrameHandler::HandleSequence(const FrameHeader& h, std::span<const std::b
       a.max_blocks = q.max_blocks == kSeqNoLimit ? SIZE_MAX : q.max_blocks;
       Result<SeqCreated> c = seqs.Create(a);
       if (!c.ok()) return answer(c.status(), {});
-      return answer(Status::Ok(), EncodeSeqCreateAnswer({c->id, c->length, c->attached_blocks}));
+      return answer(Status::Ok(), EncodeSeqCreateAnswer(*c));
     }
     case Opcode::kSeqAppend: {
       SeqAppendRequest q;
@@ -284,11 +284,11 @@ Status FrameHandler::HandleSequence(const FrameHeader& h, std::span<const std::b
       return answer(seqs.Release(id), {});
     case Opcode::kSeqInfo: {
       KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &id));
-      Result<SeqState> st = seqs.Info(id);
+      Result<SequenceState> st = seqs.Info(id);
       if (!st.ok()) return answer(st.status(), {});
       if (12 + uint64_t{st->length} * 4 > limits_.max_body_bytes)
         return answer(ResourceExhausted("sequence too long for one SEQ_INFO answer"), {});
-      return answer(Status::Ok(), EncodeSeqInfoAnswer({st->length, st->sealed_blocks, std::move(st->tokens)}));
+      return answer(Status::Ok(), EncodeSeqInfoAnswer(*st));
     }
     case Opcode::kSeqRead: {
       KVMESH_RETURN_IF_ERROR(ParseSeqRead(body, &id, &from, &n));

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kvmesh/build_config.h"
 #include "shard_node/server/data_server.h"
 #include "shard_node/server/resp_server.h"
 #if defined(KVMESH_HAVE_UCX)
@@ -155,7 +156,7 @@ class Daemon final : public NodeDaemon {
 #if defined(KVMESH_HAVE_UCX)
     if (ucx_) g("kvmesh_ucx_requests_total", "counter", ucx_->requests());
 #endif
-    if (TieredStore* t = node_->tiers()) out += t->PrometheusText();  // tiers and pressure (issue 5)
+    if (TieredStore* t = node_->tiers()) out += t->PrometheusText();  // tiers and pressure
     return out;
   }
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "shard_node/server/resp_protocol.h"
-#include "shard_node/server/resp_session.h"
+#include "transport/resp/resp_protocol.h"
+#include "transport/resp/resp_session.h"
 #include "shard_node/shard_node.h"
 #include "transport/asio_listener.h"
 

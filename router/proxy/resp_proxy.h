@@ -1,4 +1,4 @@
-// shard_node/server/resp_proxy.h — the cluster-wide Redis-protocol front: a
+// router/proxy/resp_proxy.h — the cluster-wide Redis-protocol front: a
 // RESP endpoint whose every key goes through the Router to the node that owns
 // it, so an unmodified Redis client sees the whole cluster as one Redis.
 //

@@ -1,4 +1,4 @@
-// gpu_model_test: the reference model on the GPU (coordinator/decode/model_cuda.h)
+// gpu_model_test: the reference model on the GPU (coordinator/decode/cuda/model_cuda.h)
 // against the CPU reference (ReferenceModel), and its kernels against the
 // CPU functions they mirror.
 //
@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "coordinator/decode/model.h"
-#include "coordinator/decode/model_cuda.h"
+#include "coordinator/decode/cuda/model_cuda.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/model_ops.h"
+#include "coordinator/decode/cuda/model_ops.h"
 
 using namespace kvmesh;
 using namespace kvmesh::decode;

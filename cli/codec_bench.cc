@@ -1,4 +1,4 @@
-#include "kernels/codec_bench.h"
+#include "cli/codec_bench.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-// shard_node/server/resp_session.h — one RESP connection, shared by both RESP
+// transport/resp/resp_session.h — one RESP connection, shared by both RESP
 // fronts: read, parse (resp_protocol.h), run the commands, write the answers
 // of a pipelined run in one gathered write, in command order.
 //
@@ -22,7 +22,7 @@
 
 #include <cstdint>
 
-#include "shard_node/server/resp_protocol.h"
+#include "transport/resp/resp_protocol.h"
 #include "transport/asio.h"
 
 namespace kvmesh {

@@ -1,8 +1,8 @@
-// The in-process channel: embedded mode and tests. Calls the node directly;
-// Get copies from pool memory straight into the caller's buffer, verifying
-// the checksum in the same pass.
+// The in-process channel (inproc_channel.h). Get copies from pool memory
+// straight into the caller's buffer, verifying the checksum in the same pass.
+#include "coordinator/embedded/inproc_channel.h"
+
 #include "shard_node/shard_node.h"
-#include "transport/shard_channel.h"
 
 namespace kvmesh {
 namespace {
@@ -69,7 +69,7 @@ class InProcessChannel final : public ShardChannel {
   }
   Result<SeqId> SeqFork(SeqId id, const RequestOptions&) override { return node_->sequences().Fork(id); }
   Status SeqRelease(SeqId id, const RequestOptions&) override { return node_->sequences().Release(id); }
-  Result<SeqState> SeqInfo(SeqId id, const RequestOptions&) override { return node_->sequences().Info(id); }
+  Result<SequenceState> SeqInfo(SeqId id, const RequestOptions&) override { return node_->sequences().Info(id); }
   Status SeqRead(SeqId id, uint32_t from, uint32_t n, std::vector<std::byte>* k, std::vector<std::byte>* v,
                  const RequestOptions&) override {
     KVMESH_ASSIGN_OR_RETURN(SeqRows rows, node_->sequences().Read(id, from, n, SIZE_MAX, k, v));

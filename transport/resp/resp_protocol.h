@@ -1,4 +1,4 @@
-// shard_node/server/resp_protocol.h — the Redis protocol (RESP2) both kvmesh
+// transport/resp/resp_protocol.h — the Redis protocol (RESP2) both kvmesh
 // RESP fronts speak: the node-local front (resp_server.h, one node's store,
 // zero hops) and the cluster-wide proxy (resp_proxy.h, every key through the
 // router to the node that owns it). One parser, one encoder, one command

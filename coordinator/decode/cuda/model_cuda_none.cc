@@ -1,6 +1,6 @@
-// coordinator/decode/model_cuda_none.cc — CudaReferenceModel in a build
+// coordinator/decode/cuda/model_cuda_none.cc — CudaReferenceModel in a build
 // without CUDA: nothing can be created, so the members are never reached.
-#include "coordinator/decode/model_cuda.h"
+#include "coordinator/decode/cuda/model_cuda.h"
 
 namespace kvmesh::decode {
 

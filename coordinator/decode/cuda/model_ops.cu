@@ -1,11 +1,11 @@
-// kernels/cuda/model_ops.cu — see model_ops.h. The per-thread work is in
+// coordinator/decode/cuda/model_ops.cu — see model_ops.h. The per-thread work is in
 // model_ops_threads.h (tested on the CPU); every product and sum there and
 // here uses the explicit round-to-nearest intrinsics, so no flag can fuse one
 // into an FMA and change a bit against the CPU.
 #include <cmath>
 
-#include "kernels/cuda/model_ops.h"
-#include "kernels/cuda/model_ops_threads.h"
+#include "coordinator/decode/cuda/model_ops.h"
+#include "coordinator/decode/cuda/model_ops_threads.h"
 
 namespace kvmesh::kernels::cuda {
 namespace {

@@ -1,13 +1,13 @@
-// coordinator/decode/model_cuda.h — the reference model (model.h) on a CUDA
+// coordinator/decode/cuda/model_cuda.h — the reference model (model.h) on a CUDA
 // device: the same seeded weights, the same formulas, fp32, with the weights
 // and every sequence's KV cache resident in device memory.
 //
-// It is ReferenceModel's GPU twin (issue 6: "fp32 math on the CPU, CUDA where
-// a GPU is present"), built on kernels/cuda/model_ops.h. Prompts are fed in
+// It is ReferenceModel's GPU twin (fp32 math on the CPU, CUDA where a GPU
+// is present), built on coordinator/decode/cuda/model_ops.h. Prompts are fed in
 // chunks of rows at once (causal attention inside the chunk), decode one row
 // a step. MatMul, RMSNorm and RoPE give the CPU's bits; softmax and SiLU use
 // CUDA's expf, so logits agree with ReferenceModel within fp32 rounding
-// (kernels/cuda/gpu_model_test.cc states and checks the bound). MoE gating
+// (coordinator/decode/cuda/gpu_model_test.cc states and checks the bound). MoE gating
 // (top-k over a few experts) runs on the host with the CPU's TopK, from the
 // device's gate logits, so both pick the same experts.
 //

@@ -1,4 +1,4 @@
-#include "shard_node/server/resp_session.h"
+#include "transport/resp/resp_session.h"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-// kernels/codec_bench.h — synthetic KV data, accuracy metrics and the codec
+// cli/codec_bench.h — synthetic KV data, accuracy metrics and the codec
 // benchmark behind `kvmesh bench codecs` and bench/bench_codecs.
 //
 // Data: keys with a few large-magnitude outlier channels (as in real K caches,

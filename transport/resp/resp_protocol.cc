@@ -1,4 +1,4 @@
-#include "shard_node/server/resp_protocol.h"
+#include "transport/resp/resp_protocol.h"
 
 #include <xxhash.h>
 

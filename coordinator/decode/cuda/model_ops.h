@@ -1,4 +1,4 @@
-// kernels/cuda/model_ops.h — the fp32 operations of the reference decoder
+// coordinator/decode/cuda/model_ops.h — the fp32 operations of the reference decoder
 // (coordinator/decode/model.h) on a CUDA device: matrix-vector products,
 // RMSNorm, RoPE, GQA attention over a contiguous KV cache, SwiGLU and the
 // small element-wise steps between them.

@@ -1,4 +1,4 @@
-#include "shard_node/server/resp_proxy.h"
+#include "router/proxy/resp_proxy.h"
 
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "kvmesh/router.h"
-#include "shard_node/server/resp_protocol.h"
-#include "shard_node/server/resp_session.h"
+#include "transport/resp/resp_protocol.h"
+#include "transport/resp/resp_session.h"
 #include "transport/asio_listener.h"
 
 namespace kvmesh {

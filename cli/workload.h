@@ -1,4 +1,4 @@
-// coordinator/workload.h — a seeded workload of multi-turn conversations that
+// cli/workload.h — a seeded workload of multi-turn conversations that
 // share system prompts, as an inference server sees them: each request is the
 // whole history so far plus a new user message, so later turns (and other
 // conversations with the same system prompt) can reuse cached prefixes.

@@ -1,4 +1,4 @@
-#include "coordinator/demo.h"
+#include "cli/demo.h"
 
 #include <algorithm>
 #include <atomic>

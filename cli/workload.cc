@@ -1,4 +1,4 @@
-#include "coordinator/workload.h"
+#include "cli/workload.h"
 
 #include <cmath>
 

@@ -1,11 +1,11 @@
-// coordinator/decode/model_cuda.cc — CudaReferenceModel (model_cuda.h) on the
-// kernels of kernels/cuda/model_ops.h. Host code only (built by the C++
+// coordinator/decode/cuda/model_cuda.cc — CudaReferenceModel (model_cuda.h) on the
+// kernels of coordinator/decode/cuda/model_ops.h. Host code only (built by the C++
 // compiler against the CUDA runtime).
 //
 // Device layout: one arena holds every weight tensor; a sequence holds its K
 // and V as [layer][max_positions][kv_heads*head_dim]; scratch for one chunk of
 // kChunk rows is reserved at Create, so Feed allocates nothing on the device.
-#include "coordinator/decode/model_cuda.h"
+#include "coordinator/decode/cuda/model_cuda.h"
 
 #include <cuda_runtime.h>
 
@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "kernels/cuda/cuda_status.h"
-#include "kernels/cuda/model_ops.h"
+#include "coordinator/decode/cuda/model_ops.h"
 
 namespace kvmesh::decode {
 namespace ops = kernels::cuda;

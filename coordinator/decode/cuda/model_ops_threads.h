@@ -1,4 +1,4 @@
-// kernels/cuda/model_ops_threads.h — what one CUDA thread (or lane) of each
+// coordinator/decode/cuda/model_ops_threads.h — what one CUDA thread (or lane) of each
 // kernel in model_ops.cu does, as host/device functions of its indices. The
 // __global__ kernels only compute their indices, call these and do the warp
 // shuffles and block reductions; tests/test_decode.cc runs these on the CPU

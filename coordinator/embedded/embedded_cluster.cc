@@ -1,8 +1,8 @@
 #include "kvmesh/embedded.h"
 
+#include "coordinator/embedded/inproc_channel.h"
 #include "router/shard_map.h"
 #include "shard_node/shard_node.h"
-#include "transport/shard_channel.h"
 
 namespace kvmesh {
 

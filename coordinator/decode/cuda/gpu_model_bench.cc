@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "coordinator/decode/model.h"
-#include "coordinator/decode/model_cuda.h"
+#include "coordinator/decode/cuda/model_cuda.h"
 
 using namespace kvmesh;
 using namespace kvmesh::decode;

@@ -1,4 +1,4 @@
-// coordinator/demo.h — the main job: replay a seeded conversation workload
+// cli/demo.h — the main job: replay a seeded conversation workload
 // through a router as an inference server's prefill would, and measure it.
 //
 // For every request: MatchPrefix(prompt) -> m cached blocks; GetBatch reads
@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "common/histogram.h"
-#include "coordinator/workload.h"
+#include "cli/workload.h"
 #include "kvmesh/router.h"
 
 namespace kvmesh {
