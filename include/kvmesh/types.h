@@ -1,4 +1,4 @@
-// kvmesh/types.h — the shared data model (ARCHITECTURE section 2).
+// kvmesh/types.h — the shared data model (docs/architecture.md, "The data model").
 //
 // ModelSpec describes the model whose KV is cached; BlockLayout names which
 // slice of a block (layer range x head range) a payload holds and where each
