@@ -30,6 +30,8 @@
 // a BlockRef that holds a pin until it is destroyed; Pin()/Unpin() hold
 // explicit pins for clients. Erasing a pinned block hides it at once and frees
 // its chunk on the last unpin.
+// The per-block operations are BlockStoreOps (shard_node/block_store_ops.h),
+// which TieredStore implements too.
 //
 // Thread-safety: all methods are thread-safe. The store is split into
 // `stripes` independently locked parts by key hash (leveldb ShardedLRUCache),
@@ -53,20 +55,10 @@
 #include "kvmesh/clock.h"
 #include "kvmesh/status.h"
 #include "kvmesh/types.h"
+#include "shard_node/block_store_ops.h"
 #include "shard_node/memory_backend.h"
 
 namespace kvmesh {
-
-struct BlockMeta {
-  BlockKey key;
-  uint32_t size = 0;          // stored payload bytes
-  uint32_t logical_size = 0;  // bytes before encoding (== size when not encoded)
-  uint8_t codec = 0;          // codec id of the payload (0 = raw)
-  Priority priority = kDefaultPriority;
-  uint64_t checksum = 0;      // xxHash3-64 of the stored payload
-  int64_t last_access_ns = 0;
-  uint32_t access_count = 0;
-};
 
 // Size classes of a store: 1 = fixed slots (every block takes a whole slot).
 inline constexpr uint32_t kDefaultSizeClasses = 4;
@@ -89,20 +81,6 @@ struct StoreOptions {
   // nullptr: host memory from MakeHostMemory(capacity_bytes).
   std::unique_ptr<MemoryBackend> backend;
   Clock* clock = nullptr;  // nullptr: SystemClock()
-};
-
-struct PutOptions {
-  Priority priority = kDefaultPriority;
-  uint8_t codec = 0;
-  uint32_t logical_size = 0;  // 0: same as the payload size
-  float score = 0.0f;         // hint for score-based policies
-  // ShardNode::Put only: replace a block already stored under the key (in
-  // every tier). Default: the first block stays (keys name their content).
-  bool replace = false;
-  // BlockStore::Put only. False: ResourceExhausted instead of evicting when
-  // the block's class has no free chunk and no page is free (level-2
-  // re-encoding waits for the page its erases are emptying).
-  bool may_evict = true;
 };
 
 // One size class of a store (StoreStats::classes).
@@ -141,35 +119,7 @@ struct StoreStats {
   void Add(const StoreStats& o);
 };
 
-class BlockStore;
-
-// A pinned, read-only view of a stored block. Move-only; unpins on destruction.
-// REQUIRES: the store outlives every BlockRef.
-class BlockRef {
- public:
-  BlockRef() = default;
-  BlockRef(BlockRef&& o) noexcept { *this = std::move(o); }
-  BlockRef& operator=(BlockRef&& o) noexcept;
-  BlockRef(const BlockRef&) = delete;
-  BlockRef& operator=(const BlockRef&) = delete;
-  ~BlockRef() { Release(); }
-
-  bool valid() const { return store_ != nullptr; }
-  // Payload bytes in the store's memory (device memory for a device backend).
-  std::span<const std::byte> data() const { return {data_, meta_.size}; }
-  const BlockMeta& meta() const { return meta_; }
-  void Release();
-
- private:
-  friend class BlockStore;
-  BlockStore* store_ = nullptr;
-  uint32_t stripe_ = 0;
-  uint32_t slot_ = 0;
-  const std::byte* data_ = nullptr;
-  BlockMeta meta_;
-};
-
-class BlockStore {
+class BlockStore final : public BlockStoreOps {
  public:
   // Called under the stripe lock just before an evicted block's slot is
   // reused (demotion to a lower tier copies it out here). Must not call back
@@ -177,7 +127,7 @@ class BlockStore {
   using EvictionListener = std::function<void(const BlockMeta&, std::span<const std::byte>)>;
 
   static Result<std::unique_ptr<BlockStore>> Create(StoreOptions options);
-  ~BlockStore();
+  ~BlockStore() override;
 
   // Stores `payload` under `key`, evicting unpinned blocks by policy when the
   // stripe is full. A key that is already stored is refreshed (its priority
@@ -186,23 +136,23 @@ class BlockStore {
   // (every block that could make room is pinned or being written, or
   // o.may_evict is false and there is no room), Busy (the admission filter
   // refused).
-  Status Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o = {});
+  Status Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o = {}) override;
 
   // A pinned view of the block. NotFound on a miss, DataLoss on a checksum
   // mismatch (the block is then erased).
-  Result<BlockRef> Get(const BlockKey& key);
+  Result<BlockRef> Get(const BlockKey& key) override;
   // Copies the block into `dst` (REQUIRES dst.size() >= block size) and
   // returns its size.
-  Result<size_t> GetInto(const BlockKey& key, std::span<std::byte> dst);
+  Result<size_t> GetInto(const BlockKey& key, std::span<std::byte> dst) override;
 
   // True when stored. With touch, counts as an access (refreshes recency).
-  bool Exists(const BlockKey& key, bool touch = false);
+  bool Exists(const BlockKey& key, bool touch = false) override;
   // NotFound when absent.
-  Status Erase(const BlockKey& key);
+  Status Erase(const BlockKey& key) override;
   // Explicit pins (counted); NotFound when absent, FailedPrecondition on
   // Unpin of an unpinned block.
-  Status Pin(const BlockKey& key);
-  Status Unpin(const BlockKey& key);
+  Status Pin(const BlockKey& key) override;
+  Status Unpin(const BlockKey& key) override;
 
   void SetEvictionListener(EvictionListener l);
 

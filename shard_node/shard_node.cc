@@ -82,6 +82,7 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
     if (!tiers.ok()) return tiers.status().WithContext("node " + node_id);
     n->tiers_ = std::move(tiers).value();
   }
+  n->serving_ = n->tiers_ ? static_cast<BlockStoreOps*>(n->tiers_.get()) : n->store_.get();
   SequenceServiceOptions seq = sequences ? *sequences : SequenceOptions(config);
   seq.tiers = n->tiers_.get();
   n->sequences_ = std::make_unique<SequenceService>(n->store_.get(), n->model_, std::move(seq), clock);
@@ -98,10 +99,6 @@ SequenceServiceOptions ShardNode::SequenceOptions(const ClusterConfig& config) {
   return o;
 }
 
-Status ShardNode::StorePut(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {
-  return tiers_ ? tiers_->Put(key, payload, o) : store_->Put(key, payload, o);
-}
-Result<BlockRef> ShardNode::StoreGet(const BlockKey& key) { return tiers_ ? tiers_->Get(key) : store_->Get(key); }
 void ShardNode::Prefetch(std::span<const BlockKey> keys) {
   if (tiers_) tiers_->Prefetch(keys);
 }
@@ -109,20 +106,20 @@ void ShardNode::Prefetch(std::span<const BlockKey> keys) {
 Status ShardNode::Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {
   // Replace (RESP SET): drop every tier's copy first, so no stale copy can be
   // demoted or promoted later. A pinned old block lives on for its readers.
-  if (o.replace) (void)(tiers_ ? tiers_->Erase(key) : store_->Erase(key));
+  if (o.replace) (void)serving_->Erase(key);
   if (codec_ && o.codec == 0 && codec_->Encodes(payload)) {
     KVMESH_ASSIGN_OR_RETURN(std::span<const std::byte> enc, codec_->Encode(payload));
     PutOptions po = o;
     po.codec = codec_->codec_id();
     po.logical_size = static_cast<uint32_t>(payload.size());
-    return StorePut(key, enc, po);
+    return serving_->Put(key, enc, po);
   }
-  return StorePut(key, payload, o);
+  return serving_->Put(key, payload, o);
 }
-Result<BlockRef> ShardNode::Get(const BlockKey& key) { return StoreGet(key); }
+Result<BlockRef> ShardNode::Get(const BlockKey& key) { return serving_->Get(key); }
 Result<size_t> ShardNode::GetInto(const BlockKey& key, std::span<std::byte> dst) {
-  if (!codec_) return tiers_ ? tiers_->GetInto(key, dst) : store_->GetInto(key, dst);
-  KVMESH_ASSIGN_OR_RETURN(BlockRef ref, StoreGet(key));  // verified against its checksum
+  if (!codec_) return serving_->GetInto(key, dst);
+  KVMESH_ASSIGN_OR_RETURN(BlockRef ref, serving_->Get(key));  // verified against its checksum
   std::vector<std::byte> host;
   std::span<const std::byte> data = ref.data();
   if (!store_->backend().host_accessible()) {
@@ -139,12 +136,10 @@ Result<size_t> ShardNode::GetInto(const BlockKey& key, std::span<std::byte> dst)
   }
   return codec_->Decode(data, dst);
 }
-bool ShardNode::Exists(const BlockKey& key, bool touch) {
-  return tiers_ ? tiers_->Exists(key, touch) : store_->Exists(key, touch);
-}
-Status ShardNode::Erase(const BlockKey& key) { return tiers_ ? tiers_->Erase(key) : store_->Erase(key); }
-Status ShardNode::Pin(const BlockKey& key) { return tiers_ ? tiers_->Pin(key) : store_->Pin(key); }
-Status ShardNode::Unpin(const BlockKey& key) { return store_->Unpin(key); }
+bool ShardNode::Exists(const BlockKey& key, bool touch) { return serving_->Exists(key, touch); }
+Status ShardNode::Erase(const BlockKey& key) { return serving_->Erase(key); }
+Status ShardNode::Pin(const BlockKey& key) { return serving_->Pin(key); }
+Status ShardNode::Unpin(const BlockKey& key) { return serving_->Unpin(key); }
 
 NodeStats ShardNode::Stats() const { return NodeStats{id_, store_->Stats()}; }
 

@@ -18,6 +18,7 @@
 #include "kvmesh/config.h"
 #include "kvmesh/request.h"
 #include "shard_node/block_store.h"
+#include "shard_node/block_store_ops.h"
 #include "shard_node/tiered_store.h"
 #include "shard_node/codec_stage.h"
 #include "shard_node/sequence_service.h"
@@ -81,9 +82,9 @@ class ShardNode {
   ModelSpec model_;
   std::unique_ptr<BlockStore> store_;
   std::unique_ptr<TieredStore> tiers_;  // over store_ (declared after it: destroyed first)
-  // Through the tiers when there are any, else straight to the block store.
-  Status StorePut(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o);
-  Result<BlockRef> StoreGet(const BlockKey& key);
+  // What the block operations go through: tiers_ when there are any, else
+  // store_. Never null after Create; owned by one of them.
+  BlockStoreOps* serving_ = nullptr;
   std::unique_ptr<CodecStage> codec_;
   std::unique_ptr<SequenceService> sequences_;  // pins blocks of store_: declared last, destroyed first
 };

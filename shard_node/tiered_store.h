@@ -28,6 +28,9 @@
 // RunMaintenance() every `interval_ms`; tests disable the thread and call it
 // with a ManualClock.
 //
+// The per-block operations (BlockStoreOps, shard_node/block_store_ops.h)
+// cover the whole hierarchy: a Get or Pin finds a block in any tier.
+//
 // Thread-safety: all methods are thread-safe. Lock order: primary stripe ->
 // host stripe -> SSD mutex -> shadow mutex (a leaf); maintenance holds its own
 // mutex outside all of them.
@@ -52,6 +55,7 @@
 #include "kvmesh/status.h"
 #include "kvmesh/types.h"
 #include "shard_node/block_store.h"
+#include "shard_node/block_store_ops.h"
 #include "shard_node/pressure.h"
 #include "shard_node/ssd_tier.h"
 
@@ -117,28 +121,28 @@ struct TierStats {
   uint64_t maintenance_ticks = 0;
 };
 
-class TieredStore {
+class TieredStore final : public BlockStoreOps {
  public:
   // `primary` must outlive the TieredStore; its eviction listener is taken.
   static Result<std::unique_ptr<TieredStore>> Create(BlockStore* primary, TieredStoreOptions o);
-  ~TieredStore();  // stops the background thread
+  ~TieredStore() override;  // stops the background thread
 
   // Stores in the primary tier. Busy at pressure level 3.
-  Status Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o = {});
+  Status Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o = {}) override;
   // A pinned view from the primary tier (after promotion) or, served in place,
   // from the host tier (an SSD block is then staged in the host tier; without
   // a host tier it is promoted even at level 3: reads keep working). Busy only
   // when the block cannot be placed anywhere (every slot pinned); GetInto
   // reads such blocks in place.
-  Result<BlockRef> Get(const BlockKey& key);
+  Result<BlockRef> Get(const BlockKey& key) override;
   // Copies the block into `dst` (decoded to raw bytes with decode_on_read) and
   // returns its size. Misses: NotFound, or DataLoss for a corrupt SSD block.
-  Result<size_t> GetInto(const BlockKey& key, std::span<std::byte> dst);
-  bool Exists(const BlockKey& key, bool touch);
-  Status Erase(const BlockKey& key);
+  Result<size_t> GetInto(const BlockKey& key, std::span<std::byte> dst) override;
+  bool Exists(const BlockKey& key, bool touch) override;
+  Status Erase(const BlockKey& key) override;
   // Pins in the primary tier, promoting the block first when it is lower.
-  Status Pin(const BlockKey& key);
-  Status Unpin(const BlockKey& key);
+  Status Pin(const BlockKey& key) override;
+  Status Unpin(const BlockKey& key) override;
   // Queues promotions of `keys` for the next maintenance tick.
   void Prefetch(std::span<const BlockKey> keys);
 
