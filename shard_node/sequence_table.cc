@@ -48,6 +48,9 @@ struct SequenceTable::Impl {
   ModelSpec model;
   BlockLayout layout;
   SequenceOptions options;
+  // What blocks are found, read and stored through: the node's tiers when
+  // options.tiers is set (demoted blocks are promoted back), else `store`.
+  BlockStoreOps* serving;
   KeyDeriver deriver;
   size_t elem;  // bytes per element
   // Codec of sealed blocks (null: raw), its BlockMeta::codec id, the slice's
@@ -68,6 +71,7 @@ struct SequenceTable::Impl {
 
   Impl(BlockStore* s, const ModelSpec& m, const BlockLayout& l, SequenceOptions o)
       : store(s), model(m), layout(l), options(std::move(o)),
+        serving(options.tiers ? static_cast<BlockStoreOps*>(options.tiers) : s),
         deriver(m.model_id, options.tenant_salt, m.block_tokens), elem(DTypeSize(m.dtype)) {}
 
   Seq* Find(SeqId id) const {
@@ -125,17 +129,6 @@ struct SequenceTable::Impl {
     }
     return fresh;
   }
-  // The store, through the node's tiers when it has them.
-  bool Has(const BlockKey& key, bool touch) const {
-    return options.tiers ? options.tiers->Exists(key, touch) : store->Exists(key, touch);
-  }
-  Result<BlockRef> Fetch(const BlockKey& key) const {
-    return options.tiers ? options.tiers->Get(key) : store->Get(key);
-  }
-  Status Store(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& po) const {
-    return options.tiers ? options.tiers->Put(key, payload, po) : store->Put(key, payload, po);
-  }
-
   BlockKey PrevChain(const Seq& s, size_t b) const { return b == 0 ? deriver.root() : s.blocks[b - 1].chain; }
   BlockKey StoredKey(const BlockKey& chain) const { return KeyDeriver::Qualify(chain, layout.layers, layout.heads); }
 
@@ -145,7 +138,7 @@ struct SequenceTable::Impl {
     Block& blk = s.blocks[b];
     blk.chain = KeyDeriver::Chain(PrevChain(s, b), std::span<const TokenId>(s.tokens).subspan(b * bt, bt));
     const BlockKey key = StoredKey(blk.chain);
-    const bool existed = Has(key, false);
+    const bool existed = serving->Exists(key, false);
     PutOptions po;
     po.priority = options.priority;
     std::span<const std::byte> payload = blk.open;
@@ -171,8 +164,8 @@ struct SequenceTable::Impl {
       // An encode failure (none is expected for a validated slice) keeps the
       // block raw and private below.
     }
-    Status st = (codec && !dec) ? Internal("codec refused the block") : Store(key, payload, po);
-    Result<BlockRef> ref = st.ok() ? Fetch(key) : Result<BlockRef>(st);
+    Status st = (codec && !dec) ? Internal("codec refused the block") : serving->Put(key, payload, po);
+    Result<BlockRef> ref = st.ok() ? serving->Get(key) : Result<BlockRef>(st);
     if (ref.ok() && Usable(*ref) && Encoded(*ref)) {
       // Ours (dec) or, on a dedup, another writer's encoded block.
       Result<std::shared_ptr<const Bytes>> shared = Decoded(key, *ref, existed ? nullptr : dec);
@@ -241,7 +234,7 @@ size_t SequenceTable::MatchPrefix(std::span<const TokenId> tokens) {
   size_t run = 0;
   for (size_t b = 0; (b + 1) * bt <= tokens.size(); ++b) {
     chain = KeyDeriver::Chain(chain, tokens.subspan(b * bt, bt));
-    if (!im.Has(im.StoredKey(chain), /*touch=*/true)) break;
+    if (!im.serving->Exists(im.StoredKey(chain), /*touch=*/true)) break;
     ++run;
   }
   return run;
@@ -255,7 +248,7 @@ SeqId SequenceTable::CreateFromPrefix(std::span<const TokenId> tokens, size_t ma
   for (size_t b = 0; b < max_blocks && (b + 1) * bt <= tokens.size(); ++b) {
     chain = KeyDeriver::Chain(chain, tokens.subspan(b * bt, bt));
     const BlockKey key = im.StoredKey(chain);
-    Result<BlockRef> ref = im.Fetch(key);  // promotes a demoted block
+    Result<BlockRef> ref = im.serving->Get(key);  // promotes a demoted block
     if (!ref.ok() || !im.Usable(*ref)) break;
     Block blk;
     if (im.Encoded(*ref)) {
@@ -386,7 +379,7 @@ Result<SeqId> SequenceTable::Fork(SeqId seq) {
     if (src.ref.valid()) {
       // Pin the same stored block once more (no copy). It is pinned by `s`,
       // so it is still there; a checksum failure falls back to a private copy.
-      Result<BlockRef> ref = im.Fetch(src.ref.meta().key);
+      Result<BlockRef> ref = im.serving->Get(src.ref.meta().key);
       if (ref.ok()) {
         dst.ref = std::move(ref).value();
         dst.dec = src.dec;
