@@ -103,222 +103,240 @@ void FrameHandler::OkReply(const FrameHeader& req, uint32_t count, std::string b
 
 // Answers one data frame. Non-OK only for a malformed body (closes the connection).
 Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+  switch (h.opcode) {
+    case Opcode::kPut: return HandlePut(h, body, rep);
+    case Opcode::kGet: return HandleGet(h, body, rep);
+    case Opcode::kExists: return HandleExists(h, body, rep);
+    case Opcode::kMatchPrefix: return HandleMatchPrefix(h, body, rep);
+    case Opcode::kErase: return HandlePerKey(h, body, &ShardNode::Erase, rep);
+    case Opcode::kPin: return HandlePerKey(h, body, &ShardNode::Pin, rep);
+    case Opcode::kUnpin: return HandlePerKey(h, body, &ShardNode::Unpin, rep);
+    case Opcode::kStats: return HandleStats(h, rep);
+    case Opcode::kSeqCreate: return HandleSeqCreate(h, body, rep);
+    case Opcode::kSeqAppend: return HandleSeqAppend(h, body, rep);
+    case Opcode::kSeqTruncate: return HandleSeqTruncate(h, body, rep);
+    case Opcode::kSeqFork: return HandleSeqFork(h, body, rep);
+    case Opcode::kSeqRelease: return HandleSeqRelease(h, body, rep);
+    case Opcode::kSeqInfo: return HandleSeqInfo(h, body, rep);
+    case Opcode::kSeqRead: return HandleSeqRead(h, body, rep);
+    case Opcode::kHello:  // answered by Handle() before any data frame
+      break;
+  }
+  return InvalidArgument("unexpected opcode");
+}
+
+Status FrameHandler::HandlePut(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+  const size_t table = size_t{h.count} * kPutItemSize;
+  std::vector<PutRecord> recs;
+  KVMESH_RETURN_IF_ERROR(ParsePutTable(h, body.first(table), limits_, &recs));
+  std::string codes(h.count, '\0');
+  size_t off = table;
+  for (size_t i = 0; i < recs.size(); ++i) {
+    std::span<const std::byte> data = body.subspan(off, recs[i].size);
+    off += recs[i].size;
+    Status s;
+    if (Checksum64(data.data(), data.size()) != recs[i].checksum) {
+      s = DataLoss("payload checksum mismatch");
+    } else {
+      PutOptions po;
+      po.priority = recs[i].priority;
+      po.codec = recs[i].codec;
+      po.replace = h.flags & kFlagReplace;
+      s = node_->Put(recs[i].key, data, po);
+    }
+    codes[i] = static_cast<char>(s.code());
+  }
+  OkReply(h, h.count, std::move(codes), rep);
+  return Status::Ok();
+}
+
+Status FrameHandler::HandleGet(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
   std::vector<BlockKey> keys;
-  switch (h.opcode) {
-    case Opcode::kPut: {
-      const size_t table = size_t{h.count} * kPutItemSize;
-      std::vector<PutRecord> recs;
-      KVMESH_RETURN_IF_ERROR(ParsePutTable(h, body.first(table), limits_, &recs));
-      std::string codes(h.count, '\0');
-      size_t off = table;
-      for (size_t i = 0; i < recs.size(); ++i) {
-        std::span<const std::byte> data = body.subspan(off, recs[i].size);
-        off += recs[i].size;
-        Status s;
-        if (Checksum64(data.data(), data.size()) != recs[i].checksum) {
-          s = DataLoss("payload checksum mismatch");
-        } else {
-          PutOptions po;
-          po.priority = recs[i].priority;
-          po.codec = recs[i].codec;
-          po.replace = h.flags & kFlagReplace;
-          s = node_->Put(recs[i].key, data, po);
-        }
-        codes[i] = static_cast<char>(s.code());
+  KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
+  std::string table(keys.size() * kGetItemSize, '\0');
+  rep->refs.reserve(keys.size());
+  const bool host = node_->store().backend().host_accessible();
+  uint64_t total = table.size();
+  std::vector<std::span<const std::byte>> payloads;
+  rep->copies.reserve(keys.size());  // copies_ never reallocates: payload spans point into it
+  for (size_t i = 0; i < keys.size(); ++i) {
+    GetRecord r;
+    Result<BlockRef> ref = node_->Get(keys[i]);
+    if (!ref.ok()) {
+      r.status = ref.status().code();
+    } else if (total + ref->meta().logical_size > limits_.max_body_bytes) {
+      r.status = StatusCode::kBusy;  // the answer is full: ask again in a smaller batch
+    } else if (ref->meta().codec != 0) {
+      // Stored encoded (config.codec): clients get the decoded block, as
+      // in-process reads do, so the router API means the same everywhere.
+      std::string& c = rep->copies.emplace_back(ref->meta().logical_size, '\0');
+      ref->Release();
+      Result<size_t> n = node_->GetInto(keys[i], std::as_writable_bytes(std::span<char>(c)));
+      if (!n.ok()) {
+        r.status = n.status().code();
+        rep->copies.pop_back();
+      } else {
+        c.resize(*n);
+        r.size = static_cast<uint32_t>(*n);
+        r.checksum = Checksum64(c.data(), c.size());
+        total += r.size;
+        payloads.push_back(std::as_bytes(std::span<const char>(c)));
       }
-      OkReply(h, h.count, std::move(codes), rep);
-      return Status::Ok();
-    }
-    case Opcode::kGet: {
-      KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
-      std::string table(keys.size() * kGetItemSize, '\0');
-      rep->refs.reserve(keys.size());
-      const bool host = node_->store().backend().host_accessible();
-      uint64_t total = table.size();
-      std::vector<std::span<const std::byte>> payloads;
-      rep->copies.reserve(keys.size());  // copies_ never reallocates: payload spans point into it
-      for (size_t i = 0; i < keys.size(); ++i) {
-        GetRecord r;
-        Result<BlockRef> ref = node_->Get(keys[i]);
-        if (!ref.ok()) {
-          r.status = ref.status().code();
-        } else if (total + ref->meta().logical_size > limits_.max_body_bytes) {
-          r.status = StatusCode::kBusy;  // the answer is full: ask again in a smaller batch
-        } else if (ref->meta().codec != 0) {
-          // Stored encoded (config.codec): clients get the decoded block, as
-          // in-process reads do, so the router API means the same everywhere.
-          std::string& c = rep->copies.emplace_back(ref->meta().logical_size, '\0');
-          ref->Release();
-          Result<size_t> n = node_->GetInto(keys[i], std::as_writable_bytes(std::span<char>(c)));
-          if (!n.ok()) {
-            r.status = n.status().code();
-            rep->copies.pop_back();
-          } else {
-            c.resize(*n);
-            r.size = static_cast<uint32_t>(*n);
-            r.checksum = Checksum64(c.data(), c.size());
-            total += r.size;
-            payloads.push_back(std::as_bytes(std::span<const char>(c)));
-          }
-        } else {
-          r.size = ref->meta().size;
-          r.checksum = ref->meta().checksum;
-          total += r.size;
-          if (host) {
-            payloads.push_back(ref->data());
-            rep->refs.push_back(std::move(*ref));
-          } else {
-            std::string& c = rep->copies.emplace_back(r.size, '\0');
-            node_->store().backend().CopyOut(reinterpret_cast<std::byte*>(c.data()), ref->data().data(), r.size);
-            payloads.push_back(std::as_bytes(std::span<const char>(c)));
-          }
-        }
-        EncodeGetRecord(r, reinterpret_cast<std::byte*>(table.data()) + i * kGetItemSize);
+    } else {
+      r.size = ref->meta().size;
+      r.checksum = ref->meta().checksum;
+      total += r.size;
+      if (host) {
+        payloads.push_back(ref->data());
+        rep->refs.push_back(std::move(*ref));
+      } else {
+        std::string& c = rep->copies.emplace_back(r.size, '\0');
+        node_->store().backend().CopyOut(reinterpret_cast<std::byte*>(c.data()), ref->data().data(), r.size);
+        payloads.push_back(std::as_bytes(std::span<const char>(c)));
       }
-      OkReply(h, h.count, std::move(table), rep);
-      // Re-encode the header for the full body (table + payloads).
-      FrameHeader fh;
-      fh.opcode = h.opcode;
-      fh.flags = kFlagResponse;
-      fh.request_id = h.request_id;
-      fh.epoch = epoch_->load(std::memory_order_relaxed);
-      fh.count = h.count;
-      fh.body_len = static_cast<uint32_t>(total);
-      rep->header = EncodeHeader(fh);
-      for (auto p : payloads) rep->pieces.push_back(p);
-      return Status::Ok();
     }
-    case Opcode::kExists: {
-      KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
-      const bool touch = h.flags & kFlagTouch;
-      std::string found(keys.size(), '\0');
-      for (size_t i = 0; i < keys.size(); ++i) found[i] = node_->Exists(keys[i], touch) ? 1 : 0;
-      OkReply(h, h.count, std::move(found), rep);
-      return Status::Ok();
-    }
-    case Opcode::kMatchPrefix: {
-      KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
-      uint32_t run = 0;
-      while (run < keys.size() && node_->Exists(keys[run], /*touch=*/true)) ++run;
-      std::string out(4, '\0');
-      for (int b = 0; b < 4; ++b) out[b] = static_cast<char>((run >> (8 * b)) & 0xFF);
-      OkReply(h, h.count, std::move(out), rep);
-      return Status::Ok();
-    }
-    case Opcode::kErase:
-    case Opcode::kPin:
-    case Opcode::kUnpin: {
-      KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
-      std::string codes(keys.size(), '\0');
-      for (size_t i = 0; i < keys.size(); ++i) {
-        Status s = h.opcode == Opcode::kErase ? node_->Erase(keys[i])
-                   : h.opcode == Opcode::kPin ? node_->Pin(keys[i])
-                                              : node_->Unpin(keys[i]);
-        codes[i] = static_cast<char>(s.code());
-      }
-      OkReply(h, h.count, std::move(codes), rep);
-      return Status::Ok();
-    }
-    case Opcode::kStats:
-      OkReply(h, 0, node_->StatsJson(), rep);
-      return Status::Ok();
-    case Opcode::kSeqCreate:
-    case Opcode::kSeqAppend:
-    case Opcode::kSeqTruncate:
-    case Opcode::kSeqFork:
-    case Opcode::kSeqRelease:
-    case Opcode::kSeqInfo:
-    case Opcode::kSeqRead:
-      return HandleSequence(h, body, rep);
-    case Opcode::kHello:
-      break;
+    EncodeGetRecord(r, reinterpret_cast<std::byte*>(table.data()) + i * kGetItemSize);
   }
-  return InvalidArgument("unexpected opcode");
+  OkReply(h, h.count, std::move(table), rep);
+  // Re-encode the header for the full body (table + payloads).
+  FrameHeader fh;
+  fh.opcode = h.opcode;
+  fh.flags = kFlagResponse;
+  fh.request_id = h.request_id;
+  fh.epoch = epoch_->load(std::memory_order_relaxed);
+  fh.count = h.count;
+  fh.body_len = static_cast<uint32_t>(total);
+  rep->header = EncodeHeader(fh);
+  for (auto p : payloads) rep->pieces.push_back(p);
+  return Status::Ok();
 }
 
-// SEQ_* frames against the node's SequenceService. Non-OK only for a
-// malformed body (closes the connection); a refused call (unknown id, wrong
-// K/V size, checksum mismatch, limits) is an error answer and the connection stays.
-Status FrameHandler::HandleSequence(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
-  SequenceService& seqs = node_->sequences();
+Status FrameHandler::HandleExists(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+  std::vector<BlockKey> keys;
+  KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
+  const bool touch = h.flags & kFlagTouch;
+  std::string found(keys.size(), '\0');
+  for (size_t i = 0; i < keys.size(); ++i) found[i] = node_->Exists(keys[i], touch) ? 1 : 0;
+  OkReply(h, h.count, std::move(found), rep);
+  return Status::Ok();
+}
+
+Status FrameHandler::HandleMatchPrefix(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+  std::vector<BlockKey> keys;
+  KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
+  uint32_t run = 0;
+  while (run < keys.size() && node_->Exists(keys[run], /*touch=*/true)) ++run;
+  std::string out(4, '\0');
+  for (int b = 0; b < 4; ++b) out[b] = static_cast<char>((run >> (8 * b)) & 0xFF);
+  OkReply(h, h.count, std::move(out), rep);
+  return Status::Ok();
+}
+
+Status FrameHandler::HandlePerKey(const FrameHeader& h, std::span<const std::byte> body,
+                                  Status (ShardNode::*op)(const BlockKey&), FrameReply* rep) {
+  std::vector<BlockKey> keys;
+  KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
+  std::string codes(keys.size(), '\0');
+  for (size_t i = 0; i < keys.size(); ++i) codes[i] = static_cast<char>((node_->*op)(keys[i]).code());
+  OkReply(h, h.count, std::move(codes), rep);
+  return Status::Ok();
+}
+
+Status FrameHandler::HandleStats(const FrameHeader& h, FrameReply* rep) {
+  OkReply(h, 0, node_->StatsJson(), rep);
+  return Status::Ok();
+}
+
+// SEQ_* frames against the node's SequenceService. Each returns non-OK only
+// for a malformed body (closes the connection); a refused call (unknown id,
+// wrong K/V size, checksum mismatch, limits) is an error answer and the
+// connection stays.
+
+Status FrameHandler::SeqAnswer(const FrameHeader& h, const Status& s, std::string ok_body, FrameReply* rep) {
+  if (s.ok()) OkReply(h, 0, std::move(ok_body), rep);
+  else ErrorReply(h, s, rep);
+  return Status::Ok();
+}
+
+Status FrameHandler::HandleSeqCreate(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+  SeqCreateRequest q;
+  KVMESH_RETURN_IF_ERROR(ParseSeqCreate(body, &q));
+  SeqCreateArgs a;
+  a.layers = q.layers;
+  a.heads = q.heads;
+  a.tenant_salt = q.tenant_salt;
+  a.priority = q.priority;
+  a.prefix = q.prefix;
+  a.max_blocks = q.max_blocks == kSeqNoLimit ? SIZE_MAX : q.max_blocks;
+  Result<SeqCreated> c = node_->sequences().Create(a);
+  if (!c.ok()) return SeqAnswer(h, c.status(), {}, rep);
+  return SeqAnswer(h, Status::Ok(), EncodeSeqCreateAnswer(*c), rep);
+}
+
+Status FrameHandler::HandleSeqAppend(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+  SeqAppendRequest q;
+  KVMESH_RETURN_IF_ERROR(ParseSeqAppend(body, &q));
+  if (Checksum64(q.k.data(), q.k.size()) != q.k_checksum || Checksum64(q.v.data(), q.v.size()) != q.v_checksum)
+    return SeqAnswer(h, DataLoss("SEQ_APPEND K/V checksum mismatch in transit; nothing appended"), {}, rep);
+  Result<uint32_t> pos = node_->sequences().Append(q.id, q.tokens, q.k, q.v);
+  return SeqAnswer(h, pos.status(), pos.ok() ? EncodeU32(*pos) : std::string(), rep);
+}
+
+Status FrameHandler::HandleSeqTruncate(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
   uint64_t id = 0;
-  uint32_t n = 0, from = 0;
-  auto answer = [&](const Status& s, std::string ok_body) {
-    if (s.ok()) OkReply(h, 0, std::move(ok_body), rep);
-    else ErrorReply(h, s, rep);
-    return Status::Ok();
-  };
-  switch (h.opcode) {
-    case Opcode::kSeqCreate: {
-      SeqCreateRequest q;
-      KVMESH_RETURN_IF_ERROR(ParseSeqCreate(body, &q));
-      SeqCreateArgs a;
-      a.layers = q.layers;
-      a.heads = q.heads;
-      a.tenant_salt = q.tenant_salt;
-      a.priority = q.priority;
-      a.prefix = q.prefix;
-      a.max_blocks = q.max_blocks == kSeqNoLimit ? SIZE_MAX : q.max_blocks;
-      Result<SeqCreated> c = seqs.Create(a);
-      if (!c.ok()) return answer(c.status(), {});
-      return answer(Status::Ok(), EncodeSeqCreateAnswer(*c));
-    }
-    case Opcode::kSeqAppend: {
-      SeqAppendRequest q;
-      KVMESH_RETURN_IF_ERROR(ParseSeqAppend(body, &q));
-      if (Checksum64(q.k.data(), q.k.size()) != q.k_checksum || Checksum64(q.v.data(), q.v.size()) != q.v_checksum)
-        return answer(DataLoss("SEQ_APPEND K/V checksum mismatch in transit; nothing appended"), {});
-      Result<uint32_t> pos = seqs.Append(q.id, q.tokens, q.k, q.v);
-      return answer(pos.status(), pos.ok() ? EncodeU32(*pos) : std::string());
-    }
-    case Opcode::kSeqTruncate:
-      KVMESH_RETURN_IF_ERROR(ParseSeqTruncate(body, &id, &n));
-      return answer(seqs.Truncate(id, n), {});
-    case Opcode::kSeqFork: {
-      KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &id));
-      Result<SeqId> f = seqs.Fork(id);
-      return answer(f.status(), f.ok() ? EncodeSeqId(*f) : std::string());
-    }
-    case Opcode::kSeqRelease:
-      KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &id));
-      return answer(seqs.Release(id), {});
-    case Opcode::kSeqInfo: {
-      KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &id));
-      Result<SequenceState> st = seqs.Info(id);
-      if (!st.ok()) return answer(st.status(), {});
-      if (12 + uint64_t{st->length} * 4 > limits_.max_body_bytes)
-        return answer(ResourceExhausted("sequence too long for one SEQ_INFO answer"), {});
-      return answer(Status::Ok(), EncodeSeqInfoAnswer(*st));
-    }
-    case Opcode::kSeqRead: {
-      KVMESH_RETURN_IF_ERROR(ParseSeqRead(body, &id, &from, &n));
-      std::vector<std::byte> k, v;
-      const size_t room = limits_.max_body_bytes - kSeqReadAnswerFixed;
-      Result<SeqRows> rows = seqs.Read(id, from, n, room, &k, &v);
-      if (!rows.ok()) return answer(rows.status(), {});
-      if (k.size() + v.size() > room)
-        return answer(ResourceExhausted("one position of this slice exceeds the node's frame limit"), {});
-      OkReply(h, 0,
-              EncodeSeqReadAnswerHead(rows->n, rows->layers, rows->row_bytes, Checksum64(k.data(), k.size()),
-                                      Checksum64(v.data(), v.size())),
-              rep);
-      FrameHeader fh;
-      fh.opcode = h.opcode;
-      fh.flags = kFlagResponse;
-      fh.request_id = h.request_id;
-      fh.epoch = epoch_->load(std::memory_order_relaxed);
-      fh.body_len = static_cast<uint32_t>(rep->body.size() + k.size() + v.size());
-      rep->header = EncodeHeader(fh);
-      rep->buffers.push_back(std::move(k));
-      rep->buffers.push_back(std::move(v));
-      for (const auto& b : rep->buffers) rep->pieces.push_back(std::span<const std::byte>(b));
-      return Status::Ok();
-    }
-    default:
-      break;
-  }
-  return InvalidArgument("unexpected opcode");
+  uint32_t n = 0;
+  KVMESH_RETURN_IF_ERROR(ParseSeqTruncate(body, &id, &n));
+  return SeqAnswer(h, node_->sequences().Truncate(id, n), {}, rep);
 }
 
+Status FrameHandler::HandleSeqFork(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+  uint64_t id = 0;
+  KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &id));
+  Result<SeqId> f = node_->sequences().Fork(id);
+  return SeqAnswer(h, f.status(), f.ok() ? EncodeSeqId(*f) : std::string(), rep);
+}
+
+Status FrameHandler::HandleSeqRelease(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+  uint64_t id = 0;
+  KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &id));
+  return SeqAnswer(h, node_->sequences().Release(id), {}, rep);
+}
+
+Status FrameHandler::HandleSeqInfo(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+  uint64_t id = 0;
+  KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &id));
+  Result<SequenceState> st = node_->sequences().Info(id);
+  if (!st.ok()) return SeqAnswer(h, st.status(), {}, rep);
+  if (12 + uint64_t{st->length} * 4 > limits_.max_body_bytes)
+    return SeqAnswer(h, ResourceExhausted("sequence too long for one SEQ_INFO answer"), {}, rep);
+  return SeqAnswer(h, Status::Ok(), EncodeSeqInfoAnswer(*st), rep);
+}
+
+Status FrameHandler::HandleSeqRead(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+  uint64_t id = 0;
+  uint32_t from = 0, n = 0;
+  KVMESH_RETURN_IF_ERROR(ParseSeqRead(body, &id, &from, &n));
+  std::vector<std::byte> k, v;
+  const size_t room = limits_.max_body_bytes - kSeqReadAnswerFixed;
+  Result<SeqRows> rows = node_->sequences().Read(id, from, n, room, &k, &v);
+  if (!rows.ok()) return SeqAnswer(h, rows.status(), {}, rep);
+  if (k.size() + v.size() > room)
+    return SeqAnswer(h, ResourceExhausted("one position of this slice exceeds the node's frame limit"), {}, rep);
+  OkReply(h, 0,
+          EncodeSeqReadAnswerHead(rows->n, rows->layers, rows->row_bytes, Checksum64(k.data(), k.size()),
+                                  Checksum64(v.data(), v.size())),
+          rep);
+  FrameHeader fh;
+  fh.opcode = h.opcode;
+  fh.flags = kFlagResponse;
+  fh.request_id = h.request_id;
+  fh.epoch = epoch_->load(std::memory_order_relaxed);
+  fh.body_len = static_cast<uint32_t>(rep->body.size() + k.size() + v.size());
+  rep->header = EncodeHeader(fh);
+  rep->buffers.push_back(std::move(k));
+  rep->buffers.push_back(std::move(v));
+  for (const auto& b : rep->buffers) rep->pieces.push_back(std::span<const std::byte>(b));
+  return Status::Ok();
+}
 
 }  // namespace kvmesh

@@ -61,8 +61,28 @@ class FrameHandler {
   Status HandleHello(const proto::FrameHeader& h, std::span<const std::byte> body, bool hello_done, FrameReply* rep);
   void ErrorReply(const proto::FrameHeader& req, const Status& s, FrameReply* rep);
   void OkReply(const proto::FrameHeader& req, uint32_t count, std::string body, FrameReply* rep);
+  // Dispatches a data frame to its opcode's handler. Every handler below
+  // answers into *rep and returns non-OK only for a malformed body (the
+  // connection is then closed without an answer).
   Status HandleData(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
-  Status HandleSequence(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  Status HandlePut(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  Status HandleGet(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  Status HandleExists(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  Status HandleMatchPrefix(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  // ERASE, PIN, UNPIN: `op` on each key, one status code byte per key.
+  Status HandlePerKey(const proto::FrameHeader& h, std::span<const std::byte> body,
+                      Status (ShardNode::*op)(const BlockKey&), FrameReply* rep);
+  Status HandleStats(const proto::FrameHeader& h, FrameReply* rep);
+  // SEQ_*: a refused call is an error answer, not a malformed frame.
+  Status HandleSeqCreate(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  Status HandleSeqAppend(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  Status HandleSeqTruncate(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  Status HandleSeqFork(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  Status HandleSeqRelease(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  Status HandleSeqInfo(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  Status HandleSeqRead(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  // Answers `s` as an error, or OK with `ok_body`; returns OK.
+  Status SeqAnswer(const proto::FrameHeader& h, const Status& s, std::string ok_body, FrameReply* rep);
 
   ShardNode* node_;
   const proto::ProtocolLimits limits_;
