@@ -43,8 +43,18 @@ bool Context::Count(int op, const Status& s, SteadyClock::time_point t0, std::in
       return false;
     }
   }
+  if (StaleRefusal(s)) {
+    os.refused[code]++;
+    return false;
+  }
   inv.Violation("error_class", std::string(OpName(op)) + " returned " + s.ToString());
   return false;
+}
+
+bool Context::StaleRefusal(const Status& s) {
+  if (!o.stale_epoch_refusal || s.code() != StatusCode::kStaleEpoch) return false;
+  st.stale_epoch++;
+  return true;
 }
 
 void Context::NoteSeqId(const std::string& node_id, uint64_t id) {

@@ -54,6 +54,12 @@ struct Options {
   std::string work_dir;        // config and daemon logs (default /tmp/kvmesh-soak-<pid>)
   bool keep_logs = false;
   bool chaos = true;
+  // After a StaleEpoch answer the router refreshes the map once and retries;
+  // when that refresh fails (the coordinator unreachable just then), the
+  // StaleEpoch reaches the caller. With this set it is a counted refusal of
+  // any call or GetBatch item (Stats::stale_epoch), not a violation. The soak
+  // leaves it off: there only a Put may answer it.
+  bool stale_epoch_refusal = false;
 };
 
 // Counters of one kind of client call.
@@ -87,6 +93,7 @@ struct Stats {
   std::atomic<uint64_t> garbage_conns{0}, garbage_closed{0};
   std::atomic<uint64_t> corrupt_puts{0}, corrupt_refused{0};  // torn PUT payloads, refused DATA_LOSS
   std::atomic<uint64_t> unexpected_exits{0};
+  std::atomic<uint64_t> stale_epoch{0};  // StaleEpoch answers let through by Options::stale_epoch_refusal
 };
 
 // The invariant log: every violation with its time; the run fails on any.
@@ -158,6 +165,8 @@ struct Context {
   // of the `refusals` documented for it, or an invariant violation. A call
   // longer than timeout + margin is a violation too. True when OK.
   bool Count(int op, const Status& s, SteadyClock::time_point t0, std::initializer_list<StatusCode> refusals = {});
+  // True (and counted) when s is a StaleEpoch that Options::stale_epoch_refusal lets through.
+  bool StaleRefusal(const Status& s);
 
   // Records a sequence id a node handed out. A node id never hands out the
   // same id twice, across its restarts too: a reused id makes a handle kept

@@ -99,7 +99,7 @@ void PrefixWorker(Context& c, Router& r, uint32_t thread) {
           first_missing = std::min(first_missing, i);
           if (IsMiss(it.status)) {
             c.st.read_gone++;
-          } else if (it.status.code() != StatusCode::kBusy) {
+          } else if (it.status.code() != StatusCode::kBusy && !c.StaleRefusal(it.status)) {
             c.inv.Violation("error_class", "GetBatch item: " + it.status.ToString());
           }
         }
@@ -132,7 +132,7 @@ void PrefixWorker(Context& c, Router& r, uint32_t thread) {
         if (it.status.ok()) {
           c.st.wrong_bytes++;
           c.inv.Violation("wrong_bytes", "a key never stored was returned: " + it.key.ToHex());
-        } else if (!IsMiss(it.status) && it.status.code() != StatusCode::kBusy) {
+        } else if (!IsMiss(it.status) && it.status.code() != StatusCode::kBusy && !c.StaleRefusal(it.status)) {
           c.inv.Violation("error_class", "GetBatch of an unknown key: " + it.status.ToString());
         }
       }
