@@ -4,6 +4,11 @@
 // MPI only bootstraps: rank 0 broadcasts the coordinator's address, every
 // rank's data endpoint is all-gathered (and, with NCCL, rank 0 broadcasts the
 // NCCL unique id). The data plane stays on TCP/UCX; MPI is idle afterwards.
+//
+//   mpirun -np N kvmesh serve --config F --decode [DECODE OPTIONS]
+// is `kvmesh decode --mpi --config F [DECODE OPTIONS]` (cli/cmd_decode.cc):
+// one decode rank per MPI process instead of the daemons.
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <vector>
@@ -130,11 +135,44 @@ int Serve(const std::string& config_path) {
 }  // namespace
 #endif
 
+namespace {
+
+// `kvmesh decode --mpi --config F EXTRA...`, parsed and run like the decode command.
+int ServeDecode(const std::string& config, std::vector<std::string> extra) {
+  CLI::App app{"kvmesh serve --decode: kvmesh decode --mpi"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  AddDecodeCommand(app, &exit_code);
+  extra.erase(std::remove(extra.begin(), extra.end(), "--mpi"), extra.end());
+  std::vector<std::string> args = {"decode", "--mpi", "--config", config};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::reverse(args.begin(), args.end());  // CLI::App::parse takes a vector last argument first
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_code;
+}
+
+}  // namespace
+
 void AddServeCommand(CLI::App& app, int* exit_code) {
   auto* cmd = app.add_subcommand("serve", "Run under mpirun: rank 0 coordinator, ranks 1.. shard nodes");
   auto config = std::make_shared<std::string>();
+  auto decode = std::make_shared<bool>(false);
   cmd->add_option("--config", *config, "cluster config JSON")->required();
-  cmd->callback([config, exit_code] {
+  cmd->add_flag("--decode", *decode,
+                "run the model-parallel decode instead of the daemons: `kvmesh decode --mpi --config F`; "
+                "the other options are decode's");
+  cmd->allow_extras();
+  cmd->callback([cmd, config, decode, exit_code] {
+    std::vector<std::string> extra = cmd->remaining();
+    if (*decode) {
+      *exit_code = ServeDecode(*config, std::move(extra));
+      return;
+    }
+    if (!extra.empty()) throw CLI::ExtrasError(cmd->get_name(), extra);
 #if defined(KVMESH_HAVE_MPI)
     *exit_code = Serve(*config);
 #else
