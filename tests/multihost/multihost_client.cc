@@ -1,0 +1,367 @@
+// kvmesh_multihost_client — the client side of scripts/multihost.sh's test,
+// run on one host (a network namespace) against a cluster on the others
+// (docs/multihost.md):
+//
+//   kvmesh_multihost_client sink --listen HOST:PORT        raw TCP sink (the throughput baseline)
+//   kvmesh_multihost_client bench --coordinator H:P ...    per-host throughput: kvmesh vs raw TCP
+//   kvmesh_multihost_client load --coordinator H:P --nodes N [--proxy H:P] ...
+//
+// `load` drives the cluster through NetworkClient (the soak's prefix-cache
+// and live-sequence workers, every byte read back compared) and, with
+// --proxy, Redis clients through `kvmesh proxy` (every value compared),
+// until told to stop. It reads commands on stdin, one per line, and answers
+// each with one JSON line on stdout:
+//   arm NAME      puts 32 canary blocks (priority 3)      -> {"event":"armed"}
+//   fault NAME    the fault is in place: probe until restore -> {"event":"fault"}
+//   restore NAME  the fault is gone: measure the recovery -> {"event":"recovered","recovery_ms",...}
+//   stop | EOF    stop the load                            -> {"event":"report",...}; exit 1 on a violation
+// Recovered = the coordinator lists all N nodes, this client's map has
+// caught up with that epoch and holds N nodes, and 32 fresh blocks put and
+// read back intact. While a fault lasts a probe (32 fresh blocks put and
+// read back, then the canary blocks read) runs every 100 ms, and the number
+// of nodes in this client's map is sampled every 20 ms.
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "host_bench.h"
+#include "kvmesh/network.h"
+#include "raw_tcp.h"
+#include "resp_check.h"
+#include "router/map_json.h"
+#include "soak.h"
+#include "soak_cluster.h"
+#include "soak_workload.h"
+#include "transport/http_client.h"
+#include "transport/socket_util.h"
+
+using namespace kvmesh;
+using namespace kvmesh::multihost;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
+void Say(const nlohmann::json& j) {
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
+}
+
+double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+struct LoadArgs {
+  soak::Options o;
+  std::string coordinator, proxy;
+  uint32_t nodes = 3, resp_threads = 1;
+  int64_t recover_bound_ms = 30000;
+};
+
+// The coordinator's map now: {epoch, live nodes}, or an error.
+Result<std::pair<uint64_t, size_t>> CoordinatorMap(const std::string& coordinator, int64_t timeout_ms) {
+  std::string host;
+  uint16_t port = 0;
+  KVMESH_RETURN_IF_ERROR(SplitHostPort(coordinator, &host, &port));
+  KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/map", "", timeout_ms));
+  if (r.status != 200) return Unavailable("HTTP " + std::to_string(r.status));
+  KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, ParsePublishedMap(r.body));
+  return std::pair{pm.epoch, pm.nodes.size()};
+}
+
+uint64_t OkCalls(const soak::Stats& st) {
+  uint64_t n = 0;
+  for (const auto& op : st.ops) n += op.ok.load();
+  return n;
+}
+uint64_t AllCalls(const soak::Stats& st) {
+  uint64_t n = 0;
+  for (const auto& op : st.ops) n += op.calls.load();
+  return n;
+}
+
+// One fault as the client saw it.
+struct FaultWatch {
+  std::string name;
+  std::vector<BlockKey> canary;
+  Clock::time_point start;
+  uint64_t ok0 = 0, calls0 = 0;
+  std::atomic<bool> done{false};
+  std::thread prober, sampler;
+  // Written by the prober (the sampler: map_*), read after both joined.
+  uint64_t probes_ok = 0, probes_failed = 0;
+  size_t map_min = SIZE_MAX, map_max = 0;  // nodes in this client's map, every 20 ms
+  size_t canary_min = SIZE_MAX, canary_last = 0;
+  double first_fail_ms = -1, served_again_ms = -1;  // probe failed first / succeeded again after failing
+};
+
+int Load(const LoadArgs& a) {
+  soak::Context c(a.o, Clock::now());
+  // Sequence handles name nodes n0..n(N-1); no node of this cluster is
+  // killed by this process, so the soak's cluster stays unstarted: its
+  // generations stay 0 (a cut or partitioned node keeps its sequences).
+  soak::Cluster ids(a.o, c.inv);
+  c.cluster = &ids;
+  NetworkClientOptions no;
+  no.coordinator = a.coordinator;
+  no.client_id = "kvmesh-multihost";
+  no.tenant_salt = "multihost";
+  no.timeout_ms = a.o.timeout_ms;
+  no.connect_timeout_ms = std::min<int64_t>(500, a.o.timeout_ms);
+  no.refresh_ms = 200;
+  auto client = NetworkClient::Connect(no);
+  if (!client.ok()) {
+    std::fprintf(stderr, "multihost client: cannot connect: %s\n", client.status().ToString().c_str());
+    return 2;
+  }
+  NetworkClient& nc = **client;
+  Router& r = nc.router();
+  std::string proxy_host;
+  uint16_t proxy_port = 0;
+  if (!a.proxy.empty()) {
+    if (Status s = SplitHostPort(a.proxy, &proxy_host, &proxy_port); !s.ok()) {
+      std::fprintf(stderr, "multihost client: --proxy: %s\n", s.ToString().c_str());
+      return 2;
+    }
+  }
+  RespCounters rc;
+  std::vector<std::thread> workers;
+  for (uint32_t t = 0; t < a.o.prefix_threads; ++t) workers.emplace_back([&, t] { soak::PrefixWorker(c, r, t); });
+  for (uint32_t t = 0; t < a.o.seq_threads; ++t) workers.emplace_back([&, t] { soak::SequenceWorker(c, r, t); });
+  if (proxy_port != 0)
+    for (uint32_t t = 0; t < a.resp_threads; ++t)
+      workers.emplace_back([&, t] { RespWorker(c, proxy_host, proxy_port, t, &rc); });
+  std::thread progress([&] {
+    uint64_t last = 0;
+    while (!c.stop.load()) {
+      std::this_thread::sleep_for(1s);
+      const uint64_t calls = AllCalls(c.st) + rc.commands.load();
+      std::fprintf(stderr,
+                   "multihost client [%5.0fs] ops/s %6" PRIu64 " | map %zu nodes epoch %" PRIu64
+                   " | verified %8.1f MiB | resp ok %" PRIu64 " nil %" PRIu64 " err %" PRIu64 " | violations %zu\n",
+                   MsSince(c.start) / 1000, calls - last, nc.num_nodes(), nc.epoch(),
+                   double(c.st.bytes_verified + c.st.seq_bytes_verified + rc.bytes_compared) / (1 << 20),
+                   rc.values_ok.load(), rc.nils.load(), rc.errors.load(), c.inv.count());
+      last = calls;
+    }
+  });
+
+  nlohmann::json faults = nlohmann::json::array();
+  std::unique_ptr<FaultWatch> w;
+  uint64_t salt = 1;
+  auto stop_prober = [&] {
+    if (w && w->prober.joinable()) {
+      w->done.store(true);
+      w->prober.join();
+      w->sampler.join();
+    }
+  };
+  std::string line;
+  while (!g_stop.load() && std::getline(std::cin, line)) {
+    const size_t sp = line.find(' ');
+    const std::string verb = line.substr(0, sp), name = sp == std::string::npos ? "" : line.substr(sp + 1);
+    if (verb == "stop") break;
+    if (verb == "arm") {
+      stop_prober();
+      w = std::make_unique<FaultWatch>();
+      w->name = name;
+      w->canary = soak::PutProbeBlocks(c, r, 0xca9a + salt++);
+      Say({{"event", "armed"}, {"fault", name}, {"canary_blocks", w->canary.size()}});
+    } else if (verb == "fault" && w) {
+      w->start = Clock::now();
+      w->ok0 = OkCalls(c.st);
+      w->calls0 = AllCalls(c.st);
+      FaultWatch* fw = w.get();
+      fw->sampler = std::thread([&nc, fw] {
+        while (!fw->done.load()) {
+          const size_t m = nc.num_nodes();
+          fw->map_min = std::min(fw->map_min, m);
+          fw->map_max = std::max(fw->map_max, m);
+          std::this_thread::sleep_for(20ms);
+        }
+      });
+      fw->prober = std::thread([&c, &r, fw, &salt] {
+        while (!fw->done.load()) {
+          const auto t0 = Clock::now();
+          if (soak::Probe(c, r, 0x9e0 + salt++)) {
+            fw->probes_ok++;
+            if (fw->first_fail_ms >= 0 && fw->served_again_ms < 0) fw->served_again_ms = MsSince(fw->start);
+          } else {
+            fw->probes_failed++;
+            if (fw->first_fail_ms < 0) fw->first_fail_ms = MsSince(fw->start);
+          }
+          if (!fw->canary.empty()) {
+            fw->canary_last = soak::ReadProbeBlocks(c, r, fw->canary);
+            fw->canary_min = std::min(fw->canary_min, fw->canary_last);
+          }
+          std::this_thread::sleep_until(t0 + 100ms);
+        }
+      });
+      Say({{"event", "fault"}, {"fault", name}});
+    } else if (verb == "restore" && w) {
+      const auto t_restore = Clock::now();
+      const double fault_ms = MsSince(w->start);
+      stop_prober();
+      const uint64_t ok_during = OkCalls(c.st) - w->ok0, calls_during = AllCalls(c.st) - w->calls0;
+      double recovery = -1;
+      while (!g_stop.load() && MsSince(t_restore) < double(a.recover_bound_ms)) {
+        const auto t0 = Clock::now();
+        auto cm = CoordinatorMap(a.coordinator, 500);
+        if (cm.ok() && cm->second == a.nodes && nc.epoch() >= cm->first && nc.num_nodes() == a.nodes &&
+            soak::Probe(c, r, 0x7ec + salt++)) {
+          recovery = MsSince(t_restore);
+          break;
+        }
+        std::this_thread::sleep_until(t0 + 20ms);
+      }
+      if (recovery < 0)
+        c.inv.Violation("recovery", name + ": not serving on all " + std::to_string(a.nodes) + " nodes " +
+                                        std::to_string(a.recover_bound_ms) + " ms after the fault ended");
+      nlohmann::json j = {
+          {"event", "recovered"},
+          {"fault", name},
+          {"recovered", recovery >= 0},
+          {"recovery_ms", recovery},
+          {"fault_ms", fault_ms},
+          {"during",
+           {{"calls", calls_during},
+            {"ok_calls", ok_during},
+            {"probes_ok", w->probes_ok},
+            {"probes_failed", w->probes_failed},
+            {"first_probe_failed_ms", w->first_fail_ms},
+            {"probes_served_again_ms", w->served_again_ms},
+            {"map_nodes_min", w->map_min == SIZE_MAX ? 0 : w->map_min},
+            {"map_nodes_max", w->map_max},
+            {"canary_blocks", w->canary.size()},
+            {"canary_served_min", w->canary_min == SIZE_MAX ? 0 : w->canary_min},
+            {"canary_served_last", w->canary_last}}}};
+      faults.push_back(j);
+      Say(j);
+      w.reset();
+    } else {
+      Say({{"event", "error"}, {"what", "unknown or out-of-order command: " + line}});
+    }
+  }
+  stop_prober();
+  c.stop.store(true);
+  for (auto& t : workers) t.join();
+  progress.join();
+  const soak::Stats& st = c.st;
+  const uint64_t calls = AllCalls(st) + rc.commands.load();
+  const uint64_t compared = st.bytes_verified + st.seq_bytes_verified + rc.bytes_compared;
+  const uint64_t wrong = st.wrong_bytes + rc.wrong_bytes;
+  nlohmann::json ops = nlohmann::json::object();
+  uint64_t max_us = rc.max_us.load();
+  for (int op = 0; op < soak::kNumOps; ++op) {
+    if (!st.ops[op].calls) continue;
+    ops[soak::OpName(op)] = {{"calls", st.ops[op].calls.load()}, {"ok", st.ops[op].ok.load()},
+                             {"max_ms", st.ops[op].max_us.load() / 1000.0}};
+    max_us = std::max(max_us, st.ops[op].max_us.load());
+  }
+  Say({{"event", "report"},
+       {"seconds", MsSince(c.start) / 1000},
+       {"calls", calls},
+       {"bytes_compared", compared},
+       {"wrong_bytes", wrong},
+       {"blocks_verified", st.blocks_verified.load()},
+       {"seq_tokens_verified", st.seq_tokens_verified.load()},
+       {"max_call_ms", max_us / 1000.0},
+       {"timeout_ms", a.o.timeout_ms},
+       {"stale_epoch_refusals", st.stale_epoch.load()},
+       {"prefix_hit_rate", st.prompt_blocks ? double(st.matched_blocks) / double(st.prompt_blocks) : 0.0},
+       {"resp", {{"commands", rc.commands.load()}, {"values_ok", rc.values_ok.load()}, {"nils", rc.nils.load()},
+                 {"errors", rc.errors.load()}, {"reconnects", rc.reconnects.load()},
+                 {"bytes_compared", rc.bytes_compared.load()}, {"max_ms", rc.max_us.load() / 1000.0}}},
+       {"ops", ops},
+       {"faults", faults},
+       {"invariants", c.inv.Json()},
+       {"passed", c.inv.count() == 0}});
+  return c.inv.count() == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvmesh multi-host test client (scripts/multihost.sh)"};
+  app.require_subcommand(1);
+  ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGTERM, OnSignal);
+  ::signal(SIGINT, OnSignal);
+  int rc = 0;
+
+  auto* sink = app.add_subcommand("sink", "raw TCP sink: the baseline's far end");
+  std::string listen;
+  sink->add_option("--listen", listen, "HOST:PORT")->required();
+  sink->callback([&] {
+    std::string host;
+    uint16_t port = 0;
+    Status s = SplitHostPort(listen, &host, &port);
+    if (s.ok()) s = RunSink(host, port, &g_stop);
+    if (!s.ok()) {
+      std::fprintf(stderr, "sink: %s\n", s.ToString().c_str());
+      rc = 1;
+    }
+  });
+
+  auto* bench = app.add_subcommand("bench", "throughput to each node host: kvmesh PUT/GET vs raw TCP");
+  HostBenchOptions bo;
+  bench->add_option("--coordinator", bo.coordinator, "HOST:PORT")->required();
+  bench->add_option("--sink-port", bo.sink_port, "the raw sink's port on every node host");
+  bench->add_option("--node", bo.only_node, "only this node");
+  bench->add_option("--seconds", bo.seconds, "per cell");
+  bench->add_option("--reps", bo.reps, "rounds; a cell's figure is the median");
+  bench->add_option("--threads", bo.threads, "channels / connections per host");
+  bench->add_option("--block", bo.block, "block bytes");
+  bench->add_option("--token", bo.token, "shared secret");
+  bench->callback([&] {
+    BenchCounters k;
+    auto j = RunHostBench(bo, &k);
+    if (!j.ok()) {
+      std::fprintf(stderr, "bench: %s\n", j.status().ToString().c_str());
+      rc = 1;
+      return;
+    }
+    (*j)["event"] = "bench";
+    (*j)["calls"] = k.calls.load();
+    (*j)["bytes_compared"] = k.bytes_compared.load();
+    (*j)["wrong_bytes"] = k.wrong_bytes.load();
+    (*j)["errors"] = k.errors.load();
+    Say(*j);
+    rc = k.wrong_bytes ? 1 : 0;
+  });
+
+  auto* load = app.add_subcommand("load", "verified load through NetworkClient and the RESP proxy; commands on stdin");
+  LoadArgs la;
+  la.o.prefix_threads = 2;
+  la.o.seq_threads = 1;
+  la.o.timeout_ms = 1000;
+  load->add_option("--coordinator", la.coordinator, "HOST:PORT")->required();
+  load->add_option("--nodes", la.nodes, "nodes the healed cluster has")->required();
+  load->add_option("--proxy", la.proxy, "HOST:PORT of a kvmesh proxy (RESP)");
+  load->add_option("--prefix-threads", la.o.prefix_threads, "prefix-cache client threads");
+  load->add_option("--seq-threads", la.o.seq_threads, "live-sequence client threads");
+  load->add_option("--resp-threads", la.resp_threads, "RESP client threads (with --proxy)");
+  load->add_option("--seed", la.o.seed, "workload seed");
+  load->add_option("--timeout-ms", la.o.timeout_ms, "client call timeout");
+  load->add_option("--timeout-margin-ms", la.o.timeout_margin_ms, "a call may last timeout + this");
+  load->add_option("--recover-bound-ms", la.recover_bound_ms, "bound: serving on every node after a fault");
+  load->add_flag("--stale-epoch-refusal", la.o.stale_epoch_refusal,
+                 "a StaleEpoch answer after the router's one refresh failed is a counted refusal, not a violation");
+  load->add_option("--work-dir", la.o.work_dir, "scratch directory")->required();
+  load->callback([&] {
+    la.o.nodes = la.nodes;
+    rc = Load(la);
+  });
+
+  CLI11_PARSE(app, argc, argv);
+  return rc;
+}
