@@ -14,10 +14,10 @@ mt_phase_tcp() {
   mt_log "phase 2: load and faults"
   mt_load_start "$MT_WORK/load-tcp" --stale-epoch-refusal
   sleep 2
-  mt_fault link_down 3 mt_cut_h1 mt_heal_h1
+  mt_fault link_down 4 mt_cut_h1 mt_heal_h1
   mt_fault rate_limit 4 mt_limit_h2 mt_unlimit_h2 mt_bench_n1_limited
-  mt_fault coordinator_cut 3 mt_cut_h0 mt_heal_h0
-  mt_fault partition 3 mt_part_h2_h0 mt_unpart_h2_h0
+  mt_fault coordinator_cut 4 mt_cut_h0 mt_heal_h0
+  mt_fault partition 4 mt_part_h2_h0 mt_unpart_h2_h0
   mt_load_stop
   echo "$MT_REPLY" > "$MT_WORK/load-tcp.report.json"
   mt_stop_pid "$MT_PROXY_PID"
@@ -37,11 +37,11 @@ mt_phase_ucx() {
   # A UCX send in flight to a host that went silent is not cut off at the
   # call's timeout: the channel cancels it and then waits for UCX to give it
   # back, which happens when the link returns (transport/ucx_channel.cc,
-  # Await). Calls here may last the cut's 3 s plus the usual margin; the
-  # longest is reported (max_call_ms).
-  mt_load_start "$MT_WORK/load-ucx" --stale-epoch-refusal --timeout-margin-ms 4500
+  # Await). Calls here may last the cut's 4 s and the seconds UCX takes to
+  # resume the connection after it; the longest is reported (max_call_ms).
+  mt_load_start "$MT_WORK/load-ucx" --stale-epoch-refusal --timeout-margin-ms 9000
   sleep 2
-  mt_fault ucx_link_down 3 mt_cut_h3 mt_heal_h3
+  mt_fault ucx_link_down 4 mt_cut_h3 mt_heal_h3
   mt_load_stop
   echo "$MT_REPLY" > "$MT_WORK/load-ucx.report.json"
   # Every node answered requests over UCX (the client falls back to TCP for a
@@ -173,11 +173,13 @@ mh_test() {
     exit "$skip_code"
   fi
   [[ -x $MT_KVMESH && -x $MT_CLIENT ]] || mh_die "test: build kvmesh and kvmesh_multihost_client first ($MT_KVMESH, $MT_CLIENT)"
-  if ! ldd "$MT_KVMESH" | grep -q libmpi; then
+  local libs
+  libs=$(ldd "$MT_KVMESH")
+  if [[ $libs != *libmpi* ]]; then
     echo "multihost: SKIPPED: $MT_KVMESH is built without MPI (KVMESH_WITH_MPI): kvmesh serve cannot run"
     exit "$skip_code"
   fi
-  if ! ldd "$MT_KVMESH" | grep -q libucp; then
+  if [[ $libs != *libucp* ]]; then
     phases=${phases//ucx/}
     mt_log "this kvmesh has no UCX: the UCX phase is left out"
   fi

@@ -32,7 +32,7 @@ mt_config() {   # BACKEND -> a cluster config on stdout
   for ((i = 0; i < MT_NODES; i++)); do
     nodes+="${i:+,}
     {\"id\": \"n$i\", \"host\": \"$(mh_addr $((i + 1)))\", \"ports\": {\"data\": 7100, \"http\": 7101, \"resp\": 7102},
-     \"memory\": {\"device\": \"48MiB\", \"host\": \"48MiB\"}}"
+     \"memory\": {\"device\": \"64MiB\", \"host\": \"64MiB\"}}"
   done
   nodes=${nodes#,}
   cat << EOF
@@ -43,10 +43,10 @@ mt_config() {   # BACKEND -> a cluster config on stdout
   "nodes": [$nodes
   ],
   "placement": {"replicas": 2},
-  "store": {"stripes": 8, "slot_bytes": "1MiB", "verify_checksums": true},
+  "store": {"stripes": 8, "slot_bytes": "256KiB", "verify_checksums": true},
   "transport": {"backend": "$1", "io_threads": 2, "max_frame_bytes": "64MiB", "timeout_ms": 1000,
                 "connect_timeout_ms": 500},
-  "coordinator": {"host": "$(mh_addr 0)", "port": 7070, "heartbeat_ms": 200, "dead_after_ms": 1000}
+  "coordinator": {"host": "$(mh_addr 0)", "port": 7070, "heartbeat_ms": 200, "dead_after_ms": 2000}
 }
 EOF
 }
@@ -200,10 +200,13 @@ mt_fault() {
   [[ -n $during ]] && $during
   local left=$((duration - (SECONDS - t0)))
   ((left > 0)) && sleep "$left"
+  # The client stops probing first, so that nothing after the heal counts as
+  # during the fault; the recovery is timed from the heal.
+  mt_load_say "end $name" ended 30 || { $heal; return 1; }
   $heal
   mt_load_say "restore $name" recovered 60 || return 1
   echo "$MT_REPLY" >> "$MT_WORK/faults.jsonl"
-  mt_log "$name: $(python3 -c 'import json,sys; j=json.loads(sys.argv[1]); d=j["during"]; print("recovered in %.0f ms; during: map %d..%d nodes, probes %d ok %d failed, canary %d/%d served at the end" % (j["recovery_ms"], d["map_nodes_min"], d["map_nodes_max"], d["probes_ok"], d["probes_failed"], d["canary_served_last"], d["canary_blocks"]))' "$MT_REPLY")"
+  mt_log "$name: $(python3 -c 'import json,sys; j=json.loads(sys.argv[1]); d=j["during"]; print("recovered in %.0f ms; during: map %d..%d nodes, probes %d ok %d failed, canary %s" % (j["recovery_ms"], d["map_nodes_min"], d["map_nodes_max"], d["probes_ok"], d["probes_failed"], "%d/%d served at the end" % (d["canary_served_last"], d["canary_blocks"]) if d["canary_reads"] else "not read (no read finished)"))' "$MT_REPLY")"
 }
 
 # Fault bodies (closures over MT_ID); h1 holds n0, h2 n1, h3 n2.

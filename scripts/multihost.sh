@@ -117,9 +117,9 @@ mh_up() {
   # The bridge forwards once every port is up; wait until h0 reaches the last host.
   local last=$((n - 1))
   for ((t = 0; t < 100; t++)); do
-    if ip netns exec "$(mh_ns "$id" $last)" bash -c "exec 3<>/dev/tcp/$(mh_addr 0)/9" 2>&1 | grep -q refused; then
-      break
-    fi
+    local answer
+    answer=$(ip netns exec "$(mh_ns "$id" $last)" bash -c "exec 3<>/dev/tcp/$(mh_addr 0)/9" 2>&1 || true)
+    [[ $answer == *refused* ]] && break
     sleep 0.05
   done
   echo "$id"

@@ -170,7 +170,7 @@ Result<nlohmann::json> RunHostBench(const HostBenchOptions& o, BenchCounters* co
     std::vector<double> put, get, up, down;
     for (uint32_t rep = 0; rep < o.reps; ++rep) {
       std::vector<std::vector<BlockKey>> keys;
-      put.push_back(PutFor(chs, o, o.block, rep * 7919 + 1, &keys, counters));
+      put.push_back(PutFor(chs, o, o.block, /*salt=*/1, &keys, counters));  // the same keys every round
       get.push_back(GetFor(chs, o, o.block, keys, counters));
       for (auto [mode, out] : {std::pair{RawMode::kUpload, &up}, std::pair{RawMode::kDownload, &down}}) {
         KVMESH_ASSIGN_OR_RETURN(RawResult rr, RawThroughput(n.host, o.sink_port, mode, o.block, o.threads, o.seconds));

@@ -12,22 +12,28 @@
 // until told to stop. It reads commands on stdin, one per line, and answers
 // each with one JSON line on stdout:
 //   arm NAME      puts 32 canary blocks (priority 3)      -> {"event":"armed"}
-//   fault NAME    the fault is in place: probe until restore -> {"event":"fault"}
+//   fault NAME    the fault is in place: probe until end     -> {"event":"fault"}
+//   end NAME      the fault is about to go: stop probing      -> {"event":"ended"}
 //   restore NAME  the fault is gone: measure the recovery -> {"event":"recovered","recovery_ms",...}
 //   stop | EOF    stop the load                            -> {"event":"report",...}; exit 1 on a violation
 // Recovered = the coordinator lists all N nodes, this client's map has
 // caught up with that epoch and holds N nodes, and 32 fresh blocks put and
-// read back intact. While a fault lasts a probe (32 fresh blocks put and
-// read back, then the canary blocks read) runs every 100 ms, and the number
-// of nodes in this client's map is sampled every 20 ms.
+// read back intact. While a fault lasts a probe (32 fresh blocks put, read
+// back and erased, then the canary blocks read) runs every 100 ms, and the
+// number of nodes in this client's map is sampled every 20 ms. The canary
+// blocks' copies are counted on every node right after they are put, and
+// again at `end` when a read missed some.
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -42,6 +48,7 @@
 #include "soak_workload.h"
 #include "transport/http_client.h"
 #include "transport/socket_util.h"
+#include "transport/tcp_channel.h"
 
 using namespace kvmesh;
 using namespace kvmesh::multihost;
@@ -89,18 +96,118 @@ uint64_t AllCalls(const soak::Stats& st) {
   return n;
 }
 
+// Reads the canary blocks back, every byte compared (as soak::ReadProbeBlocks
+// does); the items not served are tallied by status in *why.
+size_t ReadCanary(soak::Context& c, Router& r, std::span<const BlockKey> keys, std::map<std::string, uint64_t>* why) {
+  const size_t bb = r.model().FullBlockBytes();
+  std::vector<std::byte> back(keys.size() * bb), want(bb);
+  std::vector<GetItem> gets;
+  for (size_t i = 0; i < keys.size(); ++i) gets.push_back(GetItem{keys[i], std::span(back).subspan(i * bb, bb), 0, {}});
+  RequestOptions ro;
+  ro.priority = 3;
+  const auto t0 = Clock::now();
+  Status s = r.GetBatch(gets, ro);
+  if (!c.Count(soak::kProbe, s, t0)) {
+    (*why)["call: " + std::string(StatusCodeName(s.code()))] += keys.size();
+    return 0;
+  }
+  size_t served = 0;
+  for (size_t i = 0; i < gets.size(); ++i) {
+    if (!gets[i].status.ok()) {
+      (*why)[std::string(StatusCodeName(gets[i].status.code()))]++;
+      continue;
+    }
+    soak::Payload(keys[i], c.o.seed, want);
+    if (gets[i].size != bb || std::memcmp(back.data() + i * bb, want.data(), bb) != 0) {
+      c.st.wrong_bytes++;
+      c.inv.Violation("wrong_bytes", "canary block " + keys[i].ToHex() + " came back different");
+      continue;
+    }
+    ++served;
+    c.st.blocks_verified++;
+    c.st.bytes_verified += bb;
+  }
+  return served;
+}
+
+// soak::Probe, then the probe's blocks are erased: probes every 100 ms at the
+// canary blocks' priority would otherwise fill the nodes and evict the canary.
+bool ProbeAndErase(soak::Context& c, Router& r, uint64_t salt) {
+  const std::vector<BlockKey> keys = soak::PutProbeBlocks(c, r, salt);
+  const bool ok = !keys.empty() && soak::ReadProbeBlocks(c, r, keys) == keys.size();
+  if (!keys.empty()) (void)r.Erase(keys);  // best effort: a node away keeps its copies until evicted
+  return ok;
+}
+
+// The nodes of the coordinator's map now, each with a TCP channel of its own
+// (epoch 0: any node answers), for counting copies behind the router's back.
+struct NodeProbe {
+  std::vector<std::string> ids;
+  std::vector<std::unique_ptr<TcpChannel>> chs;
+};
+Result<NodeProbe> NodesNow(const std::string& coordinator) {
+  std::string host;
+  uint16_t port = 0;
+  KVMESH_RETURN_IF_ERROR(SplitHostPort(coordinator, &host, &port));
+  KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/map", "", 1000));
+  if (r.status != 200) return Unavailable("coordinator answered HTTP " + std::to_string(r.status));
+  KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, ParsePublishedMap(r.body));
+  NodeProbe np;
+  for (const ShardInfo& n : pm.nodes) {
+    TcpChannelOptions t;
+    t.host = n.host;
+    t.port = n.ports.data;
+    t.client_id = "kvmesh-multihost-audit";
+    t.tenant = "multihost";
+    t.connections = 1;
+    t.timeout_ms = 300;
+    t.connect_timeout_ms = 300;
+    np.ids.push_back(n.id);
+    np.chs.push_back(TcpChannel::Create(t));
+  }
+  return np;
+}
+
+// How many of `nodes` hold each key, asking every node for every key:
+// {"copies": {"0": keys on no node, "1": ..., "2": ...}, "unreachable": [node ids]}.
+nlohmann::json CountCopies(NodeProbe& nodes, std::span<const BlockKey> keys, size_t block_bytes) {
+  std::map<std::string, uint64_t> copies;
+  std::vector<std::byte> buf(keys.size() * block_bytes);
+  std::vector<int> held(keys.size(), 0);
+  nlohmann::json unreachable = nlohmann::json::array();
+  for (size_t n = 0; n < nodes.chs.size(); ++n) {
+    std::vector<GetItem> items;
+    for (size_t i = 0; i < keys.size(); ++i)
+      items.push_back(GetItem{keys[i], std::span(buf).subspan(i * block_bytes, block_bytes), 0, {}});
+    if (!nodes.chs[n]->Get(items, RequestOptions{}).ok()) {
+      unreachable.push_back(nodes.ids[n]);
+      continue;
+    }
+    for (size_t i = 0; i < keys.size(); ++i) held[i] += items[i].status.ok();
+  }
+  for (int h : held) copies[std::to_string(h)]++;
+  return {{"copies", copies}, {"unreachable", unreachable}};
+}
+
 // One fault as the client saw it.
 struct FaultWatch {
   std::string name;
   std::vector<BlockKey> canary;
+  std::optional<NodeProbe> nodes;  // the map's nodes when the canary blocks were put
+  nlohmann::json canary_copies, canary_copies_end;  // right after they were put; at `end` when some missed
   Clock::time_point start;
-  uint64_t ok0 = 0, calls0 = 0;
-  std::atomic<bool> done{false};
+  uint64_t salt = 0;      // the probes' keys
+  bool ended = false;     // `end` came: the figures below are taken
+  double fault_ms = -1;   // from `fault` to `end`
+  uint64_t ok0 = 0, calls0 = 0, ok_during = 0, calls_during = 0;
+  std::atomic<bool> done{false}, prober_exited{false};
   std::thread prober, sampler;
-  // Written by the prober (the sampler: map_*), read after both joined.
-  uint64_t probes_ok = 0, probes_failed = 0;
+  // Written by the prober (the sampler: map_*), read after both joined. A
+  // probe or read that finishes after `end` is not counted.
+  uint64_t probes_ok = 0, probes_failed = 0, canary_reads = 0;
   size_t map_min = SIZE_MAX, map_max = 0;  // nodes in this client's map, every 20 ms
   size_t canary_min = SIZE_MAX, canary_last = 0;
+  std::map<std::string, uint64_t> canary_missed;  // by status, over every read
   double first_fail_ms = -1, served_again_ms = -1;  // probe failed first / succeeded again after failing
 };
 
@@ -158,9 +265,18 @@ int Load(const LoadArgs& a) {
   nlohmann::json faults = nlohmann::json::array();
   std::unique_ptr<FaultWatch> w;
   uint64_t salt = 1;
+  auto end_fault = [&] {
+    if (!w || w->ended || !w->prober.joinable()) return;
+    w->done.store(true);
+    w->ended = true;
+    w->fault_ms = MsSince(w->start);
+    w->ok_during = OkCalls(c.st) - w->ok0;
+    w->calls_during = AllCalls(c.st) - w->calls0;
+  };
+  // A probe stuck in a call (UCX: until the link returns) is waited for here, not at `end`.
   auto stop_prober = [&] {
+    end_fault();
     if (w && w->prober.joinable()) {
-      w->done.store(true);
       w->prober.join();
       w->sampler.join();
     }
@@ -175,7 +291,13 @@ int Load(const LoadArgs& a) {
       w = std::make_unique<FaultWatch>();
       w->name = name;
       w->canary = soak::PutProbeBlocks(c, r, 0xca9a + salt++);
-      Say({{"event", "armed"}, {"fault", name}, {"canary_blocks", w->canary.size()}});
+      if (auto np = NodesNow(a.coordinator); np.ok()) {
+        w->nodes = std::move(*np);
+        w->canary_copies = CountCopies(*w->nodes, w->canary, r.model().FullBlockBytes());
+      } else {
+        w->canary_copies = {{"error", np.status().ToString()}};
+      }
+      Say({{"event", "armed"}, {"fault", name}, {"canary_blocks", w->canary.size()}, {"canary_copies", w->canary_copies}});
     } else if (verb == "fault" && w) {
       w->start = Clock::now();
       w->ok0 = OkCalls(c.st);
@@ -189,10 +311,13 @@ int Load(const LoadArgs& a) {
           std::this_thread::sleep_for(20ms);
         }
       });
-      fw->prober = std::thread([&c, &r, fw, &salt] {
-        while (!fw->done.load()) {
+      fw->salt = 0x9e00000 + (salt++ << 16);
+      fw->prober = std::thread([&c, &r, fw] {
+        for (uint64_t i = 0; !fw->done.load(); ++i) {
           const auto t0 = Clock::now();
-          if (soak::Probe(c, r, 0x9e0 + salt++)) {
+          const bool ok = ProbeAndErase(c, r, fw->salt + i);
+          if (fw->done.load()) break;
+          if (ok) {
             fw->probes_ok++;
             if (fw->first_fail_ms >= 0 && fw->served_again_ms < 0) fw->served_again_ms = MsSince(fw->start);
           } else {
@@ -200,24 +325,41 @@ int Load(const LoadArgs& a) {
             if (fw->first_fail_ms < 0) fw->first_fail_ms = MsSince(fw->start);
           }
           if (!fw->canary.empty()) {
-            fw->canary_last = soak::ReadProbeBlocks(c, r, fw->canary);
-            fw->canary_min = std::min(fw->canary_min, fw->canary_last);
+            std::map<std::string, uint64_t> why;
+            const size_t served = ReadCanary(c, r, fw->canary, &why);
+            if (fw->done.load()) break;
+            fw->canary_reads++;
+            fw->canary_last = served;
+            fw->canary_min = std::min(fw->canary_min, served);
+            for (const auto& [k, n] : why) fw->canary_missed[k] += n;
           }
           std::this_thread::sleep_until(t0 + 100ms);
         }
+        fw->prober_exited.store(true);
       });
       Say({{"event", "fault"}, {"fault", name}});
+    } else if (verb == "end" && w) {
+      end_fault();
+      Say({{"event", "ended"}, {"fault", name}});
+      // While the fault is still in place: where are the canary blocks a read
+      // missed? Only when the prober is done within 2 s (over UCX a call to a
+      // silent host holds it until the link returns).
+      for (int i = 0; i < 200 && !w->prober_exited.load(); ++i) std::this_thread::sleep_for(10ms);
+      if (w->prober_exited.load()) {
+        w->prober.join();
+        w->sampler.join();
+        if (w->nodes && w->canary_reads && w->canary_last < w->canary.size())
+          w->canary_copies_end = CountCopies(*w->nodes, w->canary, r.model().FullBlockBytes());
+      }
     } else if (verb == "restore" && w) {
       const auto t_restore = Clock::now();
-      const double fault_ms = MsSince(w->start);
       stop_prober();
-      const uint64_t ok_during = OkCalls(c.st) - w->ok0, calls_during = AllCalls(c.st) - w->calls0;
       double recovery = -1;
       while (!g_stop.load() && MsSince(t_restore) < double(a.recover_bound_ms)) {
         const auto t0 = Clock::now();
         auto cm = CoordinatorMap(a.coordinator, 500);
         if (cm.ok() && cm->second == a.nodes && nc.epoch() >= cm->first && nc.num_nodes() == a.nodes &&
-            soak::Probe(c, r, 0x7ec + salt++)) {
+            ProbeAndErase(c, r, 0x7ec + salt++)) {
           recovery = MsSince(t_restore);
           break;
         }
@@ -231,10 +373,10 @@ int Load(const LoadArgs& a) {
           {"fault", name},
           {"recovered", recovery >= 0},
           {"recovery_ms", recovery},
-          {"fault_ms", fault_ms},
+          {"fault_ms", w->fault_ms},
           {"during",
-           {{"calls", calls_during},
-            {"ok_calls", ok_during},
+           {{"calls", w->calls_during},
+            {"ok_calls", w->ok_during},
             {"probes_ok", w->probes_ok},
             {"probes_failed", w->probes_failed},
             {"first_probe_failed_ms", w->first_fail_ms},
@@ -242,8 +384,12 @@ int Load(const LoadArgs& a) {
             {"map_nodes_min", w->map_min == SIZE_MAX ? 0 : w->map_min},
             {"map_nodes_max", w->map_max},
             {"canary_blocks", w->canary.size()},
+            {"canary_reads", w->canary_reads},
+            {"canary_copies_when_put", w->canary_copies},
+            {"canary_copies_at_end", w->canary_copies_end},
             {"canary_served_min", w->canary_min == SIZE_MAX ? 0 : w->canary_min},
-            {"canary_served_last", w->canary_last}}}};
+            {"canary_served_last", w->canary_last},
+            {"canary_missed", w->canary_missed}}}};
       faults.push_back(j);
       Say(j);
       w.reset();
