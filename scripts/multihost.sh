@@ -8,8 +8,10 @@
 #   scripts/multihost.sh cut|heal HOST           a host's link down / up
 #   scripts/multihost.sh limit HOST RATE|unlimit HOST   tc tbf on the host's link, both directions
 #   scripts/multihost.sh partition A B|unpartition A B  A and B cannot reach each other; the rest can
-#   scripts/multihost.sh down [ID]       remove instance ID, or every instance whose owner is gone
-#   scripts/multihost.sh test [--json-out F] [--keep]   the multi-host test (scripts/multihost-test.sh)
+#   scripts/multihost.sh down [ID]       remove instance ID, or every instance no running test holds
+#                                        (those `up` made, leftovers of killed runs)
+#   scripts/multihost.sh test [--json-out F] [--keep] [--bench-seconds S] [--bench-reps N] [--phases "tcp ucx decode"]
+#                                        the multi-host test (scripts/multihost-test.sh)
 #
 # Every host h<i> is network namespace kvmesh-<ID>-h<i> with one link: a
 # veth pair whose outer end is on bridge kvmb<ID> (in the root namespace,
@@ -70,7 +72,12 @@ mh_can() {
   fi
   if ! err=$(ip netns exec "$probe" unshare --uts true 2>&1); then
     ip netns del "$probe" 2> /dev/null || true
-    echo "unshare --uts failed: $err"
+    echo "ip netns exec ... unshare --uts failed: $err"
+    return 1
+  fi
+  if ! err=$(mkdir -p "/etc/netns/$probe" 2>&1 && rmdir "/etc/netns/$probe" 2>&1); then
+    ip netns del "$probe" 2> /dev/null || true
+    echo "/etc/netns is not writable: $err"
     return 1
   fi
   ip netns del "$probe"
@@ -150,8 +157,9 @@ mh_down_one() {
   rm -rf "${MH_STATE:?}/$id"
 }
 
-# down with no id: every instance whose owner process is gone (leftovers of
-# a killed run), and namespaces/links of ours that no instance records.
+# down with no id: every instance no running `test` holds (owner 0: made by
+# `up`; or an owner process that is gone: a killed run), and namespaces and
+# links of our naming that no instance records.
 mh_down_stale() {
   local d id owner
   for d in "$MH_STATE"/*/; do
