@@ -188,6 +188,7 @@ mh_test() {
   MT_WORK=$(mktemp -d /tmp/kvmesh-multihost.XXXXXX)
   trap mt_cleanup EXIT
   trap 'mt_fail "interrupted, or past the 270 s bound"; exit 130' INT TERM
+  mh_down_stale tests  # what a killed earlier run left behind (its daemons would load the cores)
   MT_ID=$(mh_up "$MT_HOSTS" $$)
   mt_log "instance $MT_ID: hosts h0..h$((MT_HOSTS - 1)), work dir $MT_WORK"
   # Whatever hangs, the test ends: the watchdog stops it after 270 s.

@@ -160,16 +160,18 @@ mh_down_one() {
 # down with no id: every instance no running `test` holds (owner 0: made by
 # `up`; or an owner process that is gone: a killed run), and namespaces and
 # links of our naming that no instance records.
+# mh_down_stale tests: only the leftovers of tests (owner gone), not `up`'s.
 mh_down_stale() {
-  local d id owner
+  local only_tests=${1:-} d id owner
   for d in "$MH_STATE"/*/; do
     [[ -d $d ]] || continue
     id=$(basename "$d")
     owner=$(cat "$d/owner" 2> /dev/null || echo 0)
     if [[ $owner != 0 ]] && kill -0 "$owner" 2> /dev/null; then
-      echo "multihost: instance $id is in use by pid $owner: kept" >&2
+      [[ -z $only_tests ]] && echo "multihost: instance $id is in use by pid $owner: kept" >&2
       continue
     fi
+    [[ -n $only_tests && $owner == 0 ]] && continue
     mh_down_one "$id"
     echo "multihost: removed instance $id" >&2
   done
