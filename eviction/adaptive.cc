@@ -31,11 +31,14 @@
 // leader's list. Once the real cache holds what the leader holds it stays so,
 // because both see the same accesses: it then evicts exactly what the leader
 // evicts. Admit always admits (no expert has an admission filter). If the
-// owner needs room while the leader holds every resident entry, its real
-// capacity is below c: the experts shrink to the resident count (their own
-// victims go first) and c follows; c grows again with the resident count.
-// Only if that leaves no candidate does the cache evict its own least
-// recently used entry.
+// owner needs room while the leader holds every resident entry, Victim() is
+// the leader's own victim when resident, else the cache's least recently used
+// entry; evicting an entry the leader keeps shows that the owner's real
+// capacity is below c (a store class whose pages went to other classes,
+// pinned entries, pressure), so the experts shrink to the count it held, their
+// own victims first. c grows again with the resident count. Victim() changes
+// nothing but the experts' internal order (the store also asks it of classes
+// that need no room).
 //
 // c is PolicyOptions::capacity_hint, or the largest resident count seen.
 // Cost: O(E) per access, E = 6 experts, each O(1); memory: E + 1 entry pools
@@ -108,23 +111,28 @@ class AdaptivePolicy final : public EvictionPolicy {
     if (it == by_id_.end()) return;
     const uint32_t i = it->second;
     const uint64_t gid = nodes_[i].gid;
+    const size_t resident = by_id_.size();
+    const bool leader_keeps = !experts_.empty() && (nodes_[i].in & Bit(leader_));
     if (reason == RemoveReason::kErased) {  // gone for every expert too
       for (Expert& x : experts_) x.policy->Remove(gid, RemoveReason::kErased);
     }
     Free(i);
+    if (reason == RemoveReason::kEvicted && leader_keeps) {
+      // The owner evicted an entry the leader keeps: it holds fewer than c_
+      // (a store class whose pages went to other classes, pinned entries, or
+      // pressure). The experts shrink to what it held, their own victims first.
+      c_ = std::max<size_t>(resident, 1);
+      for (size_t e = 0; e < experts_.size(); ++e) Trim(e, c_);
+    }
   }
   std::optional<EntryId> Victim() override {
     if (by_id_.empty()) return std::nullopt;
     if (experts_.empty()) return nodes_[lru_.tail].id;
-    if (diff_[leader_].empty()) {
-      // The leader holds every resident entry, yet the owner needs room: its
-      // real capacity is below c_ (a store class whose pages went to other
-      // classes, or pinned entries). Shrink the experts to the resident count,
-      // so the leader names its own victim among them.
-      c_ = std::max<size_t>(by_id_.size(), 1);
-      for (size_t e = 0; e < experts_.size(); ++e) Trim(e, c_);
-    }
     if (!diff_[leader_].empty()) return nodes_[diff_[leader_].tail].id;
+    // The leader keeps every resident entry: its own victim, if resident.
+    if (const std::optional<EntryId> v = experts_[leader_].policy->Victim()) {
+      if (const uint32_t r = Resident(*v); r != kNil) return nodes_[r].id;
+    }
     return nodes_[lru_.tail].id;
   }
   Priority EffectiveClass(EntryId id) const override {

@@ -1,6 +1,7 @@
 // eviction/replay.h — replays a Mooncake-format request trace through the real
 // eviction policies (built by MakeEvictionPolicy) and through Belady's
-// clairvoyant optimum, and measures block and prefix hit rates.
+// clairvoyant optimum, and measures block and prefix hit rates and the
+// prefill FLOPs the cache saves.
 //
 // Semantics (shared/traces/README.md): requests in file order; within a
 // request, blocks in order; a cached block is a hit (Touch); an absent block
@@ -13,7 +14,10 @@
 // access's AccessInfo only from what a client knows when it sends the request
 // (see DeriveHints and docs/eviction.md): whether the block is the request's
 // partial last block, its depth in the prefix, and how many earlier requests
-// carried it. Policies that ignore hints are unaffected.
+// carried it. Policies that ignore hints are unaffected. Every access also
+// carries its position in the request (AccessInfo::depth) and its prefill
+// FLOPs relative to a first full block (AccessInfo::cost, PrefillModel), and
+// each result counts the FLOPs its prefix hits saved.
 //
 //   KVMESH_ASSIGN_OR_RETURN(Trace t, LoadMooncakeTrace("conversation_trace.jsonl"));
 //   ReplayResult lru = ReplayPolicy(t, "lru", 1828).value();
