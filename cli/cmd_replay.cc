@@ -1,5 +1,7 @@
 // kvmesh replay — trace replay of the eviction policies against Belady's
-// optimum and the infinite cache. See eviction/replay.h.
+// optimum and the infinite cache: prefix hit rate, and the prefill FLOPs the
+// cache saves (the model from --config) against a clairvoyant reference for
+// FLOPs. See eviction/replay.h.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -12,8 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/default_config.h"
 #include "common/progress.h"
 #include "eviction/replay.h"
+#include "kvmesh/config.h"
 
 namespace kvmesh::cli {
 namespace {
@@ -28,6 +32,8 @@ struct ReplayArgs {
   bool no_hints = false;
   double aging_s = 60.0;
   unsigned threads = 0;
+  std::string config;          // the model for FLOPs; default: the built-in cluster_configs/local.json
+  uint32_t block_tokens = 512;  // tokens per trace block (Mooncake: 512)
 };
 
 Result<std::vector<double>> ParseFractions(const std::string& s) {
@@ -59,7 +65,13 @@ struct Column {
   size_t capacity = 0;
   double fraction = 0;  // 0 when given in blocks
   ReplayResult belady;
+  ReplayResult belady_flops;
   std::vector<ReplayResult> policies;  // in --policy order
+
+  // The clairvoyant FLOPs reference: the better of Belady and belady-flops.
+  double flops_reference() const {
+    return std::max(belady.flops_saved_fraction(), belady_flops.flops_saved_fraction());
+  }
 };
 
 double GapClosed(double policy, double lru, double belady) {
@@ -67,45 +79,53 @@ double GapClosed(double policy, double lru, double belady) {
 }
 
 Status WritePlot(const std::string& png, const std::vector<Column>& cols, const std::vector<std::string>& names,
-                 const ReplayResult& infinite, size_t distinct) {
+                 const ReplayResult& infinite, const std::string& title) {
   std::string dat = png + ".dat";
   {
     std::ofstream f(dat);
     if (!f) return IoError("cannot write " + dat);
-    f << "# capacity_fraction";
+    f << "# capacity_fraction, then prefix hit % and FLOPs saved % of:";
     for (const auto& n : names) f << " " << n;
-    f << " belady infinite\n";
+    f << " belady infinite (and FLOPs: reference)\n";
     for (const Column& c : cols) {
-      f << static_cast<double>(c.capacity) / static_cast<double>(distinct);
+      f << c.fraction;
       for (const ReplayResult& r : c.policies) f << " " << 100 * r.prefix_hit_rate();
-      f << " " << 100 * c.belady.prefix_hit_rate() << " " << 100 * infinite.prefix_hit_rate() << "\n";
+      f << " " << 100 * c.belady.prefix_hit_rate() << " " << 100 * infinite.prefix_hit_rate();
+      for (const ReplayResult& r : c.policies) f << " " << 100 * r.flops_saved_fraction();
+      f << " " << 100 * c.flops_reference() << " " << 100 * infinite.flops_saved_fraction() << "\n";
     }
   }
   double lo = 1, hi = 0;
   for (const Column& c : cols) {
-    const double f = static_cast<double>(c.capacity) / static_cast<double>(distinct);
-    lo = std::min(lo, f);
-    hi = std::max(hi, f);
+    lo = std::min(lo, c.fraction);
+    hi = std::max(hi, c.fraction);
   }
   std::string gp = png + ".gp";
   {
     std::ofstream f(gp);
     if (!f) return IoError("cannot write " + gp);
-    f << "set terminal pngcairo size 900,560 font 'sans,10'\n"
-      << "set output '" << png << "'\n"
-      << "set title 'Prefix hit rate vs capacity (Mooncake replay)'\n"
-      << "set xlabel 'capacity (fraction of distinct blocks, log scale)'\n"
-      << "set ylabel 'prefix hit rate (%)'\n"
-      << "set termoption noenhanced\n"
-      << "set logscale x\nset grid\nset key outside right\n"
-      << "set xrange [" << lo / 1.3 << ":" << hi * 1.3 << "]\nset yrange [0:*]\n"
-      << "set format x '%g'\n"
-      << "plot ";
     const size_t n = names.size();
-    for (size_t i = 0; i < n; ++i)
-      f << "'" << dat << "' using 1:" << i + 2 << " with linespoints title '" << names[i] << "', ";
-    f << "'" << dat << "' using 1:" << n + 2 << " with linespoints lw 2 dt 2 title 'belady', "
-      << "'" << dat << "' using 1:" << n + 3 << " with lines lw 2 dt 3 title 'infinite'\n";
+    f << "set terminal pngcairo size 1200,520 font 'sans,10'\n"
+      << "set output '" << png << "'\n"
+      << "set termoption noenhanced\n"
+      << "set multiplot layout 1,2 title '" << title << "'\n"
+      << "set xlabel 'capacity (fraction of distinct blocks, log scale)'\n"
+      << "set logscale x\nset grid\nset key bottom right\n"
+      << "set xrange [" << lo / 1.3 << ":" << hi * 1.3 << "]\nset yrange [0:*]\n"
+      << "set format x '%g'\n";
+    for (int panel = 0; panel < 2; ++panel) {
+      const size_t base = panel == 0 ? 2 : n + 4;  // first policy column
+      f << "set title '" << (panel == 0 ? "prefix hit rate (%)" : "prefill FLOPs saved (%)") << "'\n"
+        << "plot ";
+      for (size_t i = 0; i < n; ++i)
+        f << "'" << dat << "' using 1:" << base + i << " with linespoints"
+          << (names[i] == std::string(kDefaultEvictionPolicy) ? " lw 3 lc rgb 'black'" : "") << " title '" << names[i]
+          << (names[i] == std::string(kDefaultEvictionPolicy) ? " (default)" : "") << "', ";
+      f << "'" << dat << "' using 1:" << base + n << " with linespoints lw 2 dt 2 title '"
+        << (panel == 0 ? "belady" : "clairvoyant reference") << "', "
+        << "'" << dat << "' using 1:" << base + n + 1 << " with lines lw 2 dt 3 title 'infinite'\n";
+    }
+    f << "unset multiplot\n";
   }
   std::string cmd = "gnuplot '" + gp + "' 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
@@ -120,41 +140,60 @@ Status WritePlot(const std::string& png, const std::vector<Column>& cols, const 
   return Status::Ok();
 }
 
+Result<PrefillModel> ModelFor(const ReplayArgs& a) {
+  Result<ClusterConfig> cfg = a.config.empty() ? ParseConfig(kDefaultLocalConfig, "cluster_configs/local.json (built in)")
+                                               : LoadConfigFile(a.config);
+  KVMESH_RETURN_IF_ERROR(cfg.status());
+  if (a.block_tokens == 0) return InvalidArgument("--block-tokens must be at least 1");
+  PrefillModel m;
+  m.layers = cfg->model.num_layers;
+  m.heads = cfg->model.num_kv_heads;
+  m.head_dim = cfg->model.head_dim;
+  m.block_tokens = a.block_tokens;
+  return m;
+}
+
 Status RunReplay(const ReplayArgs& a) {
   KVMESH_ASSIGN_OR_RETURN(Trace trace, LoadMooncakeTrace(a.trace));
   if (trace.lookups() == 0) return InvalidArgument(a.trace + ": no requests");
 
+  KVMESH_ASSIGN_OR_RETURN(const PrefillModel model, ModelFor(a));
   std::vector<std::string> names = SplitPolicies(a.policies);
-  if (names.empty()) names = {"lru", "lru-priority"};
+  if (names.empty()) names = {"lru", "lru-priority", "arc", "s3-fifo", std::string(kDefaultEvictionPolicy)};
   if (std::find(names.begin(), names.end(), "lru") == names.end()) names.insert(names.begin(), "lru");
+  if (std::find(names.begin(), names.end(), std::string(kDefaultEvictionPolicy)) == names.end())
+    names.emplace_back(kDefaultEvictionPolicy);
   for (const std::string& n : names) KVMESH_RETURN_IF_ERROR(ParsePolicySpec(n).status());
 
   std::vector<Column> cols;
   for (size_t b : a.capacity_blocks) {
     if (b == 0) return InvalidArgument("--capacity-blocks must be at least 1");
-    cols.push_back({b, 0, {}, {}});
+    cols.push_back({b, static_cast<double>(b) / static_cast<double>(trace.distinct), {}, {}, {}});
   }
   if (!a.capacity_fractions.empty()) {
     KVMESH_ASSIGN_OR_RETURN(std::vector<double> fr, ParseFractions(a.capacity_fractions));
     for (double f : fr)
-      cols.push_back({std::max<size_t>(1, static_cast<size_t>(f * static_cast<double>(trace.distinct))), f, {}, {}});
+      cols.push_back({std::max<size_t>(1, static_cast<size_t>(f * static_cast<double>(trace.distinct))), f, {}, {}, {}});
   }
   if (cols.empty()) return InvalidArgument("give --capacity-blocks N or --capacity-fractions a,b,...");
   std::sort(cols.begin(), cols.end(), [](const Column& x, const Column& y) { return x.capacity < y.capacity; });
   for (Column& c : cols) c.policies.resize(names.size());
 
-  // One job per (capacity, policy) plus one Belady job per capacity, on a small pool.
+  // One job per (capacity, policy) plus the two clairvoyant ones per capacity, on a small pool.
   struct Job {
     size_t col;
-    int policy;  // -1: Belady
+    int policy;  // -1: Belady, -2: belady-flops
   };
   std::vector<Job> jobs;
   for (size_t c = 0; c < cols.size(); ++c) {
     jobs.push_back({c, -1});
+    jobs.push_back({c, -2});
     for (size_t p = 0; p < names.size(); ++p) jobs.push_back({c, static_cast<int>(p)});
   }
   ReplayOptions ro;
   ro.derive_hints = !a.no_hints;
+  ro.model = model;
+  ro.hints.block_tokens = model.block_tokens;
   ro.aging_ns = static_cast<int64_t>(a.aging_s * 1e9);
   std::atomic<uint64_t> done{0};
   ro.progress = &done;
@@ -164,8 +203,10 @@ Status RunReplay(const ReplayArgs& a) {
   auto worker = [&] {
     for (size_t j; (j = next_job.fetch_add(1)) < jobs.size();) {
       Column& c = cols[jobs[j].col];
-      if (jobs[j].policy < 0) {
-        c.belady = ReplayBelady(trace, c.capacity, &done);
+      if (jobs[j].policy == -1) {
+        c.belady = ReplayBelady(trace, c.capacity, &done, model);
+      } else if (jobs[j].policy == -2) {
+        c.belady_flops = ReplayBeladyFlops(trace, c.capacity, model, &done);
       } else {
         Result<ReplayResult> r = ReplayPolicy(trace, names[jobs[j].policy], c.capacity, ro);
         if (r.ok()) c.policies[jobs[j].policy] = std::move(r).value();
@@ -191,8 +232,9 @@ Status RunReplay(const ReplayArgs& a) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const Status& s : errors) KVMESH_RETURN_IF_ERROR(s);
 
-  const ReplayResult inf = ReplayInfinite(trace);
+  const ReplayResult inf = ReplayInfinite(trace, model);
   const size_t lru_idx = std::find(names.begin(), names.end(), "lru") - names.begin();
+  const std::string default_policy(kDefaultEvictionPolicy);
 
   if (a.json) {
     nlohmann::json j;
@@ -201,46 +243,82 @@ Status RunReplay(const ReplayArgs& a) {
     j["lookups"] = trace.lookups();
     j["distinct_blocks"] = trace.distinct;
     j["hints"] = a.no_hints ? "none" : "derived (docs/eviction.md)";
-    j["infinite"] = {{"hit_rate", inf.hit_rate()}, {"prefix_hit_rate", inf.prefix_hit_rate()}};
+    j["default_policy"] = default_policy;
+    j["model"] = {{"layers", model.layers},
+                  {"heads", model.heads},
+                  {"head_dim", model.head_dim},
+                  {"block_tokens", model.block_tokens},
+                  {"flops", "per block: layers x (24 D^2 t + 4 D (t p0 + t (t + 1) / 2)), D = heads x head_dim, "
+                            "t tokens after p0 prefix tokens (eviction/replay.h)"}};
+    j["infinite"] = {{"hit_rate", inf.hit_rate()},
+                     {"prefix_hit_rate", inf.prefix_hit_rate()},
+                     {"flops_saved_fraction", inf.flops_saved_fraction()}};
     j["seconds"] = seconds;
     j["threads"] = threads;
     for (const Column& c : cols) {
       nlohmann::json col;
       col["capacity_blocks"] = c.capacity;
-      col["capacity_fraction"] = static_cast<double>(c.capacity) / static_cast<double>(trace.distinct);
+      col["capacity_fraction"] = c.fraction;
       col["belady"] = {{"hit_rate", c.belady.hit_rate()},
                        {"prefix_hit_rate", c.belady.prefix_hit_rate()},
+                       {"flops_saved_fraction", c.belady.flops_saved_fraction()},
                        {"declined", c.belady.declined}};
-      const double lru = c.policies[lru_idx].prefix_hit_rate();
-      for (const ReplayResult& r : c.policies)
-        col["policies"].push_back({{"policy", r.policy},
-                                   {"hit_rate", r.hit_rate()},
-                                   {"prefix_hit_rate", r.prefix_hit_rate()},
-                                   {"gap_closed", GapClosed(r.prefix_hit_rate(), lru, c.belady.prefix_hit_rate())},
-                                   {"declined", r.declined},
-                                   {"evictions", r.evictions},
-                                   {"seconds", r.seconds}});
+      col["belady_flops"] = {{"prefix_hit_rate", c.belady_flops.prefix_hit_rate()},
+                             {"flops_saved_fraction", c.belady_flops.flops_saved_fraction()},
+                             {"declined", c.belady_flops.declined}};
+      col["flops_reference_fraction"] = c.flops_reference();
+      const ReplayResult& lru = c.policies[lru_idx];
+      for (const ReplayResult& r : c.policies) {
+        nlohmann::json row = {
+            {"policy", r.policy},
+            {"default", r.policy == default_policy},
+            {"hit_rate", r.hit_rate()},
+            {"prefix_hit_rate", r.prefix_hit_rate()},
+            {"gap_closed", GapClosed(r.prefix_hit_rate(), lru.prefix_hit_rate(), c.belady.prefix_hit_rate())},
+            {"flops_saved_fraction", r.flops_saved_fraction()},
+            {"flops_gap_closed",
+             GapClosed(r.flops_saved_fraction(), lru.flops_saved_fraction(), c.flops_reference())},
+            {"declined", r.declined},
+            {"evictions", r.evictions},
+            {"seconds", r.seconds}};
+        if (!r.leader.empty()) row["following"] = r.leader;
+        col["policies"].push_back(std::move(row));
+      }
       j["results"].push_back(col);
     }
     std::cout << j.dump(2) << "\n";
   } else {
-    std::printf("%s: %zu requests, %zu lookups, %zu distinct blocks; infinite cache: hit %.2f%%, prefix hit %.2f%%\n",
+    std::printf("%s: %zu requests, %zu lookups, %zu distinct blocks; infinite cache: hit %.2f%%, prefix hit %.2f%%, "
+                "FLOPs saved %.2f%%\n",
                 trace.source.c_str(), trace.requests(), trace.lookups(), trace.distinct, 100 * inf.hit_rate(),
-                100 * inf.prefix_hit_rate());
-    std::printf("%-24s %9s %10s %10s %12s\n", "policy", "capacity", "hit %", "prefix %", "gap closed");
+                100 * inf.prefix_hit_rate(), 100 * inf.flops_saved_fraction());
+    std::printf("model: %u layers x %u heads x %u head_dim, %u-token blocks; default policy: %s\n", model.layers,
+                model.heads, model.head_dim, model.block_tokens, default_policy.c_str());
+    std::printf("%-24s %9s %8s %9s %11s %9s %11s\n", "policy", "capacity", "hit %", "prefix %", "gap closed",
+                "FLOPs %", "FLOPs gap");
     for (const Column& c : cols) {
-      const double lru = c.policies[lru_idx].prefix_hit_rate();
-      for (const ReplayResult& r : c.policies)
-        std::printf("%-24s %9zu %10.2f %10.2f %11.1f%%\n", r.policy.c_str(), c.capacity, 100 * r.hit_rate(),
-                    100 * r.prefix_hit_rate(), 100 * GapClosed(r.prefix_hit_rate(), lru, c.belady.prefix_hit_rate()));
-      std::printf("%-24s %9zu %10.2f %10.2f %11.1f%%\n", "belady", c.capacity, 100 * c.belady.hit_rate(),
-                  100 * c.belady.prefix_hit_rate(), 100.0);
+      const ReplayResult& lru = c.policies[lru_idx];
+      for (const ReplayResult& r : c.policies) {
+        const std::string label = r.policy + (r.policy == default_policy ? " (default)" : "");
+        std::printf("%-24s %9zu %8.2f %9.2f %10.1f%% %9.2f %10.1f%%\n", label.c_str(), c.capacity,
+                    100 * r.hit_rate(), 100 * r.prefix_hit_rate(),
+                    100 * GapClosed(r.prefix_hit_rate(), lru.prefix_hit_rate(), c.belady.prefix_hit_rate()),
+                    100 * r.flops_saved_fraction(),
+                    100 * GapClosed(r.flops_saved_fraction(), lru.flops_saved_fraction(), c.flops_reference()));
+      }
+      std::printf("%-24s %9zu %8.2f %9.2f %11s %9.2f\n", "belady", c.capacity, 100 * c.belady.hit_rate(),
+                  100 * c.belady.prefix_hit_rate(), "100.0%", 100 * c.belady.flops_saved_fraction());
+      std::printf("%-24s %9zu %8.2f %9.2f %11s %9.2f\n", "belady-flops", c.capacity,
+                  100 * c.belady_flops.hit_rate(), 100 * c.belady_flops.prefix_hit_rate(), "",
+                  100 * c.belady_flops.flops_saved_fraction());
     }
-    std::printf("(gap closed = share of the LRU-to-Belady prefix hit rate gap; %.1f s on %u threads)\n", seconds,
-                threads);
+    std::printf("(gap closed = share of the LRU-to-Belady prefix hit rate gap; FLOPs gap = share of the LRU-to-reference "
+                "FLOPs gap, reference = the better of belady and belady-flops; %.1f s on %u threads)\n",
+                seconds, threads);
   }
   if (!a.plot.empty()) {
-    KVMESH_RETURN_IF_ERROR(WritePlot(a.plot, cols, names, inf, trace.distinct));
+    const std::string base = trace.source.substr(trace.source.find_last_of('/') + 1);
+    KVMESH_RETURN_IF_ERROR(WritePlot(a.plot, cols, names, inf, base + ": prefix hits and prefill FLOPs saved vs capacity"));
     if (!a.json) std::printf("plot: %s\n", a.plot.c_str());
   }
   return Status::Ok();
@@ -258,13 +336,18 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
                   "capacities as fractions of the distinct blocks, e.g. 0.01,0.05,0.1");
   cmd->add_option("--policy", a->policies,
                   "policies, comma-separated or repeated: a factory name, optionally @<aging seconds>[/<classes>] "
-                  "(e.g. lru-priority@120/8); lru is always included");
+                  "(e.g. lru-priority@120/8); lru and the default policy are always included");
   cmd->add_flag("--json", a->json, "print JSON instead of a table");
-  cmd->add_option("--plot", a->plot, "draw prefix hit rate vs capacity into this PNG (gnuplot)");
+  cmd->add_option("--plot", a->plot, "draw prefix hit rate and FLOPs saved vs capacity into this PNG (gnuplot)");
   cmd->add_flag("--no-hints", a->no_hints, "do not derive client priority hints (all accesses get defaults)");
   cmd->add_option("--aging-s", a->aging_s,
                   "aging period in trace seconds for policies without @ (default 60, the config default; 0: off)");
   cmd->add_option("--threads", a->threads, "worker threads (default: all cores)");
+  cmd->add_option("--config", a->config,
+                  "cluster config whose model (num_layers, num_kv_heads, head_dim) prices prefill FLOPs "
+                  "(default: the built-in cluster_configs/local.json)");
+  cmd->add_option("--block-tokens", a->block_tokens,
+                  "tokens per trace block, for FLOPs and the partial-last-block hint (default 512, Mooncake's)");
   cmd->callback([a, exit_code] {
     Status s = RunReplay(*a);
     if (!s.ok()) {

@@ -38,6 +38,14 @@ struct AccessInfo {
   float score = 0.0f;                    // client importance hint (score-based policies)
   uint64_t key_hash = 0;                 // stable hash of the block's key (the EntryId may be
                                          // a slot number); frequency sketches count this
+  uint32_t depth = 0;                    // the block's position in its request's prefix chain
+                                         // when the owner accesses a request's blocks in order
+                                         // (0: the chain's first block, or unknown)
+  float cost = 0.0f;                     // relative cost of recomputing the block (prefill
+                                         // FLOPs; cost-aware policies); 0: unknown, counts as 1
+  bool refresh = false;                  // Touch only: the owner was handed the block again (a
+                                         // duplicate put of a block the client recomputed):
+                                         // recency, but no work saved ("adaptive" does not score it)
 };
 
 enum class RemoveReason : uint8_t {
@@ -86,19 +94,32 @@ class EvictionPolicy {
   // 0 for policies without classes. REQUIRES: Contains(id).
   virtual Priority EffectiveClass(EntryId /*id*/) const { return 0; }
 
+  // Policies that follow other policies ("adaptive"): the name of the one
+  // followed now; empty for the others. For reports.
+  virtual std::string_view following() const { return {}; }
+
   virtual bool Contains(EntryId id) const = 0;
   virtual size_t size() const = 0;
 };
 
 // Names (docs/eviction.md says when to use which):
-//   "lru-priority" (default)  LRU inside priority classes, with aging
+//   "adaptive" (default)      follows the best of the experts below on shadow caches
+//   "adaptive-cost"           the same, ranking experts by prefill FLOPs saved
+//   "lru-priority"            LRU inside priority classes, with aging
 //   "lru"                     plain LRU
 //   "lfu"                     LFU with dynamic aging (LFU-DA)
 //   "arc"                     Adaptive Replacement Cache (uses capacity_hint)
 //   "s3-fifo"                 S3-FIFO (uses capacity_hint)
 //   "score"                   client hints: class, then H2O-style importance
+//   "turnover-priority"       lru-priority aged by the cache's own turnover time
+//   "freq-class"              class, then log2 accumulated score hints (O(1) "score")
+//   "freq-class-turnover"     the same, importance halved per 3 turnover times
 //   "tinylfu-<name>"          TinyLFU admission filter in front of <name>
 // Unknown names -> InvalidArgument listing the known ones.
+// The policy a store uses when its config names none (config.h's
+// EvictionConfig::policy and StoreOptions::policy carry the same name).
+inline constexpr std::string_view kDefaultEvictionPolicy = "adaptive";
+
 Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name,
                                                            const PolicyOptions& options);
 std::vector<std::string> EvictionPolicyNames();

@@ -20,6 +20,11 @@ constexpr Entry kPolicies[] = {
     {"arc", &eviction_internal::MakeArc},
     {"s3-fifo", &eviction_internal::MakeS3Fifo},
     {"score", &eviction_internal::MakeScore},
+    {"turnover-priority", &eviction_internal::MakeTurnoverPriority},
+    {"freq-class", &eviction_internal::MakeFreqClass},
+    {"freq-class-turnover", &eviction_internal::MakeFreqClassTurnover},
+    {"adaptive", &eviction_internal::MakeAdaptive},
+    {"adaptive-cost", &eviction_internal::MakeAdaptiveCost},
 };
 constexpr std::string_view kTinyLfuPrefix = "tinylfu-";
 

@@ -15,6 +15,13 @@ std::unique_ptr<EvictionPolicy> MakeLfu(const PolicyOptions& o);
 std::unique_ptr<EvictionPolicy> MakeArc(const PolicyOptions& o);
 std::unique_ptr<EvictionPolicy> MakeS3Fifo(const PolicyOptions& o);
 std::unique_ptr<EvictionPolicy> MakeScore(const PolicyOptions& o);
+std::unique_ptr<EvictionPolicy> MakeTurnoverPriority(const PolicyOptions& o);
+std::unique_ptr<EvictionPolicy> MakeFreqClass(const PolicyOptions& o);
+std::unique_ptr<EvictionPolicy> MakeFreqClassTurnover(const PolicyOptions& o);
+// Follows the best of the experts above on shadow caches (adaptive.cc); the
+// -cost variant ranks them by prefill FLOPs saved instead of prefix hits.
+std::unique_ptr<EvictionPolicy> MakeAdaptive(const PolicyOptions& o);
+std::unique_ptr<EvictionPolicy> MakeAdaptiveCost(const PolicyOptions& o);
 // Wraps `inner` in a TinyLFU admission filter.
 std::unique_ptr<EvictionPolicy> MakeTinyLfu(std::unique_ptr<EvictionPolicy> inner, const PolicyOptions& o);
 

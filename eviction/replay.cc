@@ -93,6 +93,31 @@ AccessInfo DeriveHints(const Trace& trace, size_t r, size_t k, uint32_t shares, 
   return info;
 }
 
+double PrefillModel::BlockFlops(uint32_t index, uint32_t tokens) const {
+  const double d = static_cast<double>(heads) * head_dim;
+  const double t = tokens;
+  const double p0 = static_cast<double>(index) * block_tokens;
+  return layers * (24.0 * d * d * t + 4.0 * d * (t * p0 + t * (t + 1) / 2));
+}
+
+std::vector<double> PrefillModel::LookupFlops(const Trace& trace) const {
+  std::vector<double> out(trace.lookups());
+  const uint32_t bt = std::max<uint32_t>(block_tokens, 1);
+  for (size_t r = 0; r < trace.requests(); ++r) {
+    const size_t first = trace.begin[r], last = trace.begin[r + 1];
+    for (size_t k = first; k < last; ++k) {
+      const uint32_t index = static_cast<uint32_t>(k - first);
+      uint32_t tokens = bt;
+      if (k + 1 == last) {
+        const int64_t rest = static_cast<int64_t>(trace.input_length[r]) - static_cast<int64_t>(index) * bt;
+        tokens = static_cast<uint32_t>(std::clamp<int64_t>(rest, 1, bt));
+      }
+      out[k] = BlockFlops(index, tokens);
+    }
+  }
+  return out;
+}
+
 Result<PolicySpec> ParsePolicySpec(std::string_view spec) {
   PolicySpec out;
   const size_t at = spec.find('@');
@@ -138,6 +163,8 @@ Result<ReplayResult> ReplayPolicy(const Trace& trace, std::string_view policy, s
   ReplayResult res;
   res.policy = std::string(policy);
   res.capacity = capacity;
+  const std::vector<double> flops = o.model.LookupFlops(trace);
+  const double unit = o.model.BlockFlops(0, std::max<uint32_t>(o.model.block_tokens, 1));  // AccessInfo::cost 1
   std::vector<uint32_t> shares(trace.distinct, 0);
   int64_t now_ns = 0;
   for (size_t r = 0; r < trace.requests(); ++r) {
@@ -146,11 +173,17 @@ Result<ReplayResult> ReplayPolicy(const Trace& trace, std::string_view policy, s
     bool prefix = true;
     for (size_t k = trace.begin[r]; k < trace.begin[r + 1]; ++k) {
       const EntryId id = trace.blocks[k];
-      const AccessInfo info = o.derive_hints ? DeriveHints(trace, r, k, shares[id], hints) : AccessInfo{};
+      AccessInfo info = o.derive_hints ? DeriveHints(trace, r, k, shares[id], hints) : AccessInfo{};
+      info.depth = static_cast<uint32_t>(k - trace.begin[r]);
+      info.cost = static_cast<float>(flops[k] / unit);
       ++res.lookups;
+      res.flops_total += flops[k];
       if (p->Contains(id)) {
         ++res.hits;
-        if (prefix) ++res.prefix_hits;
+        if (prefix) {
+          ++res.prefix_hits;
+          res.flops_saved += flops[k];
+        }
         p->Touch(id, info);
       } else {
         prefix = false;
@@ -171,20 +204,26 @@ Result<ReplayResult> ReplayPolicy(const Trace& trace, std::string_view policy, s
     if (o.progress) o.progress->fetch_add(trace.begin[r + 1] - trace.begin[r], std::memory_order_relaxed);
   }
   res.seconds = SecondsSince(t0);
+  res.leader = std::string(p->following());
   return res;
 }
 
-ReplayResult ReplayInfinite(const Trace& trace) {
+ReplayResult ReplayInfinite(const Trace& trace, const PrefillModel& model) {
   ReplayResult res;
   res.policy = "infinite";
+  const std::vector<double> flops = model.LookupFlops(trace);
   std::vector<bool> seen(trace.distinct, false);
   for (size_t r = 0; r < trace.requests(); ++r) {
     bool prefix = true;
     for (size_t k = trace.begin[r]; k < trace.begin[r + 1]; ++k) {
       ++res.lookups;
+      res.flops_total += flops[k];
       if (seen[trace.blocks[k]]) {
         ++res.hits;
-        if (prefix) ++res.prefix_hits;
+        if (prefix) {
+          ++res.prefix_hits;
+          res.flops_saved += flops[k];
+        }
       } else {
         prefix = false;
         seen[trace.blocks[k]] = true;

@@ -1,6 +1,7 @@
 // eviction/replay.h — replays a Mooncake-format request trace through the real
 // eviction policies (built by MakeEvictionPolicy) and through Belady's
-// clairvoyant optimum, and measures block and prefix hit rates.
+// clairvoyant optimum, and measures block and prefix hit rates and the
+// prefill FLOPs the cache saves.
 //
 // Semantics (shared/traces/README.md): requests in file order; within a
 // request, blocks in order; a cached block is a hit (Touch); an absent block
@@ -13,7 +14,10 @@
 // access's AccessInfo only from what a client knows when it sends the request
 // (see DeriveHints and docs/eviction.md): whether the block is the request's
 // partial last block, its depth in the prefix, and how many earlier requests
-// carried it. Policies that ignore hints are unaffected.
+// carried it. Policies that ignore hints are unaffected. Every access also
+// carries its position in the request (AccessInfo::depth) and its prefill
+// FLOPs relative to a first full block (AccessInfo::cost, PrefillModel), and
+// each result counts the FLOPs its prefix hits saved.
 //
 //   KVMESH_ASSIGN_OR_RETURN(Trace t, LoadMooncakeTrace("conversation_trace.jsonl"));
 //   ReplayResult lru = ReplayPolicy(t, "lru", 1828).value();
@@ -56,6 +60,26 @@ struct Trace {
 Result<Trace> ParseMooncakeTrace(std::istream& in, std::string_view source);
 Result<Trace> LoadMooncakeTrace(const std::string& path);
 
+// Prefill compute of a block: what an inference server spends recomputing it
+// when it is not cached. Per layer, a token costs 24 D^2 FLOPs in the dense
+// layers (QKV and output projections 4 D^2, a 4x MLP 8 D^2, two FLOPs per
+// multiply-add) plus 4 D (p + 1) in attention over the p tokens before it
+// (QK^T and AV), with D = heads x head_dim. A block of t tokens after p0
+// prefix tokens costs layers x (24 D^2 t + 4 D (t p0 + t (t + 1) / 2)): the
+// deeper the block, the more it costs, because attention covers its prefix.
+struct PrefillModel {
+  uint32_t layers = 4;          // the config's model: num_layers
+  uint32_t heads = 4;           //                     num_kv_heads
+  uint32_t head_dim = 64;       //                     head_dim
+  uint32_t block_tokens = 512;  // tokens per trace block (Mooncake hashes 512-token blocks)
+
+  // FLOPs of block `index` of a prompt when it holds `tokens` tokens.
+  double BlockFlops(uint32_t index, uint32_t tokens) const;
+  // The FLOPs of every lookup of `trace` (the last block of a request holds
+  // input_length - index x block_tokens tokens, clamped to 1..block_tokens).
+  std::vector<double> LookupFlops(const Trace& trace) const;
+};
+
 struct HintOptions {
   uint32_t block_tokens = 512;  // Mooncake hashes 512-token blocks
   uint32_t priority_classes = 4;
@@ -68,7 +92,8 @@ AccessInfo DeriveHints(const Trace& trace, size_t r, size_t k, uint32_t shares, 
 
 struct ReplayOptions {
   HintOptions hints;
-  bool derive_hints = true;        // false: every access gets AccessInfo{}
+  bool derive_hints = true;        // false: no priority or score hints (depth and cost are still given)
+  PrefillModel model;              // FLOPs per lookup: ReplayResult::flops_*, AccessInfo::cost
   int64_t aging_ns = 60'000'000'000;  // PolicyOptions::aging_ns (the clock follows trace timestamps)
   std::atomic<uint64_t>* progress = nullptr;  // incremented by lookups done (may be null)
 };
@@ -81,10 +106,14 @@ struct ReplayResult {
   uint64_t prefix_hits = 0;    // hits in the leading run of each request
   uint64_t declined = 0;       // misses the admission filter refused
   uint64_t evictions = 0;
+  double flops_total = 0;      // prefill FLOPs of every lookup (PrefillModel)
+  double flops_saved = 0;      // ... of the prefix hits: compute the cache saved
   double seconds = 0;
+  std::string leader;          // adaptive policies: the expert followed at the end
 
   double hit_rate() const { return lookups ? static_cast<double>(hits) / lookups : 0; }
   double prefix_hit_rate() const { return lookups ? static_cast<double>(prefix_hits) / lookups : 0; }
+  double flops_saved_fraction() const { return flops_total > 0 ? flops_saved / flops_total : 0; }
 };
 
 // A policy as the replay names it: "<factory name>[@<aging seconds>[/<classes>]]",
@@ -104,9 +133,25 @@ Result<ReplayResult> ReplayPolicy(const Trace& trace, std::string_view policy, s
 // Belady's optimum with bypass: on a miss with a full cache, evict the cached
 // block whose next use is furthest, or decline the new block when its own
 // next use is later still (or never). Exact; O(log capacity) per lookup.
-ReplayResult ReplayBelady(const Trace& trace, size_t capacity, std::atomic<uint64_t>* progress = nullptr);
+// Optimal for block hits, not for FLOPs saved (see ReplayBeladyFlops).
+ReplayResult ReplayBelady(const Trace& trace, size_t capacity, std::atomic<uint64_t>* progress = nullptr,
+                          const PrefillModel& model = {});
+// The clairvoyant reference for FLOPs saved. Belady maximises hits, treating
+// blocks alike, but a deep block saves more compute than a shallow one, so a
+// schedule with fewer hits can save more FLOPs (tests/test_replay.cc has a
+// case). This one evicts by FLOPs saved per lookup of residency: on a miss
+// with a full cache it samples 64 cached blocks that have no cached child
+// (evicting a parent first would void its children's prefix hits) and evicts
+// the one with the largest (distance to next use) / (FLOPs of that use); never
+// used again counts as infinitely far. It declines the new block, and the rest
+// of its request's chain, when the new block's own ratio is larger still.
+// A greedy heuristic with foresight, not a proven optimum (the FLOPs-weighted
+// prefix problem has none that is cheap): it is reported beside Belady, and
+// the reference is the better of the two. Deterministic; O(64) per eviction.
+ReplayResult ReplayBeladyFlops(const Trace& trace, size_t capacity, const PrefillModel& model,
+                               std::atomic<uint64_t>* progress = nullptr);
 // Infinite cache: a block hits when it appeared before.
-ReplayResult ReplayInfinite(const Trace& trace);
+ReplayResult ReplayInfinite(const Trace& trace, const PrefillModel& model = {});
 
 // For each lookup k, the index of the next lookup of the same block, or
 // trace.lookups() when there is none.

@@ -441,8 +441,11 @@ Status BlockStore::Put(const BlockKey& key, std::span<const std::byte> payload, 
       if (sl.state == SlotState::kLive) {
         sl.meta.priority = std::max(sl.meta.priority, o.priority);
         sl.meta.last_access_ns = clock_->NowNanos();
-        if (sl.pins == 0)
-          s.classes[s.pages[it->second / chunk_stride_].cls].policy->Touch(it->second, InfoOf(sl.meta, o.score));
+        if (sl.pins == 0) {
+          AccessInfo again = InfoOf(sl.meta, o.score);
+          again.refresh = true;  // recomputed by the client: not a hit that saved work
+          s.classes[s.pages[it->second / chunk_stride_].cls].policy->Touch(it->second, again);
+        }
       }
       return Status::Ok();
     }

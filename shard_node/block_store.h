@@ -76,7 +76,7 @@ struct StoreOptions {
   uint32_t page_slots = 4;      // slots per page when size_classes > 1 (>= 2)
   uint32_t stripes = 8;         // power of two; each gets capacity/stripes
   bool verify_checksums = true;
-  std::string policy = "lru-priority";
+  std::string policy{kDefaultEvictionPolicy};
   PolicyOptions policy_options;
   // nullptr: host memory from MakeHostMemory(capacity_bytes).
   std::unique_ptr<MemoryBackend> backend;

@@ -72,7 +72,7 @@ struct PressureConfig {
 };
 
 struct EvictionConfig {
-  std::string policy = "lru-priority";  // see eviction/eviction_policy.h: MakeEvictionPolicy
+  std::string policy = "adaptive";      // = kDefaultEvictionPolicy (eviction/eviction_policy.h)
   uint32_t priority_classes = 4;        // 1..kMaxPriorityClasses
   double aging_s = 60.0;                // an untouched block drops one class per aging_s (0: off)
   TierConfig tiers;                     // $.eviction.tiers

@@ -1,0 +1,222 @@
+// Two class-aware policies whose aging follows the cache itself, the experts
+// that "adaptive" adds to the classic ones (each can also run alone).
+//
+// Turnover. T is an exponentially weighted mean (weight 1/64) of the idle time
+// (now - last access, on the owner's clock) of the entries evicted so far: how
+// long an entry lasts untouched in this cache. Aging by a multiple of T
+// instead of a fixed number of seconds makes the same rule work for a small
+// cache that turns over in seconds and a large one that keeps blocks for
+// minutes, and for fast (agent) and slow (chat) traffic alike. Before the
+// first eviction there is no aging.
+//
+// "turnover-priority": LRU inside priority classes (like lru-priority), but an
+// entry's effective class falls continuously, by one class per T of idleness:
+// eff = class - idle / T. The victim is the tail (least recently used entry) of
+// the class list whose tail has the lowest eff; comparing the K <= 8 tails is
+// exact because within a list eff falls with idleness. Ties: the older entry.
+//
+// "freq-class" / "freq-class-turnover": strict priority class first (like
+// "score"), then accumulated importance, then LRU. Importance is the sum of the
+// AccessInfo::score hints of an entry's accesses (the replay passes 1 + the
+// number of earlier requests that carried the block), halved per aging period
+// of idleness: aging_ns for "freq-class", 3 T for "freq-class-turnover". It
+// is kept in log2 buckets, one LRU list per (class, bucket), so every
+// operation is O(classes x buckets) = O(1), where "score" keeps an ordered set.
+// Victim: in the lowest non-empty class, the bucket tail with the lowest
+// decayed log2 importance (approximate inside a bucket: the tail is the
+// oldest, not necessarily the least important).
+#include <algorithm>
+#include <cmath>
+
+#include "eviction/eviction_policy.h"
+#include "eviction/list_pool.h"
+#include "eviction/policies.h"
+
+namespace kvmesh::eviction_internal {
+namespace {
+
+// Mean idle time of evicted entries, in clock nanoseconds (0 until the first eviction).
+class Turnover {
+ public:
+  void Evicted(int64_t idle_ns) {
+    const double idle = static_cast<double>(std::max<int64_t>(idle_ns, 0));
+    mean_ = seen_ ? mean_ + (idle - mean_) / 64.0 : idle;
+    seen_ = true;
+  }
+  double mean() const { return mean_; }
+
+ private:
+  double mean_ = 0;
+  bool seen_ = false;
+};
+
+uint8_t ClassCount(const PolicyOptions& o) {
+  return static_cast<uint8_t>(std::clamp<uint32_t>(o.priority_classes, 1, kMaxPriorityClasses));
+}
+
+class TurnoverPriorityPolicy final : public EvictionPolicy {
+ public:
+  explicit TurnoverPriorityPolicy(const PolicyOptions& o)
+      : classes_(ClassCount(o)), clock_(o.clock ? o.clock : SystemClock()) {
+    pool_.Reserve(o.capacity_hint);
+  }
+  std::string_view name() const override { return "turnover-priority"; }
+
+  void Insert(EntryId id, const AccessInfo& info) override { Place(pool_.Alloc(id), info); }
+  void Touch(EntryId id, const AccessInfo& info) override {
+    const uint32_t i = pool_.Find(id);
+    if (i == kNil) return;
+    lists_[pool_[i].cls].Unlink(pool_, i);
+    Place(i, info);
+  }
+  void Remove(EntryId id, RemoveReason reason) override {
+    const uint32_t i = pool_.Find(id);
+    if (i == kNil) return;
+    if (reason == RemoveReason::kEvicted) turnover_.Evicted(clock_->NowNanos() - pool_[i].last_ns);
+    lists_[pool_[i].cls].Unlink(pool_, i);
+    pool_.Free(i);
+  }
+  std::optional<EntryId> Victim() override {
+    const int64_t now = clock_->NowNanos();
+    uint32_t best = kNil;
+    double best_eff = 0;
+    for (uint8_t c = 0; c < classes_; ++c) {
+      if (lists_[c].empty()) continue;
+      const uint32_t t = lists_[c].tail;
+      const double eff = Effective(pool_[t], now);
+      if (best == kNil || eff < best_eff || (eff == best_eff && pool_[t].last_ns < pool_[best].last_ns)) {
+        best = t;
+        best_eff = eff;
+      }
+    }
+    if (best == kNil) return std::nullopt;
+    return pool_[best].id;
+  }
+  Priority EffectiveClass(EntryId id) const override {
+    const uint32_t i = pool_.Find(id);
+    if (i == kNil) return 0;
+    return static_cast<Priority>(std::max(0.0, std::ceil(Effective(pool_[i], clock_->NowNanos()))));
+  }
+  bool Contains(EntryId id) const override { return pool_.Find(id) != kNil; }
+  size_t size() const override { return pool_.size(); }
+
+ private:
+  void Place(uint32_t i, const AccessInfo& info) {
+    Node& n = pool_[i];
+    n.cls = info.priority < classes_ ? info.priority : static_cast<uint8_t>(classes_ - 1);
+    n.last_ns = clock_->NowNanos();
+    lists_[n.cls].PushFront(pool_, i);
+  }
+  double Effective(const Node& n, int64_t now) const {
+    const double t = turnover_.mean();
+    if (t <= 0) return n.cls;
+    return n.cls - static_cast<double>(now - n.last_ns) / t;
+  }
+
+  uint8_t classes_;
+  Clock* clock_;
+  Turnover turnover_;
+  NodePool pool_;
+  DList lists_[kMaxPriorityClasses];
+};
+
+class FreqClassPolicy final : public EvictionPolicy {
+ public:
+  static constexpr int kBuckets = 8;  // log2 importance 0..7+
+  static constexpr double kTurnoverPeriods = 3.0;
+
+  FreqClassPolicy(const PolicyOptions& o, bool turnover)
+      : classes_(ClassCount(o)), aging_ns_(o.aging_ns), turnover_aging_(turnover),
+        clock_(o.clock ? o.clock : SystemClock()) {
+    pool_.Reserve(o.capacity_hint);
+  }
+  std::string_view name() const override { return turnover_aging_ ? "freq-class-turnover" : "freq-class"; }
+
+  void Insert(EntryId id, const AccessInfo& info) override {
+    const uint32_t i = pool_.Alloc(id);
+    pool_[i].score = 0.0f;
+    Place(i, info);
+  }
+  void Touch(EntryId id, const AccessInfo& info) override {
+    const uint32_t i = pool_.Find(id);
+    if (i == kNil) return;
+    ListOf(pool_[i]).Unlink(pool_, i);
+    Place(i, info);
+  }
+  void Remove(EntryId id, RemoveReason reason) override {
+    const uint32_t i = pool_.Find(id);
+    if (i == kNil) return;
+    if (reason == RemoveReason::kEvicted) turnover_.Evicted(clock_->NowNanos() - pool_[i].last_ns);
+    ListOf(pool_[i]).Unlink(pool_, i);
+    pool_.Free(i);
+  }
+  std::optional<EntryId> Victim() override {
+    const int64_t now = clock_->NowNanos();
+    for (uint8_t c = 0; c < classes_; ++c) {
+      uint32_t best = kNil;
+      double best_imp = 0;
+      for (int b = 0; b < kBuckets; ++b) {
+        const DList& l = lists_[c][b];
+        if (l.empty()) continue;
+        const uint32_t t = l.tail;
+        const double imp = DecayedLog2(pool_[t], now);
+        if (best == kNil || imp < best_imp || (imp == best_imp && pool_[t].last_ns < pool_[best].last_ns)) {
+          best = t;
+          best_imp = imp;
+        }
+      }
+      if (best != kNil) return pool_[best].id;
+    }
+    return std::nullopt;
+  }
+  Priority EffectiveClass(EntryId id) const override {
+    const uint32_t i = pool_.Find(id);
+    return i == kNil ? 0 : pool_[i].cls;
+  }
+  bool Contains(EntryId id) const override { return pool_.Find(id) != kNil; }
+  size_t size() const override { return pool_.size(); }
+
+ private:
+  DList& ListOf(const Node& n) { return lists_[n.cls][n.list]; }
+  // The idle time that halves importance; 0 = no decay.
+  double HalfLife() const { return turnover_aging_ ? kTurnoverPeriods * turnover_.mean() : static_cast<double>(aging_ns_); }
+  double DecayedLog2(const Node& n, int64_t now) const {
+    const double h = HalfLife();
+    const double lg = std::log2(1.0 + n.score);
+    return h > 0 ? lg - static_cast<double>(now - n.last_ns) / h : lg;
+  }
+  void Place(uint32_t i, const AccessInfo& info) {
+    Node& n = pool_[i];
+    const int64_t now = clock_->NowNanos();
+    double imp = n.score;
+    if (const double h = HalfLife(); h > 0 && imp > 0) imp *= std::exp2(-static_cast<double>(now - n.last_ns) / h);
+    imp += std::max(0.0f, info.score);
+    n.score = static_cast<float>(imp);
+    n.cls = info.priority < classes_ ? info.priority : static_cast<uint8_t>(classes_ - 1);
+    n.list = static_cast<uint8_t>(std::clamp(static_cast<int>(std::log2(1.0 + imp)), 0, kBuckets - 1));
+    n.last_ns = now;
+    ListOf(n).PushFront(pool_, i);
+  }
+
+  uint8_t classes_;
+  int64_t aging_ns_;
+  bool turnover_aging_;
+  Clock* clock_;
+  Turnover turnover_;
+  NodePool pool_;
+  DList lists_[kMaxPriorityClasses][kBuckets];
+};
+
+}  // namespace
+
+std::unique_ptr<EvictionPolicy> MakeTurnoverPriority(const PolicyOptions& o) {
+  return std::make_unique<TurnoverPriorityPolicy>(o);
+}
+std::unique_ptr<EvictionPolicy> MakeFreqClass(const PolicyOptions& o) {
+  return std::make_unique<FreqClassPolicy>(o, /*turnover=*/false);
+}
+std::unique_ptr<EvictionPolicy> MakeFreqClassTurnover(const PolicyOptions& o) {
+  return std::make_unique<FreqClassPolicy>(o, /*turnover=*/true);
+}
+
+}  // namespace kvmesh::eviction_internal

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Reproduces the eviction numbers of README.md and docs/eviction.md:
+# `kvmesh replay --json` on the public Mooncake trace and on the held-out
+# generated traces of tests/data/traces, the markdown tables (prefix hit rate
+# with the share of the LRU-to-Belady gap closed, and prefill FLOPs saved),
+# and the plots docs/img/replay_prefix_hit.png (public trace) and
+# docs/img/replay_heldout_mix.png (hit rate and FLOPs saved vs capacity).
+#   scripts/eviction-report.sh [build-dir]      (default: build; JSON in /tmp/kvmesh-eviction)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+KVMESH=$BUILD/bin/kvmesh
+OUT=/tmp/kvmesh-eviction
+TRACES=tests/data/traces
+POLICIES=lru,lru-priority,arc,s3-fifo,lfu,score,turnover-priority,freq-class,freq-class-turnover,adaptive,adaptive-cost
+mkdir -p "$OUT" docs/img
+
+for t in conversation_trace heldout-chat-s102 heldout-agent-s103 heldout-rag-s104 heldout-mix-s101; do
+  "$KVMESH" replay --trace "$TRACES/$t.jsonl" --capacity-fractions 0.01,0.02,0.05,0.1 \
+      --policy "$POLICIES" --json > "$OUT/$t.json"
+done
+"$KVMESH" replay --trace "$TRACES/conversation_trace.jsonl" --capacity-fractions 0.0025,0.005,0.01,0.02,0.05,0.1,0.2 \
+    --policy lru,lru-priority,arc,s3-fifo,adaptive --plot docs/img/replay_prefix_hit.png > /dev/null
+"$KVMESH" replay --trace "$TRACES/heldout-mix-s101.jsonl" --capacity-fractions 0.0025,0.005,0.01,0.02,0.05,0.1,0.2 \
+    --policy lru,lru-priority,arc,s3-fifo,adaptive --plot docs/img/replay_heldout_mix.png > /dev/null
+
+python3 - "$OUT" <<'EOF'
+import json, sys, os
+out = sys.argv[1]
+names = [("conversation_trace", "public Mooncake conversation trace"),
+         ("heldout-chat-s102", "held out: chat, seed 102"),
+         ("heldout-agent-s103", "held out: agent loops, seed 103"),
+         ("heldout-rag-s104", "held out: RAG, seed 104"),
+         ("heldout-mix-s101", "held out: mix chat/agent/rag, seed 101")]
+show = ["lru", "lru-priority", "arc", "s3-fifo", "adaptive"]
+print("## Prefix hit rate % (share of the LRU-to-Belady gap closed)\n")
+for key, title in names:
+    j = json.load(open(os.path.join(out, key + ".json")))
+    cols = j["results"]
+    print(f"**{title}** ({j['requests']} requests, {j['lookups']} lookups, {j['distinct_blocks']} distinct blocks)\n")
+    print("| policy | " + " | ".join(f"{100*c['capacity_fraction']:g}%" for c in cols) + " | mean gap |")
+    print("|---|" + "---|" * (len(cols) + 1))
+    allp = [r["policy"] for r in cols[0]["policies"]]
+    for p in show:
+        rows = [next(r for r in c["policies"] if r["policy"] == p) for c in cols]
+        cells = [f"{100*r['prefix_hit_rate']:.2f}" + ("" if p == "lru" else f" ({100*r['gap_closed']:+.0f}%)") for r in rows]
+        mean = sum(r["gap_closed"] for r in rows) / len(rows)
+        label = f"**{p}** (default)" if rows[0]["default"] else f"`{p}`"
+        print(f"| {label} | " + " | ".join(cells) + f" | {'' if p == 'lru' else f'{100*mean:+.1f}%'} |")
+    best = []
+    for c in cols:
+        others = [r for r in c["policies"] if not r["policy"].startswith("adaptive")]
+        b = max(others, key=lambda r: r["prefix_hit_rate"])
+        best.append(f"{100*b['prefix_hit_rate']:.2f} `{b['policy']}`")
+    print("| best other | " + " | ".join(best) + " | |")
+    print("| Belady | " + " | ".join(f"{100*c['belady']['prefix_hit_rate']:.2f}" for c in cols) + " | |")
+    print()
+print("## Prefill FLOPs saved % (model of the built-in config)\n")
+print("| trace | policy | " + " | ".join(f"{100*c['capacity_fraction']:g}%" for c in cols) + " |")
+print("|---|---|" + "---|" * len(cols))
+for key, title in names:
+    j = json.load(open(os.path.join(out, key + ".json")))
+    cols = j["results"]
+    for p in ["lru", "adaptive", "adaptive-cost"]:
+        rows = [next(r for r in c["policies"] if r["policy"] == p) for c in cols]
+        print(f"| {key} | `{p}` | " + " | ".join(f"{100*r['flops_saved_fraction']:.2f}" for r in rows) + " |")
+    print(f"| {key} | Belady | " + " | ".join(f"{100*c['belady']['flops_saved_fraction']:.2f}" for c in cols) + " |")
+    print(f"| {key} | belady-flops | " + " | ".join(f"{100*c['belady_flops']['flops_saved_fraction']:.2f}" for c in cols) + " |")
+print()
+print("## Leader at the end, and replay seconds per policy (adaptive vs lru)\n")
+for key, title in names:
+    j = json.load(open(os.path.join(out, key + ".json")))
+    parts = []
+    for c in j["results"]:
+        a = next(r for r in c["policies"] if r["policy"] == "adaptive")
+        l = next(r for r in c["policies"] if r["policy"] == "lru")
+        parts.append(f"{100*c['capacity_fraction']:g}%: {a.get('following','')} ({a['seconds']/max(l['seconds'],1e-9):.1f}x lru time)")
+    print(f"- {key}: " + "; ".join(parts))
+EOF

@@ -1,0 +1,197 @@
+// The adaptive default and its experts: eviction order on hand-built
+// sequences, following the best expert, and the owner's real capacity.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <set>
+
+#include "eviction/eviction_policy.h"
+
+using namespace kvmesh;
+
+namespace {
+
+std::unique_ptr<EvictionPolicy> Make(const std::string& name, size_t capacity, Clock* clock = nullptr,
+                                     int64_t aging_ns = 0) {
+  PolicyOptions o;
+  o.capacity_hint = capacity;
+  o.clock = clock;
+  o.aging_ns = aging_ns;
+  auto r = MakeEvictionPolicy(name, o);
+  REQUIRE(r.ok());
+  return std::move(r).value();
+}
+
+AccessInfo Info(Priority pr, float score = 0.0f) {
+  AccessInfo i;
+  i.priority = pr;
+  i.score = score;
+  return i;
+}
+
+// The owner's protocol: a hit Touches; a miss asks Admit, evicts Victims until
+// there is room, then Inserts. Returns true on a hit; appends victims to *evicted.
+bool Access(EvictionPolicy& p, EntryId id, size_t capacity, const AccessInfo& info = {},
+            std::vector<EntryId>* evicted = nullptr) {
+  if (p.Contains(id)) {
+    p.Touch(id, info);
+    return true;
+  }
+  if (!p.Admit(id, info)) return false;
+  while (p.size() >= capacity) {
+    auto v = p.Victim();
+    REQUIRE(v.has_value());
+    if (evicted) evicted->push_back(*v);
+    p.Remove(*v, RemoveReason::kEvicted);
+  }
+  p.Insert(id, info);
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("The default eviction policy is adaptive, and the config and store defaults agree", "[eviction]") {
+  CHECK(kDefaultEvictionPolicy == "adaptive");
+  auto p = Make(std::string(kDefaultEvictionPolicy), 16);
+  CHECK(p->name() == "adaptive");
+  CHECK(p->following() == "lru-priority");  // the first expert leads until another does better
+  CHECK(Make("adaptive-cost", 16)->name() == "adaptive-cost");
+  CHECK(Make("lru", 16)->following().empty());
+}
+
+TEST_CASE("turnover-priority: classes first until the first eviction, then one class per turnover time",
+          "[eviction]") {
+  ManualClock clock(0);
+  auto p = Make("turnover-priority", 8, &clock);
+  p->Insert(1, Info(2));  // t = 0 s
+  clock.AdvanceSeconds(1);
+  p->Insert(2, Info(0));  // t = 1 s
+  clock.AdvanceSeconds(1);
+  p->Insert(3, Info(1));  // t = 2 s
+  clock.AdvanceSeconds(1);
+  // No eviction yet, so no aging: plain class order.
+  REQUIRE(*p->Victim() == 2);
+  p->Remove(2, RemoveReason::kEvicted);  // idle 2 s: the turnover time T is 2 s
+  // At t = 3 s: block 1 is class 2 idle 3 s (2 - 3/2 = 0.5), block 3 class 1 idle 1 s
+  // (1 - 1/2 = 0.5): a tie, and the older goes.
+  CHECK(*p->Victim() == 1);
+  CHECK(p->EffectiveClass(1) == 1);  // 0.5 rounds up
+  p->Touch(1, Info(2));
+  CHECK(*p->Victim() == 3);
+  // Erasing does not count as turnover.
+  clock.AdvanceSeconds(100);
+  p->Remove(1, RemoveReason::kErased);
+  p->Insert(4, Info(3));
+  clock.AdvanceSeconds(1);
+  // Block 3 (class 1, idle 101 s) is far below block 4 (class 3, idle 1 s).
+  CHECK(*p->Victim() == 3);
+  p->Remove(3, RemoveReason::kEvicted);  // T moves 1/64 of the way to 101 s
+  CHECK(*p->Victim() == 4);
+}
+
+TEST_CASE("freq-class: strict class, then accumulated score hints, then LRU", "[eviction]") {
+  auto p = Make("freq-class", 8);  // aging 0: importance never decays
+  p->Insert(1, Info(1, 1.0f));
+  p->Insert(2, Info(1, 1.0f));
+  p->Touch(1, Info(1, 3.0f));        // importance 4: log2(5) = bucket 2; block 2 stays at 1
+  p->Insert(3, Info(0, 100.0f));     // class 0 goes first whatever its importance
+  p->Insert(4, Info(1, 1.0f));       // same class and bucket as 2, newer
+  std::vector<EntryId> order;
+  while (auto v = p->Victim()) {
+    order.push_back(*v);
+    p->Remove(*v, RemoveReason::kEvicted);
+  }
+  CHECK(order == std::vector<EntryId>{3, 2, 4, 1});
+}
+
+TEST_CASE("freq-class: importance halves per aging period of idleness", "[eviction]") {
+  ManualClock clock(0);
+  auto p = Make("freq-class", 8, &clock, 10'000'000'000);  // half-life 10 s
+  p->Insert(1, Info(1, 7.0f));  // log2(8) = 3
+  p->Insert(2, Info(1, 1.0f));  // log2(2) = 1
+  CHECK(*p->Victim() == 2);
+  clock.AdvanceSeconds(40);     // block 1: 3 - 4 = -1
+  p->Touch(2, Info(1, 1.0f));   // block 2: 1 * 2^-4 + 1, log2 = 1.04
+  CHECK(*p->Victim() == 1);
+}
+
+TEST_CASE("adaptive: with no hits yet it evicts exactly what lru-priority evicts", "[eviction]") {
+  ManualClock clock(0);
+  auto a = Make("adaptive", 6, &clock, 60'000'000'000);
+  auto l = Make("lru-priority", 6, &clock, 60'000'000'000);
+  std::mt19937_64 rng(3);
+  std::vector<EntryId> ea, el;
+  for (EntryId id = 1; id <= 40; ++id) {  // every access a miss: no expert scores
+    clock.AdvanceSeconds(1);
+    const AccessInfo info = Info(static_cast<Priority>(rng() % 4));
+    Access(*a, id, 6, info, &ea);
+    Access(*l, id, 6, info, &el);
+  }
+  CHECK(a->following() == "lru-priority");
+  CHECK(ea.size() == 34);
+  CHECK(ea == el);
+}
+
+TEST_CASE("adaptive: follows the expert that hits most, and hits like it", "[eviction]") {
+  // A hot set of 80 blocks touched between one-time blocks, in a 100-block
+  // cache: LRU (and every class policy, the classes being equal) loses hot
+  // blocks to the scan; S3-FIFO keeps them.
+  constexpr size_t kCap = 100;
+  std::mt19937_64 rng(5);
+  std::vector<EntryId> seq;
+  EntryId next_scan = 1000;
+  for (int i = 0; i < 40000; ++i) seq.push_back(rng() % 2 ? rng() % 80 : next_scan++);
+  auto run = [&](const std::string& name, std::string* following = nullptr) {
+    auto p = Make(name, kCap);
+    uint64_t hits = 0;
+    for (size_t i = 0; i < seq.size(); ++i) {
+      const bool hit = Access(*p, seq[i], kCap);
+      if (i >= seq.size() / 2) hits += hit;  // the second half: after the adaptive policy settled
+    }
+    if (following) *following = std::string(p->following());
+    return hits;
+  };
+  std::string leader;
+  const uint64_t adaptive = run("adaptive", &leader);
+  const uint64_t lru = run("lru"), s3 = run("s3-fifo");
+  INFO("adaptive " << adaptive << " following " << leader << ", lru " << lru << ", s3-fifo " << s3);
+  CHECK(leader == "s3-fifo");
+  CHECK(s3 > lru + lru / 4);
+  CHECK(adaptive >= s3 * 97 / 100);
+}
+
+TEST_CASE("adaptive: an owner whose real capacity is below the hint still gets the leader's victims",
+          "[eviction]") {
+  // A store class whose capacity hint is 8 chunks but which holds 4 (its pages
+  // went to other classes): the leader (lru-priority) still decides.
+  auto p = Make("adaptive", 8);
+  const Priority cls[] = {3, 0, 3, 1};
+  for (EntryId id = 1; id <= 4; ++id) Access(*p, id, 4, Info(cls[id - 1]));
+  REQUIRE(p->size() == 4);
+  std::vector<EntryId> evicted;
+  Access(*p, 5, 4, Info(1), &evicted);  // the class-0 block goes, as lru-priority would
+  Access(*p, 6, 4, Info(3), &evicted);  // then the older class-1 block
+  CHECK(evicted == std::vector<EntryId>{2, 4});
+  CHECK(p->size() == 4);
+  CHECK(p->Contains(5));
+  CHECK(p->Contains(6));
+}
+
+TEST_CASE("adaptive: pinned entries leave and return, erased ones leave the experts too", "[eviction]") {
+  auto p = Make("adaptive", 4);
+  for (EntryId id = 1; id <= 4; ++id) Access(*p, id, 4);
+  p->Remove(1, RemoveReason::kPinned);  // a reader pins it: not evictable
+  CHECK_FALSE(p->Contains(1));
+  for (int i = 0; i < 8; ++i) {
+    auto v = p->Victim();
+    REQUIRE(v.has_value());
+    CHECK(*v != 1);
+    p->Touch(*v, {});
+  }
+  p->Insert(1, {});  // the last unpin: evictable again (and an access for the experts)
+  CHECK(p->Contains(1));
+  CHECK(*p->Victim() != 1);  // just used
+  p->Remove(2, RemoveReason::kErased);
+  CHECK(p->size() == 3);
+  CHECK_FALSE(Access(*p, 2, 4));  // gone for the experts as well: a miss, not a ghost hit
+}
