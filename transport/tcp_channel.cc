@@ -22,6 +22,7 @@
 #include "common/checksum.h"
 #include "transport/seq_calls.h"
 #include "transport/socket_util.h"
+#include "transport/sync_over_async.h"
 
 namespace kvmesh {
 namespace {
@@ -256,7 +257,7 @@ class Connection {
 class TcpCallState;
 enum class TcpCallKind : uint8_t { kPut, kGet, kExists, kErase };
 
-class TcpChannelImpl final : public SeqOverFrames<TcpChannel> {
+class TcpChannelImpl final : public SeqOverFrames<SyncOverAsync<TcpChannel>> {
  public:
   explicit TcpChannelImpl(TcpChannelOptions o) : o_(std::move(o)), slots_(std::max<uint32_t>(1, o_.connections)) {}
 
@@ -270,20 +271,10 @@ class TcpChannelImpl final : public SeqOverFrames<TcpChannel> {
 
   Status Connect() override { return Acquire().status(); }
 
-  // Batches larger than the node's limits (items or bytes) go as several
-  // frames, all written before the first answer is awaited.
-  Status Put(std::span<PutItem> items, const RequestOptions& o) override {
-    ChannelCall call;
-    StartPut(items, o, &call);
-    return call.Wait();
-  }
-  Status Get(std::span<GetItem> items, const RequestOptions& o) override {
-    ChannelCall call;
-    StartGet(items, o, &call);
-    return call.Wait();
-  }
-
-  // Asynchronous forms (ShardChannel; defined at the end of this file).
+  // Put, Get, Exists and Erase are the asynchronous forms waited for at once
+  // (SyncOverAsync). Put and Get batches larger than the node's limits (items
+  // or bytes) go as several frames, all written before the first answer is
+  // awaited.
   bool async_calls() const override { return true; }
   void StartPut(std::span<PutItem> items, const RequestOptions& o, ChannelCall* call) override;
   void StartGet(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call) override;
@@ -292,16 +283,6 @@ class TcpChannelImpl final : public SeqOverFrames<TcpChannel> {
   void StartErase(std::span<const BlockKey> keys, std::span<Status> statuses, const RequestOptions& o,
                   ChannelCall* call) override;
 
-  Status Exists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch,
-                const RequestOptions& o) override {
-    std::vector<uint8_t> codes;
-    KVMESH_RETURN_IF_ERROR(KeyCall(Opcode::kExists, touch ? kFlagTouch : 0, keys, o, &codes));
-    for (size_t i = 0; i < keys.size(); ++i) found[i] = codes[i] ? 1 : 0;
-    return Status::Ok();
-  }
-  Status Erase(std::span<const BlockKey> keys, std::span<Status> st) override {
-    return StatusCall(Opcode::kErase, keys, st);
-  }
   Status Pin(std::span<const BlockKey> keys, std::span<Status> st) override {
     return StatusCall(Opcode::kPin, keys, st);
   }
