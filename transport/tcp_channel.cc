@@ -166,8 +166,7 @@ class Connection {
     if (broken()) return Unavailable("connection lost");
     pollfd pf{fd_.get(), POLLIN, 0};
     // Past the deadline: only a frame that has already arrived (poll without waiting).
-    const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    int pr = ::poll(&pf, 1, static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left, INT32_MAX))));
+    int pr = ::poll(&pf, 1, MsLeft(deadline));
     if (pr == 0) return DeadlineExceeded("deadline");
     HeaderBytes hb;
     KVMESH_RETURN_IF_ERROR(Read(hb.data(), hb.size()));
@@ -452,16 +451,13 @@ class TcpChannelImpl final : public SeqOverFrames<SyncOverAsync<TcpChannel>> {
     std::vector<iovec> iov{{frame.data(), frame.size()}};
     KVMESH_RETURN_IF_ERROR(WriteAllV(fd.get(), iov, deadline));
     HeaderBytes hb;
-    auto stop = [] { return false; };
-    const int64_t left = std::max<int64_t>(
-        1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
-    Status s = ReadFull(fd.get(), hb.data(), hb.size(), left, stop);
+    Status s = ReadFullUntil(fd.get(), hb.data(), hb.size(), deadline, "the node");
     if (!s.ok()) return Unavailable("HELLO to " + Addr() + ": " + s.message());
     FrameHeader a;
     ProtocolLimits lim = o_.limits;
     KVMESH_RETURN_IF_ERROR(DecodeHeader(hb, lim, &a));
     std::vector<std::byte> ab(a.body_len);
-    KVMESH_RETURN_IF_ERROR(ReadFull(fd.get(), ab.data(), ab.size(), left, stop));
+    KVMESH_RETURN_IF_ERROR(ReadFullUntil(fd.get(), ab.data(), ab.size(), deadline, "the node"));
     if (a.opcode != Opcode::kHello || !a.is_response()) return Unavailable("node did not answer HELLO");
     if (a.status != StatusCode::kOk) return ParseErrorBody(a, ab);
     HelloAnswer ans;
