@@ -15,30 +15,41 @@
 
 namespace kvmesh {
 namespace {
-
 using Clock = std::chrono::steady_clock;
+}  // namespace
 
 int MsLeft(Clock::time_point deadline) {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX));
 }
 
-}  // namespace
-
-Result<UniqueFd> ConnectTcp(const std::string& host, uint16_t port, Clock::time_point deadline) {
+Result<sockaddr_in> ResolveIpv4(const std::string& host, uint16_t port) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
   if (rc != 0 || res == nullptr) return Unavailable("cannot resolve " + host + ": " + gai_strerror(rc));
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) {
-    ::freeaddrinfo(res);
-    return ErrnoStatus("socket", errno);
-  }
-  rc = ::connect(fd.get(), res->ai_addr, res->ai_addrlen);
+  sockaddr_in sa{};
+  std::memcpy(&sa, res->ai_addr, sizeof sa);
   ::freeaddrinfo(res);
+  sa.sin_port = htons(port);
+  return sa;
+}
+
+std::string Ipv4String(uint32_t ip) {
+  in_addr a{};
+  a.s_addr = ip;
+  char buf[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &a, buf, sizeof buf);
+  return buf;
+}
+
+Result<UniqueFd> ConnectTcp(const std::string& host, uint16_t port, Clock::time_point deadline) {
+  KVMESH_ASSIGN_OR_RETURN(sockaddr_in sa, ResolveIpv4(host, port));
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoStatus("socket", errno);
+  int rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa);
   const std::string addr = host + ":" + std::to_string(port);
   if (rc != 0 && errno != EINPROGRESS) return Unavailable("connect " + addr + ": " + std::strerror(errno));
   if (rc != 0) {
@@ -51,6 +62,20 @@ Result<UniqueFd> ConnectTcp(const std::string& host, uint16_t port, Clock::time_
     if (n < 0 || err != 0) return Unavailable("connect " + addr + ": " + std::strerror(n < 0 ? errno : err));
   }
   return fd;
+}
+
+Result<UniqueFd> ListenTcp(sockaddr_in* addr, int backlog) {
+  UniqueFd ls(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!ls.valid()) return ErrnoStatus("socket", errno);
+  int one = 1;
+  ::setsockopt(ls.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  const std::string want = Ipv4String(addr->sin_addr.s_addr) + ":" + std::to_string(ntohs(addr->sin_port));
+  if (::bind(ls.get(), reinterpret_cast<sockaddr*>(addr), sizeof *addr) != 0)
+    return Unavailable("bind " + want + ": " + std::strerror(errno));
+  if (::listen(ls.get(), backlog) != 0) return ErrnoStatus("listen " + want, errno);
+  socklen_t len = sizeof *addr;
+  if (::getsockname(ls.get(), reinterpret_cast<sockaddr*>(addr), &len) != 0) return ErrnoStatus("getsockname", errno);
+  return ls;
 }
 
 Status WriteAllV(int fd, std::vector<iovec>& iov, Clock::time_point deadline) {
@@ -113,6 +138,35 @@ Status ReadFull(int fd, void* dst, size_t n, int64_t stall_ms, const std::functi
     }
   }
   return Status::Ok();
+}
+
+Status ReadFullUntil(int fd, void* dst, size_t n, Clock::time_point deadline, std::string_view peer) {
+  char* p = static_cast<char*>(dst);
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::recv(fd, p + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) return PeerClosed(peer);
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return PeerSocketError("recv from", peer, errno);
+    pollfd pf{fd, POLLIN, 0};
+    const int left = MsLeft(deadline);
+    if (left == 0) return DeadlineExceeded("no data from " + std::string(peer) + " within the timeout");
+    ::poll(&pf, 1, left);
+  }
+  return Status::Ok();
+}
+
+Status PeerClosed(std::string_view peer) {
+  return Unavailable(std::string(peer) + " closed the connection (process exited or died)");
+}
+
+Status PeerSocketError(std::string_view what, std::string_view peer, int err) {
+  if (err == EPIPE || err == ECONNRESET) return PeerClosed(peer);
+  return Unavailable(std::string(what) + " " + std::string(peer) + ": " + std::strerror(err));
 }
 
 void SetNoDelay(int fd) {

@@ -22,6 +22,7 @@
 #include "common/checksum.h"
 #include "transport/seq_calls.h"
 #include "transport/socket_util.h"
+#include "transport/sync_over_async.h"
 
 namespace kvmesh {
 namespace {
@@ -165,8 +166,7 @@ class Connection {
     if (broken()) return Unavailable("connection lost");
     pollfd pf{fd_.get(), POLLIN, 0};
     // Past the deadline: only a frame that has already arrived (poll without waiting).
-    const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    int pr = ::poll(&pf, 1, static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left, INT32_MAX))));
+    int pr = ::poll(&pf, 1, MsLeft(deadline));
     if (pr == 0) return DeadlineExceeded("deadline");
     HeaderBytes hb;
     KVMESH_RETURN_IF_ERROR(Read(hb.data(), hb.size()));
@@ -256,7 +256,7 @@ class Connection {
 class TcpCallState;
 enum class TcpCallKind : uint8_t { kPut, kGet, kExists, kErase };
 
-class TcpChannelImpl final : public SeqOverFrames<TcpChannel> {
+class TcpChannelImpl final : public SeqOverFrames<SyncOverAsync<TcpChannel>> {
  public:
   explicit TcpChannelImpl(TcpChannelOptions o) : o_(std::move(o)), slots_(std::max<uint32_t>(1, o_.connections)) {}
 
@@ -270,20 +270,10 @@ class TcpChannelImpl final : public SeqOverFrames<TcpChannel> {
 
   Status Connect() override { return Acquire().status(); }
 
-  // Batches larger than the node's limits (items or bytes) go as several
-  // frames, all written before the first answer is awaited.
-  Status Put(std::span<PutItem> items, const RequestOptions& o) override {
-    ChannelCall call;
-    StartPut(items, o, &call);
-    return call.Wait();
-  }
-  Status Get(std::span<GetItem> items, const RequestOptions& o) override {
-    ChannelCall call;
-    StartGet(items, o, &call);
-    return call.Wait();
-  }
-
-  // Asynchronous forms (ShardChannel; defined at the end of this file).
+  // Put, Get, Exists and Erase are the asynchronous forms waited for at once
+  // (SyncOverAsync). Put and Get batches larger than the node's limits (items
+  // or bytes) go as several frames, all written before the first answer is
+  // awaited.
   bool async_calls() const override { return true; }
   void StartPut(std::span<PutItem> items, const RequestOptions& o, ChannelCall* call) override;
   void StartGet(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call) override;
@@ -292,16 +282,6 @@ class TcpChannelImpl final : public SeqOverFrames<TcpChannel> {
   void StartErase(std::span<const BlockKey> keys, std::span<Status> statuses, const RequestOptions& o,
                   ChannelCall* call) override;
 
-  Status Exists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch,
-                const RequestOptions& o) override {
-    std::vector<uint8_t> codes;
-    KVMESH_RETURN_IF_ERROR(KeyCall(Opcode::kExists, touch ? kFlagTouch : 0, keys, o, &codes));
-    for (size_t i = 0; i < keys.size(); ++i) found[i] = codes[i] ? 1 : 0;
-    return Status::Ok();
-  }
-  Status Erase(std::span<const BlockKey> keys, std::span<Status> st) override {
-    return StatusCall(Opcode::kErase, keys, st);
-  }
   Status Pin(std::span<const BlockKey> keys, std::span<Status> st) override {
     return StatusCall(Opcode::kPin, keys, st);
   }
@@ -471,16 +451,13 @@ class TcpChannelImpl final : public SeqOverFrames<TcpChannel> {
     std::vector<iovec> iov{{frame.data(), frame.size()}};
     KVMESH_RETURN_IF_ERROR(WriteAllV(fd.get(), iov, deadline));
     HeaderBytes hb;
-    auto stop = [] { return false; };
-    const int64_t left = std::max<int64_t>(
-        1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
-    Status s = ReadFull(fd.get(), hb.data(), hb.size(), left, stop);
+    Status s = ReadFullUntil(fd.get(), hb.data(), hb.size(), deadline, "the node");
     if (!s.ok()) return Unavailable("HELLO to " + Addr() + ": " + s.message());
     FrameHeader a;
     ProtocolLimits lim = o_.limits;
     KVMESH_RETURN_IF_ERROR(DecodeHeader(hb, lim, &a));
     std::vector<std::byte> ab(a.body_len);
-    KVMESH_RETURN_IF_ERROR(ReadFull(fd.get(), ab.data(), ab.size(), left, stop));
+    KVMESH_RETURN_IF_ERROR(ReadFullUntil(fd.get(), ab.data(), ab.size(), deadline, "the node"));
     if (a.opcode != Opcode::kHello || !a.is_response()) return Unavailable("node did not answer HELLO");
     if (a.status != StatusCode::kOk) return ParseErrorBody(a, ab);
     HelloAnswer ans;

@@ -17,6 +17,7 @@
 
 #include "common/checksum.h"
 #include "transport/seq_calls.h"
+#include "transport/sync_over_async.h"
 #include "transport/ucx_worker.h"
 
 namespace kvmesh {
@@ -40,7 +41,7 @@ class UcxCallState;
 void StartKeys(Channel* ch, UcxCallState* st, Opcode op, uint8_t flags, std::span<const BlockKey> keys,
                const RequestOptions& o);
 
-class Channel final : public SeqOverFrames<UcxChannel> {
+class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   friend class UcxCallState;
   friend void StartKeys(Channel*, UcxCallState*, Opcode, uint8_t, std::span<const BlockKey>, const RequestOptions&);
 
@@ -94,31 +95,10 @@ class Channel final : public SeqOverFrames<UcxChannel> {
   std::string_view transport() const override { return "ucx"; }
   void set_epoch(uint64_t e) override { epoch_.store(e); }
 
-  // The synchronous calls are the asynchronous ones, waited for at once.
-  Status Put(std::span<PutItem> items, const RequestOptions& o) override {
-    ChannelCall call;
-    StartPut(items, o, &call);
-    return call.Wait();
-  }
-  Status Get(std::span<GetItem> items, const RequestOptions& o) override {
-    ChannelCall call;
-    StartGet(items, o, &call);
-    return call.Wait();
-  }
-  Status Exists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch, const RequestOptions& o) override {
-    ChannelCall call;
-    StartExists(keys, found, touch, o, &call);
-    return call.Wait();
-  }
-  Status Erase(std::span<const BlockKey> keys, std::span<Status> st) override {
-    ChannelCall call;
-    StartErase(keys, st, {}, &call);
-    return call.Wait();
-  }
-
   // Asynchronous forms (router fan-out): Start* posts the request (UCX
   // sends it eagerly or starts the rendezvous) and returns; Wait progresses
   // this channel's worker until the answer is in. Defined after the class.
+  // Put, Get, Exists and Erase are these, waited for at once (SyncOverAsync).
   bool async_calls() const override { return true; }
   void StartPut(std::span<PutItem> items, const RequestOptions& o, ChannelCall* call) override;
   void StartGet(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call) override;

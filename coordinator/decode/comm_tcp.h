@@ -2,6 +2,10 @@
 // for ranks that are separate processes started without mpirun (one per
 // daemon, one per host).
 //
+// Code: the rendezvous in comm_tcp_rendezvous.cc, the collectives in
+// comm_tcp.cc, the frames both speak in comm_tcp_frame.cc; sockets, address
+// resolution and deadline-bounded reads come from transport/socket_util.h.
+//
 // Topology: a full mesh. Every pair of ranks shares one connection, so every
 // collective is one network hop:
 //   - AllReduceSum / AllReduceMin / AllReduceSumU64: every rank sends its
