@@ -12,6 +12,7 @@
 #include <random>
 #include <array>
 #include <cstring>
+#include <shared_mutex>
 #include <thread>
 #include <unordered_map>
 
@@ -38,11 +39,14 @@ struct Pending {
 
 class Channel;
 class UcxCallState;
+bool StartRegistered(Channel* ch, UcxCallState* st, std::span<PutItem> put, std::span<GetItem> get,
+                     const RequestOptions& o);
 void StartKeys(Channel* ch, UcxCallState* st, Opcode op, uint8_t flags, std::span<const BlockKey> keys,
                const RequestOptions& o);
 
 class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   friend class UcxCallState;
+  friend bool StartRegistered(Channel*, UcxCallState*, std::span<PutItem>, std::span<GetItem>, const RequestOptions&);
   friend void StartKeys(Channel*, UcxCallState*, Opcode, uint8_t, std::span<const BlockKey>, const RequestOptions&);
 
  public:
@@ -62,7 +66,11 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   }
 
   Status Init() {
-    KVMESH_ASSIGN_OR_RETURN(worker_, UcxWorker::Create(/*multi_thread=*/true));
+    if (o_.context) {
+      KVMESH_ASSIGN_OR_RETURN(worker_, UcxWorker::Create(o_.context, /*multi_thread=*/true));
+    } else {
+      KVMESH_ASSIGN_OR_RETURN(worker_, UcxWorker::Create(/*multi_thread=*/true));
+    }
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
                     UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -136,6 +144,75 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       it.status = Checksum64(src, recs[i].size) == recs[i].checksum ? Status::Ok() : DataLoss("payload checksum mismatch");
     }
     return Status::Ok();
+  }
+
+  // GET_INTO answer: a GET record per item, the bytes already in the items'
+  // destinations; each is verified here, where it landed.
+  Status FinishGetInto(const Pending& p, std::span<GetItem> items) const {
+    if (p.header.count != items.size() || p.body.size() != items.size() * kGetItemSize)
+      return Unavailable("bad GET_INTO answer");
+    std::vector<GetRecord> recs;
+    KVMESH_RETURN_IF_ERROR(ParseGetTable(p.header, p.body, o_.limits, &recs));
+    for (size_t i = 0; i < items.size(); ++i) {
+      GetItem& it = items[i];
+      it.size = recs[i].size;
+      if (recs[i].status != StatusCode::kOk) {
+        it.status = recs[i].status == StatusCode::kNotFound ? NotFound("not stored") : ItemStatus(uint8_t(recs[i].status));
+        continue;
+      }
+      if (recs[i].size > it.dst.size()) {
+        it.status = Unavailable("node wrote past the destination it was given");
+        continue;
+      }
+      it.status = Checksum64(it.dst.data(), recs[i].size) == recs[i].checksum ? Status::Ok()
+                                                                               : DataLoss("payload checksum mismatch");
+    }
+    return Status::Ok();
+  }
+
+  // ---- registered memory (docs/protocol.md "Registered memory") ---------------
+  Status RegisterMemory(const MemoryRegion& r) override {
+    {
+      std::shared_lock<std::shared_mutex> lock(regions_mu_);
+      for (const Registered& g : regions_)
+        if (g.region.id == r.id) return Status::Ok();
+    }
+    KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<UcxMemory> mem, worker_->context()->MapRegion(r.id, r.base, r.bytes));
+    MemRegister m;
+    m.region = r.id;
+    m.base = reinterpret_cast<uint64_t>(r.base);
+    m.length = r.bytes;
+    m.rkey = mem->rkey();
+    const std::string body = EncodeMemRegister(m);
+    auto p = std::make_shared<Pending>();
+    KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kMemRegister, 0, 0, {{const_cast<char*>(body.data()), body.size()}},
+                                     body.size(), p, {}));
+    std::unique_lock<std::shared_mutex> lock(regions_mu_);
+    regions_.push_back(Registered{r, std::move(mem)});
+    std::sort(regions_.begin(), regions_.end(),
+              [](const Registered& a, const Registered& b) { return a.region.base < b.region.base; });
+    return Status::Ok();
+  }
+  void UnregisterMemory(uint64_t id) override {
+    std::shared_ptr<UcxMemory> mem;  // unmapped (when the last channel lets go) after the node forgot it
+    {
+      std::unique_lock<std::shared_mutex> lock(regions_mu_);
+      auto it = std::find_if(regions_.begin(), regions_.end(), [&](const Registered& g) { return g.region.id == id; });
+      if (it == regions_.end()) return;
+      mem = std::move(it->mem);
+      regions_.erase(it);
+    }
+    const std::string body = EncodeSeqId(id);  // MEM_UNREGISTER: region u64
+    auto p = std::make_shared<Pending>();
+    (void)Roundtrip(Opcode::kMemUnregister, 0, 0, {{const_cast<char*>(body.data()), body.size()}}, body.size(), p, {});
+  }
+  // The registered region holding [p, p + n), or 0. REQUIRES regions_mu_ held (shared).
+  uint64_t RegionOf(const std::byte* p, size_t n) const {
+    auto it = std::upper_bound(regions_.begin(), regions_.end(), p,
+                               [](const std::byte* x, const Registered& g) { return x < g.region.base; });
+    if (it == regions_.begin()) return 0;
+    --it;
+    return it->region.Contains(p, n) ? it->region.id : 0;
   }
 
   Status Pin(std::span<const BlockKey> keys, std::span<Status> st) override { return StatusCall(Opcode::kPin, keys, st); }
@@ -317,6 +394,13 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   // progressing caller sleeps on the worker's wakeup fd.
   template <typename Pred>
   bool Progress(Pred pred, Clock::time_point deadline) {
+    // kHybrid spins up to spin_us after the last event before sleeping; kPoll
+    // never sleeps; kEvent sleeps whenever a progress call found nothing.
+    const auto spin = o_.progress == UcxProgress::kPoll    ? Clock::duration::max()
+                      : o_.progress == UcxProgress::kEvent ? Clock::duration::zero()
+                                                           : std::chrono::duration_cast<Clock::duration>(
+                                                                 std::chrono::microseconds(o_.spin_us));
+    auto last_event = Clock::now();
     for (;;) {
       if (pred()) return true;
       const auto now = Clock::now();
@@ -329,14 +413,17 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       }
       if (ucp_worker_progress(worker_->get()) != 0) {
         StartRendezvous();
+        last_event = Clock::now();
         continue;
       }
       StartRendezvous();
       if (pred()) return true;
+      if (spin == Clock::duration::max() || now - last_event < spin) continue;
       if (ucp_worker_arm(worker_->get()) != UCS_OK) continue;  // events pending
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
       pollfd pf{worker_->efd(), POLLIN, 0};
       ::poll(&pf, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 1)));
+      last_event = Clock::now();
       plk.unlock();
       idle_cv_.notify_all();
     }
@@ -442,6 +529,13 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     }
   }
 
+  struct Registered {
+    MemoryRegion region;
+    std::shared_ptr<UcxMemory> mem;
+  };
+  mutable std::shared_mutex regions_mu_;
+  std::vector<Registered> regions_;  // sorted by base; guarded by regions_mu_
+
   UcxChannelOptions o_;
   std::unique_ptr<UcxWorker> worker_;
   ucp_ep_h ep_ = nullptr;
@@ -457,7 +551,7 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   std::deque<Rndv> rndv_;  // touched only by the caller holding progress_mu_ (callbacks run inside its progress)
 };
 
-enum class UcxCallKind : uint8_t { kPut, kGet, kExists, kErase };
+enum class UcxCallKind : uint8_t { kPut, kGet, kExists, kErase, kGetInto, kPutFrom };
 
 // One UCX call in flight (ChannelCall state): the request's buffers, which
 // UCX reads until the send completes, and where the answer goes.
@@ -470,13 +564,17 @@ class UcxCallState final : public ChannelCallState {
         case UcxCallKind::kGet:
           s = ch->FinishGet(*x.p, get);
           break;
+        case UcxCallKind::kGetInto:
+          s = ch->FinishGetInto(*x.p, get);
+          break;
+        case UcxCallKind::kPutFrom:
         case UcxCallKind::kPut:
         case UcxCallKind::kExists:
         case UcxCallKind::kErase:
           s = Channel::FinishCodes(*x.p, n, &codes);
           if (!s.ok()) break;
           for (size_t i = 0; i < n; ++i) {
-            if (kind == UcxCallKind::kPut) put[i].status = ItemStatus(codes[i]);
+            if (kind == UcxCallKind::kPut || kind == UcxCallKind::kPutFrom) put[i].status = ItemStatus(codes[i]);
             if (kind == UcxCallKind::kExists) found[i] = codes[i] ? 1 : 0;
             if (kind == UcxCallKind::kErase) statuses[i] = ItemStatus(codes[i]);
           }
@@ -511,10 +609,58 @@ void StartKeys(Channel* ch, UcxCallState* st, Opcode op, uint8_t flags, std::spa
   st->posted = ch->Post(op, flags, keys.size(), st->iov, st->body.size(), o, &st->x);
 }
 
+// When every item's bytes lie in memory registered with this channel, posts
+// the batch as PUT_FROM / GET_INTO (the node moves the bytes one-sidedly) and
+// returns true; otherwise posts nothing and returns false.
+bool StartRegistered(Channel* ch, UcxCallState* st, std::span<PutItem> put, std::span<GetItem> get,
+                     const RequestOptions& o) {
+  const size_t n = put.empty() ? get.size() : put.size();
+  thread_local std::vector<uint64_t> region;
+  region.assign(n, 0);
+  {
+    std::shared_lock<std::shared_mutex> lock(ch->regions_mu_);
+    if (ch->regions_.empty()) return false;
+    for (size_t i = 0; i < n; ++i) {
+      region[i] = put.empty() ? ch->RegionOf(get[i].dst.data(), get[i].dst.size())
+                              : ch->RegionOf(put[i].data.data(), put[i].data.size());
+      if (region[i] == 0) return false;
+    }
+  }
+  st->n = n;
+  if (!put.empty()) {
+    st->kind = UcxCallKind::kPutFrom;
+    st->put = put;
+    st->body.assign(n * kPutFromItemSize, '\0');
+    for (size_t i = 0; i < n; ++i) {
+      PutFromRecord r;
+      r.put = PutRecord{put[i].key, static_cast<uint32_t>(put[i].data.size()), o.priority, 0,
+                        Checksum64(put[i].data.data(), put[i].data.size())};
+      r.region = region[i];
+      r.addr = reinterpret_cast<uint64_t>(put[i].data.data());
+      EncodePutFromRecord(r, reinterpret_cast<std::byte*>(st->body.data()) + i * kPutFromItemSize);
+    }
+  } else {
+    st->kind = UcxCallKind::kGetInto;
+    st->get = get;
+    st->body.assign(n * kGetIntoItemSize, '\0');
+    for (size_t i = 0; i < n; ++i) {
+      GetIntoRecord r{get[i].key, region[i], reinterpret_cast<uint64_t>(get[i].dst.data()),
+                      static_cast<uint32_t>(std::min<size_t>(get[i].dst.size(), UINT32_MAX))};
+      EncodeGetIntoRecord(r, reinterpret_cast<std::byte*>(st->body.data()) + i * kGetIntoItemSize);
+    }
+  }
+  st->iov.assign(1, {st->body.data(), st->body.size()});
+  st->x.p = std::make_shared<Pending>();
+  st->posted = ch->Post(put.empty() ? Opcode::kGetInto : Opcode::kPutFrom, o.replace ? kFlagReplace : 0, n, st->iov,
+                        st->body.size(), o, &st->x);
+  return true;
+}
+
 void Channel::StartPut(std::span<PutItem> items, const RequestOptions& o, ChannelCall* call) {
   if (items.empty()) return call->Finish(Status::Ok());
   UcxCallState* st = call->StartAs<UcxCallState>();
   st->ch = this;
+  if (StartRegistered(this, st, items, {}, o)) return;
   st->kind = UcxCallKind::kPut;
   st->n = items.size();
   st->put = items;
@@ -536,6 +682,7 @@ void Channel::StartGet(std::span<GetItem> items, const RequestOptions& o, Channe
   if (items.empty()) return call->Finish(Status::Ok());
   UcxCallState* st = call->StartAs<UcxCallState>();
   st->ch = this;
+  if (StartRegistered(this, st, {}, items, o)) return;
   st->kind = UcxCallKind::kGet;
   st->n = items.size();
   st->get = items;
