@@ -52,16 +52,11 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
  public:
   explicit Channel(UcxChannelOptions o) : o_(std::move(o)) {}
   ~Channel() override {
-    if (ep_) {
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      void* r = ucp_ep_close_nbx(ep_, &p);
-      if (r != nullptr && !UCS_PTR_IS_ERR(r)) {
-        while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker_->get());
-        ucp_request_free(r);
-      }
-    }
+    // Both endpoints forced: every send still in flight completes with an
+    // error (its callback frees it) before the worker goes. The node sees the
+    // watch endpoint's connection close and drops the session.
+    if (watch_) CloseEp(watch_, UCP_EP_CLOSE_FLAG_FORCE);
+    if (ep_) CloseEp(ep_, UCP_EP_CLOSE_FLAG_FORCE);
     worker_.reset();
   }
 
@@ -79,14 +74,21 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     hp.cb = &Channel::OnReply;
     hp.arg = this;
     KVMESH_UCX_RETURN(ucp_worker_set_am_recv_handler(worker_->get(), &hp));
+    // Two endpoints to the node (docs/protocol.md "UCX"): the data endpoint
+    // without peer error handling, so UCX may use shared memory and CMA
+    // between processes of one host (UCX 1.13 offers peer-failure handling
+    // on TCP only), and a watch endpoint with it, which carries the HELLO
+    // (so its connection exists) and reports the node's death.
     ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     ep.address = reinterpret_cast<const ucp_address_t*>(o_.node_address.data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    KVMESH_UCX_RETURN(ucp_ep_create(worker_->get(), &ep, &ep_));
+    ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t st) { static_cast<Channel*>(arg)->FailAll(st); };
     ep.err_handler.arg = this;
-    KVMESH_UCX_RETURN(ucp_ep_create(worker_->get(), &ep, &ep_));
+    KVMESH_UCX_RETURN(ucp_ep_create(worker_->get(), &ep, &watch_));
     Hello h;
     h.client_id = o_.client_id;
     h.tenant = o_.tenant;
@@ -274,10 +276,15 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
 
   // What a send in flight owns: its Pending and its AM header bytes (inline;
   // a HELLO's, which adds the worker address, in hello_amh).
+  // The request's bytes are the holder's own (the body copied in), so a call
+  // that times out returns at once: UCX may finish or fail the send later
+  // (the data endpoint has no peer-failure handling, a send to a dead node
+  // may never complete) without reading the caller's memory.
   struct SendHolder {
     std::shared_ptr<Pending> p;
     std::array<std::byte, kHeaderSize + 8> amh;
     std::vector<std::byte> hello_amh;
+    std::vector<std::byte> body;
   };
 
   // A request Post sent whose answer Await has not collected yet.
@@ -308,7 +315,15 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     // HELLO adds this worker's address (the node answers on an endpoint of
     // its own to it, docs/protocol.md "UCX"). UCX may read the header until
     // the send completes, so it lives in the send's holder, with the Pending.
-    auto* holder = new SendHolder{p, {}, {}};
+    auto* holder = new SendHolder{p, {}, {}, {}};
+    holder->body.resize(body_len);
+    {
+      size_t at = 0;
+      for (const ucp_dt_iov_t& piece : iov) {
+        std::memcpy(holder->body.data() + at, piece.buffer, piece.length);
+        at += piece.length;
+      }
+    }
     HeaderBytes hb = EncodeHeader(h);
     std::memcpy(holder->amh.data(), hb.data(), kHeaderSize);
     std::memcpy(holder->amh.data() + kHeaderSize, &nonce_, 8);
@@ -326,9 +341,8 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     }
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
-    // No body (STATS): zero contiguous bytes; UCX refuses an empty iov.
     static const std::byte kNoBody{};
-    rp.datatype = iov.empty() ? ucp_dt_make_contig(1) : ucp_dt_make_iov();
+    rp.datatype = ucp_dt_make_contig(1);
     rp.user_data = holder;
     rp.cb.send = [](void* req, ucs_status_t, void* user) {
       auto* hp = static_cast<SendHolder*>(user);
@@ -340,8 +354,9 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       delete hp;
       ucp_request_free(req);
     };
-    void* r = ucp_am_send_nbx(ep_, kUcxAmRequest, amh.data(), amh.size(),
-                              iov.empty() ? static_cast<const void*>(&kNoBody) : iov.data(), iov.size(), &rp);
+    void* r = ucp_am_send_nbx(op == Opcode::kHello ? watch_ : ep_, kUcxAmRequest, amh.data(), amh.size(),
+                              holder->body.empty() ? static_cast<const void*>(&kNoBody) : holder->body.data(),
+                              holder->body.size(), &rp);
     if (r == nullptr || UCS_PTR_IS_ERR(r)) {
       delete holder;
       std::lock_guard<std::mutex> lock(p->mu);
@@ -361,26 +376,14 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   // its request), or its deadline: then the request is cancelled.
   Status Await(Posted& x) {
     const std::shared_ptr<Pending>& p = x.p;
-    void* r = x.req;
     const auto deadline = x.deadline;
     auto finished = [&] {
       std::lock_guard<std::mutex> lock(p->mu);
-      return p->done && p->send_done;
+      return p->done;
     };
     if (!Progress(finished, deadline)) {
+      // The send holds only its own bytes (SendHolder): nothing to wait for.
       Forget(x.id);
-      bool sent;
-      {
-        std::lock_guard<std::mutex> lock(p->mu);
-        sent = p->send_done;
-      }
-      if (!sent) {  // UCX still reads our buffers: cancel and progress until its callback ran
-        ucp_request_cancel(worker_->get(), r);
-        Progress([&] {
-          std::lock_guard<std::mutex> lock(p->mu);
-          return p->send_done;
-        }, Clock::time_point::max());
-      }
       std::lock_guard<std::mutex> lock(p->mu);
       return p->done ? p->call : DeadlineExceeded("no answer from the node within the timeout");
     }
@@ -427,6 +430,17 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       plk.unlock();
       idle_cv_.notify_all();
     }
+  }
+
+  void CloseEp(ucp_ep_h ep, uint32_t flags) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = flags;
+    void* r = ucp_ep_close_nbx(ep, &p);
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) return;
+    // A forced close completes locally (no word from the node is awaited).
+    while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker_->get());
+    ucp_request_free(r);
   }
 
   void Forget(uint64_t id) {
@@ -538,7 +552,8 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
 
   UcxChannelOptions o_;
   std::unique_ptr<UcxWorker> worker_;
-  ucp_ep_h ep_ = nullptr;
+  ucp_ep_h ep_ = nullptr;     // data: every frame but the HELLO, no peer error handling
+  ucp_ep_h watch_ = nullptr;  // the HELLO, then only the node's death (peer error handling)
   std::atomic<bool> broken_{false};
   std::mutex progress_mu_;  // held by the one caller progressing the worker
   std::mutex idle_mu_;

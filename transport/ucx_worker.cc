@@ -1,5 +1,7 @@
 #include "transport/ucx_worker.h"
 
+#include <cstdlib>
+
 namespace kvmesh {
 
 Status UcxStatus(ucs_status_t s, const char* what, const char* file, int line) {
@@ -10,6 +12,13 @@ Result<std::shared_ptr<UcxContext>> UcxContext::Create(bool mt_workers) {
   std::shared_ptr<UcxContext> c(new UcxContext());
   ucp_config_t* cfg = nullptr;
   KVMESH_UCX_RETURN(ucp_config_read(nullptr, nullptr, &cfg));  // reads UCX_TLS etc.
+  // UCX's keepalive rounds off unless the user sets them: in UCX 1.13 a
+  // round that meets an endpoint closed under it aborts the process
+  // (ucp_worker.c "keepalive.iter == &worker->all_eps", openucx/ucx#11217),
+  // seen when a refused client's endpoints close at once. A peer's death is
+  // still seen through its TCP connection (the watch endpoint), a hung peer
+  // through our own request deadlines.
+  if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) ucp_config_modify(cfg, "KEEPALIVE_INTERVAL", "inf");
   ucp_params_t p{};
   p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   p.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;

@@ -41,6 +41,7 @@ struct Incoming {
 struct Outgoing {
   FrameReply rep;
   std::vector<ucp_dt_iov_t> iov;
+  std::vector<std::byte> owned;  // payloads copied out of the pool (see Send)
 };
 
 class Server final : public UcxServer {
@@ -53,7 +54,8 @@ class Server final : public UcxServer {
   struct Session {
     Server* server = nullptr;
     uint64_t nonce = 0;
-    ucp_ep_h ep = nullptr;
+    ucp_ep_h ep = nullptr;     // data: every answer but the HELLO's, one-sided transfers; no peer error handling
+    ucp_ep_h watch = nullptr;  // the HELLO answer, then only the client's death (peer error handling)
     bool hello_done = false;
     bool failed = false;  // the error callback ran: no more sends, close it
     uint64_t last_used = 0;
@@ -244,7 +246,9 @@ class Server final : public UcxServer {
       // "Closing" a UCX peer otherwise forgets its handshake: its next frame
       // must be a (valid) HELLO again.
       if (oc != FrameOutcome::kReply) ss.hello_done = false;
-      Send(ss.ep, std::move(out));
+      // HELLO answers go on the watch endpoint: its connection then exists
+      // both ways, so either side's death is seen.
+      Send(in->header.opcode == Opcode::kHello ? ss.watch : ss.ep, std::move(out));
     }
   }
 
@@ -315,10 +319,15 @@ class Server final : public UcxServer {
     auto ss = std::make_unique<Session>();
     ss->server = this;
     ss->nonce = nonce;
+    // The data endpoint without peer error handling (UCX may then use shared
+    // memory and CMA between processes of one host); the watch endpoint with
+    // it: UCX 1.13 handles peer failure on TCP only.
     ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    if (ucp_ep_create(worker_->get(), &ep, &ss->ep) != UCS_OK) return sessions_.end();
+    ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) {
       auto* s = static_cast<Session*>(arg);
@@ -326,20 +335,29 @@ class Server final : public UcxServer {
       s->server->failed_.push_back(s->nonce);
     };
     ep.err_handler.arg = ss.get();
-    if (ucp_ep_create(worker_->get(), &ep, &ss->ep) != UCS_OK) return sessions_.end();
+    if (ucp_ep_create(worker_->get(), &ep, &ss->watch) != UCS_OK) {
+      CloseEp(ss->ep, 0, nullptr);
+      return sessions_.end();
+    }
     return sessions_.emplace(nonce, std::move(ss)).first;
   }
 
-  // Force-closes the session's endpoint (its pending sends complete with an
-  // error) and forgets the session; the close request is reaped later.
+  // Closes the session's endpoints and forgets the session, both forced:
+  // their pending operations complete at once with an error (a dead client's
+  // would never complete on the data endpoint, which has no peer-failure
+  // handling); the close requests are reaped later, the session's remote keys
+  // with them (no operation is left on them then).
   void CloseSession(Sessions::iterator it) {
+    CloseEp(it->second->watch, UCP_EP_CLOSE_FLAG_FORCE, nullptr);
+    CloseEp(it->second->ep, UCP_EP_CLOSE_FLAG_FORCE, it->second->regions);
+    sessions_.erase(it);
+  }
+  void CloseEp(ucp_ep_h ep, uint32_t flags, std::shared_ptr<UcxRegionTable> regions) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    void* r = ucp_ep_close_nbx(it->second->ep, &p);
-    // The session's remote keys go once the close is done (no operation left on them).
-    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing_.push_back({r, it->second->regions});
-    sessions_.erase(it);
+    p.flags = flags;
+    void* r = ucp_ep_close_nbx(ep, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing_.push_back({r, std::move(regions)});
   }
 
   void CloseFailed() {
@@ -362,8 +380,26 @@ class Server final : public UcxServer {
     }
   }
 
+  // Sends a reply. A reply whose payloads are pinned pool blocks (a GET
+  // answered by active message: the client's bounce path) is copied out first
+  // and the blocks unpinned: a send to a client that died may never complete
+  // (the data endpoint has no peer-failure handling), and it must not hold
+  // pins while it waits. One-sided transfers (GET_INTO) need no copy.
   void Send(ucp_ep_h ep, std::unique_ptr<Outgoing> out) {
     auto& pieces = out->rep.pieces;  // pieces[0] is the header: it goes as the AM header
+    if (!out->rep.refs.empty()) {
+      size_t n = 0;
+      for (size_t i = 1; i < pieces.size(); ++i) n += pieces[i].size();
+      out->owned.resize(n);
+      size_t at = 0;
+      for (size_t i = 1; i < pieces.size(); ++i) {
+        std::memcpy(out->owned.data() + at, pieces[i].data(), pieces[i].size());
+        at += pieces[i].size();
+      }
+      out->rep.refs.clear();
+      pieces.resize(1);
+      pieces.push_back(out->owned);
+    }
     for (size_t i = 1; i < pieces.size(); ++i)
       if (!pieces[i].empty()) out->iov.push_back({const_cast<std::byte*>(pieces[i].data()), pieces[i].size()});
     ucp_request_param_t p{};
