@@ -1,15 +1,27 @@
-// bench/bench_transport.cc — kvmesh over TCP (and UCX) vs Redis vs raw loopback TCP, in one run.
+// bench/bench_transport.cc — kvmesh over TCP and UCX vs the limits of this
+// machine, in one run.
 //
-// Starts a standalone `kvmesh node` (binary protocol) and a `redis-server`
-// (no persistence) on 127.0.0.1, then for each block size (64 KiB, 256 KiB,
-// 1 MiB) and client count (1, 8) measures PUT/SET and GET throughput (GB/s,
-// ops/s) and p50/p99 latency, each cell repeated `--reps` times with the
-// three systems interleaved; medians are printed. Raw loopback TCP is measured
-// twice: a one-way stream (the link's ceiling) and a request/ack exchange of
-// the same size (what a perfect store over one TCP round trip could reach).
+// Starts a standalone `kvmesh node` (binary protocol; UCX when built) and a
+// `redis-server` (no persistence) on 127.0.0.1, then for each block size
+// (64 KiB, 256 KiB, 1 MiB) and client count (1, 8) measures PUT/SET and GET
+// throughput (GB/s, ops/s) and p50/p99 latency, each cell repeated `--reps`
+// times with the systems interleaved; medians are printed. Each client's
+// blocks live in one buffer it registers with its UCX channel (an engine's
+// KV pool), so UCX GETs and PUTs are one-sided (GET_INTO / PUT_FROM); TCP
+// reads and writes the same buffers. The baselines, measured in the same run:
+// ucx_perftest (ucp_am_lat per size: what one UCX message costs between two
+// processes with the same UCX_TLS; ucp_am_bw for 64 KiB), raw loopback TCP
+// request/ack of the same size (what a perfect store over one TCP round trip
+// could reach) and redis-server. Batch rows: one GetInto / PutFrom of
+// 64 x 64 KiB blocks against ucp_am_bw. Progress goes to stderr.
 //
-//   build/bench/bench_transport [--seconds 1] [--reps 3] [--sizes 65536,262144,1048576] [--clients 1,8]
-//                               [--tables transport,resp] [--resp-sizes 16384] [--resp-clients 1,8]
+//   build/bin/bench_transport [--seconds 1] [--reps 3] [--sizes 65536,262144,1048576] [--clients 1,8]
+//                             [--tables transport,resp] [--resp-sizes 16384] [--resp-clients 1,8]
+//                             [--ucx-progress poll|event|hybrid] [--json]
+//
+// --json prints one object, {"rows": [{backend, op, block_bytes, clients,
+// batch, gbps, ops, p50_us, p99_us}, ...]}, backends tcp, ucx, redis, raw,
+// ucx_perftest, instead of the tables.
 //
 // The RESP table (docs/resp.md): redis-benchmark-style SET and GET (one
 // blocking request per client at a time) of --resp-sizes values against
@@ -79,6 +91,72 @@ Cell Median(std::vector<Cell> v) {
   };
   return Cell{med([](const Cell& c) { return c.gbps; }), med([](const Cell& c) { return c.ops; }),
               med([](const Cell& c) { return c.p50_us; }), med([](const Cell& c) { return c.p99_us; })};
+}
+
+uint16_t FreePort();
+
+// One result row of --json.
+struct Row {
+  std::string backend;  // tcp, ucx, redis, raw, ucx_perftest
+  std::string op;       // GET, PUT (ucx_perftest: ucp_am_lat / ucp_am_bw; raw: req/ack)
+  size_t block_bytes = 0;
+  size_t clients = 0;
+  size_t batch = 1;     // blocks per call
+  Cell c;
+};
+
+// A progress line on stderr (the tables and the JSON go to stdout).
+template <typename... A>
+void Progress(const char* fmt, A... a) {
+  std::fprintf(stderr, "bench_transport: ");
+  std::fprintf(stderr, fmt, a...);
+  std::fprintf(stderr, "\n");
+}
+
+// ucx_perftest between two processes on this machine (server and client),
+// the same UCX_TLS as the node: ucp_am_lat gives the one-way latency (its
+// median; gbps = size / latency, what a request/response moving `size` once
+// could reach), ucp_am_bw the streaming bandwidth (MB/s as perftest prints:
+// 2^20 bytes). An empty cell when ucx_perftest is missing or fails.
+Cell Perftest(const std::string& test, size_t size) {
+  static const std::string bin = [] {
+    for (const char* p : {"/usr/bin/ucx_perftest", "/usr/local/bin/ucx_perftest"})
+      if (::access(p, X_OK) == 0) return std::string(p);
+    return std::string();
+  }();
+  if (bin.empty()) return {};
+  const uint16_t port = FreePort();
+  testing::Process server;
+  if (!server.Start({bin, "-p", std::to_string(port)})) return {};
+  std::this_thread::sleep_for(300ms);
+  const bool lat = test == "ucp_am_lat";
+  const std::string cmd = bin + " 127.0.0.1 -p " + std::to_string(port) + " -t " + test + " -s " + std::to_string(size) +
+                          (lat ? " -n 4000 -w 400" : " -n 20000 -w 2000") + " 2>&1";
+  std::string out;
+  if (FILE* f = ::popen(cmd.c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof(buf), f)) out += buf;
+    ::pclose(f);
+  }
+  server.Kill(SIGKILL);
+  server.Wait(2s);
+  const size_t at = out.rfind("Final:");
+  if (at == std::string::npos) return {};
+  double iters = 0, p50 = 0, avg = 0, overall = 0, bw_avg = 0, bw_overall = 0;
+  if (std::sscanf(out.c_str() + at, "Final: %lf %lf %lf %lf %lf %lf", &iters, &p50, &avg, &overall, &bw_avg,
+                  &bw_overall) != 6)
+    return {};
+  Cell c;
+  if (lat) {
+    c.p50_us = p50;
+    c.p99_us = 0;
+    c.gbps = p50 > 0 ? double(size) / p50 / 1e3 : 0;
+    c.ops = p50 > 0 ? 1e6 / p50 : 0;
+  } else {
+    c.gbps = bw_overall * 1048576.0 / 1e9;
+    c.ops = c.gbps * 1e9 / double(size);
+  }
+  return c;
 }
 
 // Runs `clients` threads of op(thread, iteration) for `seconds`; returns throughput and latency.
@@ -372,8 +450,16 @@ int main(int argc, char** argv) {
   std::string sizes_arg = "65536,262144,1048576", clients_arg = "1,8";
   std::string kvmesh_bin = KVMESH_BIN, redis_bin = KVMESH_REDIS_SERVER;
   std::string tables = "transport,resp", resp_sizes_arg = "16384", resp_clients_arg = "1,8";
+  std::string ucx_progress = "hybrid";
+  bool json = false;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--json") json = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
+    if (k == "--json") {
+      --i;
+      continue;
+    }
     if (k == "--seconds") seconds = std::stod(v);
     else if (k == "--reps") reps = std::stoi(v);
     else if (k == "--sizes") sizes_arg = v;
@@ -383,6 +469,7 @@ int main(int argc, char** argv) {
     else if (k == "--tables") tables = v;
     else if (k == "--resp-sizes") resp_sizes_arg = v;
     else if (k == "--resp-clients") resp_clients_arg = v;
+    else if (k == "--ucx-progress") ucx_progress = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -397,12 +484,14 @@ int main(int argc, char** argv) {
   const auto client_counts = ParseList(clients_arg);
   const bool want_transport = tables.find("transport") != std::string::npos;
   const bool want_resp = tables.find("resp") != std::string::npos;
+  if (json && want_resp && want_transport) tables = "transport";  // --json: the transport rows
   if (!want_transport) {
     if (!want_resp) return 0;
     return RespTable(kvmesh_bin, redis_bin, seconds, reps, ParseList(resp_sizes_arg), ParseList(resp_clients_arg));
   }
   const size_t max_clients = *std::max_element(client_counts.begin(), client_counts.end());
   const size_t keys_per_client = 16;
+  constexpr size_t kBatch = 64, kBatchBlock = 65536;  // the batch rows: one GetInto of 64 x 64 KiB
 
   // The kvmesh node: one standalone daemon with room for every key of the run.
   const std::string cfg_path = "/tmp/kvmesh-bench-" + std::to_string(::getpid()) + ".json";
@@ -410,9 +499,10 @@ int main(int argc, char** argv) {
     std::ofstream f(cfg_path);
     f << R"({"model": {"model_id": "bench", "num_layers": 4, "num_kv_heads": 4, "head_dim": 64, "block_tokens": 16},
             "nodes": [{"id": "b0", "memory": {"host": ")"
-      << (sizes.size() * max_clients * keys_per_client + 160) << R"(MiB"}}],
+      << (sizes.size() * max_clients * keys_per_client + kBatch * kBatchBlock / (1 << 20) + 160) << R"(MiB"}}],
             "store": {"slot_bytes": "1MiB", "stripes": 8},
-            "transport": {"io_threads": 2, "backend": ")" << (KVMESH_UCX_ON ? "ucx" : "tcp") << R"("}})";
+            "transport": {"io_threads": 2, "backend": ")" << (KVMESH_UCX_ON ? "ucx" : "tcp")
+      << R"(", "ucx": {"progress": ")" << ucx_progress << R"("}}})";
   }
   testing::Process node;
   if (!node.Start({kvmesh_bin, "node", "--config", cfg_path, "--id", "b0", "--no-resp"})) return 1;
@@ -422,18 +512,36 @@ int main(int argc, char** argv) {
     return 1;
   }
   const uint16_t data_port = (*ev)["ports"]["data"].get<uint16_t>();
+
+  // Each client's buffers: its payload and a destination per key, one block
+  // each, in one allocation per client (what an engine registers: its KV pool).
+  const size_t slot = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), kBatchBlock);
+  const size_t per_client = (1 + std::max(keys_per_client, kBatch)) * slot;
+  std::vector<std::unique_ptr<std::byte[]>> pool(max_clients);
+  for (auto& p : pool) {
+    p.reset(new std::byte[per_client]);
+    std::memset(p.get(), 0, per_client);
+  }
+  auto src_of = [&](size_t c, size_t size) { return std::span<const std::byte>(pool[c].get(), size); };
+  auto dst_of = [&](size_t c, size_t k, size_t size) { return std::span<std::byte>(pool[c].get() + (1 + k) * slot, size); };
+
   std::vector<std::unique_ptr<ShardChannel>> ux;  // UCX channels, one per client (empty without UCX)
 #if defined(KVMESH_HAVE_UCX)
   {
     auto addr = HexDecode(ev->value("ucx_address", ""));
-    for (size_t c = 0; addr.ok() && !addr->empty() && c < max_clients; ++c) {
+    auto ctx = UcxContext::Create(/*mt_workers=*/true);
+    for (size_t c = 0; addr.ok() && !addr->empty() && ctx.ok() && c < max_clients; ++c) {
       UcxChannelOptions uo;
       uo.node_address = *addr;
       uo.timeout_ms = 10000;
       uo.limits.max_body_bytes = 64 << 20;
+      uo.context = *ctx;
+      uo.progress = ParseUcxProgress(ucx_progress).value_or(UcxProgress::kHybrid);
       auto u = UcxChannel::Connect(uo);
-      if (!u.ok()) {
-        std::fprintf(stderr, "bench: UCX channel: %s\n", u.status().ToString().c_str());
+      Status reg = u.ok() ? (*u)->RegisterMemory(MemoryRegion{c + 1, pool[c].get(), per_client, MemoryKind::kHost})
+                          : u.status();
+      if (!reg.ok()) {
+        std::fprintf(stderr, "bench: UCX channel: %s\n", reg.ToString().c_str());
         ux.clear();
         break;
       }
@@ -463,50 +571,66 @@ int main(int argc, char** argv) {
     if (!ch.back()->Connect().ok()) return 1;
   }
 
-  std::printf("# kvmesh TCP vs redis-server vs raw loopback TCP — %d reps x %.1f s per cell, medians\n", reps, seconds);
-  std::printf("| op | block | clients | kvmesh TCP GB/s | kvmesh TCP ops/s | kvmesh TCP p50/p99 us | kvmesh UCX GB/s | "
-              "kvmesh UCX p50/p99 us | redis GB/s | redis p50/p99 us | raw req/ack GB/s | raw stream GB/s | "
-              "TCP/redis | UCX/redis | TCP/raw req |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<Row> rows;
+  auto add = [&](const char* backend, const char* op, size_t bytes, size_t clients, size_t batch, const Cell& c) {
+    if (c.ops > 0) rows.push_back(Row{backend, op, bytes, clients, batch, c});
+  };
+  const char* tls = std::getenv("UCX_TLS");
+  if (!json)
+    std::printf("# kvmesh TCP and UCX vs ucx_perftest, redis-server and raw loopback TCP — %d reps x %.1f s per cell, "
+                "medians (UCX_TLS=%s, progress %s; UCX: registered memory, one-sided)\n",
+                reps, seconds, tls ? tls : "default", ucx_progress.c_str());
+  if (!json) {
+    std::printf("| op | block | clients | kvmesh TCP GB/s | TCP p50/p99 us | kvmesh UCX GB/s | UCX p50/p99 us | "
+                "ucp_am_lat GB/s (one-way us) | redis GB/s | raw req/ack GB/s | UCX/am_lat | UCX/TCP | TCP/raw | "
+                "TCP/redis |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  }
   for (size_t size : sizes) {
+    // The same random bytes as every other table, in each client's registered payload.
     const std::vector<std::vector<std::byte>> payload = Payloads(max_clients, size);
-    std::vector<std::vector<std::byte>> dst(max_clients, std::vector<std::byte>(size + 2));
+    for (size_t c = 0; c < max_clients; ++c) std::memcpy(pool[c].get(), payload[c].data(), size);
     auto key = [&](int c, uint64_t i) {
       uint64_t x = (uint64_t(c) << 32 | (i % keys_per_client)) * 0x9E3779B97F4A7C15ull + size;
       return BlockKey{x ^ (x >> 29), uint64_t(c) << 32 | (i % keys_per_client)};
     };
+    std::vector<std::vector<std::byte>> rdst(max_clients, std::vector<std::byte>(size + 2));
     // Every key exists before any timed GET (the timed PUT phase may not reach them all).
     for (size_t c = 0; c < max_clients; ++c) {
       for (size_t k = 0; k < keys_per_client; ++k) {
-        PutItem it{key(int(c), k), payload[c], {}};
+        PutItem it{key(int(c), k), src_of(c, size), {}};
         if (!ch[c]->Put(std::span<PutItem>(&it, 1), {}).ok() || !it.status.ok()) return 1;
         if (have_redis && !rc[c].Set("k" + std::to_string(c) + ":" + std::to_string(k) + ":" + std::to_string(size), payload[c]))
           return 1;
       }
     }
+    // What one UCX message of this size costs between two processes here (same UCX_TLS).
+    std::vector<Cell> lat_cells;
+    for (int r = 0; r < reps; ++r) lat_cells.push_back(Perftest("ucp_am_lat", size));
+    const Cell am_lat = Median(lat_cells);
+    add("ucx_perftest", "ucp_am_lat", size, 1, 1, am_lat);
     RawServer raw(size);
     for (size_t clients : client_counts) {
       std::map<std::string, std::vector<Cell>> cells;
       for (int r = 0; r < reps; ++r) {
+        Progress("%s, %zu clients, rep %d/%d", SizeName(size).c_str(), clients, r + 1, reps);
         cells["kv_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
-          PutItem it{key(c, i), payload[c], {}};
+          PutItem it{key(c, i), src_of(c, size), {}};
           Status s = ch[c]->Put(std::span<PutItem>(&it, 1), {});
-          if (!s.ok() || !it.status.ok()) std::fprintf(stderr, "PUT: %s / %s\n", s.ToString().c_str(), it.status.ToString().c_str());
           return s.ok() && it.status.ok();
         }));
         cells["kv_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
-          GetItem it{key(c, i), dst[c], 0, {}};
+          GetItem it{key(c, i), dst_of(c, i % keys_per_client, size), 0, {}};
           Status s = ch[c]->Get(std::span<GetItem>(&it, 1), {});
-          if (!s.ok() || !it.status.ok()) std::fprintf(stderr, "GET: %s / %s\n", s.ToString().c_str(), it.status.ToString().c_str());
           return s.ok() && it.status.ok() && it.size == size;
         }));
         if (!ux.empty()) {
           cells["ux_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
-            PutItem it{key(c, i), payload[c], {}};
+            PutItem it{key(c, i), src_of(c, size), {}};
             return ux[c]->Put(std::span<PutItem>(&it, 1), {}).ok() && it.status.ok();
           }));
           cells["ux_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
-            GetItem it{key(c, i), dst[c], 0, {}};
+            GetItem it{key(c, i), dst_of(c, i % keys_per_client, size), 0, {}};
             return ux[c]->Get(std::span<GetItem>(&it, 1), {}).ok() && it.status.ok() && it.size == size;
           }));
         }
@@ -515,7 +639,7 @@ int main(int argc, char** argv) {
             return rc[c].Set("k" + std::to_string(c) + ":" + std::to_string(i % keys_per_client) + ":" + std::to_string(size), payload[c]);
           }));
           cells["rd_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
-            return rc[c].Get("k" + std::to_string(c) + ":" + std::to_string(i % keys_per_client) + ":" + std::to_string(size), &dst[c]);
+            return rc[c].Get("k" + std::to_string(c) + ":" + std::to_string(i % keys_per_client) + ":" + std::to_string(size), &rdst[c]);
           }));
         }
         std::vector<int> fds;
@@ -526,26 +650,89 @@ int main(int argc, char** argv) {
                  ::recv(fds[c], &k, 1, MSG_WAITALL) == 1;
         }));
         for (int fd : fds) ::close(fd);
-        fds.clear();
-        for (size_t c = 0; c < clients; ++c) fds.push_back(RawClient(raw.port(), 's'));
-        cells["raw_stream"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t) {
-          return ::send(fds[c], payload[c].data(), size, MSG_NOSIGNAL) == ssize_t(size);
-        }));
-        for (int fd : fds) ::close(fd);
       }
-      const Cell raw_req = Median(cells["raw_req"]), raw_stream = Median(cells["raw_stream"]);
+      // Every GET compared against what was put (after timing: the check is not timed).
+      for (size_t c = 0; c < clients; ++c)
+        for (size_t k = 0; k < keys_per_client; ++k) {
+          auto d = dst_of(c, k, size);
+          if (std::memcmp(d.data(), payload[c].data(), size) != 0 && d[0] != std::byte{0}) {
+            std::fprintf(stderr, "bench: client %zu key %zu read back different bytes\n", c, k);
+            return 1;
+          }
+        }
+      const Cell raw_req = Median(cells["raw_req"]);
+      add("raw", "req/ack", size, clients, 1, raw_req);
       for (const char* op : {"put", "get"}) {
+        const std::string OP = std::string(op) == "put" ? "PUT" : "GET";
         const Cell kv = Median(cells[std::string("kv_") + op]);
         const Cell rd = have_redis ? Median(cells[std::string("rd_") + op]) : Cell{};
         const Cell uc = ux.empty() ? Cell{} : Median(cells[std::string("ux_") + op]);
-        std::printf("| %s | %s | %zu | %.2f | %.0f | %.0f / %.0f | %.2f | %.0f / %.0f | %.2f | %.0f / %.0f | %.2f | %.2f | "
-                    "%.2fx | %.2fx | %.2fx |\n",
-                    std::string(op) == "put" ? "PUT/SET" : "GET", SizeName(size).c_str(), clients, kv.gbps, kv.ops,
-                    kv.p50_us, kv.p99_us, uc.gbps, uc.p50_us, uc.p99_us, rd.gbps, rd.p50_us, rd.p99_us, raw_req.gbps,
-                    raw_stream.gbps, rd.gbps > 0 ? kv.gbps / rd.gbps : 0.0, rd.gbps > 0 ? uc.gbps / rd.gbps : 0.0,
-                    raw_req.gbps > 0 ? kv.gbps / raw_req.gbps : 0.0);
+        add("tcp", OP.c_str(), size, clients, 1, kv);
+        add("ucx", OP.c_str(), size, clients, 1, uc);
+        add("redis", OP.c_str(), size, clients, 1, rd);
+        auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+        if (!json)
+          std::printf("| %s | %s | %zu | %.2f | %.0f / %.0f | %.2f | %.0f / %.0f | %.2f (%.1f) | %.2f | %.2f | %.2fx | "
+                      "%.2fx | %.2fx | %.2fx |\n",
+                      OP.c_str(), SizeName(size).c_str(), clients, kv.gbps, kv.p50_us, kv.p99_us, uc.gbps, uc.p50_us,
+                      uc.p99_us, am_lat.gbps, am_lat.p50_us, rd.gbps, raw_req.gbps, ratio(uc.gbps, am_lat.gbps),
+                      ratio(uc.gbps, kv.gbps), ratio(kv.gbps, raw_req.gbps), ratio(kv.gbps, rd.gbps));
         std::fflush(stdout);
       }
+    }
+  }
+
+  // The batch rows: one GetInto (and one PutFrom) of 64 blocks of 64 KiB, one client.
+  {
+    const std::vector<std::vector<std::byte>> payload = Payloads(1, kBatchBlock);
+    auto key = [&](size_t k) { return BlockKey{0xBA7C4000ull + k, k * 0x9E3779B97F4A7C15ull}; };
+    std::vector<PutItem> puts(kBatch);
+    for (size_t k = 0; k < kBatch; ++k) {
+      std::memcpy(pool[0].get() + (1 + k) * slot, payload[0].data(), kBatchBlock);
+      puts[k] = PutItem{key(k), {pool[0].get() + (1 + k) * slot, kBatchBlock}, {}};
+    }
+    if (!ch[0]->Put(puts, {}).ok()) return 1;
+    std::vector<Cell> bw_cells;
+    std::map<std::string, std::vector<Cell>> cells;
+    for (int r = 0; r < reps; ++r) {
+      Progress("batch of %zu x 64 KiB, rep %d/%d", kBatch, r + 1, reps);
+      bw_cells.push_back(Perftest("ucp_am_bw", kBatchBlock));
+      auto run = [&](ShardChannel& c, bool get) {
+        return RunClients(1, seconds, kBatch * kBatchBlock, [&](int, uint64_t) {
+          if (get) {
+            std::vector<GetItem> gets(kBatch);
+            for (size_t k = 0; k < kBatch; ++k) gets[k] = GetItem{key(k), dst_of(0, k, kBatchBlock), 0, {}};
+            if (!c.Get(gets, {}).ok()) return false;
+            for (auto& g : gets)
+              if (!g.status.ok() || g.size != kBatchBlock) return false;
+            return true;
+          }
+          return c.Put(puts, {}).ok();
+        });
+      };
+      cells["tcp_get"].push_back(run(*ch[0], true));
+      cells["tcp_put"].push_back(run(*ch[0], false));
+      if (!ux.empty()) {
+        cells["ucx_get"].push_back(run(*ux[0], true));
+        cells["ucx_put"].push_back(run(*ux[0], false));
+      }
+    }
+    const Cell bw = Median(bw_cells);
+    add("ucx_perftest", "ucp_am_bw", kBatchBlock, 1, 1, bw);
+    if (!json) {
+      std::printf("\n# one batch of %zu x 64 KiB blocks (GetInto / PutFrom into registered memory), 1 client, vs "
+                  "ucp_am_bw 64 KiB\n", kBatch);
+      std::printf("| op | kvmesh TCP GB/s | kvmesh UCX GB/s | ucp_am_bw GB/s | UCX/am_bw | TCP/am_bw |\n|---|---|---|---|---|---|\n");
+    }
+    for (const char* op : {"get", "put"}) {
+      const Cell t = Median(cells[std::string("tcp_") + op]);
+      const Cell u = ux.empty() ? Cell{} : Median(cells[std::string("ucx_") + op]);
+      const std::string OP = std::string(op) == "put" ? "PUT" : "GET";
+      add("tcp", OP.c_str(), kBatchBlock, 1, kBatch, t);
+      add("ucx", OP.c_str(), kBatchBlock, 1, kBatch, u);
+      if (!json)
+        std::printf("| %s x%zu | %.2f | %.2f | %.2f | %.2fx | %.2fx |\n", OP.c_str(), kBatch, t.gbps, u.gbps, bw.gbps,
+                    bw.gbps > 0 ? u.gbps / bw.gbps : 0, bw.gbps > 0 ? t.gbps / bw.gbps : 0);
     }
   }
   node.Kill(SIGTERM);
@@ -553,6 +740,19 @@ int main(int argc, char** argv) {
   redis.Kill(SIGTERM);
   redis.Wait(5s);
   ::unlink(cfg_path.c_str());
+  if (json) {
+    nlohmann::json out;
+    out["ucx_tls"] = tls ? tls : "default";
+    out["ucx_progress"] = ucx_progress;
+    out["seconds"] = seconds;
+    out["reps"] = reps;
+    out["rows"] = nlohmann::json::array();
+    for (const Row& r : rows)
+      out["rows"].push_back({{"backend", r.backend}, {"op", r.op}, {"block_bytes", r.block_bytes}, {"clients", r.clients},
+                             {"batch", r.batch}, {"gbps", r.c.gbps}, {"ops", r.c.ops}, {"p50_us", r.c.p50_us},
+                             {"p99_us", r.c.p99_us}});
+    std::printf("%s\n", out.dump().c_str());
+  }
   if (want_resp)
     return RespTable(kvmesh_bin, redis_bin, seconds, reps, ParseList(resp_sizes_arg), ParseList(resp_clients_arg));
   return 0;

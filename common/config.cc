@@ -153,6 +153,16 @@ Status ReadTransport(const json& j, TransportConfig* t) {
       .Optional("connections_per_node", &t->connections_per_node)
       .Optional("timeout_ms", &t->timeout_ms)
       .Optional("connect_timeout_ms", &t->connect_timeout_ms);
+  if (const json* u = r.Child("ucx")) {
+    ObjectReader ur(*u, "$.transport.ucx");
+    ur.Optional("progress", &t->ucx_progress).Optional("spin_us", &t->ucx_spin_us);
+    KVMESH_RETURN_IF_ERROR(ur.Finish());
+    if (t->ucx_progress != "poll" && t->ucx_progress != "event" && t->ucx_progress != "hybrid")
+      return InvalidArgument("$.transport.ucx.progress: expected \"poll\", \"event\" or \"hybrid\", got \"" +
+                             t->ucx_progress + "\"");
+    if (t->ucx_spin_us < 0 || t->ucx_spin_us > 1000000)
+      return InvalidArgument("$.transport.ucx.spin_us: must be in 0..1000000");
+  }
   KVMESH_RETURN_IF_ERROR(r.Finish());
   if (t->backend != "tcp" && t->backend != "ucx")
     return InvalidArgument("$.transport.backend: expected \"tcp\" or \"ucx\", got \"" + t->backend + "\"");

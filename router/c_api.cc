@@ -161,6 +161,61 @@ int kvmesh_get(kvmesh_client* c, kvmesh_key key, void* dst, size_t cap, size_t* 
   });
 }
 
+int kvmesh_register_memory(kvmesh_client* c, void* base, size_t bytes, kvmesh_memory_kind kind, uint64_t* region_id) {
+  return Guard([&] {
+    if (!c || !region_id) return Fail(kvmesh::InvalidArgument("null argument"));
+    if (kind != KVMESH_MEMORY_HOST && kind != KVMESH_MEMORY_DEVICE)
+      return Fail(kvmesh::InvalidArgument("unknown memory kind"));
+    auto r = c->net->router().RegisterMemory(base, bytes,
+                                             kind == KVMESH_MEMORY_HOST ? kvmesh::MemoryKind::kHost
+                                                                        : kvmesh::MemoryKind::kDevice);
+    if (!r.ok()) return Fail(r.status());
+    *region_id = r->id;
+    return Ok();
+  });
+}
+
+int kvmesh_unregister_memory(kvmesh_client* c, uint64_t region_id) {
+  return Guard([&] {
+    if (!c) return Fail(kvmesh::InvalidArgument("null argument"));
+    kvmesh::Status s = c->net->router().UnregisterMemory(region_id);
+    return s.ok() ? Ok() : Fail(s);
+  });
+}
+
+int kvmesh_get_into(kvmesh_client* c, const kvmesh_key* keys, void* const* dsts, const size_t* caps, size_t count,
+                    size_t* sizes, int* statuses) {
+  return Guard([&] {
+    if (!c || ((!keys || !dsts || !caps || !sizes || !statuses) && count))
+      return Fail(kvmesh::InvalidArgument("null argument"));
+    std::vector<kvmesh::GetItem> items;
+    items.reserve(count);
+    for (size_t i = 0; i < count; ++i)
+      items.push_back(kvmesh::GetItem{Key(keys[i]), {static_cast<std::byte*>(dsts[i]), caps[i]}, 0, {}});
+    kvmesh::Status s = c->net->router().GetInto(items);
+    if (!s.ok()) return Fail(s);
+    for (size_t i = 0; i < count; ++i) {
+      sizes[i] = items[i].size;
+      statuses[i] = static_cast<int>(items[i].status.code());
+    }
+    return Ok();
+  });
+}
+
+int kvmesh_put_from(kvmesh_client* c, const kvmesh_key* keys, const void* const* srcs, const size_t* sizes,
+                    size_t count, int* statuses) {
+  return Guard([&] {
+    if (!c || ((!keys || !srcs || !sizes || !statuses) && count)) return Fail(kvmesh::InvalidArgument("null argument"));
+    std::vector<kvmesh::PutItem> items;
+    items.reserve(count);
+    for (size_t i = 0; i < count; ++i)
+      items.push_back(kvmesh::PutItem{Key(keys[i]), {static_cast<const std::byte*>(srcs[i]), sizes[i]}, {}});
+    (void)c->net->router().PutFrom(items);  // the first item error; every item carries its own
+    for (size_t i = 0; i < count; ++i) statuses[i] = static_cast<int>(items[i].status.code());
+    return Ok();
+  });
+}
+
 int kvmesh_erase(kvmesh_client* c, const kvmesh_key* keys, size_t count) {
   return Guard([&] {
     if (!c || (!keys && count)) return Fail(kvmesh::InvalidArgument("null argument"));

@@ -40,6 +40,9 @@ struct NetworkClient::Impl {
   std::condition_variable stop_cv;
   bool stopping = false;
   std::thread refresher;
+#if defined(KVMESH_HAVE_UCX)
+  std::shared_ptr<UcxContext> ucx_context;  // one for every UCX channel: registered memory is mapped once
+#endif
 
   Result<PublishedMap> Fetch() {
     KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/map", "", o.timeout_ms));
@@ -65,13 +68,21 @@ struct NetworkClient::Impl {
       if (!ch.channel && want_ucx) {
         // A node that cannot be reached over UCX now is served over TCP instead.
         auto addr = HexDecode(ucx_it->second);
-        if (addr.ok()) {
+        auto progress = ParseUcxProgress(o.ucx_progress);
+        if (!ucx_context) {
+          auto ctx = UcxContext::Create(/*mt_workers=*/true);
+          if (ctx.ok()) ucx_context = std::move(*ctx);
+        }
+        if (addr.ok() && progress.ok() && ucx_context) {
           UcxChannelOptions uo;
           uo.node_address = *addr;
           uo.client_id = o.client_id;
           uo.tenant = o.tenant_salt;
           uo.token = o.token;
           uo.timeout_ms = o.timeout_ms;
+          uo.context = ucx_context;
+          uo.progress = *progress;
+          uo.spin_us = o.ucx_spin_us;
           auto u = UcxChannel::Connect(uo);
           if (u.ok()) {
             std::shared_ptr<UcxChannel> uc = std::move(*u);

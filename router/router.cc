@@ -4,7 +4,9 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <shared_mutex>
 
+#include "router/device_copy.h"
 #include "router/shard_map.h"
 #include "transport/shard_channel.h"
 
@@ -156,6 +158,25 @@ struct Router::Impl {
   }
   std::atomic<uint64_t> spread{0};  // places sequences without a full prefix block
 
+  // Registered memory (RegisterMemory), sorted by base. Lock order: mu, then regions_mu.
+  mutable std::shared_mutex regions_mu;
+  std::vector<MemoryRegion> regions;  // guarded by regions_mu
+  uint64_t next_region = 1;           // guarded by regions_mu
+  std::atomic<bool> any_device{false};
+
+  // The device region holding [p, p + n), if any.
+  const MemoryRegion* DeviceRegionOf(const void* p, size_t n) const {
+    for (const MemoryRegion& r : regions)
+      if (r.kind == MemoryKind::kDevice && r.Contains(p, n)) return &r;
+    return nullptr;
+  }
+  void RegisterAll(const std::vector<std::shared_ptr<ShardChannel>>& channels) {
+    std::shared_lock<std::shared_mutex> lock(regions_mu);
+    for (const MemoryRegion& r : regions)
+      if (r.kind == MemoryKind::kHost)
+        for (const auto& ch : channels) (void)ch->RegisterMemory(r);  // a failure: bounce path
+  }
+
   Range Layers(const RequestOptions& o) const { return o.layers.empty() ? Range{0, model.num_layers} : o.layers; }
   Range Heads(const RequestOptions& o) const { return o.heads.empty() ? Range{0, model.num_kv_heads} : o.heads; }
 };
@@ -186,7 +207,50 @@ Status Router::UpdateMap(std::shared_ptr<const ShardMap> map, std::vector<std::s
   if (map->epoch() <= impl_->view->map->epoch())
     return FailedPrecondition("shard map epoch " + std::to_string(map->epoch()) + " is not newer than " +
                               std::to_string(impl_->view->map->epoch()));
+  impl_->RegisterAll(channels);
   impl_->view = std::make_shared<View>(View{std::move(map), std::move(channels)});
+  return Status::Ok();
+}
+
+Result<MemoryRegion> Router::RegisterMemory(void* base, size_t bytes, MemoryKind kind) {
+  Impl& im = *impl_;
+  if (base == nullptr || bytes == 0) return InvalidArgument("RegisterMemory needs a non-empty range");
+  if (kind == MemoryKind::kDevice && !DeviceCopyAvailable())
+    return Unimplemented("device memory needs a kvmesh built with CUDA");
+  std::lock_guard<std::mutex> lock(im.mu);  // against UpdateMap: every channel of every view sees it
+  MemoryRegion r;
+  {
+    std::unique_lock<std::shared_mutex> rl(im.regions_mu);
+    const auto b = reinterpret_cast<uintptr_t>(base);
+    for (const MemoryRegion& o : im.regions) {
+      const auto ob = reinterpret_cast<uintptr_t>(o.base);
+      if (b < ob + o.bytes && ob < b + bytes)
+        return InvalidArgument("memory overlaps registered region " + std::to_string(o.id));
+    }
+    r = MemoryRegion{im.next_region++, static_cast<std::byte*>(base), bytes, kind};
+    im.regions.push_back(r);
+    std::sort(im.regions.begin(), im.regions.end(),
+              [](const MemoryRegion& x, const MemoryRegion& y) { return x.base < y.base; });
+    if (kind == MemoryKind::kDevice) im.any_device.store(true);
+  }
+  if (kind == MemoryKind::kHost)
+    for (const auto& ch : im.view->channels) (void)ch->RegisterMemory(r);  // a failure: bounce path
+  return r;
+}
+
+Status Router::UnregisterMemory(uint64_t id) {
+  Impl& im = *impl_;
+  std::lock_guard<std::mutex> lock(im.mu);
+  {
+    std::unique_lock<std::shared_mutex> rl(im.regions_mu);
+    auto it = std::find_if(im.regions.begin(), im.regions.end(), [&](const MemoryRegion& r) { return r.id == id; });
+    if (it == im.regions.end()) return NotFound("no registered memory region " + std::to_string(id));
+    im.regions.erase(it);
+    bool dev = false;
+    for (const MemoryRegion& r : im.regions) dev = dev || r.kind == MemoryKind::kDevice;
+    im.any_device.store(dev);
+  }
+  for (const auto& ch : im.view->channels) ch->UnregisterMemory(id);
   return Status::Ok();
 }
 
@@ -216,6 +280,30 @@ bool GroupByNode(const ShardMap& map, size_t n, const Affinity& hint, uint32_t r
 }  // namespace
 
 Status Router::PutBatch(std::span<PutItem> items, const RequestOptions& o) {
+  Impl& im = *impl_;
+  if (im.any_device.load(std::memory_order_relaxed)) {
+    // Blocks in device memory go through host copies (no transport moves GPU memory).
+    std::vector<std::vector<std::byte>> host;
+    std::vector<PutItem> staged(items.begin(), items.end());
+    {
+      std::shared_lock<std::shared_mutex> rl(im.regions_mu);
+      for (PutItem& it : staged) {
+        if (im.DeviceRegionOf(it.data.data(), it.data.size()) == nullptr) continue;
+        host.emplace_back(it.data.size());
+        KVMESH_RETURN_IF_ERROR(CopyFromDevice(host.back().data(), it.data.data(), it.data.size()));
+        it.data = host.back();
+      }
+    }
+    if (!host.empty()) {
+      Status s = PutBatchHost(staged, o);
+      for (size_t i = 0; i < items.size(); ++i) items[i].status = staged[i].status;
+      return s;
+    }
+  }
+  return PutBatchHost(items, o);
+}
+
+Status Router::PutBatchHost(std::span<PutItem> items, const RequestOptions& o) {
   Impl& im = *impl_;
   im.counters.puts.fetch_add(1, std::memory_order_relaxed);
   im.counters.put_blocks.fetch_add(items.size(), std::memory_order_relaxed);
@@ -257,6 +345,40 @@ Status Router::PutBatch(std::span<PutItem> items, const RequestOptions& o) {
 }
 
 Status Router::GetBatch(std::span<GetItem> items, const RequestOptions& o) {
+  Impl& im = *impl_;
+  if (im.any_device.load(std::memory_order_relaxed)) {
+    // Destinations in device memory are read into host copies, then copied up.
+    std::vector<std::vector<std::byte>> host;
+    std::vector<size_t> which;
+    std::vector<GetItem> staged(items.begin(), items.end());
+    {
+      std::shared_lock<std::shared_mutex> rl(im.regions_mu);
+      for (size_t i = 0; i < staged.size(); ++i) {
+        if (im.DeviceRegionOf(staged[i].dst.data(), staged[i].dst.size()) == nullptr) continue;
+        host.emplace_back(staged[i].dst.size());
+        staged[i].dst = host.back();
+        which.push_back(i);
+      }
+    }
+    if (!host.empty()) {
+      KVMESH_RETURN_IF_ERROR(GetBatchHost(staged, o));
+      for (size_t i = 0; i < items.size(); ++i) {
+        items[i].size = staged[i].size;
+        items[i].status = staged[i].status;
+      }
+      for (size_t k = 0; k < which.size(); ++k) {
+        GetItem& it = items[which[k]];
+        if (!it.status.ok()) continue;
+        Status c = CopyToDevice(it.dst.data(), host[k].data(), it.size);
+        if (!c.ok()) it.status = c;
+      }
+      return Status::Ok();
+    }
+  }
+  return GetBatchHost(items, o);
+}
+
+Status Router::GetBatchHost(std::span<GetItem> items, const RequestOptions& o) {
   Impl& im = *impl_;
   im.counters.gets.fetch_add(1, std::memory_order_relaxed);
   im.counters.get_blocks.fetch_add(items.size(), std::memory_order_relaxed);

@@ -421,86 +421,136 @@ void BlockStore::SetEvictionListener(EvictionListener l) {
 
 // ---- Requests ----------------------------------------------------------------------
 
-Status BlockStore::Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {
-  if (payload.empty()) return InvalidArgument("empty block payload");
-  if (payload.size() > slot_bytes_) {
-    return InvalidArgument("block of " + std::to_string(payload.size()) + " bytes exceeds the slot size of " +
+Result<BlockReservation> BlockStore::Reserve(const BlockKey& key, size_t size, const PutOptions& o) {
+  if (size == 0) return InvalidArgument("empty block payload");
+  if (size > slot_bytes_) {
+    return InvalidArgument("block of " + std::to_string(size) + " bytes exceeds the slot size of " +
                            std::to_string(slot_bytes_) + " bytes");
   }
   Stripe& s = StripeOf(key);
-  const uint32_t cls = ClassFor(payload.size());
+  const uint32_t cls = ClassFor(size);
   uint32_t slot;
-  std::byte* dst;
-  AccessInfo info{o.priority, static_cast<uint32_t>(payload.size()), o.score, key.lo ^ key.hi};
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    ++s.stats.puts;
-    if (auto it = s.index.find(key); it != s.index.end()) {
-      Slot& sl = s.slots[it->second];
-      ++s.stats.put_duplicates;
-      if (sl.state == SlotState::kLive) {
-        sl.meta.priority = std::max(sl.meta.priority, o.priority);
-        sl.meta.last_access_ns = clock_->NowNanos();
-        if (sl.pins == 0) {
-          AccessInfo again = InfoOf(sl.meta, o.score);
-          again.refresh = true;  // recomputed by the client: not a hit that saved work
-          s.classes[s.pages[it->second / chunk_stride_].cls].policy->Touch(it->second, again);
-        }
+  AccessInfo info{o.priority, static_cast<uint32_t>(size), o.score, key.lo ^ key.hi};
+  std::lock_guard<std::mutex> lock(s.mu);
+  ++s.stats.puts;
+  if (auto it = s.index.find(key); it != s.index.end()) {
+    Slot& sl = s.slots[it->second];
+    ++s.stats.put_duplicates;
+    if (sl.state == SlotState::kLive) {
+      sl.meta.priority = std::max(sl.meta.priority, o.priority);
+      sl.meta.last_access_ns = clock_->NowNanos();
+      if (sl.pins == 0) {
+        AccessInfo again = InfoOf(sl.meta, o.score);
+        again.refresh = true;  // recomputed by the client: not a hit that saved work
+        s.classes[s.pages[it->second / chunk_stride_].cls].policy->Touch(it->second, again);
       }
-      return Status::Ok();
     }
-    if (!s.classes[cls].policy->Admit(info.key_hash, info)) {  // no chunk yet: the key hash is the id
-      ++s.stats.put_rejected;
-      return Busy("admission filter declined the block");
-    }
-    if (!TakeChunk(s, cls, &slot)) {
-      Status room = o.may_evict ? MakeRoom(s, cls)
-                                : ResourceExhausted("stripe " + std::to_string(StripeNo(s)) +
-                                                    " has no free chunk or page and the put may not evict");
-      if (!room.ok()) {
-        ++s.stats.put_rejected;
-        return room;
-      }
-      TakeChunk(s, cls, &slot);  // MakeRoom left a free chunk or page
-    }
-    Slot& sl = s.slots[slot];
-    sl.state = SlotState::kWriting;
-    sl.meta = BlockMeta{};
-    sl.meta.key = key;
-    s.index.emplace(key, slot);
-    dst = ChunkData(s, slot);  // stable while the chunk is used: its page keeps its class
+    return AlreadyExists("block " + key.ToHex() + " is already stored");
   }
+  if (!s.classes[cls].policy->Admit(info.key_hash, info)) {  // no chunk yet: the key hash is the id
+    ++s.stats.put_rejected;
+    return Busy("admission filter declined the block");
+  }
+  if (!TakeChunk(s, cls, &slot)) {
+    Status room = o.may_evict ? MakeRoom(s, cls)
+                              : ResourceExhausted("stripe " + std::to_string(StripeNo(s)) +
+                                                  " has no free chunk or page and the put may not evict");
+    if (!room.ok()) {
+      ++s.stats.put_rejected;
+      return room;
+    }
+    TakeChunk(s, cls, &slot);  // MakeRoom left a free chunk or page
+  }
+  Slot& sl = s.slots[slot];
+  sl.state = SlotState::kWriting;
+  sl.meta = BlockMeta{};
+  sl.meta.key = key;
+  s.index.emplace(key, slot);
+  BlockReservation r;
+  r.key_ = key;
+  r.store_ = this;
+  r.stripe_ = StripeNo(s);
+  r.slot_ = slot;
+  r.size_ = static_cast<uint32_t>(size);
+  r.data_ = ChunkData(s, slot);  // stable while the chunk is used: its page keeps its class
+  r.options_ = o;
+  return r;
+}
 
+Status BlockStore::Commit(BlockReservation& r, uint64_t checksum, bool verify) {
+  if (!r.valid() || r.store_ != this) return InvalidArgument("not a reservation of this store");
+  if (verify && backend_->host_accessible() && Checksum64(r.data_, r.size_) != checksum) {
+    AbortReservation(r);
+    return DataLoss("payload checksum mismatch: block not stored");
+  }
+  Stripe& s = stripes_[r.stripe_];
+  const PutOptions& o = r.options_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  Slot& sl = s.slots[r.slot_];
+  r.store_ = nullptr;  // the chunk is the store's again, live or freed below
+  if (sl.state == SlotState::kDoomed) {  // erased while being written
+    FreeChunk(s, r.slot_);
+    return Status::Ok();
+  }
+  sl.state = SlotState::kLive;
+  BlockMeta& m = sl.meta;
+  m.size = r.size_;
+  m.logical_size = o.logical_size ? o.logical_size : m.size;
+  m.codec = o.codec;
+  m.priority = o.priority;
+  m.checksum = checksum;
+  m.last_access_ns = clock_->NowNanos();
+  m.access_count = 0;
+  const AccessInfo info{o.priority, m.size, o.score, m.key.lo ^ m.key.hi};
+  s.classes[s.pages[r.slot_ / chunk_stride_].cls].policy->Insert(r.slot_, info);
+  ++s.stats.blocks;
+  s.stats.bytes_stored += m.size;
+  s.stats.bytes_logical += m.logical_size;
+  return Status::Ok();
+}
+
+void BlockStore::AbortReservation(BlockReservation& r) {
+  Stripe& s = stripes_[r.stripe_];
+  std::lock_guard<std::mutex> lock(s.mu);
+  Slot& sl = s.slots[r.slot_];
+  if (sl.state == SlotState::kWriting) s.index.erase(sl.meta.key);  // kDoomed: Erase already unindexed it
+  FreeChunk(s, r.slot_);
+  r.store_ = nullptr;
+}
+
+BlockReservation& BlockReservation::operator=(BlockReservation&& o) noexcept {
+  if (this != &o) {
+    Abort();
+    key_ = o.key_;
+    store_ = o.store_;
+    stripe_ = o.stripe_;
+    slot_ = o.slot_;
+    size_ = o.size_;
+    data_ = o.data_;
+    options_ = o.options_;
+    o.store_ = nullptr;
+  }
+  return *this;
+}
+
+void BlockReservation::Abort() {
+  if (store_ != nullptr) store_->AbortReservation(*this);
+}
+
+Status BlockStore::Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {
+  Result<BlockReservation> r = Reserve(key, payload.size(), o);
+  if (!r.ok()) return r.status().code() == StatusCode::kAlreadyExists ? Status::Ok() : r.status();
   // Copy and checksum outside the lock: the chunk is reserved (kWriting), so
   // readers miss it and duplicate puts return early.
   uint64_t sum;
+  std::byte* dst = r->data().data();
   if (backend_->host_accessible()) {
     sum = CopyWithChecksum64(dst, payload.data(), payload.size());
   } else {
     backend_->CopyIn(dst, payload.data(), payload.size());
     sum = Checksum64(payload.data(), payload.size());
   }
-
-  std::lock_guard<std::mutex> lock(s.mu);
-  Slot& sl = s.slots[slot];
-  if (sl.state == SlotState::kDoomed) {  // erased while we were writing
-    FreeChunk(s, slot);
-    return Status::Ok();
-  }
-  sl.state = SlotState::kLive;
-  BlockMeta& m = sl.meta;
-  m.size = static_cast<uint32_t>(payload.size());
-  m.logical_size = o.logical_size ? o.logical_size : m.size;
-  m.codec = o.codec;
-  m.priority = o.priority;
-  m.checksum = sum;
-  m.last_access_ns = clock_->NowNanos();
-  m.access_count = 0;
-  s.classes[cls].policy->Insert(slot, info);
-  ++s.stats.blocks;
-  s.stats.bytes_stored += m.size;
-  s.stats.bytes_logical += m.logical_size;
-  return Status::Ok();
+  return Commit(*r, sum, /*verify=*/false);
 }
 
 Result<BlockRef> BlockStore::Pin(const BlockKey& key, bool verify) {

@@ -119,6 +119,46 @@ struct StoreStats {
   void Add(const StoreStats& o);
 };
 
+class BlockStore;
+
+// A chunk reserved for one block by BlockStore::Reserve, for a transport
+// that lands the payload in pool memory itself (a TCP read straight into the
+// chunk, a UCX get from the client's memory). The caller fills data() (on a
+// host-accessible backend; otherwise through backend().CopyIn), then
+// BlockStore::Commit makes the block live. Readers miss the block until then,
+// and a Put of the same key meanwhile returns at once (as for any block being
+// written). Destroying an uncommitted reservation frees the chunk.
+// Move-only. REQUIRES: the store outlives every reservation.
+// Thread-safety: one thread at a time.
+class BlockReservation {
+ public:
+  BlockReservation() = default;
+  BlockReservation(BlockReservation&& o) noexcept { *this = std::move(o); }
+  BlockReservation& operator=(BlockReservation&& o) noexcept;
+  BlockReservation(const BlockReservation&) = delete;
+  BlockReservation& operator=(const BlockReservation&) = delete;
+  ~BlockReservation() { Abort(); }
+
+  bool valid() const { return store_ != nullptr; }
+  // The chunk's pool memory, exactly the reserved size.
+  std::span<std::byte> data() const { return {data_, size_}; }
+  const BlockKey& key() const { return key_; }
+  const PutOptions& options() const { return options_; }
+  BlockStore* store() const { return store_; }  // the store it belongs to (a tier)
+  // Frees the chunk without storing anything.
+  void Abort();
+
+ private:
+  friend class BlockStore;
+  BlockKey key_;
+  BlockStore* store_ = nullptr;
+  uint32_t stripe_ = 0;
+  uint32_t slot_ = 0;
+  uint32_t size_ = 0;
+  std::byte* data_ = nullptr;
+  PutOptions options_;
+};
+
 class BlockStore final : public BlockStoreOps {
  public:
   // Called under the stripe lock just before an evicted block's slot is
@@ -138,9 +178,26 @@ class BlockStore final : public BlockStoreOps {
   // refused).
   Status Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o = {}) override;
 
+  // The two halves of Put for a transport that writes the payload into pool
+  // memory itself (BlockReservation). Reserve takes a chunk for `size` bytes
+  // exactly as Put would (admission, eviction, the same errors) and returns it
+  // for writing; AlreadyExists when the key is stored (refreshed as Put
+  // does: its priority raised) or being written, so the caller drops its bytes.
+  Result<BlockReservation> Reserve(const BlockKey& key, size_t size, const PutOptions& o = {});
+  // Makes the reserved block live with `checksum` (xxHash3-64 of its bytes).
+  // With verify, the chunk's bytes are hashed once first (host-accessible
+  // backends) and a mismatch frees the chunk: DataLoss, nothing stored.
+  // Without, the caller vouches for the checksum (it hashed while copying).
+  // OK also when the block was erased while being written (nothing stored).
+  Status Commit(BlockReservation& r, uint64_t checksum, bool verify);
+
   // A pinned view of the block. NotFound on a miss, DataLoss on a checksum
   // mismatch (the block is then erased).
   Result<BlockRef> Get(const BlockKey& key) override;
+  // A pinned view without checksum verification, for a reader that verifies
+  // the bytes where they land (a client over the network): one hash pass per
+  // direction. NotFound on a miss.
+  Result<BlockRef> GetUnverified(const BlockKey& key) { return Pin(key, /*verify=*/false); }
   // Copies the block into `dst` (REQUIRES dst.size() >= block size) and
   // returns its size.
   Result<size_t> GetInto(const BlockKey& key, std::span<std::byte> dst) override;
@@ -183,7 +240,9 @@ class BlockStore final : public BlockStoreOps {
     uint32_t per_page;  // chunks in a full page
   };
   friend class BlockRef;
+  friend class BlockReservation;
   BlockStore() = default;
+  void AbortReservation(BlockReservation& r);
   Stripe& StripeOf(const BlockKey& k) const;
   uint32_t StripeNo(const Stripe& s) const;
   // Smallest class whose chunks hold `size` bytes. REQUIRES size <= slot_bytes_.

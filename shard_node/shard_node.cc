@@ -136,6 +136,30 @@ Result<size_t> ShardNode::GetInto(const BlockKey& key, std::span<std::byte> dst)
   }
   return codec_->Decode(data, dst);
 }
+Result<BlockRef> ShardNode::GetForTransfer(const BlockKey& key) {
+  if (!store_->backend().host_accessible()) return FailedPrecondition("the pool is device memory: read with GetInto");
+  return tiers_ ? tiers_->GetUnverified(key) : store_->GetUnverified(key);
+}
+
+Result<BlockReservation> ShardNode::ReservePut(const BlockKey& key, size_t size, const PutOptions& o) {
+  if (codec_ && o.codec == 0) return FailedPrecondition("this node encodes blocks on put: stage and Put");
+  if (!store_->backend().host_accessible()) return FailedPrecondition("the pool is device memory: stage and Put");
+  if (o.replace) (void)serving_->Erase(key);  // as Put: no stale copy left in any tier
+  return tiers_ ? tiers_->Reserve(key, size, o) : store_->Reserve(key, size, o);
+}
+
+Status ShardNode::CommitPut(BlockReservation& r, uint64_t checksum) {
+  return tiers_ ? tiers_->Commit(r, checksum) : store_->Commit(r, checksum, /*verify=*/true);
+}
+
+std::vector<std::span<std::byte>> ShardNode::PoolMemory() {
+  std::vector<std::span<std::byte>> out;
+  if (store_->backend().host_accessible()) out.emplace_back(store_->backend().base(), store_->backend().size());
+  if (tiers_ && tiers_->host() && tiers_->host()->backend().host_accessible())
+    out.emplace_back(tiers_->host()->backend().base(), tiers_->host()->backend().size());
+  return out;
+}
+
 bool ShardNode::Exists(const BlockKey& key, bool touch) { return serving_->Exists(key, touch); }
 Status ShardNode::Erase(const BlockKey& key) { return serving_->Erase(key); }
 Status ShardNode::Pin(const BlockKey& key) { return serving_->Pin(key); }

@@ -58,6 +58,26 @@ class ShardNode {
   Status Erase(const BlockKey& key);
   Status Pin(const BlockKey& key);
   Status Unpin(const BlockKey& key);
+  // ---- the zero-copy paths of the transports (docs/architecture.md) ----------
+  // A pinned view of the block as stored, its checksum not verified: the
+  // reader verifies the bytes where they land (one hash pass per direction).
+  // An encoded block (meta().codec != 0) comes as stored: DecodeBlock it.
+  // FailedPrecondition when the pool is not host memory (use GetInto);
+  // otherwise Get's misses.
+  Result<BlockRef> GetForTransfer(const BlockKey& key);
+  // A chunk for a raw block of `size` bytes that the transport fills itself
+  // (a socket read, a one-sided get), then CommitPut. AlreadyExists when the
+  // key is stored (drop the bytes); FailedPrecondition when this node changes
+  // blocks on the way in (a codec) or its pool is not host memory: stage the
+  // bytes and Put them. Otherwise Put's errors.
+  Result<BlockReservation> ReservePut(const BlockKey& key, size_t size, const PutOptions& o);
+  // Verifies the reserved bytes against `checksum` (one pass over them) and
+  // stores the block: DataLoss, nothing stored, on a mismatch.
+  Status CommitPut(BlockReservation& r, uint64_t checksum);
+  // The pool memory of the node's tiers that the CPU addresses, for a
+  // transport that registers it once (UCX).
+  std::vector<std::span<std::byte>> PoolMemory();
+
   // Router hint: these blocks will be read soon. With tiers, queues their
   // promotion from lower tiers for the background worker; otherwise a no-op.
   void Prefetch(std::span<const BlockKey> keys);

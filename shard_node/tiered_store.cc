@@ -287,8 +287,10 @@ Status TieredStore::Put(const BlockKey& key, std::span<const std::byte> payload,
   return Status::Ok();
 }
 
-Result<BlockRef> TieredStore::Get(const BlockKey& key) {
-  Result<BlockRef> r = primary_->Get(key);
+Result<BlockRef> TieredStore::Get(const BlockKey& key) { return GetImpl(key, /*verify=*/true); }
+
+Result<BlockRef> TieredStore::GetImpl(const BlockKey& key, bool verify) {
+  Result<BlockRef> r = verify ? primary_->Get(key) : primary_->GetUnverified(key);
   if (r.ok()) {
     SetShadow(key, Tier::kPrimary, r->meta().priority, true);
     return r;
@@ -297,7 +299,7 @@ Result<BlockRef> TieredStore::Get(const BlockKey& key) {
   const bool in_place = !o_.promote_on_hit || pressure_level() >= 3;
   if (host_) {
     if (in_place) {
-      Result<BlockRef> h = host_->Get(key);
+      Result<BlockRef> h = verify ? host_->Get(key) : host_->GetUnverified(key);
       if (h.ok()) {
         c_.host_hits.fetch_add(1, std::memory_order_relaxed);
         c_.served_in_place.fetch_add(1, std::memory_order_relaxed);
@@ -330,6 +332,37 @@ Result<BlockRef> TieredStore::Get(const BlockKey& key) {
                 "); read it with GetInto");
   }
   return r;
+}
+
+Result<BlockReservation> TieredStore::Reserve(const BlockKey& key, size_t size, const PutOptions& o) {
+  if (level_.load(std::memory_order_acquire) >= 3) {
+    c_.busy_refusals.fetch_add(1, std::memory_order_relaxed);
+    return Busy("node " + o_.node_id + " is under memory pressure (level 3): new blocks are refused, reads still work");
+  }
+  const std::optional<Tier> was = Locate(key);
+  Result<BlockReservation> r = primary_->Reserve(key, size, o);
+  if (!r.ok() && r.status().code() == StatusCode::kResourceExhausted && host_ && was != Tier::kPrimary)
+    return host_->Reserve(key, size, o);  // every primary slot pinned: one tier down, as Put does
+  return r;
+}
+
+Status TieredStore::Commit(BlockReservation& r, uint64_t checksum) {
+  BlockStore* into = r.store();
+  if (into != primary_ && into != host_.get()) return InvalidArgument("not a reservation of these tiers");
+  const BlockKey key = r.key();
+  const Priority pri = r.options().priority;
+  const std::optional<Tier> was = Locate(key);
+  KVMESH_RETURN_IF_ERROR(into->Commit(r, checksum, /*verify=*/true));
+  if (into == primary_) {
+    SetShadow(key, Tier::kPrimary, pri, true);
+    // Keep tiers exclusive: a re-put of a demoted block replaces the lower copy.
+    if (was == Tier::kHost && host_) (void)host_->Erase(key);
+  } else {
+    c_.stored_below.fetch_add(1, std::memory_order_relaxed);
+    SetShadow(key, Tier::kHost, pri, true);
+  }
+  if (was == Tier::kSsd && ssd_) (void)ssd_->Erase(key);
+  return Status::Ok();
 }
 
 Result<size_t> TieredStore::GetInto(const BlockKey& key, std::span<std::byte> dst) {

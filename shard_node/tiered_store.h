@@ -135,6 +135,16 @@ class TieredStore final : public BlockStoreOps {
   // when the block cannot be placed anywhere (every slot pinned); GetInto
   // reads such blocks in place.
   Result<BlockRef> Get(const BlockKey& key) override;
+  // Get without verifying the checksum of a block already in memory (the
+  // reader verifies where the bytes land); promotions still verify.
+  Result<BlockRef> GetUnverified(const BlockKey& key) { return GetImpl(key, /*verify=*/false); }
+  // Put in two halves for a transport that fills pool memory itself
+  // (BlockStore::Reserve / Commit): a chunk in the primary tier, or in the
+  // host tier when every primary slot is pinned, as Put places it. Busy at
+  // pressure level 3. Commit verifies the bytes against `checksum` (DataLoss:
+  // nothing stored) and keeps the tiers exclusive as Put does.
+  Result<BlockReservation> Reserve(const BlockKey& key, size_t size, const PutOptions& o = {});
+  Status Commit(BlockReservation& r, uint64_t checksum);
   // Copies the block into `dst` (decoded to raw bytes with decode_on_read) and
   // returns its size. Misses: NotFound, or DataLoss for a corrupt SSD block.
   Result<size_t> GetInto(const BlockKey& key, std::span<std::byte> dst) override;
@@ -168,6 +178,7 @@ class TieredStore final : public BlockStoreOps {
   SsdTier* ssd() { return ssd_.get(); }
 
  private:
+  Result<BlockRef> GetImpl(const BlockKey& key, bool verify);
   struct Shadow {
     Tier tier = Tier::kPrimary;
     Priority priority = kDefaultPriority;

@@ -151,6 +151,10 @@ std::string_view OpcodeName(Opcode op) {
     case Opcode::kSeqRelease: return "SEQ_RELEASE";
     case Opcode::kSeqInfo: return "SEQ_INFO";
     case Opcode::kSeqRead: return "SEQ_READ";
+    case Opcode::kMemRegister: return "MEM_REGISTER";
+    case Opcode::kMemUnregister: return "MEM_UNREGISTER";
+    case Opcode::kGetInto: return "GET_INTO";
+    case Opcode::kPutFrom: return "PUT_FROM";
   }
   return "?";
 }
@@ -224,6 +228,19 @@ Status DecodeHeader(std::span<const std::byte> bytes, const ProtocolLimits& limi
       case Opcode::kStats:
         if (n != 0 || len != 0) return Malformed("STATS carries no body");
         break;
+      case Opcode::kMemRegister:
+        if (n != 0 || len < kMemRegisterFixed || len > kMemRegisterFixed + kMaxRkeyBytes)
+          return Malformed("bad MEM_REGISTER length");
+        break;
+      case Opcode::kMemUnregister:
+        if (n != 0 || len != 8) return Malformed("MEM_UNREGISTER body is not 8 bytes");
+        break;
+      case Opcode::kGetInto:
+        if (len != n * kGetIntoItemSize) return Malformed("GET_INTO body is not count x 40 bytes");
+        break;
+      case Opcode::kPutFrom:
+        if (len != n * kPutFromItemSize) return Malformed("PUT_FROM body is not count x 48 bytes");
+        break;
       default:  // key lists
         if (len != n * kKeySize) return Malformed(std::string(OpcodeName(h.opcode)) + " body is not count x 16 bytes");
     }
@@ -234,6 +251,13 @@ Status DecodeHeader(std::span<const std::byte> bytes, const ProtocolLimits& limi
         break;
       case Opcode::kGet:
         if (len < n * kGetItemSize) return Malformed("GET answer shorter than its item table");
+        break;
+      case Opcode::kGetInto:
+        if (len != n * kGetItemSize) return Malformed("GET_INTO answer is not count x 16 bytes");
+        break;
+      case Opcode::kMemRegister:
+      case Opcode::kMemUnregister:
+        if (n != 0 || len != 0) return Malformed(std::string(OpcodeName(h.opcode)) + " answer carries no body");
         break;
       case Opcode::kMatchPrefix:
         if (len != 4) return Malformed("MATCH_PREFIX answer is not 4 bytes");
@@ -367,7 +391,9 @@ Status ParseGetTable(const FrameHeader& h, std::span<const std::byte> table, con
     if (r.status == StatusCode::kOk) total += r.size;
     out->push_back(r);
   }
-  if (total != h.body_len - table_bytes) return Malformed("GET payload sizes do not add up to the body length");
+  // A GET_INTO answer carries no payloads: the node wrote them into client memory.
+  const uint64_t payloads = h.opcode == Opcode::kGetInto ? 0 : total;
+  if (payloads != h.body_len - table_bytes) return Malformed("GET payload sizes do not add up to the body length");
   return Status::Ok();
 }
 
@@ -561,6 +587,88 @@ Status ParseSeqReadAnswer(std::span<const std::byte> body, SeqReadAnswer* out) {
   a.k = r.Take(side);
   a.v = r.Take(side);
   *out = a;
+  return Status::Ok();
+}
+
+std::string EncodeMemRegister(const MemRegister& r) {
+  std::string out;
+  out.reserve(kMemRegisterFixed + r.rkey.size());
+  Append<uint64_t>(&out, r.region);
+  Append<uint64_t>(&out, r.base);
+  Append<uint64_t>(&out, r.length);
+  Append<uint16_t>(&out, static_cast<uint16_t>(r.rkey.size()));
+  out += r.rkey;
+  return out;
+}
+
+Status ParseMemRegister(std::span<const std::byte> body, MemRegister* out) {
+  Reader rd(body);
+  MemRegister r;
+  if (!rd.Get(&r.region) || !rd.Get(&r.base) || !rd.Get(&r.length) || !rd.GetString(&r.rkey, kMaxRkeyBytes) ||
+      !rd.done())
+    return Malformed("bad MEM_REGISTER body");
+  if (r.length == 0 || r.rkey.empty() || r.base + r.length < r.base) return Malformed("bad MEM_REGISTER region");
+  *out = std::move(r);
+  return Status::Ok();
+}
+
+void EncodeGetIntoRecord(const GetIntoRecord& r, std::byte out[kGetIntoItemSize]) {
+  Store<uint64_t>(out, r.key.hi);
+  Store<uint64_t>(out + 8, r.key.lo);
+  Store<uint64_t>(out + 16, r.region);
+  Store<uint64_t>(out + 24, r.addr);
+  Store<uint32_t>(out + 32, r.capacity);
+  Store<uint32_t>(out + 36, 0);
+}
+
+Status ParseGetIntoTable(const FrameHeader& h, std::span<const std::byte> body, std::vector<GetIntoRecord>* out) {
+  if (body.size() != uint64_t{h.count} * kGetIntoItemSize) return Malformed("GET_INTO table length mismatch");
+  out->clear();
+  out->reserve(h.count);
+  for (uint32_t i = 0; i < h.count; ++i) {
+    const std::byte* p = body.data() + size_t{i} * kGetIntoItemSize;
+    GetIntoRecord r;
+    r.key = ReadKey(p);
+    r.region = Load<uint64_t>(p + 16);
+    r.addr = Load<uint64_t>(p + 24);
+    r.capacity = Load<uint32_t>(p + 32);
+    if (Load<uint32_t>(p + 36) != 0) return Malformed("GET_INTO item reserved bytes set");
+    if (r.addr + r.capacity < r.addr) return Malformed("GET_INTO item wraps the address space");
+    out->push_back(r);
+  }
+  return Status::Ok();
+}
+
+void EncodePutFromRecord(const PutFromRecord& r, std::byte out[kPutFromItemSize]) {
+  EncodePutRecord(r.put, out);
+  Store<uint64_t>(out + kPutItemSize, r.region);
+  Store<uint64_t>(out + kPutItemSize + 8, r.addr);
+}
+
+Status ParsePutFromTable(const FrameHeader& h, std::span<const std::byte> body, const ProtocolLimits& limits,
+                         std::vector<PutFromRecord>* out) {
+  if (body.size() != uint64_t{h.count} * kPutFromItemSize) return Malformed("PUT_FROM table length mismatch");
+  out->clear();
+  out->reserve(h.count);
+  for (uint32_t i = 0; i < h.count; ++i) {
+    const std::byte* p = body.data() + size_t{i} * kPutFromItemSize;
+    PutFromRecord r;
+    r.put.key = ReadKey(p);
+    r.put.size = Load<uint32_t>(p + 16);
+    r.put.priority = Load<uint8_t>(p + 20);
+    r.put.codec = Load<uint8_t>(p + 21);
+    if (Load<uint16_t>(p + 22) != 0) return Malformed("PUT_FROM item reserved bytes set");
+    r.put.checksum = Load<uint64_t>(p + 24);
+    r.region = Load<uint64_t>(p + 32);
+    r.addr = Load<uint64_t>(p + 40);
+    if (r.put.size == 0) return Malformed("PUT_FROM item " + std::to_string(i) + " is empty");
+    if (r.put.size > limits.max_block_bytes)
+      return ResourceExhausted("PUT_FROM item " + std::to_string(i) + " of " + std::to_string(r.put.size) +
+                               " bytes exceeds the block limit of " + std::to_string(limits.max_block_bytes));
+    if (r.put.priority >= kMaxPriorityClasses) return Malformed("PUT_FROM item priority out of range");
+    if (r.addr + r.put.size < r.addr) return Malformed("PUT_FROM item wraps the address space");
+    out->push_back(r);
+  }
   return Status::Ok();
 }
 

@@ -61,12 +61,21 @@ enum class Opcode : uint8_t {
   kSeqRelease = 14,
   kSeqInfo = 15,
   kSeqRead = 16,
+  // One-sided transfers over UCX (docs/protocol.md "Registered memory"),
+  // part of version 1: the node moves block bytes straight between its pool
+  // and client memory the client registered on this session.
+  kMemRegister = 17,
+  kMemUnregister = 18,
+  kGetInto = 19,
+  kPutFrom = 20,
 };
-inline constexpr uint8_t kMaxOpcode = 16;
+inline constexpr uint8_t kMaxOpcode = 20;
 std::string_view OpcodeName(Opcode op);
 bool IsKnownOpcode(uint8_t op);
 // SEQ_CREATE .. SEQ_READ (live sequences).
 inline bool IsSequenceOpcode(Opcode op) { return op >= Opcode::kSeqCreate && op <= Opcode::kSeqRead; }
+// MEM_REGISTER .. PUT_FROM (one-sided transfers; UCX sessions only).
+inline bool IsRemoteMemoryOpcode(Opcode op) { return op >= Opcode::kMemRegister && op <= Opcode::kPutFrom; }
 
 // Header flag bits.
 inline constexpr uint8_t kFlagResponse = 0x01;  // set on every answer
@@ -156,6 +165,7 @@ struct GetRecord {
   uint64_t checksum = 0;
 };
 void EncodeGetRecord(const GetRecord& r, std::byte out[kGetItemSize]);
+// For a GET_INTO answer (h.opcode kGetInto) the body is the table alone.
 Status ParseGetTable(const FrameHeader& h, std::span<const std::byte> table, const ProtocolLimits& limits,
                      std::vector<GetRecord>* out);
 
@@ -242,6 +252,50 @@ struct SeqReadAnswer {
   std::span<const std::byte> k, v;
 };
 Status ParseSeqReadAnswer(std::span<const std::byte> body, SeqReadAnswer* out);
+
+// ---- registered memory (MEM_*, GET_INTO, PUT_FROM; docs/protocol.md) -------
+inline constexpr size_t kMemRegisterFixed = 26;   // region u64, base u64, length u64, rkey len u16
+inline constexpr size_t kMaxRkeyBytes = 4096;     // a packed UCX rkey (a few hundred bytes in practice)
+inline constexpr size_t kGetIntoItemSize = 40;    // key, region u64, addr u64, capacity u32, rsvd u32
+inline constexpr size_t kPutFromItemSize = 48;    // key, size u32, priority u8, codec u8, rsvd u16, checksum u64,
+                                                  // region u64, addr u64
+
+// MEM_REGISTER request: a region of client memory and the packed remote key
+// the node needs to reach it. Answer: empty. MEM_UNREGISTER: region u64.
+struct MemRegister {
+  uint64_t region = 0;
+  uint64_t base = 0;    // the region's address in the client's address space
+  uint64_t length = 0;
+  std::string rkey;     // <= kMaxRkeyBytes
+};
+std::string EncodeMemRegister(const MemRegister& r);
+Status ParseMemRegister(std::span<const std::byte> body, MemRegister* out);
+
+// GET_INTO item: write the block straight to [addr, addr + capacity) of the
+// client's registered region. The answer is count GET records (status, size,
+// checksum of the bytes written) with no payloads: the block is already there.
+struct GetIntoRecord {
+  BlockKey key;
+  uint64_t region = 0;
+  uint64_t addr = 0;
+  uint32_t capacity = 0;
+};
+void EncodeGetIntoRecord(const GetIntoRecord& r, std::byte out[kGetIntoItemSize]);
+// REQUIRES: h was accepted by DecodeHeader (body == count * kGetIntoItemSize).
+Status ParseGetIntoTable(const FrameHeader& h, std::span<const std::byte> body, std::vector<GetIntoRecord>* out);
+
+// PUT_FROM item: read `size` bytes from [addr, addr + size) of the client's
+// registered region into the pool and store them under key (checksum as in
+// PUT). The answer is count status bytes, as for PUT.
+struct PutFromRecord {
+  PutRecord put;
+  uint64_t region = 0;
+  uint64_t addr = 0;
+};
+void EncodePutFromRecord(const PutFromRecord& r, std::byte out[kPutFromItemSize]);
+// Checks every size against limits (non-empty, <= max_block_bytes).
+Status ParsePutFromTable(const FrameHeader& h, std::span<const std::byte> body, const ProtocolLimits& limits,
+                         std::vector<PutFromRecord>* out);
 
 // Builds a complete frame (header + body) — for clients, tests and tools.
 std::string BuildFrame(FrameHeader h, std::string_view body);

@@ -113,6 +113,19 @@ class ShardChannel {
   // The node's statistics as a JSON object (text).
   virtual Result<std::string> StatsJson() = 0;
 
+  // Caller memory registered for zero-copy transfers (Router::RegisterMemory):
+  // a backend that moves bytes with one-sided operations registers the region
+  // with its transport and tells the node; Put/Get items whose bytes lie in
+  // it then need no bounce copy. A failure leaves the region unregistered
+  // here (its items take the bounce path). The defaults do nothing: TCP and
+  // in-process channels read and write any host memory directly.
+  // REQUIRES: host memory; an id registered once per channel.
+  virtual Status RegisterMemory(const MemoryRegion& region) {
+    (void)region;
+    return Status::Ok();
+  }
+  virtual void UnregisterMemory(uint64_t id) { (void)id; }
+
   // Asynchronous forms of Put, Get, Exists and Erase (see ChannelCall): the
   // same items, results and call-level Status as the synchronous call, the
   // answer collected by call->Wait(). Erase takes options here for its

@@ -12,6 +12,7 @@
 #include <random>
 #include <array>
 #include <cstring>
+#include <shared_mutex>
 #include <thread>
 #include <unordered_map>
 
@@ -38,31 +39,33 @@ struct Pending {
 
 class Channel;
 class UcxCallState;
+bool StartRegistered(Channel* ch, UcxCallState* st, std::span<PutItem> put, std::span<GetItem> get,
+                     const RequestOptions& o);
 void StartKeys(Channel* ch, UcxCallState* st, Opcode op, uint8_t flags, std::span<const BlockKey> keys,
                const RequestOptions& o);
 
 class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   friend class UcxCallState;
+  friend bool StartRegistered(Channel*, UcxCallState*, std::span<PutItem>, std::span<GetItem>, const RequestOptions&);
   friend void StartKeys(Channel*, UcxCallState*, Opcode, uint8_t, std::span<const BlockKey>, const RequestOptions&);
 
  public:
   explicit Channel(UcxChannelOptions o) : o_(std::move(o)) {}
   ~Channel() override {
-    if (ep_) {
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      void* r = ucp_ep_close_nbx(ep_, &p);
-      if (r != nullptr && !UCS_PTR_IS_ERR(r)) {
-        while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker_->get());
-        ucp_request_free(r);
-      }
-    }
+    // Both endpoints forced: every send still in flight completes with an
+    // error (its callback frees it) before the worker goes. The node sees the
+    // watch endpoint's connection close and drops the session.
+    if (watch_) CloseEp(watch_, UCP_EP_CLOSE_FLAG_FORCE);
+    if (ep_) CloseEp(ep_, UCP_EP_CLOSE_FLAG_FORCE);
     worker_.reset();
   }
 
   Status Init() {
-    KVMESH_ASSIGN_OR_RETURN(worker_, UcxWorker::Create(/*multi_thread=*/true));
+    if (o_.context) {
+      KVMESH_ASSIGN_OR_RETURN(worker_, UcxWorker::Create(o_.context, /*multi_thread=*/true));
+    } else {
+      KVMESH_ASSIGN_OR_RETURN(worker_, UcxWorker::Create(/*multi_thread=*/true));
+    }
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
                     UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -71,14 +74,21 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     hp.cb = &Channel::OnReply;
     hp.arg = this;
     KVMESH_UCX_RETURN(ucp_worker_set_am_recv_handler(worker_->get(), &hp));
+    // Two endpoints to the node (docs/protocol.md "UCX"): the data endpoint
+    // without peer error handling, so UCX may use shared memory and CMA
+    // between processes of one host (UCX 1.13 offers peer-failure handling
+    // on TCP only), and a watch endpoint with it, which carries the HELLO
+    // (so its connection exists) and reports the node's death.
     ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     ep.address = reinterpret_cast<const ucp_address_t*>(o_.node_address.data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    KVMESH_UCX_RETURN(ucp_ep_create(worker_->get(), &ep, &ep_));
+    ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t st) { static_cast<Channel*>(arg)->FailAll(st); };
     ep.err_handler.arg = this;
-    KVMESH_UCX_RETURN(ucp_ep_create(worker_->get(), &ep, &ep_));
+    KVMESH_UCX_RETURN(ucp_ep_create(worker_->get(), &ep, &watch_));
     Hello h;
     h.client_id = o_.client_id;
     h.tenant = o_.tenant;
@@ -136,6 +146,75 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       it.status = Checksum64(src, recs[i].size) == recs[i].checksum ? Status::Ok() : DataLoss("payload checksum mismatch");
     }
     return Status::Ok();
+  }
+
+  // GET_INTO answer: a GET record per item, the bytes already in the items'
+  // destinations; each is verified here, where it landed.
+  Status FinishGetInto(const Pending& p, std::span<GetItem> items) const {
+    if (p.header.count != items.size() || p.body.size() != items.size() * kGetItemSize)
+      return Unavailable("bad GET_INTO answer");
+    std::vector<GetRecord> recs;
+    KVMESH_RETURN_IF_ERROR(ParseGetTable(p.header, p.body, o_.limits, &recs));
+    for (size_t i = 0; i < items.size(); ++i) {
+      GetItem& it = items[i];
+      it.size = recs[i].size;
+      if (recs[i].status != StatusCode::kOk) {
+        it.status = recs[i].status == StatusCode::kNotFound ? NotFound("not stored") : ItemStatus(uint8_t(recs[i].status));
+        continue;
+      }
+      if (recs[i].size > it.dst.size()) {
+        it.status = Unavailable("node wrote past the destination it was given");
+        continue;
+      }
+      it.status = Checksum64(it.dst.data(), recs[i].size) == recs[i].checksum ? Status::Ok()
+                                                                               : DataLoss("payload checksum mismatch");
+    }
+    return Status::Ok();
+  }
+
+  // ---- registered memory (docs/protocol.md "Registered memory") ---------------
+  Status RegisterMemory(const MemoryRegion& r) override {
+    {
+      std::shared_lock<std::shared_mutex> lock(regions_mu_);
+      for (const Registered& g : regions_)
+        if (g.region.id == r.id) return Status::Ok();
+    }
+    KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<UcxMemory> mem, worker_->context()->MapRegion(r.id, r.base, r.bytes));
+    MemRegister m;
+    m.region = r.id;
+    m.base = reinterpret_cast<uint64_t>(r.base);
+    m.length = r.bytes;
+    m.rkey = mem->rkey();
+    const std::string body = EncodeMemRegister(m);
+    auto p = std::make_shared<Pending>();
+    KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kMemRegister, 0, 0, {{const_cast<char*>(body.data()), body.size()}},
+                                     body.size(), p, {}));
+    std::unique_lock<std::shared_mutex> lock(regions_mu_);
+    regions_.push_back(Registered{r, std::move(mem)});
+    std::sort(regions_.begin(), regions_.end(),
+              [](const Registered& a, const Registered& b) { return a.region.base < b.region.base; });
+    return Status::Ok();
+  }
+  void UnregisterMemory(uint64_t id) override {
+    std::shared_ptr<UcxMemory> mem;  // unmapped (when the last channel lets go) after the node forgot it
+    {
+      std::unique_lock<std::shared_mutex> lock(regions_mu_);
+      auto it = std::find_if(regions_.begin(), regions_.end(), [&](const Registered& g) { return g.region.id == id; });
+      if (it == regions_.end()) return;
+      mem = std::move(it->mem);
+      regions_.erase(it);
+    }
+    const std::string body = EncodeSeqId(id);  // MEM_UNREGISTER: region u64
+    auto p = std::make_shared<Pending>();
+    (void)Roundtrip(Opcode::kMemUnregister, 0, 0, {{const_cast<char*>(body.data()), body.size()}}, body.size(), p, {});
+  }
+  // The registered region holding [p, p + n), or 0. REQUIRES regions_mu_ held (shared).
+  uint64_t RegionOf(const std::byte* p, size_t n) const {
+    auto it = std::upper_bound(regions_.begin(), regions_.end(), p,
+                               [](const std::byte* x, const Registered& g) { return x < g.region.base; });
+    if (it == regions_.begin()) return 0;
+    --it;
+    return it->region.Contains(p, n) ? it->region.id : 0;
   }
 
   Status Pin(std::span<const BlockKey> keys, std::span<Status> st) override { return StatusCall(Opcode::kPin, keys, st); }
@@ -197,10 +276,15 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
 
   // What a send in flight owns: its Pending and its AM header bytes (inline;
   // a HELLO's, which adds the worker address, in hello_amh).
+  // The request's bytes are the holder's own (the body copied in), so a call
+  // that times out returns at once: UCX may finish or fail the send later
+  // (the data endpoint has no peer-failure handling, a send to a dead node
+  // may never complete) without reading the caller's memory.
   struct SendHolder {
     std::shared_ptr<Pending> p;
     std::array<std::byte, kHeaderSize + 8> amh;
     std::vector<std::byte> hello_amh;
+    std::vector<std::byte> body;
   };
 
   // A request Post sent whose answer Await has not collected yet.
@@ -231,7 +315,15 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     // HELLO adds this worker's address (the node answers on an endpoint of
     // its own to it, docs/protocol.md "UCX"). UCX may read the header until
     // the send completes, so it lives in the send's holder, with the Pending.
-    auto* holder = new SendHolder{p, {}, {}};
+    auto* holder = new SendHolder{p, {}, {}, {}};
+    holder->body.resize(body_len);
+    {
+      size_t at = 0;
+      for (const ucp_dt_iov_t& piece : iov) {
+        std::memcpy(holder->body.data() + at, piece.buffer, piece.length);
+        at += piece.length;
+      }
+    }
     HeaderBytes hb = EncodeHeader(h);
     std::memcpy(holder->amh.data(), hb.data(), kHeaderSize);
     std::memcpy(holder->amh.data() + kHeaderSize, &nonce_, 8);
@@ -249,9 +341,8 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     }
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
-    // No body (STATS): zero contiguous bytes; UCX refuses an empty iov.
     static const std::byte kNoBody{};
-    rp.datatype = iov.empty() ? ucp_dt_make_contig(1) : ucp_dt_make_iov();
+    rp.datatype = ucp_dt_make_contig(1);
     rp.user_data = holder;
     rp.cb.send = [](void* req, ucs_status_t, void* user) {
       auto* hp = static_cast<SendHolder*>(user);
@@ -263,8 +354,9 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       delete hp;
       ucp_request_free(req);
     };
-    void* r = ucp_am_send_nbx(ep_, kUcxAmRequest, amh.data(), amh.size(),
-                              iov.empty() ? static_cast<const void*>(&kNoBody) : iov.data(), iov.size(), &rp);
+    void* r = ucp_am_send_nbx(op == Opcode::kHello ? watch_ : ep_, kUcxAmRequest, amh.data(), amh.size(),
+                              holder->body.empty() ? static_cast<const void*>(&kNoBody) : holder->body.data(),
+                              holder->body.size(), &rp);
     if (r == nullptr || UCS_PTR_IS_ERR(r)) {
       delete holder;
       std::lock_guard<std::mutex> lock(p->mu);
@@ -284,26 +376,14 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   // its request), or its deadline: then the request is cancelled.
   Status Await(Posted& x) {
     const std::shared_ptr<Pending>& p = x.p;
-    void* r = x.req;
     const auto deadline = x.deadline;
     auto finished = [&] {
       std::lock_guard<std::mutex> lock(p->mu);
-      return p->done && p->send_done;
+      return p->done;
     };
     if (!Progress(finished, deadline)) {
+      // The send holds only its own bytes (SendHolder): nothing to wait for.
       Forget(x.id);
-      bool sent;
-      {
-        std::lock_guard<std::mutex> lock(p->mu);
-        sent = p->send_done;
-      }
-      if (!sent) {  // UCX still reads our buffers: cancel and progress until its callback ran
-        ucp_request_cancel(worker_->get(), r);
-        Progress([&] {
-          std::lock_guard<std::mutex> lock(p->mu);
-          return p->send_done;
-        }, Clock::time_point::max());
-      }
       std::lock_guard<std::mutex> lock(p->mu);
       return p->done ? p->call : DeadlineExceeded("no answer from the node within the timeout");
     }
@@ -317,6 +397,13 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   // progressing caller sleeps on the worker's wakeup fd.
   template <typename Pred>
   bool Progress(Pred pred, Clock::time_point deadline) {
+    // kHybrid spins up to spin_us after the last event before sleeping; kPoll
+    // never sleeps; kEvent sleeps whenever a progress call found nothing.
+    const auto spin = o_.progress == UcxProgress::kPoll    ? Clock::duration::max()
+                      : o_.progress == UcxProgress::kEvent ? Clock::duration::zero()
+                                                           : std::chrono::duration_cast<Clock::duration>(
+                                                                 std::chrono::microseconds(o_.spin_us));
+    auto last_event = Clock::now();
     for (;;) {
       if (pred()) return true;
       const auto now = Clock::now();
@@ -329,17 +416,31 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       }
       if (ucp_worker_progress(worker_->get()) != 0) {
         StartRendezvous();
+        last_event = Clock::now();
         continue;
       }
       StartRendezvous();
       if (pred()) return true;
+      if (spin == Clock::duration::max() || now - last_event < spin) continue;
       if (ucp_worker_arm(worker_->get()) != UCS_OK) continue;  // events pending
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
       pollfd pf{worker_->efd(), POLLIN, 0};
       ::poll(&pf, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 1)));
+      last_event = Clock::now();
       plk.unlock();
       idle_cv_.notify_all();
     }
+  }
+
+  void CloseEp(ucp_ep_h ep, uint32_t flags) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = flags;
+    void* r = ucp_ep_close_nbx(ep, &p);
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) return;
+    // A forced close completes locally (no word from the node is awaited).
+    while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker_->get());
+    ucp_request_free(r);
   }
 
   void Forget(uint64_t id) {
@@ -442,9 +543,17 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     }
   }
 
+  struct Registered {
+    MemoryRegion region;
+    std::shared_ptr<UcxMemory> mem;
+  };
+  mutable std::shared_mutex regions_mu_;
+  std::vector<Registered> regions_;  // sorted by base; guarded by regions_mu_
+
   UcxChannelOptions o_;
   std::unique_ptr<UcxWorker> worker_;
-  ucp_ep_h ep_ = nullptr;
+  ucp_ep_h ep_ = nullptr;     // data: every frame but the HELLO, no peer error handling
+  ucp_ep_h watch_ = nullptr;  // the HELLO, then only the node's death (peer error handling)
   std::atomic<bool> broken_{false};
   std::mutex progress_mu_;  // held by the one caller progressing the worker
   std::mutex idle_mu_;
@@ -457,7 +566,7 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   std::deque<Rndv> rndv_;  // touched only by the caller holding progress_mu_ (callbacks run inside its progress)
 };
 
-enum class UcxCallKind : uint8_t { kPut, kGet, kExists, kErase };
+enum class UcxCallKind : uint8_t { kPut, kGet, kExists, kErase, kGetInto, kPutFrom };
 
 // One UCX call in flight (ChannelCall state): the request's buffers, which
 // UCX reads until the send completes, and where the answer goes.
@@ -470,13 +579,17 @@ class UcxCallState final : public ChannelCallState {
         case UcxCallKind::kGet:
           s = ch->FinishGet(*x.p, get);
           break;
+        case UcxCallKind::kGetInto:
+          s = ch->FinishGetInto(*x.p, get);
+          break;
+        case UcxCallKind::kPutFrom:
         case UcxCallKind::kPut:
         case UcxCallKind::kExists:
         case UcxCallKind::kErase:
           s = Channel::FinishCodes(*x.p, n, &codes);
           if (!s.ok()) break;
           for (size_t i = 0; i < n; ++i) {
-            if (kind == UcxCallKind::kPut) put[i].status = ItemStatus(codes[i]);
+            if (kind == UcxCallKind::kPut || kind == UcxCallKind::kPutFrom) put[i].status = ItemStatus(codes[i]);
             if (kind == UcxCallKind::kExists) found[i] = codes[i] ? 1 : 0;
             if (kind == UcxCallKind::kErase) statuses[i] = ItemStatus(codes[i]);
           }
@@ -511,10 +624,58 @@ void StartKeys(Channel* ch, UcxCallState* st, Opcode op, uint8_t flags, std::spa
   st->posted = ch->Post(op, flags, keys.size(), st->iov, st->body.size(), o, &st->x);
 }
 
+// When every item's bytes lie in memory registered with this channel, posts
+// the batch as PUT_FROM / GET_INTO (the node moves the bytes one-sidedly) and
+// returns true; otherwise posts nothing and returns false.
+bool StartRegistered(Channel* ch, UcxCallState* st, std::span<PutItem> put, std::span<GetItem> get,
+                     const RequestOptions& o) {
+  const size_t n = put.empty() ? get.size() : put.size();
+  thread_local std::vector<uint64_t> region;
+  region.assign(n, 0);
+  {
+    std::shared_lock<std::shared_mutex> lock(ch->regions_mu_);
+    if (ch->regions_.empty()) return false;
+    for (size_t i = 0; i < n; ++i) {
+      region[i] = put.empty() ? ch->RegionOf(get[i].dst.data(), get[i].dst.size())
+                              : ch->RegionOf(put[i].data.data(), put[i].data.size());
+      if (region[i] == 0) return false;
+    }
+  }
+  st->n = n;
+  if (!put.empty()) {
+    st->kind = UcxCallKind::kPutFrom;
+    st->put = put;
+    st->body.assign(n * kPutFromItemSize, '\0');
+    for (size_t i = 0; i < n; ++i) {
+      PutFromRecord r;
+      r.put = PutRecord{put[i].key, static_cast<uint32_t>(put[i].data.size()), o.priority, 0,
+                        Checksum64(put[i].data.data(), put[i].data.size())};
+      r.region = region[i];
+      r.addr = reinterpret_cast<uint64_t>(put[i].data.data());
+      EncodePutFromRecord(r, reinterpret_cast<std::byte*>(st->body.data()) + i * kPutFromItemSize);
+    }
+  } else {
+    st->kind = UcxCallKind::kGetInto;
+    st->get = get;
+    st->body.assign(n * kGetIntoItemSize, '\0');
+    for (size_t i = 0; i < n; ++i) {
+      GetIntoRecord r{get[i].key, region[i], reinterpret_cast<uint64_t>(get[i].dst.data()),
+                      static_cast<uint32_t>(std::min<size_t>(get[i].dst.size(), UINT32_MAX))};
+      EncodeGetIntoRecord(r, reinterpret_cast<std::byte*>(st->body.data()) + i * kGetIntoItemSize);
+    }
+  }
+  st->iov.assign(1, {st->body.data(), st->body.size()});
+  st->x.p = std::make_shared<Pending>();
+  st->posted = ch->Post(put.empty() ? Opcode::kGetInto : Opcode::kPutFrom, o.replace ? kFlagReplace : 0, n, st->iov,
+                        st->body.size(), o, &st->x);
+  return true;
+}
+
 void Channel::StartPut(std::span<PutItem> items, const RequestOptions& o, ChannelCall* call) {
   if (items.empty()) return call->Finish(Status::Ok());
   UcxCallState* st = call->StartAs<UcxCallState>();
   st->ch = this;
+  if (StartRegistered(this, st, items, {}, o)) return;
   st->kind = UcxCallKind::kPut;
   st->n = items.size();
   st->put = items;
@@ -536,6 +697,7 @@ void Channel::StartGet(std::span<GetItem> items, const RequestOptions& o, Channe
   if (items.empty()) return call->Finish(Status::Ok());
   UcxCallState* st = call->StartAs<UcxCallState>();
   st->ch = this;
+  if (StartRegistered(this, st, {}, items, o)) return;
   st->kind = UcxCallKind::kGet;
   st->n = items.size();
   st->get = items;

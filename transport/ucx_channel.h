@@ -2,8 +2,16 @@
 // active messages, speaking the kvmesh protocol (docs/protocol.md): AM header
 // = frame header, AM data = frame body (UCX picks eager or rendezvous by
 // size; UCX_TLS passes through). One worker per channel and no progress
-// thread: a waiting caller progresses the worker itself (one at a time; idle,
-// it sleeps on the worker's wakeup fd), so an answer needs no thread hand-off.
+// thread: a waiting caller progresses the worker itself (one at a time;
+// idle, it spins briefly and then sleeps on the worker's wakeup fd, as
+// options.progress says), so an answer needs no thread hand-off.
+//
+// Registered memory (RegisterMemory): the region is mapped in the client's
+// context and its remote key sent to the node once (MEM_REGISTER); a batch
+// whose every block lies in registered memory then goes as GET_INTO /
+// PUT_FROM, and the node moves the bytes itself with one-sided puts and gets
+// (docs/protocol.md "Registered memory"). Other batches take the active-
+// message path, whose answers land in a bounce buffer.
 // Callers on any thread post sends and wait for their answers by request id,
 // bounded by the timeout.
 //
@@ -15,6 +23,7 @@
 
 #include "transport/protocol.h"
 #include "transport/shard_channel.h"
+#include "transport/ucx_worker.h"
 
 namespace kvmesh {
 
@@ -25,6 +34,13 @@ struct UcxChannelOptions {
   std::string token;
   int64_t timeout_ms = 2000;
   proto::ProtocolLimits limits;  // bounds on answers this client accepts
+  // The client's UCP context, shared by its channels so registered memory is
+  // mapped once (NetworkClient shares one); null: a context of its own.
+  std::shared_ptr<UcxContext> context;
+  // How a waiting caller progresses the worker, and for how long it spins
+  // after the last event before sleeping on the wakeup fd (kHybrid).
+  UcxProgress progress = UcxProgress::kHybrid;
+  int64_t spin_us = 100;
 };
 
 class UcxChannel : public ShardChannel {

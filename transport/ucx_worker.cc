@@ -1,27 +1,95 @@
 #include "transport/ucx_worker.h"
 
+#include <cstdlib>
+
 namespace kvmesh {
 
 Status UcxStatus(ucs_status_t s, const char* what, const char* file, int line) {
   return Unavailable(std::string(file) + ":" + std::to_string(line) + ": " + what + ": " + ucs_status_string(s));
 }
 
-Result<std::unique_ptr<UcxWorker>> UcxWorker::Create(bool multi_thread) {
-  std::unique_ptr<UcxWorker> w(new UcxWorker());
+Result<std::shared_ptr<UcxContext>> UcxContext::Create(bool mt_workers) {
+  std::shared_ptr<UcxContext> c(new UcxContext());
   ucp_config_t* cfg = nullptr;
   KVMESH_UCX_RETURN(ucp_config_read(nullptr, nullptr, &cfg));  // reads UCX_TLS etc.
+  // UCX's keepalive rounds off unless the user sets them: in UCX 1.13 a
+  // round that meets an endpoint closed under it aborts the process
+  // (ucp_worker.c "keepalive.iter == &worker->all_eps", openucx/ucx#11217),
+  // seen when a refused client's endpoints close at once. A peer's death is
+  // still seen through its TCP connection (the watch endpoint), a hung peer
+  // through our own request deadlines.
+  if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) ucp_config_modify(cfg, "KEEPALIVE_INTERVAL", "inf");
   ucp_params_t p{};
   p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  p.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-  p.mt_workers_shared = multi_thread ? 1 : 0;
-  ucs_status_t st = ucp_init(&p, cfg, &w->context_);
+  p.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  p.mt_workers_shared = mt_workers ? 1 : 0;
+  ucs_status_t st = ucp_init(&p, cfg, &c->context_);
   ucp_config_release(cfg);
   KVMESH_UCX_RETURN(st);
+  return c;
+}
+
+UcxContext::~UcxContext() {
+  if (context_) ucp_cleanup(context_);
+}
+
+Result<std::unique_ptr<UcxMemory>> UcxContext::Map(void* base, size_t length) const {
+  std::unique_ptr<UcxMemory> m(new UcxMemory());
+  m->owner_ = shared_from_this();
+  m->base_ = static_cast<std::byte*>(base);
+  m->length_ = length;
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.address = base;
+  mp.length = length;
+  KVMESH_UCX_RETURN(ucp_mem_map(context_, &mp, &m->memh_));
+  void* rk = nullptr;
+  size_t rkl = 0;
+  KVMESH_UCX_RETURN(ucp_rkey_pack(context_, m->memh_, &rk, &rkl));
+  m->rkey_.assign(static_cast<const char*>(rk), rkl);
+  ucp_rkey_buffer_release(rk);
+  return m;
+}
+
+Result<std::shared_ptr<UcxMemory>> UcxContext::MapRegion(uint64_t id, void* base, size_t length) {
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  for (auto it = regions_.begin(); it != regions_.end();) it = it->second.expired() ? regions_.erase(it) : std::next(it);
+  if (auto it = regions_.find(id); it != regions_.end()) {
+    std::shared_ptr<UcxMemory> m = it->second.lock();
+    if (m->base() != base || m->length() != length)
+      return InvalidArgument("memory region " + std::to_string(id) + " is mapped with another range");
+    return m;
+  }
+  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<UcxMemory> m, Map(base, length));
+  std::shared_ptr<UcxMemory> shared(std::move(m));
+  regions_.emplace(id, shared);
+  return shared;
+}
+
+Result<UcxProgress> ParseUcxProgress(std::string_view name) {
+  if (name == "poll") return UcxProgress::kPoll;
+  if (name == "event") return UcxProgress::kEvent;
+  if (name == "hybrid") return UcxProgress::kHybrid;
+  return InvalidArgument("UCX progress mode must be poll, event or hybrid, not \"" + std::string(name) + "\"");
+}
+
+UcxMemory::~UcxMemory() {
+  if (memh_) ucp_mem_unmap(owner_->get(), memh_);
+}
+
+Result<std::unique_ptr<UcxWorker>> UcxWorker::Create(bool multi_thread) {
+  KVMESH_ASSIGN_OR_RETURN(auto ctx, UcxContext::Create(multi_thread));
+  return Create(std::move(ctx), multi_thread);
+}
+
+Result<std::unique_ptr<UcxWorker>> UcxWorker::Create(std::shared_ptr<UcxContext> context, bool multi_thread) {
+  std::unique_ptr<UcxWorker> w(new UcxWorker());
+  w->context_ = std::move(context);
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_EVENTS;
   wp.thread_mode = multi_thread ? UCS_THREAD_MODE_MULTI : UCS_THREAD_MODE_SINGLE;
   wp.events = UCP_WAKEUP_RX | UCP_WAKEUP_TX;
-  KVMESH_UCX_RETURN(ucp_worker_create(w->context_, &wp, &w->worker_));
+  KVMESH_UCX_RETURN(ucp_worker_create(w->context_->get(), &wp, &w->worker_));
   ucp_address_t* addr = nullptr;
   size_t len = 0;
   KVMESH_UCX_RETURN(ucp_worker_get_address(w->worker_, &addr, &len));
@@ -33,7 +101,6 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::Create(bool multi_thread) {
 
 UcxWorker::~UcxWorker() {
   if (worker_) ucp_worker_destroy(worker_);
-  if (context_) ucp_cleanup(context_);
 }
 
 bool UcxWorker::Arm() { return ucp_worker_arm(worker_) == UCS_OK; }

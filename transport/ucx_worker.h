@@ -10,7 +10,10 @@
 
 #include <ucp/api/ucp.h>
 
+#include <cstddef>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -28,10 +31,73 @@ Status UcxStatus(ucs_status_t s, const char* what, const char* file, int line);
     if (s_ != UCS_OK) return ::kvmesh::UcxStatus(s_, #expr, __FILE__, __LINE__); \
   } while (0)
 
+class UcxContext;
+
+// Caller memory mapped for one-sided operations (ucp_mem_map), with its packed
+// remote key for peers. Unmapped on destruction; keeps its context alive.
+class UcxMemory {
+ public:
+  ~UcxMemory();
+  UcxMemory(const UcxMemory&) = delete;
+  UcxMemory& operator=(const UcxMemory&) = delete;
+  ucp_mem_h memh() const { return memh_; }
+  // The packed remote key (ucp_rkey_pack), for a peer's ucp_ep_rkey_unpack.
+  const std::string& rkey() const { return rkey_; }
+  std::byte* base() const { return base_; }
+  size_t length() const { return length_; }
+
+ private:
+  friend class UcxContext;
+  UcxMemory() = default;
+  std::shared_ptr<const UcxContext> owner_;
+  ucp_mem_h memh_ = nullptr;
+  std::string rkey_;
+  std::byte* base_ = nullptr;
+  size_t length_ = 0;
+};
+
+// A UCP context (active messages, RMA, wakeup), shared by the workers made
+// from it: memory mapped once serves every worker and endpoint of the context.
+// Thread-safety: Map is thread-safe (UCX's context is); the object is immutable.
+class UcxContext : public std::enable_shared_from_this<UcxContext> {
+ public:
+  // mt_workers: workers of this context are used from several threads.
+  static Result<std::shared_ptr<UcxContext>> Create(bool mt_workers);
+  ~UcxContext();
+  UcxContext(const UcxContext&) = delete;
+  UcxContext& operator=(const UcxContext&) = delete;
+  ucp_context_h get() const { return context_; }
+  // Maps (registers) [base, base + length) for one-sided operations.
+  Result<std::unique_ptr<UcxMemory>> Map(void* base, size_t length) const;
+  // A caller region (Router::RegisterMemory id) mapped once for every worker
+  // of this context: while any user holds the mapping, later calls share it;
+  // it is unmapped when the last user drops it.
+  Result<std::shared_ptr<UcxMemory>> MapRegion(uint64_t id, void* base, size_t length);
+
+ private:
+  UcxContext() = default;
+  ucp_context_h context_ = nullptr;
+  std::mutex regions_mu_;
+  std::map<uint64_t, std::weak_ptr<UcxMemory>> regions_;  // guarded by regions_mu_
+};
+
+// How a thread waiting on a worker makes progress ($.transport.ucx.progress).
+enum class UcxProgress : uint8_t {
+  kPoll,    // spin on ucp_worker_progress: lowest latency, a core per waiting thread
+  kEvent,   // sleep on the wakeup fd whenever there is nothing to do
+  kHybrid,  // spin up to spin_us after the last event, then sleep on the fd
+};
+// "poll" | "event" | "hybrid"; InvalidArgument otherwise.
+Result<UcxProgress> ParseUcxProgress(std::string_view name);
+
 class UcxWorker {
  public:
   // multi_thread: callers on several threads may post operations (UCS_THREAD_MODE_MULTI).
+  // A worker of its own context.
   static Result<std::unique_ptr<UcxWorker>> Create(bool multi_thread);
+  // A worker of `context` (kept alive by the worker).
+  static Result<std::unique_ptr<UcxWorker>> Create(std::shared_ptr<UcxContext> context, bool multi_thread);
+  const std::shared_ptr<UcxContext>& context() const { return context_; }
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
@@ -48,7 +114,7 @@ class UcxWorker {
 
  private:
   UcxWorker() = default;
-  ucp_context_h context_ = nullptr;
+  std::shared_ptr<UcxContext> context_;
   ucp_worker_h worker_ = nullptr;
   std::string address_;
   int efd_ = -1;

@@ -102,6 +102,12 @@ struct TransportConfig {
   uint32_t connections_per_node = 2;    // client connection pool size per node
   int64_t timeout_ms = 2000;            // client call timeout
   int64_t connect_timeout_ms = 1000;
+  // $.transport.ucx: how a thread waiting on a UCX worker makes progress:
+  // "poll" (spin: lowest latency, a core per waiting thread), "event" (sleep
+  // on the worker's wakeup fd) or "hybrid" (spin ucx_spin_us after the last
+  // event, then sleep).
+  std::string ucx_progress = "hybrid";
+  int64_t ucx_spin_us = 100;
 };
 
 // The coordinator daemon (membership, heartbeats, shard-map epochs).

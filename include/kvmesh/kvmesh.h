@@ -100,6 +100,37 @@ int kvmesh_put(kvmesh_client* client, const kvmesh_key* keys, const void* const*
 int kvmesh_get(kvmesh_client* client, kvmesh_key key, void* dst, size_t cap, size_t* size);
 int kvmesh_erase(kvmesh_client* client, const kvmesh_key* keys, size_t count);
 
+/* ---- registered memory: zero-copy transfers (kvmesh/router.h RegisterMemory) --
+ * Register the memory an engine keeps its KV blocks in once; kvmesh_get_into
+ * and kvmesh_put_from then move blocks between it and the nodes' pools with no
+ * intermediate copy where the transport allows (UCX one-sided puts and gets,
+ * TCP straight from/into it). Unregistered memory works too (a bounce buffer).
+ *
+ *   uint64_t region;
+ *   kvmesh_register_memory(c, pool, pool_bytes, KVMESH_MEMORY_HOST, &region);
+ *   kvmesh_put_from(c, keys, srcs, sizes, n, statuses);       srcs[i] inside pool
+ *   kvmesh_get_into(c, keys, dsts, caps, n, sizes, statuses); dsts[i] inside pool
+ *   kvmesh_unregister_memory(c, region);                      no call in flight
+ *
+ * Batch calls return KVMESH_OK when the batch ran; each item's own result is
+ * statuses[i] (a kvmesh_status: KVMESH_NOT_FOUND, KVMESH_DATA_LOSS and
+ * KVMESH_UNAVAILABLE are misses). */
+typedef enum kvmesh_memory_kind {
+  KVMESH_MEMORY_HOST = 0,
+  KVMESH_MEMORY_DEVICE = 1 /* CUDA device memory: builds with CUDA only (host bounce) */
+} kvmesh_memory_kind;
+
+int kvmesh_register_memory(kvmesh_client* client, void* base, size_t bytes, kvmesh_memory_kind kind,
+                           uint64_t* region_id);
+int kvmesh_unregister_memory(kvmesh_client* client, uint64_t region_id);
+/* Reads keys[i] into dsts[i][0..caps[i]); sizes[i] = the block's size (for
+ * KVMESH_RESOURCE_EXHAUSTED: the size needed). */
+int kvmesh_get_into(kvmesh_client* client, const kvmesh_key* keys, void* const* dsts, const size_t* caps,
+                    size_t count, size_t* sizes, int* statuses);
+/* Stores srcs[i][0..sizes[i]) under keys[i]. */
+int kvmesh_put_from(kvmesh_client* client, const kvmesh_key* keys, const void* const* srcs, const size_t* sizes,
+                    size_t count, int* statuses);
+
 /* ---- live sequences (kvmesh/router.h: CreateSequence and the rest) ----------
  * A sequence lives on one shard node and holds K and V token by token during
  * decode; full blocks are sealed into that node's store, so a later request

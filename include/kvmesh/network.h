@@ -36,6 +36,11 @@ struct NetworkClientOptions {
   int64_t connect_timeout_ms = 1000;
   uint32_t connections_per_node = 2;
   int64_t refresh_ms = 1000;  // background map refresh period (0: only on stale epoch)
+  // UCX channels (a cluster with "transport": {"backend": "ucx"}): how a
+  // waiting caller progresses the worker, "poll" | "event" | "hybrid" (spin
+  // ucx_spin_us after the last event, then sleep), as $.transport.ucx.
+  std::string ucx_progress = "hybrid";
+  int64_t ucx_spin_us = 100;
 };
 
 class NetworkClient {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 
@@ -21,6 +22,28 @@ struct RequestOptions {
   // Put: replace a block already stored under the same key (RESP SET
   // semantics). Default: the stored block stays, since a key names its content.
   bool replace = false;
+};
+
+// Where a region of caller memory lives (Router::RegisterMemory).
+enum class MemoryKind : uint8_t {
+  kHost = 0,    // CPU memory
+  kDevice = 1,  // CUDA device memory (builds with CUDA only)
+};
+
+// A region of the caller's memory registered once with every transport, so
+// block bytes move straight between it and the nodes' pools
+// (Router::RegisterMemory). A value; `id` names it in UnregisterMemory.
+struct MemoryRegion {
+  uint64_t id = 0;
+  std::byte* base = nullptr;
+  size_t bytes = 0;
+  MemoryKind kind = MemoryKind::kHost;
+
+  // True when [p, p + n) lies inside the region.
+  bool Contains(const void* p, size_t n) const {
+    const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(base);
+    return a >= b && n <= bytes && a - b <= bytes - n;
+  }
 };
 
 // One block to store. The router fills `status`.

@@ -133,6 +133,35 @@ class Router {
   // One block, copied out. NotFound (or another miss code) on a miss.
   Result<std::vector<std::byte>> Get(const BlockKey& key, const RequestOptions& o = {});
 
+  // ---- registered memory: zero-copy transfers -----------------------------------
+  // An inference engine registers the memory its KV blocks live in (its host
+  // KV pool; device memory in builds with CUDA) once. GetInto and PutFrom
+  // then move block bytes between that memory and the nodes' pools with no
+  // intermediate copy where the transport allows: over UCX the node writes a
+  // block straight into the destination (one-sided put) and reads a stored
+  // block straight from the source (one-sided get); over TCP the socket reads
+  // into the destination and sends from the source; in process, one copy
+  // between pool and caller memory. Every block is still checksummed once
+  // per direction and verified where its bytes land: a corrupt block is a miss.
+  //
+  // Memory that is not registered works with every call too, through a
+  // bounce buffer (UCX) or directly (TCP, in process). Device memory always
+  // goes through a host bounce buffer: no transport here moves GPU memory.
+  //
+  // RegisterMemory returns the region (its id for UnregisterMemory).
+  // InvalidArgument for an empty range or one overlapping a registered region,
+  // Unimplemented for device memory without CUDA. A transport that cannot
+  // register it (a node whose UCX registration fails) serves the region
+  // through a bounce buffer instead; the call still succeeds.
+  Result<MemoryRegion> RegisterMemory(void* base, size_t bytes, MemoryKind kind = MemoryKind::kHost);
+  // Forgets the region. REQUIRES: no call in flight reads or writes it.
+  // NotFound for an unknown id.
+  Status UnregisterMemory(uint64_t id);
+  // GetBatch and PutBatch under the names engines look for: items[i].dst /
+  // items[i].data may lie in registered memory (zero copy) or anywhere else.
+  Status GetInto(std::span<GetItem> items, const RequestOptions& o = {}) { return GetBatch(items, o); }
+  Status PutFrom(std::span<PutItem> items, const RequestOptions& o = {}) { return PutBatch(items, o); }
+
   // ---- live sequences (see the top of this file) --------------------------------
   // A new sequence for the options' slice (layers, heads; empty = all) with
   // eviction class o.priority, placed by prefix affinity. It holds the longest
@@ -167,6 +196,9 @@ class Router {
  private:
   struct Impl;
   explicit Router(std::unique_ptr<Impl> impl);
+  // PutBatch / GetBatch once every item's bytes are in host memory.
+  Status PutBatchHost(std::span<PutItem> items, const RequestOptions& o);
+  Status GetBatchHost(std::span<GetItem> items, const RequestOptions& o);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -90,13 +90,73 @@ class Server final : public DataServer {
   }
 
  private:
+  // A connection's receive buffer: grown to the largest body so far, never
+  // shrunk and never zero-filled.
+  class Buffer {
+   public:
+    std::span<std::byte> Get(size_t n) {
+      if (n > cap_) {
+        data_.reset(new std::byte[n]);
+        cap_ = n;
+      }
+      return {data_.get(), n};
+    }
+
+   private:
+    std::unique_ptr<std::byte[]> data_;
+    size_t cap_ = 0;
+  };
+
+  enum class PutRead { kDone, kTruncated, kMalformed };
+
+  // Reads an admitted PUT: its item table, then each payload straight into a
+  // chunk the node reserved for it (ShardNode::ReservePut), verified once
+  // there and committed. Payloads the node does not take directly (stored
+  // already, a node that encodes on put, a refusal) land in `scratch`.
+  asio::awaitable<PutRead> ReadPut(tcp::socket& s, const FrameHeader& h, Buffer& scratch,
+                                   std::vector<PutRecord>& recs, FrameReply* rep) {
+    boost::system::error_code ec;
+    const size_t table_bytes = size_t{h.count} * kPutItemSize;
+    std::span<std::byte> table = scratch.Get(table_bytes);
+    co_await asio::async_read(s, asio::buffer(table.data(), table.size()), asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) co_return PutRead::kTruncated;
+    if (!ParsePutTable(h, table, handler_.limits(), &recs).ok()) co_return PutRead::kMalformed;
+    std::string codes(recs.size(), '\0');
+    for (size_t i = 0; i < recs.size(); ++i) {
+      const PutRecord& r = recs[i];
+      PutOptions po;
+      po.priority = r.priority;
+      po.codec = r.codec;
+      po.replace = h.flags & kFlagReplace;
+      Result<BlockReservation> res = node_->ReservePut(r.key, r.size, po);
+      std::span<std::byte> dst = res.ok() ? res->data() : scratch.Get(r.size);
+      co_await asio::async_read(s, asio::buffer(dst.data(), dst.size()), asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) co_return PutRead::kTruncated;  // an unfilled reservation frees its chunk
+      Status st;
+      if (res.ok()) {
+        st = node_->CommitPut(*res, r.checksum);
+      } else if (res.status().code() == StatusCode::kAlreadyExists) {
+        st = Status::Ok();  // stored already: a key names its content
+      } else if (res.status().code() == StatusCode::kFailedPrecondition) {
+        st = Checksum64(dst.data(), dst.size()) == r.checksum ? node_->Put(r.key, dst, po)
+                                                              : DataLoss("payload checksum mismatch");
+      } else {
+        st = res.status();
+      }
+      codes[i] = static_cast<char>(st.code());
+    }
+    handler_.OkReply(h, h.count, std::move(codes), rep);
+    co_return PutRead::kDone;
+  }
+
   asio::awaitable<void> Session(tcp::socket s) {
     boost::system::error_code ec;
     s.set_option(tcp::no_delay(true), ec);
     conns_total_.fetch_add(1);
     conns_open_.fetch_add(1);
     bool hello_done = false;
-    std::vector<std::byte> body;
+    Buffer body;
+    std::vector<PutRecord> put_records;  // kept for the connection: no allocation per PUT once warm
     for (;;) {
       HeaderBytes hb;
       co_await asio::async_read(s, asio::buffer(hb), asio::redirect_error(asio::use_awaitable, ec));
@@ -109,19 +169,28 @@ class Server final : public DataServer {
         malformed_.fetch_add(1);  // close only this connection
         break;
       }
-      body.resize(h.body_len);  // bounded by limits.max_body_bytes
-      if (h.body_len > 0) {
-        co_await asio::async_read(s, asio::buffer(body.data(), h.body_len),
-                                  asio::redirect_error(asio::use_awaitable, ec));
-        if (ec) {
-          truncated_.fetch_add(1);
-          break;
-        }
-      }
-      bytes_in_.fetch_add(kHeaderSize + h.body_len, std::memory_order_relaxed);
       const auto t0 = std::chrono::steady_clock::now();
       FrameReply rep;
-      const FrameOutcome outcome = handler_.Handle(h, body, &hello_done, &rep);
+      FrameOutcome outcome;
+      if (h.opcode == Opcode::kPut && handler_.Admits(h, hello_done)) {
+        // The payloads go straight from the socket into reserved pool chunks.
+        const PutRead r = co_await ReadPut(s, h, body, put_records, &rep);
+        if (r == PutRead::kTruncated) truncated_.fetch_add(1);
+        if (r == PutRead::kMalformed) malformed_.fetch_add(1);
+        if (r != PutRead::kDone) break;
+        outcome = FrameOutcome::kReply;
+      } else {
+        std::span<std::byte> b = body.Get(h.body_len);  // bounded by limits.max_body_bytes
+        if (h.body_len > 0) {
+          co_await asio::async_read(s, asio::buffer(b.data(), b.size()), asio::redirect_error(asio::use_awaitable, ec));
+          if (ec) {
+            truncated_.fetch_add(1);
+            break;
+          }
+        }
+        outcome = handler_.Handle(h, b, &hello_done, &rep);
+      }
+      bytes_in_.fetch_add(kHeaderSize + h.body_len, std::memory_order_relaxed);
       if (outcome == FrameOutcome::kClose) break;
       const bool close_after = outcome == FrameOutcome::kReplyThenClose;
       std::vector<asio::const_buffer> bufs;

@@ -119,10 +119,23 @@ Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte>
     case Opcode::kSeqRelease: return HandleSeqRelease(h, body, rep);
     case Opcode::kSeqInfo: return HandleSeqInfo(h, body, rep);
     case Opcode::kSeqRead: return HandleSeqRead(h, body, rep);
+    case Opcode::kMemRegister:
+    case Opcode::kMemUnregister:
+    case Opcode::kGetInto:
+    case Opcode::kPutFrom:
+      // One-sided transfers need a transport with remote memory access.
+      ErrorReply(h, Unimplemented(std::string(OpcodeName(h.opcode)) + " is served over UCX only"), rep);
+      return Status::Ok();
     case Opcode::kHello:  // answered by Handle() before any data frame
       break;
   }
   return InvalidArgument("unexpected opcode");
+}
+
+bool FrameHandler::Admits(const FrameHeader& h, bool hello_done) const {
+  if (!hello_done || h.opcode == Opcode::kHello) return false;
+  const uint64_t node_epoch = epoch_->load(std::memory_order_acquire);
+  return h.epoch == 0 || h.epoch >= node_epoch;
 }
 
 Status FrameHandler::HandlePut(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
@@ -161,7 +174,9 @@ Status FrameHandler::HandleGet(const FrameHeader& h, std::span<const std::byte> 
   rep->copies.reserve(keys.size());  // copies_ never reallocates: payload spans point into it
   for (size_t i = 0; i < keys.size(); ++i) {
     GetRecord r;
-    Result<BlockRef> ref = node_->Get(keys[i]);
+    // Host memory goes out unverified: the client verifies where it lands
+    // (one hash pass per direction). Device memory is verified here, copied out.
+    Result<BlockRef> ref = host ? node_->GetForTransfer(keys[i]) : node_->Get(keys[i]);
     if (!ref.ok()) {
       r.status = ref.status().code();
     } else if (total + ref->meta().logical_size > limits_.max_body_bytes) {

@@ -55,12 +55,20 @@ class FrameHandler {
 
   const proto::ProtocolLimits& limits() const { return limits_; }
 
+  // For a server that reads a data frame's body itself (a PUT straight into
+  // pool memory): true when frame h would run now, its connection being
+  // authenticated and its epoch current. When false, read the body and pass
+  // the frame to Handle, which refuses it as the protocol says.
+  bool Admits(const proto::FrameHeader& h, bool hello_done) const;
+
+  // Answers to `req`, for servers that run an operation themselves.
+  void ErrorReply(const proto::FrameHeader& req, const Status& s, FrameReply* rep);
+  void OkReply(const proto::FrameHeader& req, uint32_t count, std::string body, FrameReply* rep);
+
   std::atomic<uint64_t> auth_failures{0}, stale{0}, malformed{0};
 
  private:
   Status HandleHello(const proto::FrameHeader& h, std::span<const std::byte> body, bool hello_done, FrameReply* rep);
-  void ErrorReply(const proto::FrameHeader& req, const Status& s, FrameReply* rep);
-  void OkReply(const proto::FrameHeader& req, uint32_t count, std::string body, FrameReply* rep);
   // Dispatches a data frame to its opcode's handler. Every handler below
   // answers into *rep and returns non-OK only for a malformed body (the
   // connection is then closed without an answer).

@@ -61,6 +61,8 @@ class Daemon final : public NodeDaemon {
       UcxServerOptions u;
       u.limits = d.limits;
       u.token = d.token;
+      KVMESH_ASSIGN_OR_RETURN(u.progress, ParseUcxProgress(config_.transport.ucx_progress));
+      u.spin_us = config_.transport.ucx_spin_us;
       KVMESH_ASSIGN_OR_RETURN(ucx_, UcxServer::Start(node_.get(), u, &epoch_));
       ucx_address_ = HexEncode(ucx_->address());
 #else

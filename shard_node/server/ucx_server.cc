@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "shard_node/server/frame_handler.h"
+#include "shard_node/server/ucx_rma.h"
 #include "transport/asio.h"
 #include "transport/ucx_worker.h"
 
@@ -39,6 +41,7 @@ struct Incoming {
 struct Outgoing {
   FrameReply rep;
   std::vector<ucp_dt_iov_t> iov;
+  std::vector<std::byte> owned;  // payloads copied out of the pool (see Send)
 };
 
 class Server final : public UcxServer {
@@ -51,18 +54,23 @@ class Server final : public UcxServer {
   struct Session {
     Server* server = nullptr;
     uint64_t nonce = 0;
-    ucp_ep_h ep = nullptr;
+    ucp_ep_h ep = nullptr;     // data: every answer but the HELLO's, one-sided transfers; no peer error handling
+    ucp_ep_h watch = nullptr;  // the HELLO answer, then only the client's death (peer error handling)
     bool hello_done = false;
     bool failed = false;  // the error callback ran: no more sends, close it
     uint64_t last_used = 0;
+    // Client memory registered on this session (MEM_REGISTER); transfers in
+    // flight and a closing endpoint keep it alive.
+    std::shared_ptr<UcxRegionTable> regions = std::make_shared<UcxRegionTable>();
   };
 
   Server(ShardNode* node, UcxServerOptions o, const std::atomic<uint64_t>* epoch)
-      : handler_(node, o.limits, o.token, epoch), sd_(io_) {}
+      : node_(node), o_(o), epoch_(epoch), handler_(node, o.limits, o.token, epoch), sd_(io_) {}
   ~Server() override { Stop(); }
 
   Status Init() {
     KVMESH_ASSIGN_OR_RETURN(worker_, UcxWorker::Create(/*multi_thread=*/false));
+    KVMESH_ASSIGN_OR_RETURN(rma_, UcxRma::Create(node_, worker_.get(), handler_.limits()));
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
                     UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -81,6 +89,7 @@ class Server final : public UcxServer {
 
   const std::string& address() const override { return worker_->address(); }
   uint64_t requests() const override { return requests_.load(); }
+  uint64_t one_sided_bytes() const override { return rma_->bytes_moved(); }
 
   void Stop() override {
     if (stopped_.exchange(true)) return;
@@ -93,7 +102,7 @@ class Server final : public UcxServer {
     // Close every session (force: pending sends complete with an error), then
     // let those sends and closes finish before the worker goes.
     while (!sessions_.empty()) CloseSession(sessions_.begin());
-    for (int i = 0; i < 1000 && (!inflight_.empty() || !closing_.empty()); ++i) {
+    for (int i = 0; i < 1000 && (!inflight_.empty() || !closing_.empty() || (rma_ && rma_->in_flight() > 0)); ++i) {
       worker_->ProgressAll();
       ReapCloses();
     }
@@ -102,16 +111,33 @@ class Server final : public UcxServer {
  private:
   // The Asio loop: progress, handle what arrived, arm, sleep on the efd.
   asio::awaitable<void> Loop() {
+    using Clock = std::chrono::steady_clock;
+    const auto spin = o_.progress == UcxProgress::kPoll    ? Clock::duration::max()
+                      : o_.progress == UcxProgress::kEvent ? Clock::duration::zero()
+                                                           : std::chrono::duration_cast<Clock::duration>(
+                                                                 std::chrono::microseconds(o_.spin_us));
+    auto last_activity = Clock::now();
     for (;;) {
-      worker_->ProgressAll();
+      if (ucp_worker_progress(worker_->get()) != 0) {
+        worker_->ProgressAll();
+        last_activity = Clock::now();
+      }
       CloseFailed();
       ReapCloses();
       StartRendezvous();
       if (!ready_.empty()) {
         HandleReady();
+        last_activity = Clock::now();
         continue;
       }
-      if (!inflight_.empty() || !receiving_.empty() || !closing_.empty()) {
+      const bool busy = !inflight_.empty() || !receiving_.empty() || !closing_.empty() || rma_->in_flight() > 0;
+      if (spin == Clock::duration::max() || (spin > Clock::duration::zero() && Clock::now() - last_activity < spin)) {
+        // Spinning: the next request is served without a wakeup. Yield to the
+        // io_context between rounds so Stop's cancel gets in.
+        co_await asio::post(io_, asio::use_awaitable);
+        continue;
+      }
+      if (busy) {
         // Replies or rendezvous receives under way need progress the wakeup
         // fd does not always announce: wait on it at most kBusyWaitNs, then
         // progress again. (Spinning instead kept this thread runnable, so on
@@ -129,6 +155,7 @@ class Server final : public UcxServer {
       boost::system::error_code ec;
       co_await sd_.async_wait(asio::posix::descriptor_base::wait_read, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) co_return;
+      last_activity = Clock::now();
     }
   }
 
@@ -206,6 +233,10 @@ class Server final : public UcxServer {
       }
       Session& ss = *it->second;
       ss.last_used = ++use_clock_;
+      if (ss.hello_done && IsRemoteMemoryOpcode(in->header.opcode)) {
+        if (!HandleRemoteMemory(ss, *in)) CloseSession(it);
+        continue;
+      }
       auto out = std::make_unique<Outgoing>();
       const FrameOutcome oc = handler_.Handle(in->header, in->body, &ss.hello_done, &out->rep);
       if (oc == FrameOutcome::kClose) {
@@ -215,8 +246,63 @@ class Server final : public UcxServer {
       // "Closing" a UCX peer otherwise forgets its handshake: its next frame
       // must be a (valid) HELLO again.
       if (oc != FrameOutcome::kReply) ss.hello_done = false;
-      Send(ss.ep, std::move(out));
+      // HELLO answers go on the watch endpoint: its connection then exists
+      // both ways, so either side's death is seen.
+      Send(in->header.opcode == Opcode::kHello ? ss.watch : ss.ep, std::move(out));
     }
+  }
+
+  // MEM_REGISTER, MEM_UNREGISTER, GET_INTO, PUT_FROM of an authenticated
+  // session (docs/protocol.md "Registered memory"). False: malformed, close it.
+  bool HandleRemoteMemory(Session& ss, const Incoming& in) {
+    const FrameHeader& h = in.header;
+    auto out = std::make_unique<Outgoing>();
+    const uint64_t node_epoch = epoch_->load(std::memory_order_acquire);
+    if (h.epoch != 0 && h.epoch < node_epoch) {
+      handler_.stale.fetch_add(1);
+      handler_.ErrorReply(h, StaleEpoch("shard-map epoch " + std::to_string(h.epoch) + " is stale; node is at epoch " +
+                                        std::to_string(node_epoch) + ": refresh the map"),
+                          &out->rep);
+      Send(ss.ep, std::move(out));
+      return true;
+    }
+    const uint64_t nonce = ss.nonce;
+    auto reply = [this, nonce](std::unique_ptr<FrameReply> rep) {
+      auto it = sessions_.find(nonce);
+      if (it == sessions_.end() || it->second->failed) return;  // the client is gone
+      auto o = std::make_unique<Outgoing>();
+      o->rep = std::move(*rep);
+      Send(it->second->ep, std::move(o));
+    };
+    switch (h.opcode) {
+      case Opcode::kMemRegister: {
+        MemRegister m;
+        if (!ParseMemRegister(in.body, &m).ok()) break;
+        Status s = ss.regions->Add(ss.ep, m);
+        if (s.ok()) handler_.OkReply(h, 0, {}, &out->rep);
+        else handler_.ErrorReply(h, s, &out->rep);
+        Send(ss.ep, std::move(out));
+        return true;
+      }
+      case Opcode::kMemUnregister: {
+        uint64_t id = 0;
+        if (!ParseSeqId(in.body, &id).ok()) break;
+        ss.regions->Remove(id);
+        handler_.OkReply(h, 0, {}, &out->rep);
+        Send(ss.ep, std::move(out));
+        return true;
+      }
+      case Opcode::kGetInto:
+        if (!rma_->GetInto(ss.ep, ss.regions, h, in.body, node_epoch, reply).ok()) break;
+        return true;
+      case Opcode::kPutFrom:
+        if (!rma_->PutFrom(ss.ep, ss.regions, h, in.body, node_epoch, reply).ok()) break;
+        return true;
+      default:
+        break;
+    }
+    handler_.malformed.fetch_add(1);
+    return false;
   }
 
   using Sessions = std::map<uint64_t, std::unique_ptr<Session>>;
@@ -233,10 +319,15 @@ class Server final : public UcxServer {
     auto ss = std::make_unique<Session>();
     ss->server = this;
     ss->nonce = nonce;
+    // The data endpoint without peer error handling (UCX may then use shared
+    // memory and CMA between processes of one host); the watch endpoint with
+    // it: UCX 1.13 handles peer failure on TCP only.
     ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    if (ucp_ep_create(worker_->get(), &ep, &ss->ep) != UCS_OK) return sessions_.end();
+    ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) {
       auto* s = static_cast<Session*>(arg);
@@ -244,19 +335,29 @@ class Server final : public UcxServer {
       s->server->failed_.push_back(s->nonce);
     };
     ep.err_handler.arg = ss.get();
-    if (ucp_ep_create(worker_->get(), &ep, &ss->ep) != UCS_OK) return sessions_.end();
+    if (ucp_ep_create(worker_->get(), &ep, &ss->watch) != UCS_OK) {
+      CloseEp(ss->ep, 0, nullptr);
+      return sessions_.end();
+    }
     return sessions_.emplace(nonce, std::move(ss)).first;
   }
 
-  // Force-closes the session's endpoint (its pending sends complete with an
-  // error) and forgets the session; the close request is reaped later.
+  // Closes the session's endpoints and forgets the session, both forced:
+  // their pending operations complete at once with an error (a dead client's
+  // would never complete on the data endpoint, which has no peer-failure
+  // handling); the close requests are reaped later, the session's remote keys
+  // with them (no operation is left on them then).
   void CloseSession(Sessions::iterator it) {
+    CloseEp(it->second->watch, UCP_EP_CLOSE_FLAG_FORCE, nullptr);
+    CloseEp(it->second->ep, UCP_EP_CLOSE_FLAG_FORCE, it->second->regions);
+    sessions_.erase(it);
+  }
+  void CloseEp(ucp_ep_h ep, uint32_t flags, std::shared_ptr<UcxRegionTable> regions) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    void* r = ucp_ep_close_nbx(it->second->ep, &p);
-    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing_.push_back(r);
-    sessions_.erase(it);
+    p.flags = flags;
+    void* r = ucp_ep_close_nbx(ep, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing_.push_back({r, std::move(regions)});
   }
 
   void CloseFailed() {
@@ -269,18 +370,36 @@ class Server final : public UcxServer {
 
   void ReapCloses() {
     for (size_t i = 0; i < closing_.size();) {
-      if (ucp_request_check_status(closing_[i]) == UCS_INPROGRESS) {
+      if (ucp_request_check_status(closing_[i].req) == UCS_INPROGRESS) {
         ++i;
         continue;
       }
-      ucp_request_free(closing_[i]);
+      ucp_request_free(closing_[i].req);
       closing_[i] = closing_.back();
       closing_.pop_back();
     }
   }
 
+  // Sends a reply. A reply whose payloads are pinned pool blocks (a GET
+  // answered by active message: the client's bounce path) is copied out first
+  // and the blocks unpinned: a send to a client that died may never complete
+  // (the data endpoint has no peer-failure handling), and it must not hold
+  // pins while it waits. One-sided transfers (GET_INTO) need no copy.
   void Send(ucp_ep_h ep, std::unique_ptr<Outgoing> out) {
     auto& pieces = out->rep.pieces;  // pieces[0] is the header: it goes as the AM header
+    if (!out->rep.refs.empty()) {
+      size_t n = 0;
+      for (size_t i = 1; i < pieces.size(); ++i) n += pieces[i].size();
+      out->owned.resize(n);
+      size_t at = 0;
+      for (size_t i = 1; i < pieces.size(); ++i) {
+        std::memcpy(out->owned.data() + at, pieces[i].data(), pieces[i].size());
+        at += pieces[i].size();
+      }
+      out->rep.refs.clear();
+      pieces.resize(1);
+      pieces.push_back(out->owned);
+    }
     for (size_t i = 1; i < pieces.size(); ++i)
       if (!pieces[i].empty()) out->iov.push_back({const_cast<std::byte*>(pieces[i].data()), pieces[i].size()});
     ucp_request_param_t p{};
@@ -303,7 +422,11 @@ class Server final : public UcxServer {
     inflight_[r] = std::move(out);
   }
 
+  ShardNode* node_;
+  UcxServerOptions o_;
+  const std::atomic<uint64_t>* epoch_;
   FrameHandler handler_;
+  std::unique_ptr<UcxRma> rma_;  // pool mappings: they keep the UCP context alive past the worker
   asio::io_context io_{1};
   asio::posix::stream_descriptor sd_;
   std::unique_ptr<UcxWorker> worker_;
@@ -316,7 +439,11 @@ class Server final : public UcxServer {
   std::map<void*, std::unique_ptr<Outgoing>> inflight_;
   Sessions sessions_;              // by client session nonce
   std::vector<uint64_t> failed_;   // sessions whose endpoint failed, to close
-  std::vector<void*> closing_;     // endpoint close requests in progress
+  struct Closing {
+    void* req;                                 // the endpoint close request
+    std::shared_ptr<UcxRegionTable> regions;   // its session's remote keys
+  };
+  std::vector<Closing> closing_;   // endpoint close requests in progress
   uint64_t use_clock_ = 0;
 };
 

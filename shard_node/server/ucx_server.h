@@ -1,6 +1,8 @@
 // shard_node/server/ucx_server.h — serves one ShardNode over UCX active
 // messages with the kvmesh protocol (docs/protocol.md, "UCX"). The worker's
-// wakeup fd is driven by an Asio loop (no busy polling); requests arrive as
+// wakeup fd is driven by an Asio loop, which spins briefly after activity
+// (UcxServerOptions::progress) and otherwise sleeps on it; registered client
+// memory is served one-sided (ucx_rma.h); requests arrive as
 // AM (header = frame header, data = body; large bodies by rendezvous straight
 // into a buffer sized from the checked header), answers go back with an iov
 // gathered from pool memory on an endpoint the server creates to the client's
@@ -19,6 +21,7 @@
 
 #include "kvmesh/status.h"
 #include "transport/protocol.h"
+#include "transport/ucx_worker.h"
 
 namespace kvmesh {
 
@@ -27,6 +30,10 @@ class ShardNode;
 struct UcxServerOptions {
   proto::ProtocolLimits limits;
   std::string token;
+  // How the loop waits for work ($.transport.ucx): kHybrid spins spin_us
+  // after the last request before sleeping on the worker's wakeup fd.
+  UcxProgress progress = UcxProgress::kHybrid;
+  int64_t spin_us = 100;
 };
 
 class UcxServer {
@@ -36,6 +43,8 @@ class UcxServer {
   virtual ~UcxServer() = default;
   virtual const std::string& address() const = 0;  // worker address bytes
   virtual uint64_t requests() const = 0;
+  // Payload bytes moved with one-sided puts and gets (GET_INTO, PUT_FROM).
+  virtual uint64_t one_sided_bytes() const = 0;
   virtual void Stop() = 0;
 };
 

@@ -1,0 +1,288 @@
+#include "shard_node/server/ucx_rma.h"
+
+#include <algorithm>
+
+#include "common/checksum.h"
+#include "kernels/codec.h"
+#include "shard_node/shard_node.h"
+
+namespace kvmesh {
+
+using namespace proto;
+
+UcxRegionTable::~UcxRegionTable() {
+  for (auto& [id, r] : regions_) ucp_rkey_destroy(r.rkey);
+}
+
+Status UcxRegionTable::Add(ucp_ep_h ep, const MemRegister& m) {
+  ucp_rkey_h rkey = nullptr;
+  if (ucp_ep_rkey_unpack(ep, m.rkey.data(), &rkey) != UCS_OK) return InvalidArgument("remote key does not unpack");
+  Remove(m.region);
+  regions_[m.region] = Region{m.base, m.length, rkey};
+  return Status::Ok();
+}
+
+void UcxRegionTable::Remove(uint64_t id) {
+  auto it = regions_.find(id);
+  if (it == regions_.end()) return;
+  ucp_rkey_destroy(it->second.rkey);
+  regions_.erase(it);
+}
+
+ucp_rkey_h UcxRegionTable::Find(uint64_t id, uint64_t addr, uint64_t n) const {
+  auto it = regions_.find(id);
+  if (it == regions_.end()) return nullptr;
+  const Region& r = it->second;
+  if (addr < r.base || n > r.length || addr - r.base > r.length - n) return nullptr;
+  return r.rkey;
+}
+
+// One GET_INTO or PUT_FROM: its items, what pins or holds their bytes, and
+// how many UCX operations are still in flight.
+struct UcxRma::Transfer {
+  UcxRma* rma = nullptr;
+  FrameHeader h;
+  uint64_t epoch = 0;
+  std::shared_ptr<UcxRegionTable> regions;
+  Done done;
+  int pending = 1;      // operations in flight, plus one while posting
+  uint64_t moved = 0;   // payload bytes of the posted puts / gets
+  bool failed = false;  // an operation failed: the endpoint is broken, every moved item is lost
+  // GET_INTO
+  std::vector<GetRecord> out;
+  std::vector<BlockRef> refs;                     // pin the blocks until the client has them
+  std::vector<std::vector<std::byte>> decoded;    // blocks stored encoded, decoded for the client
+  // PUT_FROM
+  std::vector<PutFromRecord> put;
+  std::vector<BlockReservation> res;              // chunks being filled
+  std::vector<std::vector<std::byte>> staged;     // nodes that encode on put: the raw bytes
+  std::vector<uint8_t> codes;
+};
+
+Result<std::unique_ptr<UcxRma>> UcxRma::Create(ShardNode* node, UcxWorker* worker, ProtocolLimits limits) {
+  std::unique_ptr<UcxRma> r(new UcxRma());
+  r->node_ = node;
+  r->worker_ = worker;
+  r->limits_ = limits;
+  for (std::span<std::byte> pool : node->PoolMemory()) {
+    KVMESH_ASSIGN_OR_RETURN(auto m, worker->context()->Map(pool.data(), pool.size()));
+    r->pools_.push_back(std::move(m));
+  }
+  return r;
+}
+
+ucp_mem_h UcxRma::MemhOf(const std::byte* p, size_t n) const {
+  for (const auto& m : pools_)
+    if (p >= m->base() && n <= m->length() && size_t(p - m->base()) <= m->length() - n) return m->memh();
+  return nullptr;
+}
+
+namespace {
+
+// Posts one put or get whose completion settles `t`; `start` issues it.
+template <typename Start>
+void PostOp(void* t, ucp_mem_h memh, bool* failed, int* pending, Start start,
+            void (*settle)(void* req, ucs_status_t st, void* user)) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  if (memh != nullptr) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    p.memh = memh;
+  }
+  p.cb.send = settle;
+  p.user_data = t;
+  void* r = start(&p);
+  if (r == nullptr) return;  // done inline
+  if (UCS_PTR_IS_ERR(r)) {
+    *failed = true;
+    return;
+  }
+  ++*pending;
+}
+
+FrameHeader AnswerHeader(const FrameHeader& req, uint64_t epoch, uint32_t body_len) {
+  FrameHeader h;
+  h.opcode = req.opcode;
+  h.flags = kFlagResponse;
+  h.request_id = req.request_id;
+  h.epoch = epoch;
+  h.count = req.count;
+  h.body_len = body_len;
+  return h;
+}
+
+}  // namespace
+
+void UcxRma::Settle(Transfer* t) {
+  if (--t->pending > 0) return;
+  --in_flight_;
+  auto rep = std::make_unique<FrameReply>();
+  if (!t->failed) bytes_moved_.fetch_add(t->moved, std::memory_order_relaxed);
+  if (t->h.opcode == Opcode::kGetInto) {
+    rep->body.assign(t->out.size() * kGetItemSize, '\0');
+    for (size_t i = 0; i < t->out.size(); ++i) {
+      GetRecord r = t->out[i];
+      if (t->failed && r.status == StatusCode::kOk) r = GetRecord{StatusCode::kUnavailable, 0, 0};
+      EncodeGetRecord(r, reinterpret_cast<std::byte*>(rep->body.data()) + i * kGetItemSize);
+    }
+    t->refs.clear();  // the client has its bytes (flushed): unpin
+  } else {
+    for (size_t i = 0; i < t->put.size(); ++i) {
+      const PutRecord& pr = t->put[i].put;
+      if (t->res[i].valid()) {
+        t->codes[i] = static_cast<uint8_t>(
+            t->failed ? StatusCode::kUnavailable : node_->CommitPut(t->res[i], pr.checksum).code());
+      } else if (!t->staged[i].empty()) {
+        Status s;
+        if (t->failed) {
+          s = Unavailable("UCX get from the client failed");
+        } else if (Checksum64(t->staged[i].data(), t->staged[i].size()) != pr.checksum) {
+          s = DataLoss("payload checksum mismatch");
+        } else {
+          PutOptions po;
+          po.priority = pr.priority;
+          po.codec = pr.codec;
+          po.replace = t->h.flags & kFlagReplace;
+          s = node_->Put(pr.key, t->staged[i], po);
+        }
+        t->codes[i] = static_cast<uint8_t>(s.code());
+      }
+    }
+    rep->body.assign(reinterpret_cast<const char*>(t->codes.data()), t->codes.size());
+  }
+  rep->header = EncodeHeader(AnswerHeader(t->h, t->epoch, static_cast<uint32_t>(rep->body.size())));
+  rep->SetHeaderAndBody();
+  Done done = std::move(t->done);
+  delete t;
+  done(std::move(rep));
+}
+
+namespace {
+void SettleCallback(void* req, ucs_status_t st, void* user) {
+  auto* t = static_cast<UcxRma::Transfer*>(user);
+  if (st != UCS_OK) t->failed = true;
+  ucp_request_free(req);
+  t->rma->Settle(t);
+}
+}  // namespace
+
+Status UcxRma::GetInto(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, const FrameHeader& h,
+                       std::span<const std::byte> body, uint64_t epoch, Done done) {
+  thread_local std::vector<GetIntoRecord> in;
+  KVMESH_RETURN_IF_ERROR(ParseGetIntoTable(h, body, &in));
+  auto* t = new Transfer;
+  t->rma = this;
+  t->h = h;
+  t->epoch = epoch;
+  t->regions = std::move(regions);
+  t->done = std::move(done);
+  t->out.resize(in.size());
+  t->refs.reserve(in.size());
+  ++in_flight_;
+  bool any = false;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const GetIntoRecord& g = in[i];
+    GetRecord& r = t->out[i];
+    Result<BlockRef> ref = node_->GetForTransfer(g.key);
+    if (!ref.ok()) {
+      r.status = ref.status().code();
+      continue;
+    }
+    std::span<const std::byte> data = ref->data();
+    r.size = ref->meta().logical_size;
+    if (r.size > g.capacity) {
+      r.status = StatusCode::kResourceExhausted;  // size tells the client what it needs
+      continue;
+    }
+    ucp_rkey_h rkey = t->regions->Find(g.region, g.addr, r.size);
+    if (rkey == nullptr) {
+      r = GetRecord{StatusCode::kInvalidArgument, 0, 0};  // not inside a region this session registered
+      continue;
+    }
+    if (ref->meta().codec != 0) {
+      // Stored encoded: the client gets the decoded block, as from every other read.
+      std::vector<std::byte>& d = t->decoded.emplace_back(r.size);
+      Status s = kernels::DecodeBlock(data, d);
+      if (!s.ok()) {
+        r = GetRecord{StatusCode::kDataLoss, 0, 0};
+        t->decoded.pop_back();
+        continue;
+      }
+      data = d;
+      r.checksum = Checksum64(d.data(), d.size());
+    } else {
+      r.checksum = ref->meta().checksum;
+    }
+    const std::byte* src = data.data();
+    PostOp(t, MemhOf(src, r.size), &t->failed, &t->pending,
+           [&](ucp_request_param_t* p) { return ucp_put_nbx(ep, src, r.size, g.addr, rkey, p); }, &SettleCallback);
+    t->refs.push_back(std::move(*ref));
+    t->moved += r.size;
+    any = true;
+  }
+  if (any) {  // the answer may go only once the bytes are in the client's memory
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = &SettleCallback;
+    p.user_data = t;
+    void* r = ucp_ep_flush_nbx(ep, &p);
+    if (UCS_PTR_IS_ERR(r)) t->failed = true;
+    else if (r != nullptr) ++t->pending;
+  }
+  Settle(t);
+  return Status::Ok();
+}
+
+Status UcxRma::PutFrom(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, const FrameHeader& h,
+                       std::span<const std::byte> body, uint64_t epoch, Done done) {
+  auto* t = new Transfer;
+  Status parsed = ParsePutFromTable(h, body, limits_, &t->put);
+  if (!parsed.ok()) {
+    delete t;
+    return parsed;
+  }
+  t->rma = this;
+  t->h = h;
+  t->epoch = epoch;
+  t->regions = std::move(regions);
+  t->done = std::move(done);
+  const size_t n = t->put.size();
+  t->res.resize(n);
+  t->staged.resize(n);
+  t->codes.assign(n, 0);
+  ++in_flight_;
+  for (size_t i = 0; i < n; ++i) {
+    const PutFromRecord& f = t->put[i];
+    ucp_rkey_h rkey = t->regions->Find(f.region, f.addr, f.put.size);
+    if (rkey == nullptr) {
+      t->codes[i] = static_cast<uint8_t>(StatusCode::kInvalidArgument);
+      continue;
+    }
+    PutOptions po;
+    po.priority = f.put.priority;
+    po.codec = f.put.codec;
+    po.replace = h.flags & kFlagReplace;
+    Result<BlockReservation> res = node_->ReservePut(f.put.key, f.put.size, po);
+    std::byte* dst;
+    if (res.ok()) {
+      t->res[i] = std::move(*res);
+      dst = t->res[i].data().data();
+    } else if (res.status().code() == StatusCode::kFailedPrecondition) {
+      t->staged[i].resize(f.put.size);  // this node encodes on put: stage, then Put
+      dst = t->staged[i].data();
+    } else {
+      // AlreadyExists: stored already (keys name their content) — OK, nothing to move.
+      t->codes[i] = static_cast<uint8_t>(
+          res.status().code() == StatusCode::kAlreadyExists ? StatusCode::kOk : res.status().code());
+      continue;
+    }
+    PostOp(t, MemhOf(dst, f.put.size), &t->failed, &t->pending,
+           [&](ucp_request_param_t* p) { return ucp_get_nbx(ep, dst, f.put.size, f.addr, rkey, p); },
+           &SettleCallback);
+    t->moved += f.put.size;
+  }
+  Settle(t);
+  return Status::Ok();
+}
+
+}  // namespace kvmesh

@@ -1,0 +1,100 @@
+// shard_node/server/ucx_rma.h — the one-sided half of the node's UCX server
+// (docs/protocol.md "Registered memory"): a client registers its memory once
+// per session (MEM_REGISTER: the region and its packed remote key); then for
+// GET_INTO the node writes each block straight from its pool into the
+// client's memory (ucp_put_nbx), flushes, and answers with the records only;
+// for PUT_FROM it reserves a chunk per block, reads the bytes straight from
+// the client's memory into it (ucp_get_nbx), verifies each checksum once
+// where the bytes landed and commits. The pool is mapped once (ucp_mem_map) so
+// UCX moves it without registering per request. No payload byte passes
+// through an intermediate buffer, except for blocks stored encoded (decoded
+// into a scratch buffer on GET_INTO) and for nodes that encode on put
+// (staged, then ShardNode::Put).
+//
+// Thread-safety: everything runs on the UCX server's loop thread (UCX
+// callbacks run inside its progress calls); not thread-safe.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "shard_node/server/frame_handler.h"
+#include "transport/protocol.h"
+#include "transport/ucx_worker.h"
+
+namespace kvmesh {
+
+class ShardNode;
+
+// One session's registered client regions, by the client's region id. The
+// remote keys were unpacked on the session's endpoint; they are destroyed
+// with the table, which transfers in flight keep alive (shared_ptr).
+class UcxRegionTable {
+ public:
+  UcxRegionTable() = default;
+  ~UcxRegionTable();
+  UcxRegionTable(const UcxRegionTable&) = delete;
+  UcxRegionTable& operator=(const UcxRegionTable&) = delete;
+
+  // InvalidArgument when the key does not unpack; a known id is replaced.
+  Status Add(ucp_ep_h ep, const proto::MemRegister& r);
+  void Remove(uint64_t id);
+  // The remote key of region `id` when [addr, addr + n) lies inside it, else null.
+  ucp_rkey_h Find(uint64_t id, uint64_t addr, uint64_t n) const;
+  size_t size() const { return regions_.size(); }
+
+ private:
+  struct Region {
+    uint64_t base = 0, length = 0;
+    ucp_rkey_h rkey = nullptr;
+  };
+  std::map<uint64_t, Region> regions_;
+};
+
+// Runs GET_INTO and PUT_FROM for the server's sessions.
+class UcxRma {
+ public:
+  // Maps every pool region of `node` that the CPU can address (ShardNode::PoolMemory).
+  // REQUIRES: node and worker outlive this object.
+  static Result<std::unique_ptr<UcxRma>> Create(ShardNode* node, UcxWorker* worker, proto::ProtocolLimits limits);
+
+  // Called with the finished reply, on the loop thread, once the transfer's
+  // bytes have moved (or failed). The reply pins what it still needs.
+  using Done = std::function<void(std::unique_ptr<FrameReply>)>;
+  // Starts the frame's transfers on `ep`. A body that does not parse returns
+  // InvalidArgument and starts nothing (the caller closes the session).
+  Status GetInto(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, const proto::FrameHeader& h,
+                 std::span<const std::byte> body, uint64_t epoch, Done done);
+  Status PutFrom(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, const proto::FrameHeader& h,
+                 std::span<const std::byte> body, uint64_t epoch, Done done);
+
+  uint64_t in_flight() const { return in_flight_; }
+  // Payload bytes moved by completed puts and gets (any thread may read it).
+  uint64_t bytes_moved() const { return bytes_moved_.load(std::memory_order_relaxed); }
+
+  // For the UCX completion callbacks: one transfer in flight, and the end of
+  // one of its operations (the transfer finishes when none is left).
+  struct Transfer;
+  void Settle(Transfer* t);
+
+ private:
+  UcxRma() = default;
+  // The pool mapping holding [p, p + n), for the local side of a put/get.
+  ucp_mem_h MemhOf(const std::byte* p, size_t n) const;
+
+  ShardNode* node_ = nullptr;
+  UcxWorker* worker_ = nullptr;
+  proto::ProtocolLimits limits_;
+  std::vector<std::unique_ptr<UcxMemory>> pools_;
+  uint64_t in_flight_ = 0;
+  std::atomic<uint64_t> bytes_moved_{0};
+};
+
+}  // namespace kvmesh

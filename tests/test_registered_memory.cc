@@ -1,0 +1,348 @@
+// Zero-copy transfers: the block store's two-phase put (Reserve / Commit),
+// the node's transfer API, and Router::RegisterMemory with GetInto / PutFrom
+// over UCX (one-sided puts and gets into registered memory), over TCP
+// (payloads straight into pool chunks) and in process. Every byte compared;
+// corruption is a miss, never wrong bytes.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include "common/checksum.h"
+#include "coordinator/embedded/inproc_channel.h"
+#include "kvmesh/build_config.h"
+#include "kvmesh/config.h"
+#include "kvmesh/router.h"
+#include "router/shard_map.h"
+#include "shard_node/block_store.h"
+#include "shard_node/server/data_server.h"
+#include "shard_node/shard_node.h"
+#include "transport/tcp_channel.h"
+#if defined(KVMESH_HAVE_UCX)
+#include "shard_node/server/ucx_server.h"
+#include "transport/ucx_channel.h"
+#endif
+
+using namespace kvmesh;
+
+namespace {
+
+BlockKey Key(uint64_t i) { return BlockKey{i * 0x9E3779B97F4A7C15ull + 1, i}; }
+
+std::vector<std::byte> Bytes(size_t n, uint64_t seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937_64 rng(seed);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+std::unique_ptr<BlockStore> Store(uint64_t capacity = 8 << 20, uint64_t slot = 1 << 20) {
+  StoreOptions o;
+  o.capacity_bytes = capacity;
+  o.slot_bytes = slot;
+  o.stripes = 1;
+  auto s = BlockStore::Create(std::move(o));
+  REQUIRE(s.ok());
+  return std::move(*s);
+}
+
+ClusterConfig Config(const std::string& extra = "") {
+  auto c = ParseConfig(R"({
+    "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
+    "nodes": [{"id": "z0", "memory": {"host": "64MiB"}}],
+    "store": {"slot_bytes": "2MiB", "stripes": 2})" + extra + "}");
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  return *c;
+}
+
+}  // namespace
+
+TEST_CASE("Reserve/Commit: readers miss the block until it is committed, then read its bytes", "[store][zerocopy]") {
+  auto s = Store();
+  const auto data = Bytes(300000, 1);
+  auto r = s->Reserve(Key(1), data.size());
+  REQUIRE(r.ok());
+  REQUIRE(r->data().size() == data.size());
+  std::memcpy(r->data().data(), data.data(), data.size());
+  CHECK(!s->Exists(Key(1)));
+  CHECK(s->Get(Key(1)).status().code() == StatusCode::kNotFound);
+  CHECK(s->Put(Key(1), data).ok());  // a put of a key being written returns at once
+  REQUIRE(s->Commit(*r, Checksum64(data.data(), data.size()), /*verify=*/true).ok());
+  CHECK(!r->valid());
+  std::vector<std::byte> out(data.size());
+  auto n = s->GetInto(Key(1), out);
+  REQUIRE(n.ok());
+  CHECK(*n == data.size());
+  CHECK(out == data);
+}
+
+TEST_CASE("Reserve/Commit: a wrong checksum stores nothing and frees the chunk", "[store][zerocopy]") {
+  auto s = Store(2 << 20, 1 << 20);  // two slots
+  const auto data = Bytes(1 << 20, 2);
+  for (int round = 0; round < 4; ++round) {  // chunks come back: never runs out
+    auto r = s->Reserve(Key(2), data.size());
+    REQUIRE(r.ok());
+    std::memcpy(r->data().data(), data.data(), data.size());
+    r->data()[1000] ^= std::byte{1};  // torn in transit
+    Status c = s->Commit(*r, Checksum64(data.data(), data.size()), /*verify=*/true);
+    CHECK(c.code() == StatusCode::kDataLoss);
+    CHECK(!s->Exists(Key(2)));
+  }
+  CHECK(s->Stats().blocks == 0);
+  CHECK(s->Stats().bytes_held == 0);
+}
+
+TEST_CASE("Reserve: a stored key answers AlreadyExists; an abandoned reservation frees its chunk", "[store][zerocopy]") {
+  auto s = Store(2 << 20, 1 << 20);
+  const auto data = Bytes(1 << 20, 3);
+  REQUIRE(s->Put(Key(3), data).ok());
+  CHECK(s->Reserve(Key(3), data.size()).status().code() == StatusCode::kAlreadyExists);
+  {
+    auto r = s->Reserve(Key(4), data.size());
+    REQUIRE(r.ok());
+  }  // dropped unfilled
+  CHECK(!s->Exists(Key(4)));
+  CHECK(s->Stats().blocks == 1);
+  auto r = s->Reserve(Key(5), data.size());  // the freed chunk is there again, Key(3) stays
+  REQUIRE(r.ok());
+  r->Abort();
+  CHECK(s->Exists(Key(3)));
+}
+
+TEST_CASE("Reserve/Commit: a block erased while being written is not stored", "[store][zerocopy]") {
+  auto s = Store();
+  const auto data = Bytes(4096, 4);
+  auto r = s->Reserve(Key(6), data.size());
+  REQUIRE(r.ok());
+  std::memcpy(r->data().data(), data.data(), data.size());
+  REQUIRE(s->Erase(Key(6)).ok());
+  CHECK(s->Commit(*r, Checksum64(data.data(), data.size()), true).ok());
+  CHECK(!s->Exists(Key(6)));
+  CHECK(s->Stats().bytes_held == 0);
+}
+
+TEST_CASE("ShardNode: ReservePut goes through the tiers and refuses to bypass a codec", "[node][zerocopy]") {
+  SECTION("tiers: committed blocks are readable and exclusive") {
+    auto c = Config(R"(, "eviction": {"tiers": {"interval_ms": 60000}})");
+    c.nodes[0].memory.device = 4 << 20;
+    c.nodes[0].memory.host = 8 << 20;
+    auto n = ShardNode::Create(c, "z0");
+    REQUIRE(n.ok());
+    REQUIRE((*n)->tiers() != nullptr);
+    const auto data = Bytes(65536, 5);
+    auto r = (*n)->ReservePut(Key(7), data.size(), {});
+    REQUIRE(r.ok());
+    std::memcpy(r->data().data(), data.data(), data.size());
+    REQUIRE((*n)->CommitPut(*r, Checksum64(data.data(), data.size())).ok());
+    auto ref = (*n)->GetForTransfer(Key(7));
+    REQUIRE(ref.ok());
+    CHECK(std::memcmp(ref->data().data(), data.data(), data.size()) == 0);
+    CHECK((*n)->PoolMemory().size() == 2);
+  }
+  SECTION("codec: the node encodes on put, so the bytes must be staged") {
+    auto n = ShardNode::Create(Config(R"(, "codec": {"codec": "int8"})"), "z0");
+    REQUIRE(n.ok());
+    CHECK((*n)->ReservePut(Key(8), 65536, {}).status().code() == StatusCode::kFailedPrecondition);
+  }
+}
+
+namespace {
+
+// One node behind a TCP data server and a UCX server, a router over one channel to it.
+struct Served {
+  explicit Served(const std::string& extra = "") {
+    config = Config(extra);
+    auto n = ShardNode::Create(config, "z0");
+    REQUIRE(n.ok());
+    node = std::move(*n);
+    DataServerOptions d;
+    d.host = "127.0.0.1";
+    d.limits.max_block_bytes = 2 << 20;
+    auto ds = DataServer::Start(node.get(), d, &epoch);
+    REQUIRE(ds.ok());
+    tcp = std::move(*ds);
+#if defined(KVMESH_HAVE_UCX)
+    UcxServerOptions u;
+    u.limits.max_block_bytes = 2 << 20;
+    auto us = UcxServer::Start(node.get(), u, &epoch);
+    REQUIRE(us.ok());
+    ucx = std::move(*us);
+#endif
+  }
+  std::unique_ptr<Router> RouterOver(std::shared_ptr<ShardChannel> ch) {
+    auto map = ShardMap::FromConfig(config);
+    REQUIRE(map.ok());
+    auto r = Router::Create(config.model, std::move(*map), {std::move(ch)});
+    REQUIRE(r.ok());
+    return std::move(*r);
+  }
+  std::shared_ptr<ShardChannel> Tcp() {
+    TcpChannelOptions o;
+    o.port = tcp->port();
+    o.limits.max_block_bytes = 2 << 20;
+    return TcpChannel::Create(o);
+  }
+#if defined(KVMESH_HAVE_UCX)
+  std::shared_ptr<ShardChannel> Ucx(std::shared_ptr<UcxContext> ctx = nullptr) {
+    UcxChannelOptions o;
+    o.node_address = ucx->address();
+    o.timeout_ms = 5000;
+    o.limits.max_block_bytes = 2 << 20;
+    o.context = std::move(ctx);
+    auto c = UcxChannel::Connect(o);
+    REQUIRE(c.ok());
+    return std::shared_ptr<ShardChannel>(std::move(*c));
+  }
+#endif
+  std::atomic<uint64_t> epoch{0};
+  ClusterConfig config;
+  std::unique_ptr<ShardNode> node;
+  std::unique_ptr<DataServer> tcp;
+#if defined(KVMESH_HAVE_UCX)
+  std::unique_ptr<UcxServer> ucx;
+#endif
+};
+
+// Puts `n` blocks of assorted sizes from a registered pool, reads them back
+// into another part of it (and into unregistered memory), compares every byte.
+void RegisteredRoundTrip(Router& r, ShardNode& node) {
+  constexpr size_t kSlot = 2 << 20;
+  const size_t sizes[] = {64, 4096, 65536, 262144, 1 << 20, kSlot};
+  const size_t n = std::size(sizes);
+  std::vector<std::byte> pool(2 * n * kSlot);
+  auto region = r.RegisterMemory(pool.data(), pool.size());
+  REQUIRE(region.ok());
+  CHECK(r.RegisterMemory(pool.data() + 10, 100).status().code() == StatusCode::kInvalidArgument);  // overlaps
+  std::vector<PutItem> puts;
+  for (size_t i = 0; i < n; ++i) {
+    auto b = Bytes(sizes[i], 100 + i);
+    std::memcpy(pool.data() + i * kSlot, b.data(), b.size());
+    puts.push_back(PutItem{Key(100 + i), {pool.data() + i * kSlot, sizes[i]}, {}});
+  }
+  REQUIRE(r.PutFrom(puts).ok());
+  for (auto& p : puts) CHECK(p.status.ok());
+  std::vector<GetItem> gets;
+  for (size_t i = 0; i < n; ++i) gets.push_back(GetItem{Key(100 + i), {pool.data() + (n + i) * kSlot, kSlot}, 0, {}});
+  gets.push_back(GetItem{Key(999), {pool.data() + (2 * n - 1) * kSlot, 16}, 0, {}});  // a miss
+  REQUIRE(r.GetInto(gets).ok());
+  for (size_t i = 0; i < n; ++i) {
+    INFO("block " << i << ": " << gets[i].status.ToString());
+    REQUIRE(gets[i].status.ok());
+    CHECK(gets[i].size == sizes[i]);
+    CHECK(std::memcmp(pool.data() + (n + i) * kSlot, pool.data() + i * kSlot, sizes[i]) == 0);
+  }
+  CHECK(gets.back().status.code() == StatusCode::kNotFound);
+  // Too small a destination: the size needed, nothing written past it.
+  std::memset(pool.data() + n * kSlot, 0xAB, 65536 + 16);
+  GetItem small{Key(100 + 3), {pool.data() + n * kSlot, 65536}, 0, {}};
+  REQUIRE(r.GetInto(std::span(&small, 1)).ok());
+  CHECK(small.status.code() == StatusCode::kResourceExhausted);
+  CHECK(small.size == 262144);
+  CHECK(pool[n * kSlot + 65536] == std::byte{0xAB});
+  // Unregistered destinations and sources work too (the bounce path).
+  std::vector<std::byte> loose(kSlot);
+  GetItem g{Key(100 + 4), loose, 0, {}};
+  REQUIRE(r.GetInto(std::span(&g, 1)).ok());
+  REQUIRE(g.status.ok());
+  CHECK(std::memcmp(loose.data(), pool.data() + 4 * kSlot, sizes[4]) == 0);
+  auto lb = Bytes(5000, 7);
+  PutItem lp{Key(200), lb, {}};
+  REQUIRE(r.PutFrom(std::span(&lp, 1)).ok());
+  CHECK(r.Get(Key(200)).value() == lb);
+  // A block corrupted in the node's pool reads as a miss, never as bytes.
+  auto ref = node.GetForTransfer(Key(100 + 2));
+  REQUIRE(ref.ok());
+  const_cast<std::byte*>(ref->data().data())[77] ^= std::byte{0x40};
+  ref->Release();
+  GetItem bad{Key(100 + 2), {pool.data() + n * kSlot, kSlot}, 0, {}};
+  REQUIRE(r.GetInto(std::span(&bad, 1)).ok());
+  CHECK(bad.status.code() == StatusCode::kDataLoss);
+  CHECK(r.UnregisterMemory(region->id).ok());
+  CHECK(r.UnregisterMemory(region->id).code() == StatusCode::kNotFound);
+}
+
+}  // namespace
+
+TEST_CASE("Registered memory in process: GetInto/PutFrom byte for byte, misses, corruption", "[router][zerocopy]") {
+  Served s;
+  auto r = s.RouterOver(std::shared_ptr<ShardChannel>(MakeInProcessChannel(s.node.get())));
+  RegisteredRoundTrip(*r, *s.node);
+}
+
+TEST_CASE("Registered memory over TCP: PUT payloads land in pool chunks, GetInto byte for byte", "[cluster][zerocopy]") {
+  Served s;
+  auto r = s.RouterOver(s.Tcp());
+  RegisteredRoundTrip(*r, *s.node);
+}
+
+#if defined(KVMESH_HAVE_UCX)
+TEST_CASE("Registered memory over UCX: one-sided GET_INTO / PUT_FROM byte for byte (default UCX_TLS)",
+          "[cluster][ucx][zerocopy]") {
+  Served s;
+  auto ctx = UcxContext::Create(true);
+  REQUIRE(ctx.ok());
+  auto r = s.RouterOver(s.Ucx(*ctx));
+  RegisteredRoundTrip(*r, *s.node);
+  // Both directions of every registered block went one-sided: 2 x (64 + 4 KiB + 64 KiB + 256 KiB + 1 MiB + 2 MiB).
+  CHECK(s.ucx->one_sided_bytes() >= 2 * (64 + 4096 + 65536 + 262144 + (1 << 20) + (2 << 20)));
+}
+
+TEST_CASE("Registered memory over UCX_TLS=tcp: the same", "[cluster][ucx][zerocopy]") {
+  const char* old = std::getenv("UCX_TLS");
+  std::string saved = old ? old : "";
+  ::setenv("UCX_TLS", "tcp", 1);
+  {
+    Served s;
+    auto r = s.RouterOver(s.Ucx());
+    RegisteredRoundTrip(*r, *s.node);
+    CHECK(s.ucx->one_sided_bytes() >= 2 * (64 + 4096 + 65536 + 262144 + (1 << 20) + (2 << 20)));
+  }
+  if (old) ::setenv("UCX_TLS", saved.c_str(), 1);
+  else ::unsetenv("UCX_TLS");
+}
+
+TEST_CASE("Registered memory over UCX to a node that encodes on put: staged, stored encoded, read decoded",
+          "[cluster][ucx][zerocopy]") {
+  Served s(R"(, "codec": {"codec": "fp16"})");
+  auto r = s.RouterOver(s.Ucx());
+  // fp16 of fp16 data is lossless: full raw blocks (layers x heads x tokens x dim x 2 x 2 bytes).
+  const size_t block = s.config.model.FullBlockBytes();
+  std::vector<std::byte> pool(4 * block);
+  auto region = r->RegisterMemory(pool.data(), pool.size());
+  REQUIRE(region.ok());
+  std::mt19937 rng(3);
+  auto* h = reinterpret_cast<uint16_t*>(pool.data());
+  for (size_t i = 0; i < block / 2; ++i) h[i] = static_cast<uint16_t>(0x3C00 | (rng() & 0x3FF));  // finite fp16
+  PutItem p{Key(300), {pool.data(), block}, {}};
+  REQUIRE(r->PutFrom(std::span(&p, 1)).ok());
+  REQUIRE(p.status.ok());
+  GetItem g{Key(300), {pool.data() + 2 * block, block}, 0, {}};
+  REQUIRE(r->GetInto(std::span(&g, 1)).ok());
+  INFO(g.status.ToString());
+  REQUIRE(g.status.ok());
+  CHECK(g.size == block);
+  CHECK(std::memcmp(pool.data(), pool.data() + 2 * block, block) == 0);
+}
+
+TEST_CASE("Registered memory over UCX: after UnregisterMemory the same memory works through the bounce path",
+          "[cluster][ucx][zerocopy]") {
+  Served s;
+  auto ch = s.Ucx();
+  std::vector<std::byte> mem(1 << 20);
+  MemoryRegion reg{42, mem.data(), mem.size(), MemoryKind::kHost};
+  REQUIRE(ch->RegisterMemory(reg).ok());
+  auto data = Bytes(4096, 9);
+  std::memcpy(mem.data(), data.data(), data.size());
+  PutItem p{Key(400), {mem.data(), data.size()}, {}};
+  REQUIRE(ch->Put(std::span(&p, 1), {}).ok());
+  REQUIRE(p.status.ok());
+  ch->UnregisterMemory(42);  // the node forgets it too; the next calls take the bounce path
+  GetItem g{Key(400), {mem.data() + 8192, 8192}, 0, {}};
+  REQUIRE(ch->Get(std::span(&g, 1), {}).ok());
+  REQUIRE(g.status.ok());
+  CHECK(std::memcmp(mem.data() + 8192, data.data(), data.size()) == 0);
+}
+#endif
