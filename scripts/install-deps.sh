@@ -13,6 +13,8 @@ PKGS=(
   redis-server redis-tools   # the Redis baseline in benchmarks and the redis-cli tests
   gnuplot-nox                # PNG plots (replay, decode curves)
   python3                    # small helper scripts
+  python3-dev pybind11-dev python3-pybind11        # the Python package (python/)
+  python3-numpy python3-torch python3-pytest       # its tests and the PyTorch example
 )
 
 missing=()
