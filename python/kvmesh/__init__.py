@@ -15,6 +15,9 @@ protocol (bytearray, memoryview, numpy arrays) or torch tensors (contiguous;
 CPU, or CUDA in builds with CUDA after ``register``). Failed calls raise
 :class:`kvmesh.Error` subclasses carrying kvmesh's status code; every call
 releases the GIL while it does I/O.
+
+Engine adapters: :mod:`kvmesh.adapters.sglang` (SGLang's HiCacheStorage) and
+:mod:`kvmesh.adapters.vllm` (vLLM's KV connector v1).
 """
 
 from ._core import (  # noqa: F401
