@@ -121,13 +121,11 @@ void Client::Close() {
     if (router_ != nullptr)
       for (uint64_t id : ids) (void)router_->UnregisterMemory(id);  // the router goes away next either way
     router_ = nullptr;
+    closed_.store(true);
     network_.reset();
     embedded_.reset();
   }
-  for (auto& r : regions_) {
-    r->registered = false;
-    r->memory = Memory();
-  }
+  for (auto& r : regions_) r->registered = false;
   regions_.clear();
 }
 
@@ -149,16 +147,16 @@ py::dict Client::stats() {
   return d;
 }
 
-const Region* Client::RegionOf(uintptr_t p, size_t n) const {
+std::shared_ptr<Region> Client::RegionOf(uintptr_t p, size_t n) const {
   for (const auto& r : regions_)
-    if (r->registered && r->Contains(p, n)) return r.get();
+    if (r->registered && r->Contains(p, n)) return r;
   return nullptr;
 }
 
 void Client::CheckDevice(const Memory& m) const {
   if (!m.device()) return;
 #if defined(KVMESH_HAVE_CUDA)
-  const Region* r = RegionOf(reinterpret_cast<uintptr_t>(m.data()), m.size());
+  std::shared_ptr<Region> r = RegionOf(reinterpret_cast<uintptr_t>(m.data()), m.size());
   if (r == nullptr || r->kind != MemoryKind::kDevice)
     Throw(InvalidArgument("a CUDA tensor must lie in memory registered with register() first"));
 #else
@@ -259,12 +257,13 @@ std::vector<ItemStatus> Client::GetIntoPtrs(py::handle keys, py::handle ptrs, py
   std::vector<BlockKey> ks = ToKeys(keys);
   auto ranges = Ranges(ptrs, sizes, ks.size());
   std::vector<GetItem> items(ks.size());
+  std::vector<std::shared_ptr<Region>> hold;  // alive until the call returns
   for (size_t i = 0; i < ks.size(); ++i) {
-    const Region* r = RegionOf(ranges[i].first, ranges[i].second);
+    std::shared_ptr<Region> r = RegionOf(ranges[i].first, ranges[i].second);
     if (r == nullptr)
       Throw(InvalidArgument("item " + std::to_string(i) + ": the address range lies in no region registered here"));
-    if (!r->writable)
-      Throw(InvalidArgument("item " + std::to_string(i) + ": the region is read-only"));
+    if (!r->writable) Throw(InvalidArgument("item " + std::to_string(i) + ": the region is read-only"));
+    if (hold.empty() || hold.back() != r) hold.push_back(r);
     items[i] = GetItem{ks[i], std::span<std::byte>(reinterpret_cast<std::byte*>(ranges[i].first), ranges[i].second),
                        0, {}};
   }
@@ -278,9 +277,12 @@ std::vector<ItemStatus> Client::PutFromPtrs(py::handle keys, py::handle ptrs, py
   std::vector<BlockKey> ks = ToKeys(keys);
   auto ranges = Ranges(ptrs, sizes, ks.size());
   std::vector<PutItem> items(ks.size());
+  std::vector<std::shared_ptr<Region>> hold;  // alive until the call returns
   for (size_t i = 0; i < ks.size(); ++i) {
-    if (RegionOf(ranges[i].first, ranges[i].second) == nullptr)
+    std::shared_ptr<Region> r = RegionOf(ranges[i].first, ranges[i].second);
+    if (r == nullptr)
       Throw(InvalidArgument("item " + std::to_string(i) + ": the address range lies in no region registered here"));
+    if (hold.empty() || hold.back() != r) hold.push_back(r);
     items[i] = PutItem{
         ks[i], std::span<const std::byte>(reinterpret_cast<const std::byte*>(ranges[i].first), ranges[i].second), {}};
   }
@@ -328,16 +330,16 @@ std::shared_ptr<Region> Client::Register(py::handle obj) {
 void Client::Unregister(const std::shared_ptr<Region>& region) {
   auto it = std::find(regions_.begin(), regions_.end(), region);
   if (it == regions_.end() || !region->registered) Throw(NotFound("the region is not registered with this client"));
-  const uint64_t id = region->id;
+  // Forgotten here first, so no new call validates against it; calls already
+  // validated hold the region (and its memory) until they return.
+  regions_.erase(it);
+  region->registered = false;
   Status s;
   {
     py::gil_scoped_release nogil;
     std::unique_lock<std::shared_mutex> lock(io_mu_);  // waits for calls in flight
-    s = router_ != nullptr ? router_->UnregisterMemory(id) : FailedPrecondition("the client is closed");
+    s = router_ != nullptr ? router_->UnregisterMemory(region->id) : FailedPrecondition("the client is closed");
   }
-  regions_.erase(std::find(regions_.begin(), regions_.end(), region));
-  region->registered = false;
-  region->memory = Memory();
   Check(s);
 }
 

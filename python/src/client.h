@@ -12,6 +12,7 @@
 // members touched with the GIL held (regions_) are guarded by the GIL.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -37,7 +38,8 @@ struct ItemStatus {
 };
 
 // A region of caller memory registered with the router. Holds the memory
-// (and so the Python object) while registered.
+// (and so the Python object) for its whole life: a call in flight keeps the
+// region alive, so memory unregistered meanwhile is never released under it.
 struct Region {
   uint64_t id = 0;
   Memory memory;
@@ -75,7 +77,7 @@ class Client {
   size_t num_nodes();
   py::dict stats();
   void Close();
-  bool closed() const { return router_ == nullptr; }
+  bool closed() const { return closed_.load(); }
 
   std::vector<BlockKey> Keys(py::handle tokens, const py::kwargs& kw);
   size_t MatchPrefix(py::handle tokens, const py::kwargs& kw);
@@ -120,13 +122,14 @@ class Client {
     return f(*router_);
   }
   // The registered region holding [p, p + n), or nullptr.
-  const Region* RegionOf(uintptr_t p, size_t n) const;
+  std::shared_ptr<Region> RegionOf(uintptr_t p, size_t n) const;
   // Device memory must lie in a registered device region (the router stages it).
   void CheckDevice(const Memory& m) const;
 
   std::unique_ptr<NetworkClient> network_;
   std::unique_ptr<EmbeddedCluster> embedded_;
   Router* router_ = nullptr;  // guarded by io_mu_ (written exclusively, read shared)
+  std::atomic<bool> closed_{false};
   ModelSpec model_;
   std::shared_mutex io_mu_;
   std::vector<std::shared_ptr<Region>> regions_;  // guarded by the GIL

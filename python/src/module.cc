@@ -75,8 +75,9 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("writable", &Region::writable, "False for read-only memory (put_from only)")
       .def_readonly("registered", &Region::registered, "False once unregistered (or the client closed)")
       .def_property_readonly(
-          "obj", [](const Region& r) -> py::object { return r.memory.owner() ? r.memory.owner() : py::none(); },
-          "the registered object (None once unregistered)")
+          "obj",
+          [](const Region& r) -> py::object { return r.registered ? r.memory.owner() : py::none(); },
+          "the registered object (None once unregistered; it is released when the Region is)")
       .def("__repr__", [](const Region& r) {
         return "Region(id=" + std::to_string(r.id) + ", nbytes=" + std::to_string(r.memory.size()) +
                (r.registered ? "" : ", unregistered") + ")";

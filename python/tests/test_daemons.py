@@ -82,6 +82,34 @@ def test_gil_is_released_while_a_get_waits_on_a_stalled_node(daemons):
     daemons.wait_nodes(3)
 
 
+def test_unregister_waits_for_a_call_in_flight(daemons):
+    import torch
+    with kvmesh.Client(daemons.address, tenant="unregister", timeout_ms=600, refresh_ms=0) as c:
+        keys, data = fill(c, 24, seed=5, base=3000)
+        bb = c.block_bytes
+        pool = torch.zeros(len(keys), bb, dtype=torch.uint8)
+        region = c.register(pool)
+        results = []
+        daemons.signal("n0", signal.SIGSTOP)
+        try:
+            th = threading.Thread(target=lambda: results.append(
+                c.get_into_ptrs(keys, [pool[i].data_ptr() for i in range(len(keys))], bb)))
+            th.start()
+            time.sleep(0.1)  # the get is waiting on n0
+            t0 = time.monotonic()
+            c.unregister(region)
+            waited = time.monotonic() - t0
+            th.join()
+        finally:
+            daemons.signal("n0", signal.SIGCONT)
+        assert waited >= 0.3  # held until the get returned
+        st = results[0]
+        assert any(s.ok for s in st) and any(s.miss for s in st)
+        assert all(bytes(pool[i].numpy()) == data[i].tobytes() for i, s in enumerate(st) if s.ok)
+        assert not region.registered and c.regions == []
+    daemons.wait_nodes(3)
+
+
 def test_a_killed_nodes_blocks_are_misses_not_errors():
     d = Daemons().start()
     try:
