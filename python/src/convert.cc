@@ -36,8 +36,13 @@ void InstallErrorTranslator() {
 namespace {
 
 uint64_t ToU64(py::handle h, const char* what) {
-  if (!PyLong_Check(h.ptr())) Throw(InvalidArgument(std::string(what) + " must be an int"));
-  const unsigned long long v = PyLong_AsUnsignedLongLong(h.ptr());
+  if (!PyLong_Check(h.ptr()) && !PyIndex_Check(h.ptr())) Throw(InvalidArgument(std::string(what) + " must be an int"));
+  py::object idx = py::reinterpret_steal<py::object>(PyNumber_Index(h.ptr()));  // numpy integers too
+  if (!idx) {
+    PyErr_Clear();
+    Throw(InvalidArgument(std::string(what) + " must be an int"));
+  }
+  const unsigned long long v = PyLong_AsUnsignedLongLong(idx.ptr());
   if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
     PyErr_Clear();
     Throw(InvalidArgument(std::string(what) + " must lie in [0, 2**64)"));

@@ -158,7 +158,8 @@ Every method releases the GIL while it does I/O.)")
               "leading full blocks of prefix its node has (Sequence.prefix_tokens says how many tokens).")
               .c_str());
 
-  py::class_<EmbeddedClient, Client, std::shared_ptr<EmbeddedClient>>(m, "EmbeddedCluster", R"(A whole cluster in this process.
+  py::class_<EmbeddedClient, Client, std::shared_ptr<EmbeddedClient>>(m, "EmbeddedCluster",
+                                                                      R"(A whole cluster in this process.
 
 EmbeddedCluster(config) starts one shard node per configured node (config: a
 path, JSON text or a dict) and is a Client of them.)")
@@ -186,7 +187,8 @@ in the model dtype (kv_bytes(n) bytes). Full blocks are sealed into the node's s
           [](Sequence& s, py::handle t, py::handle k, py::handle v, py::kwargs kw) {
             return s.client->AppendSequence(s.handle, t, k, v, kw);
           },
-          py::arg("tokens"), py::arg("k"), py::arg("v"), "Appends tokens with their K and V; returns the first position.")
+          py::arg("tokens"), py::arg("k"), py::arg("v"),
+          "Appends tokens with their K and V; returns the first position.")
       .def(
           "truncate", [](Sequence& s, uint32_t n, py::kwargs kw) { s.client->TruncateSequence(s.handle, n, kw); },
           py::arg("n"), "Drops the last n tokens.")

@@ -40,6 +40,7 @@ def test_model_and_keys(client):
     assert client.keys(torch.arange(1000, 1100)) == keys
     assert client.keys(range(1000, 1100)) == keys
     assert kvmesh.key_from_hex(kvmesh.key_hex(keys[0])) == keys[0]
+    assert client.exists_each(np.array(keys, dtype=np.uint64)) == [False] * len(keys)  # numpy keys too
 
 
 def test_tenants_never_share_keys():
