@@ -22,6 +22,7 @@ Engine adapters: :mod:`kvmesh.adapters.sglang` (SGLang's HiCacheStorage) and
 
 from ._core import (  # noqa: F401
     HAVE_CUDA,
+    HAVE_UCX,
     VERSION,
     Client,
     EmbeddedCluster,
@@ -53,6 +54,6 @@ def key_from_hex(text: str) -> "tuple[int, int]":
 
 
 __all__ = [
-    "Client", "EmbeddedCluster", "ItemStatus", "Region", "Sequence", "HAVE_CUDA", "VERSION",
+    "Client", "EmbeddedCluster", "ItemStatus", "Region", "Sequence", "HAVE_CUDA", "HAVE_UCX", "VERSION",
     "key_hex", "key_from_hex",
 ] + list(_errors_all)

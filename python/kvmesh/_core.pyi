@@ -16,6 +16,7 @@ Config = Union[str, "PathLike[str]", dict]
 """A cluster config: a path, JSON text, or a dict (docs/config.md)."""
 
 HAVE_CUDA: bool
+HAVE_UCX: bool
 VERSION: str
 
 # Options every call below takes as keywords:

@@ -45,6 +45,11 @@ PYBIND11_MODULE(_core, m) {
 #else
   m.attr("HAVE_CUDA") = false;
 #endif
+#if defined(KVMESH_HAVE_UCX)
+  m.attr("HAVE_UCX") = true;
+#else
+  m.attr("HAVE_UCX") = false;
+#endif
   m.attr("VERSION") = KVMESH_VERSION;
 
   py::class_<ItemStatus>(m, "ItemStatus", "The result of one item of a batch (get_into, put_from).")

@@ -1,6 +1,7 @@
 """kvmesh.Client against real daemons: a client from a config file, the GIL
-released while a call waits on a stalled node, and a killed node's blocks
-coming back as per-item misses."""
+released while a call waits on a stalled node, unregister waiting for a call
+in flight, registered memory over UCX, and a killed node's blocks coming back
+as per-item misses."""
 
 import json
 import signal
@@ -108,6 +109,31 @@ def test_unregister_waits_for_a_call_in_flight(daemons):
         assert all(bytes(pool[i].numpy()) == data[i].tobytes() for i, s in enumerate(st) if s.ok)
         assert not region.registered and c.regions == []
     daemons.wait_nodes(3)
+
+
+@pytest.mark.skipif(not kvmesh.HAVE_UCX, reason="kvmesh built without UCX")
+def test_registered_memory_over_ucx(tmp_path):
+    import torch
+    cfg = json.load(open(DAEMONS_CONFIG))
+    cfg["transport"]["backend"] = "ucx"
+    path = tmp_path / "ucx.json"
+    path.write_text(json.dumps(cfg))
+    d = Daemons(config=str(path)).start()
+    try:
+        with kvmesh.Client(d.address, tenant="ucx") as c:
+            keys = c.keys(list(range(20 * BT)))
+            src = torch.randint(0, 256, (20, c.block_bytes), dtype=torch.uint8)
+            dst = torch.zeros_like(src)
+            c.register(src)
+            c.register(dst)
+            assert all(c.put_from_ptrs(keys, [src[i].data_ptr() for i in range(20)], c.block_bytes))
+            assert all(c.get_into_ptrs(keys, [dst[i].data_ptr() for i in range(20)], c.block_bytes))
+            assert torch.equal(src, dst)
+            plain = [bytearray(c.block_bytes) for _ in keys]  # unregistered: through a bounce buffer
+            assert all(c.get_into(keys, plain))
+            assert all(bytes(p) == bytes(src[i].numpy()) for i, p in enumerate(plain))
+    finally:
+        d.stop()
 
 
 def test_a_killed_nodes_blocks_are_misses_not_errors():
