@@ -1,0 +1,240 @@
+#include "convert.h"
+
+#include <cctype>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace kvmesh::python {
+
+std::string CodeName(StatusCode code) {
+  // "NotFound" -> "NOT_FOUND".
+  std::string_view camel = StatusCodeName(code);
+  std::string out;
+  for (size_t i = 0; i < camel.size(); ++i) {
+    const char c = camel[i];
+    if (i > 0 && std::isupper(static_cast<unsigned char>(c)) && std::islower(static_cast<unsigned char>(camel[i - 1])))
+      out += '_';
+    out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
+  return out;
+}
+
+void InstallErrorTranslator() {
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      py::object make = py::module_::import("kvmesh.errors").attr("_make");
+      py::object exc = make(CodeName(e.status().code()), e.status().message());
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    }
+  });
+}
+
+namespace {
+
+uint64_t ToU64(py::handle h, const char* what) {
+  if (!PyLong_Check(h.ptr()) && !PyIndex_Check(h.ptr())) Throw(InvalidArgument(std::string(what) + " must be an int"));
+  py::object idx = py::reinterpret_steal<py::object>(PyNumber_Index(h.ptr()));  // numpy integers too
+  if (!idx) {
+    PyErr_Clear();
+    Throw(InvalidArgument(std::string(what) + " must be an int"));
+  }
+  const unsigned long long v = PyLong_AsUnsignedLongLong(idx.ptr());
+  if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    Throw(InvalidArgument(std::string(what) + " must lie in [0, 2**64)"));
+  }
+  return static_cast<uint64_t>(v);
+}
+
+int64_t ToI64(py::handle h, const char* what) {
+  if (!PyLong_Check(h.ptr()) && !PyIndex_Check(h.ptr())) Throw(InvalidArgument(std::string(what) + " must be an int"));
+  py::object idx = py::reinterpret_steal<py::object>(PyNumber_Index(h.ptr()));
+  if (!idx) {
+    PyErr_Clear();
+    Throw(InvalidArgument(std::string(what) + " must be an int"));
+  }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(idx.ptr(), &overflow);
+  if (overflow != 0) Throw(InvalidArgument(std::string(what) + " is out of range"));
+  return static_cast<int64_t>(v);
+}
+
+TokenId ToToken(int64_t v) {
+  if (v < INT32_MIN || v > INT32_MAX) Throw(InvalidArgument("token id " + std::to_string(v) + " does not fit int32"));
+  return static_cast<TokenId>(v);
+}
+
+// Tokens from a 1-D buffer of integers (numpy int8..int64, uint8..uint64).
+bool TokensFromBuffer(py::handle obj, std::vector<TokenId>* out) {
+  if (!PyObject_CheckBuffer(obj.ptr())) return false;
+  Py_buffer b;
+  if (PyObject_GetBuffer(obj.ptr(), &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+    PyErr_Clear();
+    Throw(InvalidArgument("tokens: the buffer is not C-contiguous"));
+  }
+  std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> hold(&b, PyBuffer_Release);
+  std::string_view fmt = b.format ? b.format : "B";
+  if (!fmt.empty() && (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@')) fmt.remove_prefix(1);
+  if (b.ndim > 1) Throw(InvalidArgument("tokens must be one-dimensional"));
+  if (fmt.size() != 1 || std::string_view("bBhHiIlLqQ").find(fmt[0]) == std::string_view::npos)
+    Throw(InvalidArgument("tokens: buffer format '" + std::string(fmt) + "' is not an integer type"));
+  const bool is_signed = std::islower(static_cast<unsigned char>(fmt[0]));
+  const size_t n = static_cast<size_t>(b.len / b.itemsize);
+  out->resize(n);
+  const auto* p = static_cast<const unsigned char*>(b.buf);
+  for (size_t i = 0; i < n; ++i, p += b.itemsize) {
+    int64_t v = 0;
+    switch (b.itemsize) {
+      case 1: v = is_signed ? int64_t{*reinterpret_cast<const int8_t*>(p)} : int64_t{*p}; break;
+      case 2: {
+        int16_t s; uint16_t u;
+        std::memcpy(&s, p, 2), std::memcpy(&u, p, 2);
+        v = is_signed ? int64_t{s} : int64_t{u};
+        break;
+      }
+      case 4: {
+        int32_t s; uint32_t u;
+        std::memcpy(&s, p, 4), std::memcpy(&u, p, 4);
+        v = is_signed ? int64_t{s} : int64_t{u};
+        break;
+      }
+      case 8: {
+        uint64_t u;
+        std::memcpy(&u, p, 8);
+        if (!is_signed && u > static_cast<uint64_t>(INT64_MAX)) Throw(InvalidArgument("token id does not fit int32"));
+        std::memcpy(&v, p, 8);
+        break;
+      }
+      default: Throw(InvalidArgument("tokens: unsupported item size"));
+    }
+    (*out)[i] = ToToken(v);
+  }
+  return true;
+}
+
+Range ToRange(py::handle h, const char* what) {
+  if (h.is_none()) return {};
+  if (!py::isinstance<py::sequence>(h) || py::len(h) != 2)
+    Throw(InvalidArgument(std::string(what) + " must be a (begin, end) pair"));
+  py::sequence s = py::reinterpret_borrow<py::sequence>(h);
+  const int64_t b = ToI64(s[0], what), e = ToI64(s[1], what);
+  if (b < 0 || e < b || e > UINT32_MAX) Throw(InvalidArgument(std::string(what) + " must satisfy 0 <= begin <= end"));
+  return Range{static_cast<uint32_t>(b), static_cast<uint32_t>(e)};
+}
+
+}  // namespace
+
+BlockKey ToKey(py::handle h) {
+  if (!py::isinstance<py::sequence>(h) || py::isinstance<py::str>(h) || py::len(h) != 2)
+    Throw(InvalidArgument("a key is a (hi, lo) pair of ints"));
+  py::sequence s = py::reinterpret_borrow<py::sequence>(h);
+  return BlockKey{ToU64(s[0], "key hi"), ToU64(s[1], "key lo")};
+}
+
+std::vector<BlockKey> ToKeys(py::handle seq) {
+  if (!py::isinstance<py::sequence>(seq)) Throw(InvalidArgument("keys must be a sequence of (hi, lo) pairs"));
+  py::sequence s = py::reinterpret_borrow<py::sequence>(seq);
+  std::vector<BlockKey> keys;
+  keys.reserve(py::len(s));
+  for (py::handle h : s) keys.push_back(ToKey(h));
+  return keys;
+}
+
+py::tuple FromKey(const BlockKey& k) { return py::make_tuple(py::int_(k.hi), py::int_(k.lo)); }
+
+py::list FromKeys(const std::vector<BlockKey>& keys) {
+  py::list out(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) out[i] = FromKey(keys[i]);
+  return out;
+}
+
+std::vector<TokenId> ToTokens(py::handle obj) {
+  std::vector<TokenId> out;
+  if (TokensFromBuffer(obj, &out)) return out;
+  py::object seq = py::reinterpret_borrow<py::object>(obj);
+  if (!py::isinstance<py::list>(obj) && !py::isinstance<py::tuple>(obj) && py::hasattr(obj, "tolist"))
+    seq = obj.attr("tolist")();  // a torch tensor: one call instead of a 0-d tensor per element
+  if (py::isinstance<py::str>(seq) || py::isinstance<py::bytes>(seq) || !py::isinstance<py::iterable>(seq))
+    Throw(InvalidArgument("tokens must be a sequence of ints"));
+  if (py::hasattr(seq, "__len__")) out.reserve(py::len(seq));
+  for (py::handle h : seq) out.push_back(ToToken(ToI64(h, "token id")));
+  return out;
+}
+
+RequestOptions ToOptions(const py::kwargs& kw) {
+  RequestOptions o;
+  for (auto [k, v] : kw) {
+    const std::string key = py::cast<std::string>(k);
+    if (key == "priority") {
+      const int64_t p = ToI64(v, "priority");
+      if (p < 0 || p >= kMaxPriorityClasses) Throw(InvalidArgument("priority must lie in [0, 8)"));
+      o.priority = static_cast<Priority>(p);
+    } else if (key == "layers") {
+      o.layers = ToRange(v, "layers");
+    } else if (key == "heads") {
+      o.heads = ToRange(v, "heads");
+    } else if (key == "timeout_ms") {
+      o.timeout_ms = ToI64(v, "timeout_ms");
+      if (o.timeout_ms < 0) Throw(InvalidArgument("timeout_ms must be >= 0"));
+    } else if (key == "expert" || key == "layer_group" || key == "rank") {
+      if (v.is_none()) continue;
+      const int64_t x = ToI64(v, key.c_str());
+      if (x < 0 || x > UINT32_MAX) Throw(InvalidArgument(key + " is out of range"));
+      const auto u = static_cast<uint32_t>(x);
+      o.affinity = key == "expert" ? Affinity::Expert(u) : key == "rank" ? Affinity::Rank(u) : Affinity::LayerGroup(u);
+    } else if (key == "score") {
+      o.score = py::cast<float>(v);
+    } else if (key == "replace") {
+      o.replace = py::cast<bool>(v);
+    } else {
+      Throw(InvalidArgument("unknown option '" + key + "'"));
+    }
+  }
+  return o;
+}
+
+void Memory::BufferDeleter::operator()(Py_buffer* b) const {
+  PyBuffer_Release(b);
+  delete b;
+}
+
+Memory::~Memory() = default;
+
+Memory Memory::Acquire(py::handle obj, bool writable) {
+  Memory m;
+  m.owner_ = py::reinterpret_borrow<py::object>(obj);
+  if (PyObject_CheckBuffer(obj.ptr())) {
+    auto* b = new Py_buffer;
+    const int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj.ptr(), b, flags) != 0) {
+      delete b;
+      PyErr_Clear();
+      Throw(InvalidArgument(writable ? "the buffer must be writable and C-contiguous"
+                                     : "the buffer must be C-contiguous"));
+    }
+    m.view_.reset(b);
+    m.data_ = static_cast<std::byte*>(b->buf);
+    m.size_ = static_cast<size_t>(b->len);
+    return m;
+  }
+  if (py::hasattr(obj, "data_ptr") && py::hasattr(obj, "element_size") && py::hasattr(obj, "numel")) {
+    if (py::hasattr(obj, "is_contiguous") && !py::cast<bool>(obj.attr("is_contiguous")()))
+      Throw(InvalidArgument("the tensor must be contiguous"));
+    std::string device = "cpu";
+    if (py::hasattr(obj, "device")) device = py::cast<std::string>(obj.attr("device").attr("type"));
+    if (device != "cpu" && device != "cuda")
+      Throw(InvalidArgument("tensors on '" + device + "' devices are not supported (cpu or cuda)"));
+    m.device_ = device == "cuda";
+    m.data_ = reinterpret_cast<std::byte*>(py::cast<uintptr_t>(obj.attr("data_ptr")()));
+    m.size_ = py::cast<size_t>(obj.attr("numel")()) * py::cast<size_t>(obj.attr("element_size")());
+    return m;
+  }
+  Throw(InvalidArgument(std::string("expected a buffer (bytearray, memoryview, numpy array) or a tensor, got ") +
+                        std::string(py::str(obj.get_type().attr("__name__")))));
+}
+
+}  // namespace kvmesh::python

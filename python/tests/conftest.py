@@ -1,0 +1,144 @@
+"""Fixtures of the kvmesh Python tests: an embedded cluster, and real daemons
+(`kvmesh coordinator` + three `kvmesh node`s from cluster_configs/daemons-local.json
+on 127.0.0.1, ports chosen at run time), always killed at the end.
+
+ctest sets PYTHONPATH (build/python), KVMESH_BIN and KVMESH_SOURCE_DIR.
+"""
+
+import json
+import os
+import select
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+import kvmesh
+
+SOURCE_DIR = os.environ.get("KVMESH_SOURCE_DIR",
+                            os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+KVMESH_BIN = os.environ.get("KVMESH_BIN", os.path.join(SOURCE_DIR, "build", "bin", "kvmesh"))
+DAEMONS_CONFIG = os.path.join(SOURCE_DIR, "cluster_configs", "daemons-local.json")
+
+# The model of daemons-local.json, for embedded clusters the tests compare with it.
+MODEL = {"model_id": "kvmesh-demo-1b", "num_layers": 4, "num_kv_heads": 4, "head_dim": 64,
+         "dtype": "fp16", "block_tokens": 16}
+
+
+def embedded_config(nodes=3, memory="64MiB", **extra):
+    cfg = {"model": dict(MODEL),
+           "nodes": [{"id": f"e{i}", "memory": {"host": memory}} for i in range(nodes)],
+           "store": {"slot_bytes": "1MiB"}}
+    cfg.update(extra)
+    return cfg
+
+
+class Daemons:
+    """A coordinator and nodes as child processes (each in its own process group)."""
+
+    def __init__(self, config=DAEMONS_CONFIG, nodes=("n0", "n1", "n2"), timeout_s=15.0):
+        self.config, self.node_ids, self.timeout_s = config, nodes, timeout_s
+        self.procs = {}
+        self.logs = {}
+        self.listening = {}
+        self.address = None
+
+    def _start(self, name, args):
+        log = tempfile.TemporaryFile()
+        p = subprocess.Popen([KVMESH_BIN] + args, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+        self.procs[name], self.logs[name] = p, log
+        end = time.monotonic() + self.timeout_s
+        buf = b""
+        while time.monotonic() < end:
+            r, _, _ = select.select([p.stdout], [], [], 0.2)
+            if not r:
+                if p.poll() is not None:
+                    break
+                continue
+            chunk = os.read(p.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            buf += chunk
+            for line in buf.split(b"\n")[:-1]:
+                if line.startswith(b"{"):
+                    ev = json.loads(line)
+                    if ev.get("event") == "listening":
+                        self.listening[name] = ev
+                        return ev
+        raise RuntimeError(f"{name} did not start: {self.log(name)}")
+
+    def log(self, name):
+        f = self.logs[name]
+        f.seek(0)
+        return f.read().decode(errors="replace")[-2000:]
+
+    def start(self):
+        ev = self._start("coordinator", ["coordinator", "--config", self.config, "--port", "0"])
+        self.address = f"127.0.0.1:{ev['ports']['http']}"
+        for n in self.node_ids:
+            self._start(n, ["node", "--config", self.config, "--id", n, "--coordinator", self.address])
+        self.wait_nodes(len(self.node_ids))
+        return self
+
+    def wait_nodes(self, n):
+        end = time.monotonic() + self.timeout_s
+        while time.monotonic() < end:
+            try:
+                with urllib.request.urlopen(f"http://{self.address}/nodes", timeout=1) as r:
+                    if len(json.loads(r.read())["nodes"]) == n:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"the coordinator did not list {n} nodes")
+
+    def signal(self, name, sig):
+        os.killpg(self.procs[name].pid, sig)
+
+    def stop(self):
+        for name, p in self.procs.items():
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            p.stdout.close()
+        for f in self.logs.values():
+            f.close()
+
+
+@pytest.fixture(scope="module")
+def daemons():
+    d = Daemons()
+    try:
+        yield d.start()
+    finally:
+        d.stop()
+
+
+@pytest.fixture
+def embedded():
+    with kvmesh.EmbeddedCluster(embedded_config(), tenant="tests") as c:
+        yield c
+
+
+@pytest.fixture(params=["embedded", "daemons"])
+def client(request):
+    """The same tests against an in-process cluster and against daemons (a tenant
+    per test, so tests sharing the daemons never see each other's blocks)."""
+    tenant = f"tests-{request.node.name}"
+    if request.param == "embedded":
+        c = kvmesh.EmbeddedCluster(embedded_config(), tenant=tenant)
+    else:
+        d = request.getfixturevalue("daemons")
+        c = kvmesh.Client(d.address, tenant=tenant, timeout_ms=2000, refresh_ms=200)
+    with c:
+        yield c

@@ -1,0 +1,164 @@
+"""kvmesh.Client against real daemons: a client from a config file, the GIL
+released while a call waits on a stalled node, unregister waiting for a call
+in flight, registered memory over UCX, and a killed node's blocks coming back
+as per-item misses."""
+
+import json
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import kvmesh
+from conftest import DAEMONS_CONFIG, Daemons
+
+BT = 16
+
+
+def fill(client, n, seed, base):
+    t = list(range(base, base + n * BT))
+    rng = np.random.default_rng(seed)
+    data = [rng.integers(0, 256, client.block_bytes, dtype=np.uint8) for _ in range(n)]
+    client.put(t, data)
+    return client.keys(t), data
+
+
+def test_client_from_a_config_file(daemons, tmp_path):
+    cfg = json.load(open(DAEMONS_CONFIG))
+    host, port = daemons.address.split(":")
+    cfg["coordinator"]["port"] = int(port)
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(cfg))
+    with kvmesh.Client(config=str(path), tenant="from-config") as c:
+        assert c.num_nodes == 3 and c.epoch >= 1
+        keys, data = fill(c, 4, seed=1, base=100)
+        assert c.match_prefix(list(range(100, 100 + 4 * BT))) == 4
+        assert c.get(keys[3]) == data[3].tobytes()
+    # The config's own port (7070) is not what the test's coordinator listens on.
+    cfg["coordinator"]["port"] = 0
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(kvmesh.InvalidArgumentError):
+        kvmesh.Client(config=str(path))
+
+
+def test_unreachable_coordinator_raises():
+    with pytest.raises(kvmesh.Error) as e:
+        kvmesh.Client("127.0.0.1:1", timeout_ms=300, connect_timeout_ms=100)
+    assert e.value.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "IO_ERROR")
+
+
+def test_gil_is_released_while_a_get_waits_on_a_stalled_node(daemons):
+    with kvmesh.Client(daemons.address, tenant="gil", timeout_ms=600, refresh_ms=0) as c:
+        keys, data = fill(c, 48, seed=2, base=1000)  # spread over the three nodes
+        outs = [bytearray(c.block_bytes) for _ in keys]
+        ticks = [0]
+        stop = threading.Event()
+
+        def spin():  # pure Python: runs only while nobody holds the GIL
+            while not stop.is_set():
+                ticks[0] += 1
+
+        daemons.signal("n1", signal.SIGSTOP)
+        spinner = threading.Thread(target=spin)
+        try:
+            spinner.start()
+            time.sleep(0.05)
+            before, t0 = ticks[0], time.monotonic()
+            st = c.get_into(keys, outs)
+            waited, during = time.monotonic() - t0, ticks[0] - before
+        finally:
+            stop.set()
+            spinner.join()
+            daemons.signal("n1", signal.SIGCONT)
+        assert waited >= 0.4  # the stalled node held the call to its timeout ...
+        assert during > 10000  # ... and Python ran meanwhile
+        codes = {s.code for s in st}
+        missed = [i for i, s in enumerate(st) if not s.ok]
+        assert missed and len(missed) < len(keys)
+        assert codes <= {"OK", "DEADLINE_EXCEEDED", "UNAVAILABLE"}
+        assert all(st[i].miss for i in missed)
+        assert all(bytes(outs[i]) == data[i].tobytes() for i in range(len(keys)) if st[i].ok)
+    daemons.wait_nodes(3)
+
+
+def test_unregister_waits_for_a_call_in_flight(daemons):
+    import torch
+    with kvmesh.Client(daemons.address, tenant="unregister", timeout_ms=600, refresh_ms=0) as c:
+        keys, data = fill(c, 24, seed=5, base=3000)
+        bb = c.block_bytes
+        pool = torch.zeros(len(keys), bb, dtype=torch.uint8)
+        region = c.register(pool)
+        results = []
+        daemons.signal("n0", signal.SIGSTOP)
+        try:
+            th = threading.Thread(target=lambda: results.append(
+                c.get_into_ptrs(keys, [pool[i].data_ptr() for i in range(len(keys))], bb)))
+            th.start()
+            time.sleep(0.1)  # the get is waiting on n0
+            t0 = time.monotonic()
+            c.unregister(region)
+            waited = time.monotonic() - t0
+            th.join()
+        finally:
+            daemons.signal("n0", signal.SIGCONT)
+        assert waited >= 0.3  # held until the get returned
+        st = results[0]
+        assert any(s.ok for s in st) and any(s.miss for s in st)
+        assert all(bytes(pool[i].numpy()) == data[i].tobytes() for i, s in enumerate(st) if s.ok)
+        assert not region.registered and c.regions == []
+    daemons.wait_nodes(3)
+
+
+@pytest.mark.skipif(not kvmesh.HAVE_UCX, reason="kvmesh built without UCX")
+def test_registered_memory_over_ucx(tmp_path):
+    import torch
+    cfg = json.load(open(DAEMONS_CONFIG))
+    cfg["transport"]["backend"] = "ucx"
+    path = tmp_path / "ucx.json"
+    path.write_text(json.dumps(cfg))
+    d = Daemons(config=str(path)).start()
+    try:
+        with kvmesh.Client(d.address, tenant="ucx") as c:
+            keys = c.keys(list(range(20 * BT)))
+            src = torch.randint(0, 256, (20, c.block_bytes), dtype=torch.uint8)
+            dst = torch.zeros_like(src)
+            c.register(src)
+            c.register(dst)
+            assert all(c.put_from_ptrs(keys, [src[i].data_ptr() for i in range(20)], c.block_bytes))
+            assert all(c.get_into_ptrs(keys, [dst[i].data_ptr() for i in range(20)], c.block_bytes))
+            assert torch.equal(src, dst)
+            plain = [bytearray(c.block_bytes) for _ in keys]  # unregistered: through a bounce buffer
+            assert all(c.get_into(keys, plain))
+            assert all(bytes(p) == bytes(src[i].numpy()) for i, p in enumerate(plain))
+    finally:
+        d.stop()
+
+
+def test_a_killed_nodes_blocks_are_misses_not_errors():
+    d = Daemons().start()
+    try:
+        with kvmesh.Client(d.address, tenant="kill", timeout_ms=1000, refresh_ms=100) as c:
+            keys, data = fill(c, 30, seed=3, base=5000)
+            assert c.exists(keys) == 30
+            d.signal("n2", signal.SIGKILL)
+            outs = [bytearray(c.block_bytes) for _ in keys]
+            st = c.get_into(keys, outs)
+            hits = [i for i, s in enumerate(st) if s.ok]
+            assert 0 < len(hits) < 30
+            assert all(s.miss for s in st if not s.ok)
+            assert all(bytes(outs[i]) == data[i].tobytes() for i in hits)
+            assert c.match_prefix(list(range(5000, 5000 + 30 * BT))) < 30
+            d.wait_nodes(2)
+            deadline = time.monotonic() + 5
+            while c.num_nodes != 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert c.num_nodes == 2
+            # New blocks go to the two nodes left and read back whole.
+            keys2, data2 = fill(c, 10, seed=4, base=9000)
+            outs = [bytearray(c.block_bytes) for _ in keys2]
+            assert all(c.get_into(keys2, outs))
+            assert all(bytes(o) == x.tobytes() for o, x in zip(outs, data2))
+    finally:
+        d.stop()
