@@ -172,10 +172,10 @@ struct Served {
     ucx = std::move(*us);
 #endif
   }
-  std::unique_ptr<Router> RouterOver(std::shared_ptr<ShardChannel> ch) {
+  std::unique_ptr<Router> RouterOver(std::shared_ptr<ShardChannel> ch, RouterOptions ro = {}) {
     auto map = ShardMap::FromConfig(config);
     REQUIRE(map.ok());
-    auto r = Router::Create(config.model, std::move(*map), {std::move(ch)});
+    auto r = Router::Create(config.model, std::move(*map), {std::move(ch)}, std::move(ro));
     REQUIRE(r.ok());
     return std::move(*r);
   }
@@ -208,13 +208,17 @@ struct Served {
 
 // Puts `n` blocks of assorted sizes from a registered pool, reads them back
 // into another part of it (and into unregistered memory), compares every byte.
-void RegisteredRoundTrip(Router& r, ShardNode& node) {
+// The pool is heap memory the caller registers, or (allocate) memory from
+// Router::AllocateMemory.
+void RegisteredRoundTrip(Router& r, ShardNode& node, bool allocate = false) {
   constexpr size_t kSlot = 2 << 20;
   const size_t sizes[] = {64, 4096, 65536, 262144, 1 << 20, kSlot};
   const size_t n = std::size(sizes);
-  std::vector<std::byte> pool(2 * n * kSlot);
-  auto region = r.RegisterMemory(pool.data(), pool.size());
+  std::vector<std::byte> heap(allocate ? 0 : 2 * n * kSlot);
+  auto region = allocate ? r.AllocateMemory(2 * n * kSlot) : r.RegisterMemory(heap.data(), heap.size());
   REQUIRE(region.ok());
+  std::span<std::byte> pool(region->base, region->bytes);
+  REQUIRE(pool.size() == 2 * n * kSlot);
   CHECK(r.RegisterMemory(pool.data() + 10, 100).status().code() == StatusCode::kInvalidArgument);  // overlaps
   std::vector<PutItem> puts;
   for (size_t i = 0; i < n; ++i) {
@@ -288,6 +292,38 @@ TEST_CASE("Registered memory over UCX: one-sided GET_INTO / PUT_FROM byte for by
   RegisteredRoundTrip(*r, *s.node);
   // Both directions of every registered block went one-sided: 2 x (64 + 4 KiB + 64 KiB + 256 KiB + 1 MiB + 2 MiB).
   CHECK(s.ucx->one_sided_bytes() >= 2 * (64 + 4096 + 65536 + 262144 + (1 << 20) + (2 << 20)));
+}
+
+TEST_CASE("Registered memory over UCX: Router::AllocateMemory gives shared memory the node writes and reads one-sided",
+          "[cluster][ucx][zerocopy]") {
+  Served s;
+  auto ctx = UcxContext::Create(true);
+  REQUIRE(ctx.ok());
+  RouterOptions ro;
+  std::shared_ptr<UcxContext> c = *ctx;
+  int allocations = 0;
+  ro.allocate_memory = [c, &allocations](size_t bytes) -> Result<std::shared_ptr<std::byte>> {
+    KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<UcxMemory> m, c->Allocate(bytes));
+    ++allocations;
+    std::byte* base = m->base();
+    return std::shared_ptr<std::byte>(std::move(m), base);
+  };
+  auto r = s.RouterOver(s.Ucx(c), std::move(ro));
+  RegisteredRoundTrip(*r, *s.node, /*allocate=*/true);
+  CHECK(allocations == 1);
+  CHECK(s.ucx->one_sided_bytes() >= 2 * (64 + 4096 + 65536 + 262144 + (1 << 20) + (2 << 20)));
+}
+
+TEST_CASE("Router::AllocateMemory without a transport allocator: page-aligned registered memory, freed on unregister",
+          "[router][zerocopy]") {
+  Served s;
+  auto r = s.RouterOver(std::shared_ptr<ShardChannel>(MakeInProcessChannel(s.node.get())));
+  CHECK(r->AllocateMemory(0).status().code() == StatusCode::kInvalidArgument);
+  RegisteredRoundTrip(*r, *s.node, /*allocate=*/true);
+  auto region = r->AllocateMemory(3 << 20);
+  REQUIRE(region.ok());
+  CHECK(reinterpret_cast<uintptr_t>(region->base) % 4096 == 0);
+  std::memset(region->base, 0x5A, region->bytes);  // all of it is writable
 }
 
 TEST_CASE("Registered memory over UCX_TLS=tcp: the same", "[cluster][ucx][zerocopy]") {
