@@ -5,6 +5,12 @@
 // corruption is a miss, never wrong bytes.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+
+#include <algorithm>
+
+#include <thread>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -312,6 +318,38 @@ TEST_CASE("Registered memory over UCX: Router::AllocateMemory gives shared memor
   RegisteredRoundTrip(*r, *s.node, /*allocate=*/true);
   CHECK(allocations == 1);
   CHECK(s.ucx->one_sided_bytes() >= 2 * (64 + 4096 + 65536 + 262144 + (1 << 20) + (2 << 20)));
+}
+
+TEST_CASE("Registered memory over UCX: a node on the client's host writes nothing once the call's deadline passed",
+          "[cluster][ucx][zerocopy]") {
+  // GET_INTO carries the call's deadline; a node sharing the client's clock
+  // (same boot id) refuses to write into memory the client may have reused.
+  Served s;
+  auto ctx = UcxContext::Create(true);
+  REQUIRE(ctx.ok());
+  auto r = s.RouterOver(s.Ucx(*ctx));
+  std::vector<std::byte> pool(1 << 20);
+  auto region = r->RegisterMemory(pool.data(), pool.size());
+  REQUIRE(region.ok());
+  auto b = Bytes(65536, 5);
+  PutItem p{Key(500), b, {}};
+  REQUIRE(r->PutFrom(std::span(&p, 1)).ok());
+  REQUIRE(p.status.ok());
+  const uint64_t moved = s.ucx->one_sided_bytes();
+  std::memset(pool.data(), 0xEE, 65536);
+  RequestOptions hurry;
+  hurry.timeout_ms = 1;  // inside the node's margin: the write would race the client's give-up
+  GetItem g{Key(500), {pool.data(), 65536}, 0, {}};
+  (void)r->GetInto(std::span(&g, 1), hurry);
+  CHECK_FALSE(g.status.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // anything late would have landed by now
+  CHECK(s.ucx->one_sided_bytes() == moved);
+  CHECK(std::all_of(pool.begin(), pool.begin() + 65536, [](std::byte x) { return x == std::byte{0xEE}; }));
+  // With time to spare the same read lands.
+  GetItem ok{Key(500), {pool.data(), 65536}, 0, {}};
+  REQUIRE(r->GetInto(std::span(&ok, 1)).ok());
+  REQUIRE(ok.status.ok());
+  CHECK(std::memcmp(pool.data(), b.data(), b.size()) == 0);
 }
 
 TEST_CASE("Router::AllocateMemory without a transport allocator: page-aligned registered memory, freed on unregister",
