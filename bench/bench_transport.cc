@@ -6,9 +6,11 @@
 // (64 KiB, 256 KiB, 1 MiB) and client count (1, 8) measures PUT/SET and GET
 // throughput (GB/s, ops/s) and p50/p99 latency, each cell repeated `--reps`
 // times with the systems interleaved; medians are printed. Each client's
-// blocks live in one buffer it registers with its UCX channel (an engine's
-// KV pool), so UCX GETs and PUTs are one-sided (GET_INTO / PUT_FROM); TCP
-// reads and writes the same buffers. The baselines, measured in the same run:
+// blocks live in one buffer registered with its UCX channel (an engine's KV
+// pool; by default memory from UcxContext::Allocate, what
+// Router::AllocateMemory hands out; --ucx-memory malloc for heap memory), so
+// UCX GETs and PUTs are one-sided (GET_INTO / PUT_FROM); TCP reads and writes
+// the same buffers. The baselines, measured in the same run:
 // ucx_perftest (ucp_am_lat per size: what one UCX message costs between two
 // processes with the same UCX_TLS; ucp_am_bw for 64 KiB), raw loopback TCP
 // request/ack of the same size (what a perfect store over one TCP round trip
@@ -17,7 +19,7 @@
 //
 //   build/bin/bench_transport [--seconds 1] [--reps 3] [--sizes 65536,262144,1048576] [--clients 1,8]
 //                             [--tables transport,resp] [--resp-sizes 16384] [--resp-clients 1,8]
-//                             [--ucx-progress poll|event|hybrid] [--json]
+//                             [--ucx-progress poll|event|hybrid] [--ucx-memory allocated|malloc] [--json]
 //
 // --json prints one object, {"rows": [{backend, op, block_bytes, clients,
 // batch, gbps, ops, p50_us, p99_us}, ...]}, backends tcp, ucx, redis, raw,
@@ -451,6 +453,7 @@ int main(int argc, char** argv) {
   std::string kvmesh_bin = KVMESH_BIN, redis_bin = KVMESH_REDIS_SERVER;
   std::string tables = "transport,resp", resp_sizes_arg = "16384", resp_clients_arg = "1,8";
   std::string ucx_progress = "hybrid";
+  std::string ucx_memory = "allocated";  // the clients' registered memory: UcxContext::Allocate, or malloc
   bool json = false;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--json") json = true;
@@ -470,6 +473,7 @@ int main(int argc, char** argv) {
     else if (k == "--resp-sizes") resp_sizes_arg = v;
     else if (k == "--resp-clients") resp_clients_arg = v;
     else if (k == "--ucx-progress") ucx_progress = v;
+    else if (k == "--ucx-memory") ucx_memory = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -517,9 +521,24 @@ int main(int argc, char** argv) {
   // each, in one allocation per client (what an engine registers: its KV pool).
   const size_t slot = std::max<size_t>(*std::max_element(sizes.begin(), sizes.end()), kBatchBlock);
   const size_t per_client = (1 + std::max(keys_per_client, kBatch)) * slot;
-  std::vector<std::unique_ptr<std::byte[]>> pool(max_clients);
+  // Over UCX by default the memory an engine gets from Router::AllocateMemory
+  // (UcxContext::Allocate: a shared-memory segment the node maps);
+  // --ucx-memory malloc registers plain heap memory instead.
+#if defined(KVMESH_HAVE_UCX)
+  auto ctx = UcxContext::Create(/*mt_workers=*/true);
+#endif
+  std::vector<std::shared_ptr<std::byte>> pool(max_clients);
   for (auto& p : pool) {
-    p.reset(new std::byte[per_client]);
+#if defined(KVMESH_HAVE_UCX)
+    if (ucx_memory == "allocated" && ctx.ok()) {
+      auto m = (*ctx)->Allocate(per_client);
+      if (m.ok()) {
+        std::byte* base = (*m)->base();
+        p = std::shared_ptr<std::byte>(std::move(*m), base);
+      }
+    }
+#endif
+    if (!p) p = std::shared_ptr<std::byte>(new std::byte[per_client], std::default_delete<std::byte[]>());
     std::memset(p.get(), 0, per_client);
   }
   auto src_of = [&](size_t c, size_t size) { return std::span<const std::byte>(pool[c].get(), size); };
@@ -529,7 +548,6 @@ int main(int argc, char** argv) {
 #if defined(KVMESH_HAVE_UCX)
   {
     auto addr = HexDecode(ev->value("ucx_address", ""));
-    auto ctx = UcxContext::Create(/*mt_workers=*/true);
     for (size_t c = 0; addr.ok() && !addr->empty() && ctx.ok() && c < max_clients; ++c) {
       UcxChannelOptions uo;
       uo.node_address = *addr;
@@ -578,8 +596,8 @@ int main(int argc, char** argv) {
   const char* tls = std::getenv("UCX_TLS");
   if (!json)
     std::printf("# kvmesh TCP and UCX vs ucx_perftest, redis-server and raw loopback TCP — %d reps x %.1f s per cell, "
-                "medians (UCX_TLS=%s, progress %s; UCX: registered memory, one-sided)\n",
-                reps, seconds, tls ? tls : "default", ucx_progress.c_str());
+                "medians (UCX_TLS=%s, progress %s; UCX: one-sided, into %s registered memory)\n",
+                reps, seconds, tls ? tls : "default", ucx_progress.c_str(), ucx_memory.c_str());
   if (!json) {
     std::printf("| op | block | clients | kvmesh TCP GB/s | TCP p50/p99 us | kvmesh UCX GB/s | UCX p50/p99 us | "
                 "ucp_am_lat GB/s (one-way us) | redis GB/s | raw req/ack GB/s | UCX/am_lat | UCX/TCP | TCP/raw | "
@@ -744,6 +762,7 @@ int main(int argc, char** argv) {
     nlohmann::json out;
     out["ucx_tls"] = tls ? tls : "default";
     out["ucx_progress"] = ucx_progress;
+    out["ucx_memory"] = ucx_memory;
     out["seconds"] = seconds;
     out["reps"] = reps;
     out["rows"] = nlohmann::json::array();

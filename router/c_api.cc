@@ -175,6 +175,17 @@ int kvmesh_register_memory(kvmesh_client* c, void* base, size_t bytes, kvmesh_me
   });
 }
 
+int kvmesh_allocate_memory(kvmesh_client* c, size_t bytes, void** base, uint64_t* region_id) {
+  return Guard([&] {
+    if (!c || !base || !region_id) return Fail(kvmesh::InvalidArgument("null argument"));
+    auto r = c->net->router().AllocateMemory(bytes);
+    if (!r.ok()) return Fail(r.status());
+    *base = r->base;
+    *region_id = r->id;
+    return Ok();
+  });
+}
+
 int kvmesh_unregister_memory(kvmesh_client* c, uint64_t region_id) {
   return Guard([&] {
     if (!c) return Fail(kvmesh::InvalidArgument("null argument"));

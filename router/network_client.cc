@@ -113,6 +113,20 @@ struct NetworkClient::Impl {
       ro.tenant_salt = o.tenant_salt;
       ro.timeout_ms = o.timeout_ms;
       ro.refresh = [this](Router&) { return Refresh(); };
+#if defined(KVMESH_HAVE_UCX)
+      // Over UCX: memory the nodes of this host map themselves (UcxContext::Allocate).
+      ro.allocate_memory = [this](size_t bytes) -> Result<std::shared_ptr<std::byte>> {
+        std::shared_ptr<UcxContext> ctx;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          ctx = ucx_context;
+        }
+        if (!ctx) return std::shared_ptr<std::byte>();  // no UCX node: the router's default
+        KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<UcxMemory> m, ctx->Allocate(bytes));
+        std::byte* base = m->base();
+        return std::shared_ptr<std::byte>(std::move(m), base);
+      };
+#endif
       KVMESH_ASSIGN_OR_RETURN(router, Router::Create(pm.model, map, std::move(list), ro));
     } else {
       Status s = router->UpdateMap(map, std::move(list));

@@ -1,5 +1,7 @@
 #include "kvmesh/router.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -162,6 +164,7 @@ struct Router::Impl {
   mutable std::shared_mutex regions_mu;
   std::vector<MemoryRegion> regions;  // guarded by regions_mu
   uint64_t next_region = 1;           // guarded by regions_mu
+  std::map<uint64_t, std::shared_ptr<std::byte>> allocated;  // AllocateMemory's, by region; guarded by mu
   std::atomic<bool> any_device{false};
 
   // The device region holding [p, p + n), if any.
@@ -238,8 +241,27 @@ Result<MemoryRegion> Router::RegisterMemory(void* base, size_t bytes, MemoryKind
   return r;
 }
 
+Result<MemoryRegion> Router::AllocateMemory(size_t bytes) {
+  Impl& im = *impl_;
+  if (bytes == 0) return InvalidArgument("AllocateMemory needs a size");
+  std::shared_ptr<std::byte> mem;
+  if (im.options.allocate_memory) {
+    KVMESH_ASSIGN_OR_RETURN(mem, im.options.allocate_memory(bytes));
+  }
+  if (!mem) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return ResourceExhausted("mmap of " + std::to_string(bytes) + " bytes failed");
+    mem = std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [bytes](std::byte* q) { ::munmap(q, bytes); });
+  }
+  KVMESH_ASSIGN_OR_RETURN(MemoryRegion r, RegisterMemory(mem.get(), bytes, MemoryKind::kHost));
+  std::lock_guard<std::mutex> lock(im.mu);
+  im.allocated.emplace(r.id, std::move(mem));
+  return r;
+}
+
 Status Router::UnregisterMemory(uint64_t id) {
   Impl& im = *impl_;
+  std::shared_ptr<std::byte> owned;  // freed last, once every channel forgot the region
   std::lock_guard<std::mutex> lock(im.mu);
   {
     std::unique_lock<std::shared_mutex> rl(im.regions_mu);
@@ -251,6 +273,10 @@ Status Router::UnregisterMemory(uint64_t id) {
     im.any_device.store(dev);
   }
   for (const auto& ch : im.view->channels) ch->UnregisterMemory(id);
+  if (auto it = im.allocated.find(id); it != im.allocated.end()) {
+    owned = std::move(it->second);
+    im.allocated.erase(it);
+  }
   return Status::Ok();
 }
 

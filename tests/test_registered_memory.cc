@@ -5,6 +5,12 @@
 // corruption is a miss, never wrong bytes.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+
+#include <algorithm>
+
+#include <thread>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -172,10 +178,10 @@ struct Served {
     ucx = std::move(*us);
 #endif
   }
-  std::unique_ptr<Router> RouterOver(std::shared_ptr<ShardChannel> ch) {
+  std::unique_ptr<Router> RouterOver(std::shared_ptr<ShardChannel> ch, RouterOptions ro = {}) {
     auto map = ShardMap::FromConfig(config);
     REQUIRE(map.ok());
-    auto r = Router::Create(config.model, std::move(*map), {std::move(ch)});
+    auto r = Router::Create(config.model, std::move(*map), {std::move(ch)}, std::move(ro));
     REQUIRE(r.ok());
     return std::move(*r);
   }
@@ -208,13 +214,17 @@ struct Served {
 
 // Puts `n` blocks of assorted sizes from a registered pool, reads them back
 // into another part of it (and into unregistered memory), compares every byte.
-void RegisteredRoundTrip(Router& r, ShardNode& node) {
+// The pool is heap memory the caller registers, or (allocate) memory from
+// Router::AllocateMemory.
+void RegisteredRoundTrip(Router& r, ShardNode& node, bool allocate = false) {
   constexpr size_t kSlot = 2 << 20;
   const size_t sizes[] = {64, 4096, 65536, 262144, 1 << 20, kSlot};
   const size_t n = std::size(sizes);
-  std::vector<std::byte> pool(2 * n * kSlot);
-  auto region = r.RegisterMemory(pool.data(), pool.size());
+  std::vector<std::byte> heap(allocate ? 0 : 2 * n * kSlot);
+  auto region = allocate ? r.AllocateMemory(2 * n * kSlot) : r.RegisterMemory(heap.data(), heap.size());
   REQUIRE(region.ok());
+  std::span<std::byte> pool(region->base, region->bytes);
+  REQUIRE(pool.size() == 2 * n * kSlot);
   CHECK(r.RegisterMemory(pool.data() + 10, 100).status().code() == StatusCode::kInvalidArgument);  // overlaps
   std::vector<PutItem> puts;
   for (size_t i = 0; i < n; ++i) {
@@ -288,6 +298,70 @@ TEST_CASE("Registered memory over UCX: one-sided GET_INTO / PUT_FROM byte for by
   RegisteredRoundTrip(*r, *s.node);
   // Both directions of every registered block went one-sided: 2 x (64 + 4 KiB + 64 KiB + 256 KiB + 1 MiB + 2 MiB).
   CHECK(s.ucx->one_sided_bytes() >= 2 * (64 + 4096 + 65536 + 262144 + (1 << 20) + (2 << 20)));
+}
+
+TEST_CASE("Registered memory over UCX: Router::AllocateMemory gives shared memory the node writes and reads one-sided",
+          "[cluster][ucx][zerocopy]") {
+  Served s;
+  auto ctx = UcxContext::Create(true);
+  REQUIRE(ctx.ok());
+  RouterOptions ro;
+  std::shared_ptr<UcxContext> c = *ctx;
+  int allocations = 0;
+  ro.allocate_memory = [c, &allocations](size_t bytes) -> Result<std::shared_ptr<std::byte>> {
+    KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<UcxMemory> m, c->Allocate(bytes));
+    ++allocations;
+    std::byte* base = m->base();
+    return std::shared_ptr<std::byte>(std::move(m), base);
+  };
+  auto r = s.RouterOver(s.Ucx(c), std::move(ro));
+  RegisteredRoundTrip(*r, *s.node, /*allocate=*/true);
+  CHECK(allocations == 1);
+  CHECK(s.ucx->one_sided_bytes() >= 2 * (64 + 4096 + 65536 + 262144 + (1 << 20) + (2 << 20)));
+}
+
+TEST_CASE("Registered memory over UCX: a node on the client's host writes nothing once the call's deadline passed",
+          "[cluster][ucx][zerocopy]") {
+  // GET_INTO carries the call's deadline; a node sharing the client's clock
+  // (same boot id) refuses to write into memory the client may have reused.
+  Served s;
+  auto ctx = UcxContext::Create(true);
+  REQUIRE(ctx.ok());
+  auto r = s.RouterOver(s.Ucx(*ctx));
+  std::vector<std::byte> pool(1 << 20);
+  auto region = r->RegisterMemory(pool.data(), pool.size());
+  REQUIRE(region.ok());
+  auto b = Bytes(65536, 5);
+  PutItem p{Key(500), b, {}};
+  REQUIRE(r->PutFrom(std::span(&p, 1)).ok());
+  REQUIRE(p.status.ok());
+  const uint64_t moved = s.ucx->one_sided_bytes();
+  std::memset(pool.data(), 0xEE, 65536);
+  RequestOptions hurry;
+  hurry.timeout_ms = 1;  // inside the node's margin: the write would race the client's give-up
+  GetItem g{Key(500), {pool.data(), 65536}, 0, {}};
+  (void)r->GetInto(std::span(&g, 1), hurry);
+  CHECK_FALSE(g.status.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // anything late would have landed by now
+  CHECK(s.ucx->one_sided_bytes() == moved);
+  CHECK(std::all_of(pool.begin(), pool.begin() + 65536, [](std::byte x) { return x == std::byte{0xEE}; }));
+  // With time to spare the same read lands.
+  GetItem ok{Key(500), {pool.data(), 65536}, 0, {}};
+  REQUIRE(r->GetInto(std::span(&ok, 1)).ok());
+  REQUIRE(ok.status.ok());
+  CHECK(std::memcmp(pool.data(), b.data(), b.size()) == 0);
+}
+
+TEST_CASE("Router::AllocateMemory without a transport allocator: page-aligned registered memory, freed on unregister",
+          "[router][zerocopy]") {
+  Served s;
+  auto r = s.RouterOver(std::shared_ptr<ShardChannel>(MakeInProcessChannel(s.node.get())));
+  CHECK(r->AllocateMemory(0).status().code() == StatusCode::kInvalidArgument);
+  RegisteredRoundTrip(*r, *s.node, /*allocate=*/true);
+  auto region = r->AllocateMemory(3 << 20);
+  REQUIRE(region.ok());
+  CHECK(reinterpret_cast<uintptr_t>(region->base) % 4096 == 0);
+  std::memset(region->base, 0x5A, region->bytes);  // all of it is writable
 }
 
 TEST_CASE("Registered memory over UCX_TLS=tcp: the same", "[cluster][ucx][zerocopy]") {

@@ -229,7 +229,7 @@ Status DecodeHeader(std::span<const std::byte> bytes, const ProtocolLimits& limi
         if (n != 0 || len != 0) return Malformed("STATS carries no body");
         break;
       case Opcode::kMemRegister:
-        if (n != 0 || len < kMemRegisterFixed || len > kMemRegisterFixed + kMaxRkeyBytes)
+        if (n != 0 || len < kMemRegisterFixed || len > kMemRegisterFixed + kMaxRkeyBytes + 8)
           return Malformed("bad MEM_REGISTER length");
         break;
       case Opcode::kMemUnregister:
@@ -598,6 +598,7 @@ std::string EncodeMemRegister(const MemRegister& r) {
   Append<uint64_t>(&out, r.length);
   Append<uint16_t>(&out, static_cast<uint16_t>(r.rkey.size()));
   out += r.rkey;
+  Append<uint64_t>(&out, r.host);
   return out;
 }
 
@@ -605,7 +606,7 @@ Status ParseMemRegister(std::span<const std::byte> body, MemRegister* out) {
   Reader rd(body);
   MemRegister r;
   if (!rd.Get(&r.region) || !rd.Get(&r.base) || !rd.Get(&r.length) || !rd.GetString(&r.rkey, kMaxRkeyBytes) ||
-      !rd.done())
+      (!rd.done() && !rd.Get(&r.host)) || !rd.done())
     return Malformed("bad MEM_REGISTER body");
   if (r.length == 0 || r.rkey.empty() || r.base + r.length < r.base) return Malformed("bad MEM_REGISTER region");
   *out = std::move(r);
@@ -618,7 +619,7 @@ void EncodeGetIntoRecord(const GetIntoRecord& r, std::byte out[kGetIntoItemSize]
   Store<uint64_t>(out + 16, r.region);
   Store<uint64_t>(out + 24, r.addr);
   Store<uint32_t>(out + 32, r.capacity);
-  Store<uint32_t>(out + 36, 0);
+  Store<uint32_t>(out + 36, r.deadline_ms);
 }
 
 Status ParseGetIntoTable(const FrameHeader& h, std::span<const std::byte> body, std::vector<GetIntoRecord>* out) {
@@ -632,7 +633,7 @@ Status ParseGetIntoTable(const FrameHeader& h, std::span<const std::byte> body, 
     r.region = Load<uint64_t>(p + 16);
     r.addr = Load<uint64_t>(p + 24);
     r.capacity = Load<uint32_t>(p + 32);
-    if (Load<uint32_t>(p + 36) != 0) return Malformed("GET_INTO item reserved bytes set");
+    r.deadline_ms = Load<uint32_t>(p + 36);
     if (r.addr + r.capacity < r.addr) return Malformed("GET_INTO item wraps the address space");
     out->push_back(r);
   }

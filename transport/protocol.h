@@ -256,7 +256,7 @@ Status ParseSeqReadAnswer(std::span<const std::byte> body, SeqReadAnswer* out);
 // ---- registered memory (MEM_*, GET_INTO, PUT_FROM; docs/protocol.md) -------
 inline constexpr size_t kMemRegisterFixed = 26;   // region u64, base u64, length u64, rkey len u16
 inline constexpr size_t kMaxRkeyBytes = 4096;     // a packed UCX rkey (a few hundred bytes in practice)
-inline constexpr size_t kGetIntoItemSize = 40;    // key, region u64, addr u64, capacity u32, rsvd u32
+inline constexpr size_t kGetIntoItemSize = 40;    // key, region u64, addr u64, capacity u32, deadline_ms u32
 inline constexpr size_t kPutFromItemSize = 48;    // key, size u32, priority u8, codec u8, rsvd u16, checksum u64,
                                                   // region u64, addr u64
 
@@ -267,6 +267,7 @@ struct MemRegister {
   uint64_t base = 0;    // the region's address in the client's address space
   uint64_t length = 0;
   std::string rkey;     // <= kMaxRkeyBytes
+  uint64_t host = 0;    // the client's HostBootId() (optional trailing u64; 0: unknown)
 };
 std::string EncodeMemRegister(const MemRegister& r);
 Status ParseMemRegister(std::span<const std::byte> body, MemRegister* out);
@@ -279,6 +280,10 @@ struct GetIntoRecord {
   uint64_t region = 0;
   uint64_t addr = 0;
   uint32_t capacity = 0;
+  // The client's deadline for the call: steady_clock milliseconds mod 2^32
+  // (0: none). A node on the client's host (same HostBootId) writes nothing
+  // after it: the client has given up and may reuse the memory.
+  uint32_t deadline_ms = 0;
 };
 void EncodeGetIntoRecord(const GetIntoRecord& r, std::byte out[kGetIntoItemSize]);
 // REQUIRES: h was accepted by DecodeHeader (body == count * kGetIntoItemSize).

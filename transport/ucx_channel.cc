@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "common/checksum.h"
+#include "kvmesh/clock.h"
 #include "transport/seq_calls.h"
 #include "transport/sync_over_async.h"
 #include "transport/ucx_worker.h"
@@ -185,6 +186,7 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     m.base = reinterpret_cast<uint64_t>(r.base);
     m.length = r.bytes;
     m.rkey = mem->rkey();
+    m.host = HostBootId();
     const std::string body = EncodeMemRegister(m);
     auto p = std::make_shared<Pending>();
     KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kMemRegister, 0, 0, {{const_cast<char*>(body.data()), body.size()}},
@@ -658,9 +660,16 @@ bool StartRegistered(Channel* ch, UcxCallState* st, std::span<PutItem> put, std:
     st->kind = UcxCallKind::kGetInto;
     st->get = get;
     st->body.assign(n * kGetIntoItemSize, '\0');
+    // The call's deadline (the one Post sets), for a node on this host: it
+    // writes nothing into our memory once we may have given up on it.
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(o.timeout_ms > 0 ? o.timeout_ms : ch->o_.timeout_ms);
+    uint32_t deadline_ms = static_cast<uint32_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline.time_since_epoch()).count());
+    if (deadline_ms == 0) deadline_ms = 1;  // 0 means none
     for (size_t i = 0; i < n; ++i) {
       GetIntoRecord r{get[i].key, region[i], reinterpret_cast<uint64_t>(get[i].dst.data()),
-                      static_cast<uint32_t>(std::min<size_t>(get[i].dst.size(), UINT32_MAX))};
+                      static_cast<uint32_t>(std::min<size_t>(get[i].dst.size(), UINT32_MAX)), deadline_ms};
       EncodeGetIntoRecord(r, reinterpret_cast<std::byte*>(st->body.data()) + i * kGetIntoItemSize);
     }
   }

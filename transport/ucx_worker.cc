@@ -52,18 +52,54 @@ Result<std::unique_ptr<UcxMemory>> UcxContext::Map(void* base, size_t length) co
 }
 
 Result<std::shared_ptr<UcxMemory>> UcxContext::MapRegion(uint64_t id, void* base, size_t length) {
+  auto* b = static_cast<std::byte*>(base);
   std::lock_guard<std::mutex> lock(regions_mu_);
-  for (auto it = regions_.begin(); it != regions_.end();) it = it->second.expired() ? regions_.erase(it) : std::next(it);
+  for (auto it = regions_.begin(); it != regions_.end();) it = it->second.mem.expired() ? regions_.erase(it) : std::next(it);
+  std::erase_if(allocations_, [](const std::weak_ptr<UcxMemory>& w) { return w.expired(); });
   if (auto it = regions_.find(id); it != regions_.end()) {
-    std::shared_ptr<UcxMemory> m = it->second.lock();
-    if (m->base() != base || m->length() != length)
+    if (it->second.base != b || it->second.length != length)
       return InvalidArgument("memory region " + std::to_string(id) + " is mapped with another range");
-    return m;
+    return it->second.mem.lock();
   }
-  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<UcxMemory> m, Map(base, length));
-  std::shared_ptr<UcxMemory> shared(std::move(m));
-  regions_.emplace(id, shared);
+  std::shared_ptr<UcxMemory> shared;
+  for (const std::weak_ptr<UcxMemory>& w : allocations_) {
+    std::shared_ptr<UcxMemory> a = w.lock();
+    if (a && b >= a->base() && length <= a->length() && size_t(b - a->base()) <= a->length() - length) {
+      shared = std::move(a);
+      break;
+    }
+  }
+  if (!shared) {
+    KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<UcxMemory> m, Map(base, length));
+    shared = std::move(m);
+  }
+  regions_.emplace(id, Mapped{shared, b, length});
   return shared;
+}
+
+Result<std::shared_ptr<UcxMemory>> UcxContext::Allocate(size_t length) {
+  if (length == 0) return InvalidArgument("cannot allocate 0 bytes");
+  std::shared_ptr<UcxMemory> m(new UcxMemory());
+  m->owner_ = shared_from_this();
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = nullptr;
+  mp.length = length;
+  mp.flags = UCP_MEM_MAP_ALLOCATE;
+  KVMESH_UCX_RETURN(ucp_mem_map(context_, &mp, &m->memh_));
+  ucp_mem_attr_t at{};
+  at.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  KVMESH_UCX_RETURN(ucp_mem_query(m->memh_, &at));
+  m->base_ = static_cast<std::byte*>(at.address);
+  m->length_ = length;
+  void* rk = nullptr;
+  size_t rkl = 0;
+  KVMESH_UCX_RETURN(ucp_rkey_pack(context_, m->memh_, &rk, &rkl));
+  m->rkey_.assign(static_cast<const char*>(rk), rkl);
+  ucp_rkey_buffer_release(rk);
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  allocations_.push_back(m);
+  return m;
 }
 
 Result<UcxProgress> ParseUcxProgress(std::string_view name) {

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvmesh/status.h"
 
@@ -71,14 +72,29 @@ class UcxContext : public std::enable_shared_from_this<UcxContext> {
   Result<std::unique_ptr<UcxMemory>> Map(void* base, size_t length) const;
   // A caller region (Router::RegisterMemory id) mapped once for every worker
   // of this context: while any user holds the mapping, later calls share it;
-  // it is unmapped when the last user drops it.
+  // it is unmapped when the last user drops it. A region inside memory that
+  // Allocate returned shares that allocation's mapping.
   Result<std::shared_ptr<UcxMemory>> MapRegion(uint64_t id, void* base, size_t length);
+  // Memory allocated by UCX for one-sided operations (ucp_mem_map with
+  // UCP_MEM_MAP_ALLOCATE: a shared-memory segment on one host). A peer on the
+  // same host then reads and writes it through its own mapping of the
+  // segment, with no copy by this process and no round trip per fragment;
+  // memory allocated elsewhere (malloc) is reached through CMA or emulated
+  // over active messages, which needs this process to take part. Freed when
+  // the last holder drops it.
+  Result<std::shared_ptr<UcxMemory>> Allocate(size_t length);
 
  private:
   UcxContext() = default;
+  struct Mapped {
+    std::weak_ptr<UcxMemory> mem;
+    std::byte* base = nullptr;  // the range the region asked for (inside mem)
+    size_t length = 0;
+  };
   ucp_context_h context_ = nullptr;
   std::mutex regions_mu_;
-  std::map<uint64_t, std::weak_ptr<UcxMemory>> regions_;  // guarded by regions_mu_
+  std::map<uint64_t, Mapped> regions_;                 // guarded by regions_mu_
+  std::vector<std::weak_ptr<UcxMemory>> allocations_;  // guarded by regions_mu_
 };
 
 // How a thread waiting on a worker makes progress ($.transport.ucx.progress).

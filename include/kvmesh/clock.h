@@ -17,6 +17,12 @@ class Clock {
 // The process-wide steady clock. Never null, never destroyed.
 Clock* SystemClock();
 
+// This host's boot (a hash of /proc/sys/kernel/random/boot_id; 0 when it
+// cannot be read): two processes with the same non-zero id share
+// std::chrono::steady_clock (CLOCK_MONOTONIC), so a deadline one of them sets
+// means the same instant to the other.
+uint64_t HostBootId();
+
 // A clock that moves only when told to. Thread-safe.
 class ManualClock final : public Clock {
  public:

@@ -122,6 +122,12 @@ typedef enum kvmesh_memory_kind {
 
 int kvmesh_register_memory(kvmesh_client* client, void* base, size_t bytes, kvmesh_memory_kind kind,
                            uint64_t* region_id);
+/* Allocates bytes of host memory the transport reaches best (over UCX: a
+ * shared-memory segment this host's nodes write and read directly) and
+ * registers it: *base is the memory, *region_id its region. Freed by
+ * kvmesh_unregister_memory or kvmesh_close. Prefer it for an engine's host KV
+ * pool: a GetInto into it is one one-sided write by the node. */
+int kvmesh_allocate_memory(kvmesh_client* client, size_t bytes, void** base, uint64_t* region_id);
 int kvmesh_unregister_memory(kvmesh_client* client, uint64_t region_id);
 /* Reads keys[i] into dsts[i][0..caps[i]); sizes[i] = the block's size (for
  * KVMESH_RESOURCE_EXHAUSTED: the size needed). */

@@ -78,6 +78,12 @@ struct RouterOptions {
   // false: one node after another, each call with its own timeout (the
   // benchmarks' baseline).
   bool parallel_fanout = true;
+  // Where AllocateMemory gets its memory: the transport's best memory (the
+  // networked client over UCX: a shared-memory segment the nodes of this host
+  // map themselves, so a one-sided put or get costs no work in this process).
+  // Unset, or a null result: page-aligned anonymous memory. Returns the
+  // memory and its owner.
+  std::function<Result<std::shared_ptr<std::byte>>(size_t bytes)> allocate_memory;
 };
 
 struct RouterStats {
@@ -154,8 +160,16 @@ class Router {
   // register it (a node whose UCX registration fails) serves the region
   // through a bounce buffer instead; the call still succeeds.
   Result<MemoryRegion> RegisterMemory(void* base, size_t bytes, MemoryKind kind = MemoryKind::kHost);
-  // Forgets the region. REQUIRES: no call in flight reads or writes it.
-  // NotFound for an unknown id.
+  // Allocates `bytes` of host memory the transport reaches best and registers
+  // it (RouterOptions::allocate_memory): the region's base is the memory, owned
+  // by the router until UnregisterMemory (or the router's end). Engines that
+  // can choose where their host KV pool lives should take it from here: over
+  // UCX on one host a GetInto into it is a one-sided write by the node through
+  // shared memory, while memory from malloc is written through CMA or active
+  // messages (correct, and several times slower).
+  Result<MemoryRegion> AllocateMemory(size_t bytes);
+  // Forgets the region (and frees it, for AllocateMemory's). REQUIRES: no
+  // call in flight reads or writes it. NotFound for an unknown id.
   Status UnregisterMemory(uint64_t id);
   // GetBatch and PutBatch under the names engines look for: items[i].dst /
   // items[i].data may lie in registered memory (zero copy) or anywhere else.

@@ -1,9 +1,11 @@
 #include "shard_node/server/ucx_rma.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "common/checksum.h"
 #include "kernels/codec.h"
+#include "kvmesh/clock.h"
 #include "shard_node/shard_node.h"
 
 namespace kvmesh {
@@ -19,6 +21,7 @@ Status UcxRegionTable::Add(ucp_ep_h ep, const MemRegister& m) {
   if (ucp_ep_rkey_unpack(ep, m.rkey.data(), &rkey) != UCS_OK) return InvalidArgument("remote key does not unpack");
   Remove(m.region);
   regions_[m.region] = Region{m.base, m.length, rkey};
+  same_host_ = m.host != 0 && m.host == HostBootId();
   return Status::Ok();
 }
 
@@ -98,6 +101,18 @@ void PostOp(void* t, ucp_mem_h memh, bool* failed, int* pending, Start start,
     return;
   }
   ++*pending;
+}
+
+// A GET_INTO deadline (steady_clock ms mod 2^32) is near or past: a write
+// issued now might land after the client stopped waiting. The margin covers
+// the time from this check to the bytes landing (a one-sided write through
+// shared memory or CMA completes within the put call).
+bool PastDeadline(uint32_t deadline_ms) {
+  constexpr int32_t kMarginMs = 5;
+  const auto now = static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+  return static_cast<int32_t>(deadline_ms - now) < kMarginMs;
 }
 
 FrameHeader AnswerHeader(const FrameHeader& req, uint64_t epoch, uint32_t body_len) {
@@ -192,6 +207,11 @@ Status UcxRma::GetInto(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, con
     r.size = ref->meta().logical_size;
     if (r.size > g.capacity) {
       r.status = StatusCode::kResourceExhausted;  // size tells the client what it needs
+      continue;
+    }
+    if (g.deadline_ms != 0 && t->regions->same_host() && PastDeadline(g.deadline_ms)) {
+      // The client may have given up on the call and reused the memory: write nothing.
+      r = GetRecord{StatusCode::kDeadlineExceeded, 0, 0};
       continue;
     }
     ucp_rkey_h rkey = t->regions->Find(g.region, g.addr, r.size);

@@ -49,8 +49,12 @@ class UcxRegionTable {
   // The remote key of region `id` when [addr, addr + n) lies inside it, else null.
   ucp_rkey_h Find(uint64_t id, uint64_t addr, uint64_t n) const;
   size_t size() const { return regions_.size(); }
+  // The client runs on this host (its MEM_REGISTER carried this HostBootId):
+  // its GET_INTO deadlines are in this process's steady_clock.
+  bool same_host() const { return same_host_; }
 
  private:
+  bool same_host_ = false;
   struct Region {
     uint64_t base = 0, length = 0;
     ucp_rkey_h rkey = nullptr;

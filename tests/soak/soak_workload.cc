@@ -58,6 +58,21 @@ void PrefixWorker(Context& c, Router& r, uint32_t thread) {
   const size_t bb = r.model().FullBlockBytes();
   std::vector<std::byte> buf, expect(bb);
   std::vector<std::vector<std::byte>> blocks;
+  // Even workers read into and put from memory of Router::AllocateMemory (the
+  // zero-copy GET_INTO / PUT_FROM path over UCX, with its deadline fence under
+  // stalls); odd ones use heap memory. A conversation has at most 11 full blocks.
+  constexpr size_t kMaxBlocks = 16;
+  std::byte* reg = nullptr;
+  uint64_t reg_id = 0;
+  if (thread % 2 == 0) {
+    auto a = r.AllocateMemory(2 * kMaxBlocks * bb);
+    if (a.ok()) {
+      reg = a->base;
+      reg_id = a->id;
+    } else {
+      c.inv.Violation("error_class", "AllocateMemory: " + a.status().ToString());
+    }
+  }
   while (!c.stop.load()) {
     const double u = uni(rng);
     const auto conv = static_cast<uint32_t>(kConversations * u * u * u);  // skewed reuse
@@ -76,9 +91,16 @@ void PrefixWorker(Context& c, Router& r, uint32_t thread) {
     // Read the matched blocks back; every hit must be exactly Payload(key).
     size_t first_missing = matched;
     if (matched > 0) {
-      buf.assign(matched * bb, std::byte{0});
+      std::span<std::byte> dst;
+      if (reg != nullptr && matched <= kMaxBlocks) {
+        dst = std::span(reg, matched * bb);
+        std::memset(dst.data(), 0, dst.size());
+      } else {
+        buf.assign(matched * bb, std::byte{0});
+        dst = buf;
+      }
       std::vector<GetItem> items;
-      for (size_t i = 0; i < matched; ++i) items.push_back(GetItem{keys[i], std::span(buf).subspan(i * bb, bb), 0, {}});
+      for (size_t i = 0; i < matched; ++i) items.push_back(GetItem{keys[i], dst.subspan(i * bb, bb), 0, {}});
       t0 = SteadyClock::now();
       Status s = r.GetBatch(items, ro);
       c.Count(kGetBatch, s, t0);
@@ -109,9 +131,15 @@ void PrefixWorker(Context& c, Router& r, uint32_t thread) {
     if (first_missing < keys.size()) {
       blocks.resize(keys.size() - first_missing);
       std::vector<std::span<const std::byte>> spans;
+      const bool registered = reg != nullptr && keys.size() - first_missing <= kMaxBlocks;
       for (size_t i = first_missing; i < keys.size(); ++i) {
-        auto& b = blocks[i - first_missing];
-        b.resize(bb);
+        std::span<std::byte> b;
+        if (registered) {
+          b = std::span(reg + (kMaxBlocks + i - first_missing) * bb, bb);
+        } else {
+          blocks[i - first_missing].resize(bb);
+          b = blocks[i - first_missing];
+        }
         Payload(keys[i], c.o.seed, b);
         spans.emplace_back(b);
       }
@@ -138,6 +166,7 @@ void PrefixWorker(Context& c, Router& r, uint32_t thread) {
       }
     }
   }
+  if (reg != nullptr) (void)r.UnregisterMemory(reg_id);
 }
 
 // ---- live sequences ------------------------------------------------------------
