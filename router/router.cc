@@ -202,6 +202,7 @@ Result<std::unique_ptr<Router>> Router::Create(const ModelSpec& model, std::shar
 const ModelSpec& Router::model() const { return impl_->model; }
 uint32_t Router::block_tokens() const { return impl_->model.block_tokens; }
 uint64_t Router::epoch() const { return impl_->Snapshot()->map->epoch(); }
+std::shared_ptr<const ShardMap> Router::map() const { return impl_->Snapshot()->map; }
 
 Status Router::UpdateMap(std::shared_ptr<const ShardMap> map, std::vector<std::shared_ptr<ShardChannel>> channels) {
   if (!map || channels.size() != map->nodes().size())

@@ -1,6 +1,7 @@
 #include "router/shard_map.h"
 
 #include "common/hash.h"
+#include "kvmesh/block_key.h"
 
 #include <xxhash.h>
 
@@ -85,8 +86,9 @@ size_t ShardMap::Place(const BlockKey& key, const Affinity& hint, uint32_t out[k
   return Place(key, hint, out, replicas_);
 }
 
-size_t ShardMap::Place(const BlockKey& key, const Affinity& hint, uint32_t out[kMaxReplicas],
+size_t ShardMap::Place(const BlockKey& block_key, const Affinity& hint, uint32_t out[kMaxReplicas],
                        uint32_t replicas) const {
+  const BlockKey key = PlacementKey(block_key);  // a grouped key goes where its group goes
   const std::vector<uint32_t>& group = GroupFor(hint);
   const size_t want = std::min<size_t>(std::min<uint32_t>(replicas, kMaxReplicas), group.size());
   double best[kMaxReplicas];

@@ -52,6 +52,8 @@ class ShardMap {
 
   // Node indices (into nodes()) for `key`, best first, at most
   // min(replicas, group size). Empty only when the map has no live node.
+  // A grouped key (kvmesh/block_key.h) is placed by its group: every block
+  // of a group gets the same nodes.
   // Allocation-free: writes into out[] and returns the count.
   size_t Place(const BlockKey& key, const Affinity& hint, uint32_t out[kMaxReplicas]) const;
   size_t Place(const BlockKey& key, const Affinity& hint, uint32_t out[kMaxReplicas], uint32_t replicas) const;

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kvmesh/block_key.h"
+
 #include "shard_node/cuda_memory.h"
 
 namespace kvmesh {
@@ -106,18 +108,29 @@ void ShardNode::Prefetch(std::span<const BlockKey> keys) {
 Status ShardNode::Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {
   // Replace (RESP SET): drop every tier's copy first, so no stale copy can be
   // demoted or promoted later. A pinned old block lives on for its readers.
-  if (o.replace) (void)serving_->Erase(key);
+  if (o.replace) {
+    groups_.Removed(key);
+    (void)serving_->Erase(key);
+  }
+  Status s;
   if (codec_ && o.codec == 0 && codec_->Encodes(payload)) {
     KVMESH_ASSIGN_OR_RETURN(std::span<const std::byte> enc, codec_->Encode(payload));
     PutOptions po = o;
     po.codec = codec_->codec_id();
     po.logical_size = static_cast<uint32_t>(payload.size());
-    return serving_->Put(key, enc, po);
+    s = serving_->Put(key, enc, po);
+  } else {
+    s = serving_->Put(key, payload, o);
   }
-  return serving_->Put(key, payload, o);
+  if (s.ok() && IsCoEvictedKey(key)) GroupStored(key);
+  return s;
 }
-Result<BlockRef> ShardNode::Get(const BlockKey& key) { return serving_->Get(key); }
+Result<BlockRef> ShardNode::Get(const BlockKey& key) {
+  if (!GroupIntact(key)) return NotFound("not stored (its key group was evicted)");
+  return serving_->Get(key);
+}
 Result<size_t> ShardNode::GetInto(const BlockKey& key, std::span<std::byte> dst) {
+  if (!GroupIntact(key)) return NotFound("not stored (its key group was evicted)");
   if (!codec_) return serving_->GetInto(key, dst);
   KVMESH_ASSIGN_OR_RETURN(BlockRef ref, serving_->Get(key));  // verified against its checksum
   std::vector<std::byte> host;
@@ -138,18 +151,25 @@ Result<size_t> ShardNode::GetInto(const BlockKey& key, std::span<std::byte> dst)
 }
 Result<BlockRef> ShardNode::GetForTransfer(const BlockKey& key) {
   if (!store_->backend().host_accessible()) return FailedPrecondition("the pool is device memory: read with GetInto");
+  if (!GroupIntact(key)) return NotFound("not stored (its key group was evicted)");
   return tiers_ ? tiers_->GetUnverified(key) : store_->GetUnverified(key);
 }
 
 Result<BlockReservation> ShardNode::ReservePut(const BlockKey& key, size_t size, const PutOptions& o) {
   if (codec_ && o.codec == 0) return FailedPrecondition("this node encodes blocks on put: stage and Put");
   if (!store_->backend().host_accessible()) return FailedPrecondition("the pool is device memory: stage and Put");
-  if (o.replace) (void)serving_->Erase(key);  // as Put: no stale copy left in any tier
+  if (o.replace) {  // as Put: no stale copy left in any tier, the member out of its group
+    groups_.Removed(key);
+    (void)serving_->Erase(key);
+  }
   return tiers_ ? tiers_->Reserve(key, size, o) : store_->Reserve(key, size, o);
 }
 
 Status ShardNode::CommitPut(BlockReservation& r, uint64_t checksum) {
-  return tiers_ ? tiers_->Commit(r, checksum) : store_->Commit(r, checksum, /*verify=*/true);
+  const BlockKey key = r.key();
+  Status s = tiers_ ? tiers_->Commit(r, checksum) : store_->Commit(r, checksum, /*verify=*/true);
+  if (s.ok() && IsCoEvictedKey(key)) GroupStored(key);
+  return s;
 }
 
 std::vector<std::span<std::byte>> ShardNode::PoolMemory() {
@@ -160,10 +180,30 @@ std::vector<std::span<std::byte>> ShardNode::PoolMemory() {
   return out;
 }
 
-bool ShardNode::Exists(const BlockKey& key, bool touch) { return serving_->Exists(key, touch); }
-Status ShardNode::Erase(const BlockKey& key) { return serving_->Erase(key); }
+bool ShardNode::Exists(const BlockKey& key, bool touch) {
+  if (!GroupIntact(key)) return false;
+  return serving_->Exists(key, touch);
+}
+Status ShardNode::Erase(const BlockKey& key) {
+  groups_.Removed(key);
+  return serving_->Erase(key);
+}
 Status ShardNode::Pin(const BlockKey& key) { return serving_->Pin(key); }
 Status ShardNode::Unpin(const BlockKey& key) { return serving_->Unpin(key); }
+
+bool ShardNode::GroupIntact(const BlockKey& key) {
+  if (!IsCoEvictedKey(key)) return true;
+  return groups_.Intact(
+      key, [this](const BlockKey& k) { return serving_->Exists(k, false); },
+      [this](const BlockKey& k) { (void)serving_->Erase(k); });
+}
+
+void ShardNode::GroupStored(const BlockKey& key) {
+  groups_.Added(key);
+  groups_.Sweep(
+      2, [this](const BlockKey& k) { return serving_->Exists(k, false); },
+      [this](const BlockKey& k) { (void)serving_->Erase(k); });
+}
 
 NodeStats ShardNode::Stats() const { return NodeStats{id_, store_->Stats()}; }
 
@@ -195,6 +235,9 @@ std::string ShardNode::StatsJson() const {
       {"evictions_by_class", by_class},
   };
   if (tiers_) j["tiers"] = nlohmann::json::parse(tiers_->StatsJson());
+  const KeyGroups::Counts g = groups_.counts();
+  j["key_groups"] = {{"groups", g.groups}, {"keys", g.keys}, {"dropped_groups", g.dropped_groups},
+                     {"dropped_keys", g.dropped_keys}};
   const SequenceServiceStats q = sequences_->Stats();
   j["sequences"] = {{"live", q.live}, {"created", q.created}, {"reaped", q.reaped}, {"refused", q.refused},
                     {"tables", q.tables}};

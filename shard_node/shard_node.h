@@ -7,6 +7,10 @@
 // blocks are encoded on put and decoded on GetInto (CodecStage). All of it
 // sits behind the same operations, so transports and the router do not change.
 //
+// Co-evicted keys (kvmesh/block_key.h) are tracked in groups (key_groups.h):
+// once any block of a group is gone, reads of the others miss and the group
+// is erased.
+//
 // Thread-safety: all methods are thread-safe.
 #pragma once
 
@@ -21,6 +25,7 @@
 #include "shard_node/block_store_ops.h"
 #include "shard_node/tiered_store.h"
 #include "shard_node/codec_stage.h"
+#include "shard_node/key_groups.h"
 #include "shard_node/sequence_service.h"
 
 namespace kvmesh {
@@ -106,6 +111,11 @@ class ShardNode {
   // store_. Never null after Create; owned by one of them.
   BlockStoreOps* serving_ = nullptr;
   std::unique_ptr<CodecStage> codec_;
+  // Co-eviction (key_groups.h): false when key's group lost a member (the
+  // group is then erased); Stored records a co-evicted key and sweeps.
+  bool GroupIntact(const BlockKey& key);
+  void GroupStored(const BlockKey& key);
+  KeyGroups groups_;
   std::unique_ptr<SequenceService> sequences_;  // pins blocks of store_: declared last, destroyed first
 };
 

@@ -20,6 +20,30 @@
 
 namespace kvmesh {
 
+// ---- grouped keys ----------------------------------------------------------------
+// Blocks that belong together (a RESP value's head and parts, RESP keys that
+// share a Redis hash tag or a suffix-rule stem: transport/resp/resp_value.h)
+// carry their group in the key: hi is the group's 64-bit hash, lo a member
+// hash whose top 12 bits are the tag 0xA5C and whose next bit marks a group
+// that is evicted together. Placement (router/shard_map.h) ranks nodes by the
+// group alone, so a group lands on one node (per replica rank); a node drops a
+// co-evicted group as a whole once any of its blocks is gone
+// (shard_node/key_groups.h). A content key carries the tag by chance with
+// probability 2^-12: it is then placed by its hi half alone (still uniform)
+// and, 1 in 2^13, tracked by its node as a group of one: harmless either way.
+inline constexpr uint64_t kGroupTagMask = 0xFFF0000000000000ull;
+inline constexpr uint64_t kGroupTag = 0xA5C0000000000000ull;
+inline constexpr uint64_t kGroupCoEvictBit = 1ull << 51;
+inline constexpr uint64_t kGroupMemberMask = kGroupCoEvictBit - 1;  // 51 bits of member hash
+
+inline BlockKey GroupedKey(uint64_t group, uint64_t member, bool co_evict) {
+  return BlockKey{group, kGroupTag | (co_evict ? kGroupCoEvictBit : 0) | (member & kGroupMemberMask)};
+}
+inline bool IsGroupedKey(const BlockKey& k) { return (k.lo & kGroupTagMask) == kGroupTag; }
+inline bool IsCoEvictedKey(const BlockKey& k) { return IsGroupedKey(k) && (k.lo & kGroupCoEvictBit) != 0; }
+// The key placement ranks nodes by: the group for a grouped key, else the key.
+inline BlockKey PlacementKey(const BlockKey& k) { return IsGroupedKey(k) ? BlockKey{k.hi, kGroupTag} : k; }
+
 class KeyDeriver {
  public:
   KeyDeriver(std::string_view model_id, std::string_view tenant_salt, uint32_t block_tokens);

@@ -204,6 +204,9 @@ class Router {
   Status UpdateMap(std::shared_ptr<const ShardMap> map,
                    std::vector<std::shared_ptr<ShardChannel>> channels);
   uint64_t epoch() const;
+  // The shard map in use now (replaced whole by UpdateMap): for fronts that
+  // place keys and drive the nodes themselves (router/proxy/resp_proxy.h).
+  std::shared_ptr<const ShardMap> map() const;
 
   RouterStats Stats() const;
 
