@@ -14,6 +14,7 @@
 #include "kvmesh/config.h"
 #include "kvmesh/network.h"
 #include "router/proxy/resp_proxy.h"
+#include "transport/resp/resp_commands.h"
 #include "transport/http_client.h"
 #include "transport/socket_util.h"
 
@@ -49,28 +50,21 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
   struct Args {
     std::string config, coordinator, host = "127.0.0.1", token;
     int port = 6380;
-    uint32_t workers = 4, io_threads = 1, connection_threads = 1024;
+    uint32_t io_threads = 1;
     uint64_t max_value_bytes = 0;
     int64_t timeout_ms = 0;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--config", a->config, "cluster config JSON (slot size, coordinator, token)")->required();
+  cmd->add_option("--config", a->config, "cluster config JSON (slot size, coordinator, token, $.resp)")->required();
   cmd->add_option("--coordinator", a->coordinator, "coordinator host:port (default: $.coordinator)");
   cmd->add_option("--host", a->host, "listen address (default 127.0.0.1)");
   cmd->add_option("--resp-port", a->port, "RESP port (default 6380; 0 = a free port)")->check(CLI::Range(0, 65535));
-  cmd->add_option("--connection-threads", a->connection_threads,
-                  "connections served by a thread of their own, router calls inline (default 1024; 0 = none)")
-      ->check(CLI::Range(0, 65536));
-  cmd->add_option("--workers", a->workers,
-                  "threads making router calls for connections past --connection-threads (default 4)")
-      ->check(CLI::Range(1, 256));
   cmd->add_option("--io-threads", a->io_threads,
-                  "Asio threads: accept, and connections past --connection-threads (default 1)")
+                  "event loops; each owns its client connections and one connection per node (default 1)")
       ->check(CLI::Range(1, 64));
-  cmd->add_option("--max-value-bytes", a->max_value_bytes,
-                  "largest value (default: $.store.slot_bytes, else the model's block bytes)");
-  cmd->add_option("--timeout-ms", a->timeout_ms, "per router operation (default $.transport.timeout_ms)");
-  cmd->add_option("--token", a->token, "shared secret (overrides $.auth.token)");
+  cmd->add_option("--max-value-bytes", a->max_value_bytes, "largest value (default: $.resp.max_value_bytes, 64 MiB)");
+  cmd->add_option("--timeout-ms", a->timeout_ms, "per node request (default $.transport.timeout_ms)");
+  cmd->add_option("--token", a->token, "shared secret: the nodes' HELLO and the RESP password (overrides $.auth.token)");
   cmd->callback([a, exit_code] {
     BlockStopSignals();
     auto fail = [&](const Status& s) {
@@ -93,22 +87,28 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
     if (Status s = SplitHostPort(n.coordinator, &coord_host, &coord_port); !s.ok()) return fail(s);
     auto client = NetworkClient::Connect(n);
     if (!client.ok()) return fail(client.status());
+    NetworkClient* nc = client->get();
     RespProxyOptions o;
     o.host = a->host;
     o.port = static_cast<uint16_t>(a->port);
-    o.max_value_bytes = a->max_value_bytes   ? a->max_value_bytes
-                        : c->store.slot_bytes ? c->store.slot_bytes
-                                              : c->model.FullBlockBytes();
-    o.workers = a->workers;
+    o.max_value_bytes = a->max_value_bytes ? a->max_value_bytes : c->resp.max_value_bytes;
+    o.block_bytes = c->store.slot_bytes ? c->store.slot_bytes : c->model.FullBlockBytes();
     o.io_threads = a->io_threads;
-    o.connection_threads = a->connection_threads;
     o.timeout_ms = n.timeout_ms;
+    o.connect_timeout_ms = n.connect_timeout_ms;
+    o.token = n.token;
+    o.rules.hash_tags = c->resp.hash_tags;
+    o.rules.group_suffixes = c->resp.group_suffixes;
+    o.auth = MakeTokenAuth(n.token);
+    o.map = [nc] { return nc->router().map(); };
+    o.refresh = [nc] { return nc->Refresh(); };
     o.stats = [coord_host, coord_port, t = n.timeout_ms] { return CoordinatorStats(coord_host, coord_port, t); };
-    auto proxy = RespProxy::Start(&(*client)->router(), o);
+    auto proxy = RespProxy::Start(o);
     if (!proxy.ok()) return fail(proxy.status());
     nlohmann::json j{{"event", "listening"}, {"role", "proxy"}, {"host", o.host}, {"pid", ::getpid()},
-                     {"coordinator", n.coordinator}, {"nodes", (*client)->num_nodes()},
-                     {"max_value_bytes", o.max_value_bytes}, {"ports", {{"resp", (*proxy)->port()}}}};
+                     {"coordinator", n.coordinator}, {"nodes", nc->num_nodes()},
+                     {"max_value_bytes", o.max_value_bytes}, {"block_bytes", o.block_bytes},
+                     {"auth", o.auth != nullptr}, {"ports", {{"resp", (*proxy)->port()}}}};
     PrintLine(j.dump());
     int sig = WaitForStopSignal();
     (*proxy)->Stop();

@@ -289,6 +289,28 @@ Status ReadCodec(const json& j, uint32_t num_layers, CodecConfig* c) {
   return Status::Ok();
 }
 
+Status ReadResp(const json& j, RespConfig* r) {
+  ObjectReader rr(j, "$.resp");
+  rr.Size("max_value_bytes", &r->max_value_bytes, false).Optional("hash_tags", &r->hash_tags);
+  if (const json* g = rr.Child("group_suffixes")) {
+    if (!g->is_array()) return InvalidArgument("$.resp.group_suffixes: expected an array of strings, got " + JsonTypeName(*g));
+    if (g->size() > 16) return InvalidArgument("$.resp.group_suffixes: at most 16 suffixes");
+    r->group_suffixes.clear();
+    for (size_t i = 0; i < g->size(); ++i) {
+      const json& e = (*g)[i];
+      const std::string path = Idx("$.resp.group_suffixes", i);
+      if (!e.is_string()) return InvalidArgument(path + ": expected a string, got " + JsonTypeName(e));
+      std::string sfx = e.get<std::string>();
+      if (sfx.empty() || sfx.size() > 64) return InvalidArgument(path + ": must be 1..64 bytes");
+      r->group_suffixes.push_back(std::move(sfx));
+    }
+  }
+  KVMESH_RETURN_IF_ERROR(rr.Finish());
+  if (r->max_value_bytes > (1ull << 30))
+    return InvalidArgument("$.resp.max_value_bytes: at most 1GiB, got " + std::to_string(r->max_value_bytes));
+  return Status::Ok();
+}
+
 Status ReadSequences(const json& j, SequencesConfig* q) {
   ObjectReader r(j, "$.sequences");
   r.Optional("idle_timeout_ms", &q->idle_timeout_ms)
@@ -384,6 +406,7 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
     KVMESH_RETURN_IF_ERROR(ar.Finish());
     if (c.auth.token.size() > 256) return InvalidArgument("$.auth.token: at most 256 bytes");
   }
+  if (const json* k = r.Child("resp")) KVMESH_RETURN_IF_ERROR(ReadResp(*k, &c.resp));
   if (const json* k = r.Child("codec")) KVMESH_RETURN_IF_ERROR(ReadCodec(*k, c.model.num_layers, &c.codec));
   if (const json* q = r.Child("sequences")) KVMESH_RETURN_IF_ERROR(ReadSequences(*q, &c.sequences));
   KVMESH_RETURN_IF_ERROR(r.Finish());

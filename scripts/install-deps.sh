@@ -16,6 +16,7 @@ PKGS=(
   python3-dev pybind11-dev python3-pybind11        # the Python package (python/)
   python3-numpy python3-torch python3-pytest       # its tests and the PyTorch example
   libopenblas0-pthread       # BLAS for Debian's torch and numpy (the reference libblas3 is ~30x slower)
+  python3-redis              # redis-py (asyncio): the Redis-connector test of the RESP proxy
 )
 
 missing=()

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <map>
 #include <random>
 #include <sstream>
@@ -59,32 +60,34 @@ std::vector<std::string> Lines(const std::string& s) {
 
 // A coordinator, three nodes and one proxy.
 struct ProxyCluster {
+  std::string config;
   Process coord, proxy;
   std::map<std::string, std::unique_ptr<Process>> nodes;
   std::map<std::string, uint16_t> node_resp;
   uint16_t coord_port = 0, port = 0;
 
-  ProxyCluster() {
-    REQUIRE(coord.Start({kBin, "coordinator", "--config", kConfig, "--port", "0"}));
+  explicit ProxyCluster(const std::string& config = kConfig) : config(config) {
+    REQUIRE(coord.Start({kBin, "coordinator", "--config", config, "--port", "0"}));
     auto c = coord.WaitEvent("listening", 10s);
     REQUIRE(c);
     coord_port = (*c)["ports"]["http"].get<uint16_t>();
     for (const auto& id : kNodes) {
       auto p = std::make_unique<Process>();
-      REQUIRE(p->Start({kBin, "node", "--config", kConfig, "--id", id, "--coordinator", addr()}));
+      REQUIRE(p->Start({kBin, "node", "--config", config, "--id", id, "--coordinator", addr()}));
       auto j = p->WaitEvent("listening", 10s);
       REQUIRE(j);
       node_resp[id] = (*j)["ports"]["resp"].get<uint16_t>();
       nodes[id] = std::move(p);
     }
     WaitNodes(kNodes.size());
-    REQUIRE(proxy.Start({kBin, "proxy", "--config", kConfig, "--coordinator", addr(), "--resp-port", "0",
-                         "--timeout-ms", "1000"}));
+    REQUIRE(proxy.Start({kBin, "proxy", "--config", config, "--coordinator", addr(), "--resp-port", "0",
+                         "--timeout-ms", "1000", "--max-value-bytes", "4194304"}));
     auto j = proxy.WaitEvent("listening", 10s);
     REQUIRE(j);
     CHECK((*j)["role"] == "proxy");
     CHECK((*j)["nodes"].get<int>() == 3);
-    CHECK((*j)["max_value_bytes"].get<uint64_t>() == (1u << 20));  // $.store.slot_bytes
+    CHECK((*j)["max_value_bytes"].get<uint64_t>() == (4u << 20));  // --max-value-bytes
+    CHECK((*j)["block_bytes"].get<uint64_t>() == (1u << 20));      // $.store.slot_bytes
     port = (*j)["ports"]["resp"].get<uint16_t>();
   }
   std::string addr() const { return "127.0.0.1:" + std::to_string(coord_port); }
@@ -97,8 +100,9 @@ struct ProxyCluster {
     }
     FAIL("coordinator did not reach " << n << " nodes");
   }
-  std::string Cli(std::vector<std::string> args, uint16_t p = 0) {
+  std::string Cli(std::vector<std::string> args, uint16_t p = 0, const std::string& password = "") {
     std::vector<std::string> argv = {kCli, "-p", std::to_string(p ? p : port)};
+    if (!password.empty()) argv.insert(argv.end(), {"-a", password, "--no-auth-warning"});
     argv.insert(argv.end(), args.begin(), args.end());
     return Run(argv);
   }
@@ -272,10 +276,16 @@ TEST_CASE("RESP proxy: pipelined commands are answered in order, bad input close
   }
   a.Send(req);
   CHECK(a.Read(want.size()) == want);
-  // A value over the slot size (1 MiB) is an error; the connection stays.
+  // A value over the slot size (1 MiB) is stored over several blocks; one
+  // over the proxy's maximum (--max-value-bytes 4 MiB) is an error and the
+  // connection stays.
   std::string big((1u << 20) + 1, 'x');
-  a.Send(Cmd({"SET", "big", big}) + Cmd({"PING"}));
-  const std::string err = "-ERR ResourceExhausted: value of 1048577 bytes exceeds the slot size of 1048576 bytes\r\n";
+  big[12345] = 'y';
+  a.Send(Cmd({"SET", "big", big}) + Cmd({"GET", "big"}));
+  CHECK(a.Read(5 + BulkStr(big).size()) == "+OK\r\n" + BulkStr(big));
+  std::string huge((4u << 20) + 1, 'x');
+  a.Send(Cmd({"SET", "huge", huge}) + Cmd({"PING"}));
+  const std::string err = "-ERR ResourceExhausted: value of 4194305 bytes exceeds the maximum of 4194304 bytes\r\n";
   CHECK(a.Read(err.size() + 7) == err + "+PONG\r\n");
   // Malformed input: answered, then only that connection is closed.
   Conn b(c.port);
@@ -290,4 +300,37 @@ TEST_CASE("RESP proxy: pipelined commands are answered in order, bad input close
   CHECK(a.Read(BulkStr(vals[3]).size()) == BulkStr(vals[3]));
   a.Send("PING\r\n");
   CHECK(a.Read(7) == "+PONG\r\n");
+}
+
+TEST_CASE("RESP proxy and node: redis-cli -a PASSWORD works, a data command before AUTH gets NOAUTH",
+          "[resp][proxy][auth]") {
+  if (!Have(kCli)) {
+    WARN("SKIP: redis-cli not installed");
+    return;
+  }
+  // daemons-local.json with a shared secret ($.auth.token: the RESP password too).
+  std::ifstream in(kConfig);
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["auth"] = {{"token", "pw-7f3a"}};
+  char tmpl[] = "/tmp/kvmesh-resp-auth-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  REQUIRE(fd >= 0);
+  const std::string text = j.dump();
+  REQUIRE(::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  ::close(fd);
+  struct Unlink {
+    std::string p;
+    ~Unlink() { ::unlink(p.c_str()); }
+  } unlink_cfg{tmpl};
+  ProxyCluster c(tmpl);
+  for (const auto& [name, port] : std::vector<std::pair<std::string, uint16_t>>{{"proxy", c.port}, {"n0", c.node_resp["n0"]}}) {
+    INFO(name);
+    CHECK_THAT(c.Cli({"set", "k-" + name, "v"}, port), Catch::Contains("NOAUTH Authentication required."));
+    CHECK_THAT(c.Cli({"ping"}, port), Catch::Contains("NOAUTH"));
+    CHECK(c.Cli({"set", "k-" + name, "v"}, port, "pw-7f3a") == "OK\n");
+    CHECK(c.Cli({"get", "k-" + name}, port, "pw-7f3a") == "v\n");
+    CHECK_THAT(c.Cli({"get", "k-" + name}, port, "wrong"), Catch::Contains("NOAUTH"));
+  }
+  // The proxy reached the nodes with the token (a key SET through it is on its owner).
+  CHECK(c.Cli({"exists", "k-proxy"}, c.port, "pw-7f3a") == "1\n");
 }

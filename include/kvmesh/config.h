@@ -124,6 +124,15 @@ struct AuthConfig {
   std::string token;
 };
 
+// The Redis-protocol fronts, node-local and proxy (docs/resp.md).
+struct RespConfig {
+  uint64_t max_value_bytes = 64u << 20;  // largest value a SET stores (over as many blocks as it needs)
+  bool hash_tags = true;                 // keys sharing a Redis Cluster {tag} are placed and evicted together
+  // A key ending in one of these is grouped with the keys of the same stem
+  // (an LMCache-style "<key>kv_bytes" chunk with its "<key>metadata").
+  std::vector<std::string> group_suffixes = {"kv_bytes", "metadata"};
+};
+
 // Block compression (docs/block-format.md): shard nodes encode each
 // full block on put with the codec of its layers and decode it on get.
 // Codec strings: none | raw | fp16 | bf16 | int8 | int4 | fp8-e4m3 | fp8-e5m2 |
@@ -162,6 +171,7 @@ struct ClusterConfig {
   TransportConfig transport;
   CoordinatorConfig coordinator;
   AuthConfig auth;
+  RespConfig resp;
   CodecConfig codec;
   SequencesConfig sequences;
 

@@ -1,20 +1,17 @@
 #include "router/proxy/resp_proxy.h"
 
-#include <fcntl.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <list>
-#include <mutex>
-#include <system_error>
 #include <thread>
+#include <unordered_set>
 
 #include "kvmesh/router.h"
-#include "transport/resp/resp_protocol.h"
+#include "router/proxy/resp_engine.h"
+#include "transport/asio.h"
+#include "transport/resp/resp_commands.h"
 #include "transport/resp/resp_session.h"
-#include "transport/asio_listener.h"
 
 namespace kvmesh {
 namespace {
@@ -22,253 +19,254 @@ namespace {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-// First read size per GET: values are usually far below a slot; a larger one
-// is read again at its size (one more round trip for that key only).
-constexpr uint64_t kFirstReadBytes = 256u << 10;
+constexpr size_t kMaxRunCommands = 256;  // commands parsed per read
+constexpr size_t kFlushBytes = 8u << 20; // answers held before they are written
 
-// The cluster, through the router, as a RESP backend. Runs on the connection
-// threads (and the workers); thread-safe (the router is).
-class RouterBackend final : public RespBackend {
+// Awaits RespEngine::Run.
+template <typename Token>
+auto AsyncRun(RespEngine& e, std::span<RespOp* const> ops, const RespOpEnv& env, Token&& token) {
+  return asio::async_initiate<Token, void()>(
+      [&e, ops, env](auto handler) {
+        auto h = std::make_shared<decltype(handler)>(std::move(handler));
+        e.Run(ops, env, [h] { (*h)(); });
+      },
+      token);
+}
+
+std::vector<asio::const_buffer> Buffers(const RespReply& r) {
+  std::vector<asio::const_buffer> b;
+  b.reserve(r.pieces().size());
+  for (auto p : r.pieces()) b.emplace_back(p.data(), p.size());
+  return b;
+}
+
+// The keys a segment of side-by-side commands touches: a command that reads
+// a key another one writes (or writes one another reads or writes) starts
+// the next segment, so each connection's commands keep their order.
+class Segment {
  public:
-  RouterBackend(Router* router, const RespProxyOptions& o) : router_(router), o_(o) {
-    ro_.timeout_ms = o.timeout_ms;
+  bool Conflicts(const RespCommand& c) const {
+    const RespCommands::KeyAccess a = RespCommands::Access(c);
+    for (size_t i = a.first; i < a.end; i += a.step)
+      if (writes_.count(c[i]) || (a.writes && reads_.count(c[i]))) return true;
+    return false;
   }
-
-  void Get(std::span<const std::string_view> keys, RespReply* out) override {
-    // Each value lands in a buffer of its own, handed to the reply without a
-    // copy. Allocated, not zero-filled: the node writes every byte we answer
-    // (a std::string of the first-read size would memset 256 KiB per GET).
-    std::vector<std::shared_ptr<char[]>> values(keys.size());
-    std::vector<GetItem> items(keys.size());
-    const uint64_t first = std::min(o_.max_value_bytes, kFirstReadBytes);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      values[i].reset(new char[first]);
-      items[i].key = RespKey(keys[i]);
-      items[i].dst = std::as_writable_bytes(std::span<char>(values[i].get(), first));
-    }
-    (void)router_->GetBatch(items, ro_);  // per-item results; a dead node's items miss
-    std::vector<GetItem> again;           // values larger than the first read
-    std::vector<size_t> where;
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (items[i].status.code() != StatusCode::kResourceExhausted || items[i].size <= first) continue;
-      values[i].reset(new char[items[i].size]);
-      again.push_back(GetItem{items[i].key, std::as_writable_bytes(std::span<char>(values[i].get(), items[i].size)), 0, {}});
-      where.push_back(i);
-    }
-    if (!again.empty()) {
-      (void)router_->GetBatch(again, ro_);
-      for (size_t k = 0; k < again.size(); ++k) items[where[k]].status = again[k].status, items[where[k]].size = again[k].size;
-    }
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (!items[i].status.ok()) {
-        out->Nil();
-        continue;
-      }
-      out->BulkBorrowed(std::span<const char>(values[i].get(), items[i].size), values[i]);
-    }
+  void Add(const RespCommand& c) {
+    const RespCommands::KeyAccess a = RespCommands::Access(c);
+    for (size_t i = a.first; i < a.end; i += a.step) (a.writes ? writes_ : reads_).insert(c[i]);
   }
-
-  void Set(std::span<const std::string_view> keys, std::span<const std::string_view> values,
-           std::span<Status> statuses) override {
-    std::vector<PutItem> items(keys.size());
-    for (size_t i = 0; i < keys.size(); ++i) {
-      items[i].key = RespKey(keys[i]);
-      items[i].data = std::as_bytes(std::span<const char>(values[i]));
-    }
-    RequestOptions ro = ro_;
-    ro.replace = true;  // Redis SET semantics: the new value wins (one round trip: the PUT's replace flag)
-    (void)router_->PutBatch(items, ro);
-    for (size_t i = 0; i < items.size(); ++i) statuses[i] = std::move(items[i].status);
-  }
-
-  int64_t Exists(std::span<const std::string_view> keys) override {
-    std::vector<BlockKey> k = Keys(keys);
-    std::vector<uint8_t> found(k.size(), 0);
-    if (!router_->ExistsBatch(k, found, ro_).ok()) return 0;
-    return std::count(found.begin(), found.end(), uint8_t{1});
-  }
-
-  // The router's Erase does not say which keys were there: DEL counts the
-  // keys that existed just before it (a concurrent SET may race it, as with
-  // any two clients).
-  int64_t Del(std::span<const std::string_view> keys) override {
-    std::vector<BlockKey> k = Keys(keys);
-    std::vector<uint8_t> found(k.size(), 0);
-    (void)router_->ExistsBatch(k, found, ro_);
-    (void)router_->Erase(k, ro_);
-    return std::count(found.begin(), found.end(), uint8_t{1});
-  }
-
-  int64_t DbSize() override {
-    if (!o_.stats) return 0;
-    Result<RespClusterStats> s = o_.stats();
-    return s.ok() ? static_cast<int64_t>(s->blocks) : 0;
-  }
-
-  std::string Info() override {
-    std::string o = "role:proxy\r\n# Cluster\r\n";
-    auto kv = [&](const char* k, uint64_t v) { o += std::string(k) + ":" + std::to_string(v) + "\r\n"; };
-    kv("shard_map_epoch", router_->epoch());
-    RouterStats rs = router_->Stats();
-    kv("router_node_errors", rs.node_errors);
-    if (o_.stats) {
-      Result<RespClusterStats> s = o_.stats();
-      if (s.ok()) {
-        kv("live_nodes", s->nodes);
-        o += "# Stats\r\n";
-        kv("keyspace_hits", s->hits);
-        kv("keyspace_misses", s->misses);
-        kv("evicted_keys", s->evictions);
-        o += "# Memory\r\n";
-        kv("used_memory", s->bytes_stored);
-        kv("slot_bytes", o_.max_value_bytes);
-        o += "# Keyspace\r\n";
-        o += "db0:keys=" + std::to_string(s->blocks) + ",expires=0,avg_ttl=0\r\n";
-      } else {
-        o += "cluster_stats_error:" + s.status().ToString() + "\r\n";
-      }
-    }
-    return o;
+  void Clear() {
+    reads_.clear();
+    writes_.clear();
   }
 
  private:
-  static std::vector<BlockKey> Keys(std::span<const std::string_view> keys) {
-    std::vector<BlockKey> k;
-    k.reserve(keys.size());
-    for (std::string_view s : keys) k.push_back(RespKey(s));
-    return k;
-  }
-
-  Router* router_;
-  const RespProxyOptions& o_;
-  RequestOptions ro_;
+  std::unordered_set<std::string_view> reads_, writes_;
 };
 
 class Proxy final : public RespProxy {
  public:
-  Proxy(Router* router, RespProxyOptions o)
-      : o_(std::move(o)), backend_(router, o_), commands_(&backend_, o_.max_value_bytes),
-        workers_(std::max<uint32_t>(1, o_.workers)) {}
+  explicit Proxy(RespProxyOptions o)
+      : o_(std::move(o)), commands_(FrontOptions(o_)), helpers_(1) {
+    const uint32_t n = std::max<uint32_t>(1, o_.io_threads);
+    for (uint32_t i = 0; i < n; ++i) loops_.push_back(std::make_unique<Loop>());
+    acceptor_ = std::make_unique<tcp::acceptor>(loops_[0]->io);
+  }
   ~Proxy() override { Stop(); }
 
   Status Bind() {
-    conn_.max_value_bytes = o_.max_value_bytes;
-    conn_.max_bulk_bytes = o_.max_bulk_bytes ? o_.max_bulk_bytes : std::max<uint64_t>(o_.max_value_bytes, 16u << 20);
-    conn_.workers = &workers_;
-    AsioListenerOptions l;
-    l.host = o_.host;
-    l.port = o_.port;
-    l.session_threads = std::max<uint32_t>(1, o_.io_threads);
-    l.what = "RESP proxy";
-    KVMESH_ASSIGN_OR_RETURN(listener_, AsioListener::Start(l, [this](tcp::socket s) { return Session(std::move(s)); }));
+    if (!o_.map) return InvalidArgument("RESP proxy needs a shard map source");
+    boost::system::error_code ec;
+    auto addr = asio::ip::make_address(o_.host, ec);
+    if (ec) return InvalidArgument("bad listen address " + o_.host + ": " + ec.message());
+    tcp::endpoint ep(addr, o_.port);
+    acceptor_->open(ep.protocol(), ec);
+    if (!ec) acceptor_->set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_->bind(ep, ec);
+    if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return Unavailable("RESP proxy listen on " + o_.host + ":" + std::to_string(o_.port) + ": " + ec.message());
+    port_ = acceptor_->local_endpoint().port();
+    RespEngineOptions eo;
+    eo.map = o_.map;
+    eo.refresh = o_.refresh;
+    eo.stats = o_.stats;
+    eo.timeout_ms = o_.timeout_ms;
+    eo.block_bytes = o_.block_bytes;
+    eo.link.client_id = o_.client_id;
+    eo.link.tenant = o_.tenant;
+    eo.link.token = o_.token;
+    eo.link.connect_timeout_ms = o_.connect_timeout_ms;
+    eo.link.limits.max_block_bytes =
+        static_cast<uint32_t>(std::clamp<uint64_t>(o_.block_bytes, eo.link.limits.max_block_bytes, UINT32_MAX));
+    eo.link.limits.max_body_bytes = std::max<uint32_t>(eo.link.limits.max_body_bytes, eo.link.limits.max_block_bytes + (1u << 20));
+    for (auto& l : loops_) l->engine = std::make_unique<RespEngine>(l->io, helpers_, eo);
+    asio::co_spawn(loops_[0]->io, Accept(), asio::detached);
+    for (auto& l : loops_) {
+      Loop* lp = l.get();
+      lp->guard.emplace(asio::make_work_guard(lp->io));
+      lp->thread = std::thread([lp] { lp->io.run(); });
+    }
     return Status::Ok();
   }
-  uint16_t port() const override { return listener_->port(); }
+
+  uint16_t port() const override { return port_; }
   uint64_t commands() const override { return commands_.commands(); }
 
   void Stop() override {
     if (stopped_.exchange(true)) return;
-    // No connection is given a thread from here on; then the listener stops
-    // (no new connection; its Asio connections stop being served).
-    {
-      std::lock_guard<std::mutex> lock(conn_mu_);
-      stopping_ = true;
+    for (size_t i = 0; i < loops_.size(); ++i) {
+      Loop* lp = loops_[i].get();
+      asio::post(lp->io, [this, lp, first = i == 0] {
+        boost::system::error_code ec;
+        if (first) acceptor_->close(ec);
+        if (lp->engine) lp->engine->Stop();
+        for (tcp::socket* s : lp->conns) s->close(ec);
+        lp->io.stop();
+      });
     }
-    if (listener_) listener_->Stop();
-    // Wake every connection thread: a read or write in progress fails at
-    // once; a router call in progress finishes (bounded by the router
-    // timeout) and its answer fails to write.
-    {
-      std::lock_guard<std::mutex> lock(conn_mu_);
-      for (ConnThread& c : conns_)
-        if (c.fd >= 0) ::shutdown(c.fd, SHUT_RDWR);
-    }
-    for (ConnThread& c : conns_) c.thread.join();  // conns_ no longer changes (stopping_)
-    conns_.clear();
-    // The Asio connections' runs in flight finish; their answers are posted
-    // to stopped io_contexts and dropped with the connections when the
-    // listener is destroyed.
-    workers_.join();
+    for (auto& l : loops_)
+      if (l->thread.joinable()) l->thread.join();
+    helpers_.join();  // map refreshes and stats calls (bounded by their timeouts)
   }
 
  private:
-  // One connection on a thread of its own. fd is closed by its thread, under
-  // conn_mu_, which is when fd becomes -1 and done true.
-  struct ConnThread {
-    int fd = -1;
-    bool done = false;
+  struct Loop {
+    asio::io_context io{1};
+    std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
+    std::unique_ptr<RespEngine> engine;  // destroyed before io (it posts nothing once stopped)
+    std::list<tcp::socket*> conns;       // open client connections (closed by Stop)
     std::thread thread;
   };
 
-  // A new connection: a thread of its own when allowed, else the Asio path.
-  asio::awaitable<void> Session(tcp::socket s) {
-    if (!Adopt(s)) co_await ServeRespConnection(std::move(s), &commands_, conn_);
+  static RespFrontOptions FrontOptions(const RespProxyOptions& o) {
+    RespFrontOptions f;
+    f.block_bytes = o.block_bytes;
+    f.max_value_bytes = o.max_value_bytes;
+    f.rules = o.rules;
+    f.auth = o.auth;
+    f.cheap_reads = false;
+    f.role = "proxy";
+    return f;
   }
 
-  // Moves the socket to a new connection thread. False when the Asio path
-  // must serve s instead: stopping, at connection_threads, or no thread could
-  // be started. (True with s empty also when s could not be served at all.)
-  bool Adopt(tcp::socket& s) {
-    std::lock_guard<std::mutex> lock(conn_mu_);
-    if (stopping_) return false;
-    for (auto it = conns_.begin(); it != conns_.end();) {  // reap finished connections
-      if (!it->done) {
-        ++it;
+  asio::awaitable<void> Accept() {
+    size_t next = 0;
+    for (;;) {
+      boost::system::error_code ec;
+      Loop& l = *loops_[next++ % loops_.size()];
+      tcp::socket s = co_await acceptor_->async_accept(l.io, asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) {
+        if (!acceptor_->is_open()) co_return;
         continue;
       }
-      it->thread.join();  // it is past its last statement: the join waits for no I/O
-      it = conns_.erase(it);
+      asio::co_spawn(l.io, Serve(l, std::move(s)), asio::detached);
     }
-    if (conns_.size() >= o_.connection_threads) return false;
-    boost::system::error_code ec;
-    s.set_option(tcp::no_delay(true), ec);
-    const tcp::endpoint local = s.local_endpoint(ec);
-    if (ec) return false;
-    const int fd = s.release(ec);
-    if (ec || fd < 0) return false;
-    // Blocking I/O from here on (Asio may have made the socket non-blocking).
-    const int fl = ::fcntl(fd, F_GETFL);
-    if (fl >= 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    ConnThread& c = conns_.emplace_back();
-    c.fd = fd;
-    try {
-      c.thread = std::thread([this, &c, fd] { ServeOnThread(&c, fd); });
-    } catch (const std::system_error&) {  // no thread to be had: the Asio path serves it
-      conns_.pop_back();
-      s.assign(local.protocol(), fd, ec);
-      if (!ec) return false;  // back in s
-      ::close(fd);
-      return true;  // closed: nothing left to serve
-    }
-    return true;
   }
 
-  void ServeOnThread(ConnThread* c, int fd) {
-    ServeRespConnectionBlocking(fd, &commands_, conn_);
-    std::lock_guard<std::mutex> lock(conn_mu_);
-    ::close(fd);
-    c->fd = -1;
-    c->done = true;
+  // One client connection, on its loop.
+  asio::awaitable<void> Serve(Loop& loop, tcp::socket s) {
+    boost::system::error_code ec;
+    s.set_option(tcp::no_delay(true), ec);
+    auto reg = loop.conns.insert(loop.conns.end(), &s);
+    const uint64_t max_bulk = RespMaxBulk(o_.max_value_bytes);
+    const size_t max_buf = max_bulk + kRespMaxInline + 64;
+    std::vector<char> buf(64 << 10);
+    size_t filled = 0;
+    RespSessionState state;
+    state.id = commands_.NextClientId();
+    std::vector<RespCommand> cmds(kMaxRunCommands);
+    std::vector<std::unique_ptr<RespOp>> ops;
+    std::vector<RespOp*> raw;
+    Segment seg;
+    bool quit = false, need_read = true, broken = false;
+    while (!quit) {
+      if (need_read) {
+        if (filled == buf.size()) {
+          if (buf.size() >= max_buf) break;  // cannot be a valid command
+          buf.resize(std::min(buf.size() * 2, max_buf));
+        }
+        const size_t n = co_await s.async_read_some(asio::buffer(buf.data() + filled, buf.size() - filled),
+                                                    asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) break;
+        filled += n;
+      }
+      // Parse what has arrived (up to kMaxRunCommands).
+      size_t used = 0, n = 0;
+      bool error = false;
+      std::string err;
+      while (n < kMaxRunCommands) {
+        size_t u = 0;
+        const RespParse p = ParseRespCommand(std::string_view(buf.data() + used, filled - used), max_bulk, &cmds[n], &u, &err);
+        if (p == RespParse::kNeedMore) break;
+        if (p == RespParse::kError) {
+          error = true;
+          break;
+        }
+        used += u;
+        if (!cmds[n].empty()) ++n;
+      }
+      need_read = n < kMaxRunCommands;
+      // Run them: segments of commands side by side, answered in order.
+      RespReply out;
+      size_t i = 0;
+      while (i < n && !quit) {
+        ops.clear();
+        seg.Clear();
+        while (i < n && !quit && (ops.empty() || !seg.Conflicts(cmds[i]))) {
+          seg.Add(cmds[i]);
+          ops.push_back(commands_.Compile(cmds[i], &state, &quit));
+          ++i;
+        }
+        raw.clear();
+        for (auto& op : ops) raw.push_back(op.get());
+        co_await AsyncRun(*loop.engine, raw, commands_.Env(), asio::use_awaitable);
+        for (auto& op : ops) op->Answer(&out);
+        ops.clear();  // the answers keep what they borrow
+        if (out.bytes() > kFlushBytes && i < n) {
+          co_await asio::async_write(s, Buffers(out), asio::redirect_error(asio::use_awaitable, ec));
+          if (ec) {
+            broken = true;
+            break;
+          }
+          out = RespReply();
+        }
+      }
+      if (broken) break;
+      if (error) out.Err("ERR Protocol error: " + err);
+      if (!out.empty()) {
+        co_await asio::async_write(s, Buffers(out), asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) break;
+      }
+      if (error) break;
+      // Keep the unparsed tail (the commands that pointed into buf are answered).
+      std::memmove(buf.data(), buf.data() + used, filled - used);
+      filled -= used;
+    }
+    loop.conns.erase(reg);
+    s.shutdown(tcp::socket::shutdown_both, ec);
+    s.close(ec);
   }
 
   RespProxyOptions o_;
-  RouterBackend backend_;
   RespCommands commands_;
-  RespConnectionOptions conn_;
-  asio::thread_pool workers_;
+  asio::thread_pool helpers_;
+  std::vector<std::unique_ptr<Loop>> loops_;
+  std::unique_ptr<tcp::acceptor> acceptor_;  // on loop 0
+  uint16_t port_ = 0;
   std::atomic<bool> stopped_{false};
-  std::mutex conn_mu_;
-  bool stopping_ = false;        // guarded by conn_mu_
-  std::list<ConnThread> conns_;  // guarded by conn_mu_ (stable addresses for the threads)
-  std::unique_ptr<AsioListener> listener_;  // last: its connections use the members above
 };
 
 }  // namespace
 
-Result<std::unique_ptr<RespProxy>> RespProxy::Start(Router* router, RespProxyOptions options) {
-  auto p = std::make_unique<Proxy>(router, std::move(options));
+Result<std::unique_ptr<RespProxy>> RespProxy::Start(RespProxyOptions options) {
+  auto p = std::make_unique<Proxy>(std::move(options));
   KVMESH_RETURN_IF_ERROR(p->Bind());
   return std::unique_ptr<RespProxy>(std::move(p));
+}
+
+Result<std::unique_ptr<RespProxy>> RespProxy::Start(Router* router, RespProxyOptions options) {
+  if (!options.map) options.map = [router] { return router->map(); };
+  return Start(std::move(options));
 }
 
 }  // namespace kvmesh

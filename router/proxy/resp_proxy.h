@@ -1,40 +1,38 @@
 // router/proxy/resp_proxy.h — the cluster-wide Redis-protocol front: a
-// RESP endpoint whose every key goes through the Router to the node that owns
-// it, so an unmodified Redis client sees the whole cluster as one Redis.
+// RESP endpoint whose every key goes to the node that owns it, so an
+// unmodified Redis client sees the whole cluster as one Redis.
 //
 // Where it runs (design): a stateless proxy process, `kvmesh proxy
 // --coordinator HOST:PORT` (cli/cmd_proxy.cc), in the manner of twemproxy
 // or Envoy's Redis proxy, rather than a front inside each node daemon:
-//   - it holds no data, only a NetworkClient (shard map from the coordinator,
-//     pooled pipelined channels), so any number of proxies can run, next to
-//     the clients or behind a load balancer, and one dying loses nothing;
+//   - it holds no data, only the shard map (from the coordinator, through a
+//     NetworkClient) and a connection per node, so any number of proxies can
+//     run, next to the clients or behind a load balancer, and one dying
+//     loses nothing;
 //   - a node that dies takes only its keys with it (they read nil), never the
 //     front, which a per-node front would;
-//   - nodes stay what they were: the node-local front (resp_server.h) is kept
-//     as the zero-hop path for clients that know which node they want.
-// Both fronts speak resp_protocol.h and store a key under RespKey(key), and
-// the proxy places RespKey(key) with the router's rendezvous hashing (no
-// affinity hint), so a key SET through the proxy is the key its owner's
-// node-local front answers.
+//   - nodes stay what they were: the node-local front
+//     (shard_node/server/resp_server.h) is kept as the zero-hop path.
+// Both fronts speak transport/resp/resp_commands.h and store values as
+// transport/resp/resp_value.h lays them out, so a key SET through the proxy
+// is the key its owner's node-local front answers.
 //
-// Threads (design, docs/resp.md "Threads"): a router call blocks on the
-// network, so the question is which thread waits for it. Each connection gets
-// a thread of its own (up to connection_threads of them) that reads the
-// socket, parses a pipelined run and makes the run's router calls inline,
-// consecutive GETs/SETs as one router batch (one fan-out, the slowest node's
-// round trip): a request costs no thread hand-off, and the TCP channel's
-// leader/follower reader lets that thread read its node's answer itself.
-// (The former path, an Asio I/O thread handing each run to a worker and
-// back, cost two hand-offs per request; it now serves only the connections
-// beyond connection_threads: io_threads Asio threads that never block, and
-// `workers` threads for their router calls.) A connection reads nothing more
-// until its run is answered, so answers keep the command order.
+// Event loop (design, docs/resp.md "Event loop"): io_threads loops (one by
+// default), each a single thread that owns its client connections, its
+// connection to every node (router/proxy/node_link.h) and an engine
+// (router/proxy/resp_engine.h). A connection parses what has arrived, runs
+// its commands as ops (several side by side when no two touch the same key,
+// e.g. a pipelined run of GETs), and the engine sends the block I/O of every
+// connection's ops that arrived together to each node as one frame per kind:
+// commands of many clients cost one node round trip, and no request crosses
+// a thread. Answers go back in each connection's command order. Nothing on
+// the loop blocks: map refreshes and INFO's cluster statistics run on a
+// helper thread.
 //
 // Failure behaviour: a key whose node cannot be reached reads nil (GET/MGET),
 // counts as absent (EXISTS/DEL) and a SET to it answers "-ERR Unavailable...";
-// a value over max_value_bytes (the slot size) answers "-ERR ResourceExhausted:
-// value of N bytes exceeds the slot size ..." and keeps the connection; a
-// protocol error closes only its own connection.
+// a value over max_value_bytes answers "-ERR ResourceExhausted: ..." and
+// keeps the connection; a protocol error closes only its own connection.
 //
 // Thread-safety: Start/Stop from one thread; commands() from any.
 #pragma once
@@ -45,10 +43,13 @@
 #include <string>
 
 #include "kvmesh/status.h"
+#include "transport/resp/resp_value.h"
 
 namespace kvmesh {
 
 class Router;
+class ShardMap;
+class RespAuth;
 
 // Cluster-wide figures for DBSIZE and INFO (e.g. the coordinator's /stats).
 struct RespClusterStats {
@@ -57,30 +58,40 @@ struct RespClusterStats {
 
 struct RespProxyOptions {
   std::string host = "127.0.0.1";
-  uint16_t port = 0;                     // 0 = a free port
-  uint64_t max_value_bytes = 1u << 20;   // the cluster's slot size ($.store.slot_bytes)
-  uint64_t max_bulk_bytes = 0;           // parser bound (0: max(max_value_bytes, 16 MiB))
-  // Connections served by a thread of their own (see above). Connections
-  // beyond this many go to the Asio path below.
-  uint32_t connection_threads = 1024;
-  uint32_t io_threads = 1;               // accept, and the Asio connections past connection_threads
-  uint32_t workers = 4;                  // router calls of the Asio connections
-  int64_t timeout_ms = 0;                // per router operation (0: the router's default)
-  // Called by DBSIZE and INFO, on the connection's thread (or a worker), so
-  // possibly from many threads at once; unset: DBSIZE answers 0.
+  uint16_t port = 0;                      // 0 = a free port
+  uint64_t max_value_bytes = 64u << 20;   // $.resp.max_value_bytes: larger SETs are answered an error
+  uint64_t block_bytes = 1u << 20;        // the nodes' slot size ($.store.slot_bytes): value parts
+  uint32_t io_threads = 1;                // event loops; connections are spread over them
+  int64_t timeout_ms = 2000;              // per node frame
+  int64_t connect_timeout_ms = 1000;      // connect + HELLO to a node
+  // The HELLO the proxy sends the nodes.
+  std::string client_id = "kvmesh-proxy";
+  std::string tenant;
+  std::string token;                      // $.auth.token
+  RespKeyRules rules;                     // $.resp groups
+  std::shared_ptr<const RespAuth> auth;   // who may use the proxy (null: anyone)
+  // The shard map to place keys with (called on the loops: cheap, never
+  // blocking). Required.
+  std::function<std::shared_ptr<const ShardMap>()> map;
+  // Fetches a newer map (a node answered StaleEpoch); blocking, run on a
+  // helper thread. May be empty.
+  std::function<Status()> refresh;
+  // DBSIZE and INFO figures; blocking, run on a helper thread. Empty:
+  // DBSIZE answers 0.
   std::function<Result<RespClusterStats>()> stats;
 };
 
 class RespProxy {
  public:
-  // REQUIRES: router outlives the proxy (it is shared; the router is thread-safe).
+  static Result<std::unique_ptr<RespProxy>> Start(RespProxyOptions options);
+  // The same over a router's current map (Router::map); refresh unset.
+  // REQUIRES: router outlives the proxy.
   static Result<std::unique_ptr<RespProxy>> Start(Router* router, RespProxyOptions options);
   virtual ~RespProxy() = default;
   virtual uint16_t port() const = 0;
-  // Stops accepting, shuts the connection threads' sockets down, waits for
-  // the router calls in flight (bounded by the router timeout), joins the
-  // threads. Connections on the Asio path are closed when the proxy is
-  // destroyed. Idempotent.
+  // Stops accepting, closes every client and node connection (what was in
+  // flight is never answered), stops the loops and joins their threads.
+  // Idempotent.
   virtual void Stop() = 0;
   virtual uint64_t commands() const = 0;
 };

@@ -14,6 +14,7 @@
 #include "kvmesh/build_config.h"
 #include "shard_node/server/data_server.h"
 #include "shard_node/server/resp_server.h"
+#include "transport/resp/resp_commands.h"
 #if defined(KVMESH_HAVE_UCX)
 #include "shard_node/server/ucx_server.h"
 #include "transport/ucx_worker.h"
@@ -73,7 +74,10 @@ class Daemon final : public NodeDaemon {
       RespServerOptions r;
       r.host = nc->host;
       r.port = nc->ports.resp;
-      r.max_value_bytes = node_->store().slot_bytes();
+      r.max_value_bytes = config_.resp.max_value_bytes;
+      r.rules.hash_tags = config_.resp.hash_tags;
+      r.rules.group_suffixes = config_.resp.group_suffixes;
+      r.auth = MakeTokenAuth(config_.auth.token);
       KVMESH_ASSIGN_OR_RETURN(resp_, RespServer::Start(node_.get(), r));
     }
     KVMESH_ASSIGN_OR_RETURN(http_, HttpServer::Start(nc->host, nc->ports.http,

@@ -1,100 +1,124 @@
 #include "shard_node/server/resp_server.h"
 
-#include <algorithm>
+#include <cstring>
 
-#include "transport/resp/resp_protocol.h"
-#include "transport/resp/resp_session.h"
 #include "shard_node/shard_node.h"
 #include "transport/asio_listener.h"
+#include "transport/resp/resp_session.h"
 
 namespace kvmesh {
 namespace {
 
 using boost::asio::ip::tcp;
 
-// This node's store as a RESP backend.
-class NodeBackend final : public RespBackend {
+// This node's store, answering each step at once.
+class NodeBackend final : public RespSyncBackend {
  public:
   explicit NodeBackend(ShardNode* node) : node_(node) {}
 
-  void Get(std::span<const std::string_view> keys, RespReply* out) override {
-    for (std::string_view k : keys) GetOne(k, out);
-  }
-  void Set(std::span<const std::string_view> keys, std::span<const std::string_view> values,
-           std::span<Status> statuses) override {
-    PutOptions po;
-    po.replace = true;  // Redis SET semantics: the new value wins
-    for (size_t i = 0; i < keys.size(); ++i)
-      statuses[i] = node_->Put(RespKey(keys[i]), std::as_bytes(std::span<const char>(values[i])), po);
-  }
-  int64_t Exists(std::span<const std::string_view> keys) override {
-    int64_t n = 0;
-    for (std::string_view k : keys) n += node_->Exists(RespKey(k), false);
-    return n;
-  }
-  int64_t Del(std::span<const std::string_view> keys) override {
-    int64_t n = 0;
-    for (std::string_view k : keys) n += node_->Erase(RespKey(k)).ok();
-    return n;
-  }
-  int64_t DbSize() override { return static_cast<int64_t>(node_->Stats().store.blocks); }
-  std::string Info() override {
-    NodeStats st = node_->Stats();
-    const StoreStats& s = st.store;
-    std::string o = "node_id:" + st.node_id + "\r\n# Stats\r\n";
-    auto kv = [&](const char* k, uint64_t v) { o += std::string(k) + ":" + std::to_string(v) + "\r\n"; };
-    kv("keyspace_hits", s.hits);
-    kv("keyspace_misses", s.misses);
-    kv("evicted_keys", s.evictions);
-    o += "# Memory\r\n";
-    kv("used_memory", s.bytes_stored);
-    kv("maxmemory", s.capacity_bytes);
-    kv("slot_bytes", s.slot_bytes);
-    o += "# Keyspace\r\n";
-    o += "db0:keys=" + std::to_string(s.blocks) + ",expires=0,avg_ttl=0\r\n";
-    return o;
+  void Run(std::span<BlockIo> ios) override {
+    for (BlockIo& io : ios) {  // reads first (resp_ops.h)
+      switch (io.kind) {
+        case BlockIo::Kind::kGet: Get(io); break;
+        case BlockIo::Kind::kExists:
+          io.found = node_->Exists(io.key, /*touch=*/true);
+          io.status = Status::Ok();
+          break;
+        case BlockIo::Kind::kStats: Stats(io); break;
+        default: break;
+      }
+    }
+    for (BlockIo& io : ios) {  // then writes, in order
+      if (io.kind == BlockIo::Kind::kPut) Put(io);
+      else if (io.kind == BlockIo::Kind::kErase) io.status = node_->Erase(io.key);
+    }
   }
 
  private:
-  void GetOne(std::string_view key, RespReply* out) {
-    Result<BlockRef> r = node_->Get(RespKey(key));
-    if (!r.ok()) return out->Nil();  // a miss, or a corrupt block (erased): nil either way
-    if (r->meta().codec != 0) {  // stored encoded (config.codec): answer the decoded value
-      std::string value(r->meta().logical_size, '\0');
-      r->Release();
-      Result<size_t> n = node_->GetInto(RespKey(key), std::as_writable_bytes(std::span<char>(value)));
-      if (!n.ok()) return out->Nil();
-      value.resize(*n);
-      return out->BulkOwned(std::move(value));
+  void Get(BlockIo& io) {
+    Result<BlockRef> r = node_->Get(io.key);
+    if (!r.ok()) {  // a miss, or a corrupt block (erased): a miss either way
+      io.status = r.status();
+      return;
     }
-    if (node_->store().backend().host_accessible()) {  // zero copy: the block stays pinned until written
+    io.status = Status::Ok();
+    if (r->meta().codec == 0 && node_->store().backend().host_accessible()) {
+      // Zero copy: the block stays pinned until the answer is written.
       auto d = r->data();
-      std::span<const char> bytes(reinterpret_cast<const char*>(d.data()), d.size());
-      return out->BulkBorrowed(bytes, std::make_shared<BlockRef>(std::move(*r)));
+      io.value = std::span<const char>(reinterpret_cast<const char*>(d.data()), d.size());
+      io.keep = std::make_shared<BlockRef>(std::move(*r));
+      return;
     }
-    std::string copy(r->data().size(), '\0');
-    node_->store().backend().CopyOut(reinterpret_cast<std::byte*>(copy.data()), r->data().data(), copy.size());
-    out->BulkOwned(std::move(copy));
+    auto copy = std::make_shared<std::string>();
+    if (r->meta().codec != 0) {  // stored encoded (config.codec): the decoded bytes
+      copy->resize(r->meta().logical_size);
+      r->Release();
+      Result<size_t> n = node_->GetInto(io.key, std::as_writable_bytes(std::span<char>(*copy)));
+      if (!n.ok()) {
+        io.status = n.status();
+        return;
+      }
+      copy->resize(*n);
+    } else {
+      copy->resize(r->data().size());
+      node_->store().backend().CopyOut(reinterpret_cast<std::byte*>(copy->data()), r->data().data(), copy->size());
+    }
+    io.value = std::span<const char>(*copy);
+    io.keep = std::move(copy);
+  }
+
+  void Put(BlockIo& io) {
+    PutOptions po;
+    po.replace = io.replace;
+    std::span<const char> block = io.data;
+    if (!io.head.empty() && !io.data.empty()) {  // one contiguous block for the store
+      scratch_.resize(io.head.size() + io.data.size());
+      std::memcpy(scratch_.data(), io.head.data(), io.head.size());
+      std::memcpy(scratch_.data() + io.head.size(), io.data.data(), io.data.size());
+      block = scratch_;
+    } else if (!io.head.empty()) {
+      block = io.head;
+    }
+    io.status = node_->Put(io.key, std::as_bytes(block), po);
+  }
+
+  void Stats(BlockIo& io) {
+    NodeStats st = node_->Stats();
+    const StoreStats& s = st.store;
+    auto text = std::make_shared<std::string>("role:node\r\nnode_id:" + st.node_id + "\r\n# Stats\r\n");
+    auto kv = [&](const char* k, uint64_t v) { *text += std::string(k) + ":" + std::to_string(v) + "\r\n"; };
+    kv("keyspace_hits", s.hits);
+    kv("keyspace_misses", s.misses);
+    kv("evicted_keys", s.evictions);
+    *text += "# Memory\r\n";
+    kv("used_memory", s.bytes_stored);
+    kv("maxmemory", s.capacity_bytes);
+    kv("slot_bytes", s.slot_bytes);
+    *text += "# Keyspace\r\n";
+    *text += "db0:keys=" + std::to_string(s.blocks) + ",expires=0,avg_ttl=0\r\n";
+    io.count = s.blocks;
+    io.value = std::span<const char>(*text);
+    io.keep = std::move(text);
+    io.status = Status::Ok();
   }
 
   ShardNode* node_;
+  std::vector<char> scratch_;  // the I/O thread's (one listener thread)
 };
 
 class Server final : public RespServer {
  public:
-  Server(ShardNode* node, RespServerOptions o)
-      : o_(std::move(o)), backend_(node), commands_(&backend_, o_.max_value_bytes) {}
+  Server(ShardNode* node, RespServerOptions o) : o_(std::move(o)), backend_(node), commands_(FrontOptions(node, o_)) {}
   ~Server() override { Stop(); }
 
   Status Bind() {
-    conn_.max_value_bytes = o_.max_value_bytes;
-    conn_.max_bulk_bytes = o_.max_bulk_bytes ? o_.max_bulk_bytes : std::max<uint64_t>(o_.max_value_bytes, 16u << 20);
+    conn_.max_bulk_bytes = RespMaxBulk(o_.max_value_bytes);
     AsioListenerOptions l;
     l.host = o_.host;
     l.port = o_.port;
     l.what = "RESP";
     KVMESH_ASSIGN_OR_RETURN(listener_, AsioListener::Start(l, [this](tcp::socket s) {
-                              return ServeRespConnection(std::move(s), &commands_, conn_);
+                              return ServeRespConnection(std::move(s), &commands_, &backend_, conn_);
                             }));
     return Status::Ok();
   }
@@ -105,6 +129,17 @@ class Server final : public RespServer {
   }
 
  private:
+  static RespFrontOptions FrontOptions(ShardNode* node, const RespServerOptions& o) {
+    RespFrontOptions f;
+    f.block_bytes = node->store().slot_bytes();
+    f.max_value_bytes = o.max_value_bytes;
+    f.rules = o.rules;
+    f.auth = o.auth;
+    f.cheap_reads = true;
+    f.role = "node";
+    return f;
+  }
+
   RespServerOptions o_;
   NodeBackend backend_;
   RespCommands commands_;

@@ -2,8 +2,10 @@
 // front: redis-cli, redis-benchmark and Redis-backed KV-cache connectors work
 // unchanged against this node's store. It is the zero-hop path: every key is
 // answered from this node, whichever node the router would place it on. For a
-// cluster-wide front that sends each key to its owner, see resp_proxy.h
-// (`kvmesh proxy`); both speak resp_protocol.h and name keys with RespKey.
+// cluster-wide front that sends each key to its owner, see
+// router/proxy/resp_proxy.h (`kvmesh proxy`); both speak
+// transport/resp/resp_commands.h and store values as resp_value.h lays them
+// out, so a key SET through either is the key the other answers.
 //
 // Commands run inline on the front's one I/O thread (store calls never
 // block); pipelined commands are answered in one gathered write, GET answers
@@ -15,18 +17,19 @@
 #include <string>
 
 #include "kvmesh/status.h"
+#include "transport/resp/resp_value.h"
 
 namespace kvmesh {
 
 class ShardNode;
+class RespAuth;
 
 struct RespServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;
-  uint64_t max_value_bytes = 16u << 20;  // the slot size: a larger SET is answered an error
-  // Longest bulk string accepted at all (0: max(max_value_bytes, 16 MiB)); a
-  // longer one is a protocol error that closes the connection.
-  uint64_t max_bulk_bytes = 0;
+  uint64_t max_value_bytes = 64u << 20;  // $.resp.max_value_bytes: larger SETs are answered an error
+  RespKeyRules rules;                    // $.resp groups
+  std::shared_ptr<const RespAuth> auth;  // null: no AUTH needed
 };
 
 class RespServer {

@@ -1,49 +1,45 @@
-// transport/resp/resp_session.h — one RESP connection, shared by both RESP
-// fronts: read, parse (resp_protocol.h), run the commands, write the answers
-// of a pipelined run in one gathered write, in command order.
+// transport/resp/resp_session.h — one RESP connection of a front whose store
+// answers at once (the node-local front): read, parse (resp_protocol.h), run
+// each command to its answer (resp_commands.h, resp_ops.h) on the
+// connection's Asio I/O thread, and write the answers of a pipelined run in
+// one gathered write, in command order. The proxy, whose answers come from
+// other nodes, runs its connections on its own event loop
+// (router/proxy/resp_proxy.cc).
 //
-// Where commands run is the front's choice:
-//   ServeRespConnection, workers == nullptr: inline on the connection's Asio
-//     I/O thread, one command at a time (the node-local front: store calls
-//     are in-memory and never block);
-//   ServeRespConnection, workers != nullptr: the parsed run goes to the worker
-//     pool and the connection awaits it (router calls block on the network,
-//     so they never run on an I/O thread);
-//   ServeRespConnectionBlocking: a thread of the connection's own, blocking
-//     socket I/O, the parsed run made right there (the proxy: its router
-//     calls block, but only this connection waits for them, and a request
-//     costs no thread hand-off).
-// In every mode a connection reads nothing more until its run is answered,
-// which keeps pipelined answers in order. A protocol error is answered and
-// closes only its own connection.
+// A connection reads nothing more until its run is answered (at most 8 MiB
+// of answers are held before they are written). A protocol error is answered
+// and closes only its own connection.
 //
 // Asio appears in this header: include it from .cc files only.
 #pragma once
 
 #include <cstdint>
+#include <span>
 
-#include "transport/resp/resp_protocol.h"
 #include "transport/asio.h"
+#include "transport/resp/resp_commands.h"
 
 namespace kvmesh {
 
-struct RespConnectionOptions {
-  uint64_t max_bulk_bytes = 16u << 20;  // longest bulk string the parser accepts
-  uint64_t max_value_bytes = 1u << 20;  // sizes the offloaded runs (see .cc)
-  boost::asio::thread_pool* workers = nullptr;
+// The store behind a front that answers at once.
+class RespSyncBackend {
+ public:
+  virtual ~RespSyncBackend() = default;
+  // Runs one step's I/Os (resp_ops.h executor contract: reads first, then
+  // writes in order) and fills in their results.
+  virtual void Run(std::span<BlockIo> ios) = 0;
 };
 
-// REQUIRES: commands (and workers) outlive the coroutine.
-boost::asio::awaitable<void> ServeRespConnection(boost::asio::ip::tcp::socket s, RespCommands* commands,
-                                                 RespConnectionOptions o);
+struct RespConnectionOptions {
+  uint64_t max_bulk_bytes = 64u << 20;  // longest bulk string the parser accepts
+};
 
-// Serves the connected, blocking stream socket `fd` on the calling thread
-// until the peer closes it, a QUIT, a protocol error (answered first), or
-// another thread shuts the socket down (shutdown(fd, SHUT_RDWR): how an owner
-// stops it; the call then returns once the run in progress is answered or
-// fails). Pipelined commands are parsed into runs as in the worker mode and
-// run inline. o.workers is ignored. Does not close fd.
-// REQUIRES: commands outlives the call.
-void ServeRespConnectionBlocking(int fd, RespCommands* commands, const RespConnectionOptions& o);
+// REQUIRES: commands and backend outlive the coroutine.
+boost::asio::awaitable<void> ServeRespConnection(boost::asio::ip::tcp::socket s, const RespCommands* commands,
+                                                 RespSyncBackend* backend, RespConnectionOptions o);
+
+// The parser bound for a front that takes values up to max_value_bytes: the
+// value plus room for the command around it.
+inline uint64_t RespMaxBulk(uint64_t max_value_bytes) { return max_value_bytes + (64u << 10); }
 
 }  // namespace kvmesh

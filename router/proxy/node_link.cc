@@ -1,0 +1,222 @@
+#include "router/proxy/node_link.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace kvmesh {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using namespace proto;
+
+constexpr size_t kChunkBytes = 256u << 10;  // receive chunk (a larger frame gets its own)
+constexpr size_t kMaxFramesPerWrite = 256;
+
+std::shared_ptr<char[]> NewChunk(size_t bytes) { return std::shared_ptr<char[]>(new char[bytes]); }
+
+}  // namespace
+
+NodeLink::NodeLink(asio::io_context& io, NodeLinkOptions o) : io_(io), o_(std::move(o)), socket_(io), limits_(o_.limits) {}
+
+NodeLink::~NodeLink() {
+  boost::system::error_code ec;
+  socket_.close(ec);
+}
+
+NodeLink::State NodeLink::state() {
+  if (state_ == State::kBackoff && Clock::now() >= backoff_until_) state_ = State::kIdle;
+  return state_;
+}
+
+void NodeLink::Connect(std::function<void()> on_change) {
+  if (state() != State::kIdle) return;
+  state_ = State::kConnecting;
+  const uint64_t gen = ++gen_;
+  asio::co_spawn(io_, Open(gen, std::move(on_change)), asio::detached);
+}
+
+asio::awaitable<Status> NodeLink::Handshake(proto::HelloAnswer* answer) {
+  boost::system::error_code ec;
+  const std::string where = o_.host + ":" + std::to_string(o_.port);
+  tcp::resolver resolver(io_);
+  auto endpoints =
+      co_await resolver.async_resolve(o_.host, std::to_string(o_.port), asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) co_return Unavailable("resolve " + o_.host + ": " + ec.message());
+  co_await asio::async_connect(socket_, endpoints, asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) co_return Unavailable("connect to node " + where + ": " + ec.message());
+  socket_.set_option(tcp::no_delay(true), ec);
+  Hello hello;
+  hello.client_id = o_.client_id;
+  hello.tenant = o_.tenant;
+  hello.token = o_.token;
+  FrameHeader h;
+  h.opcode = Opcode::kHello;
+  const std::string frame = BuildFrame(h, EncodeHelloBody(hello));
+  co_await asio::async_write(socket_, asio::buffer(frame), asio::redirect_error(asio::use_awaitable, ec));
+  HeaderBytes hb;
+  if (!ec) co_await asio::async_read(socket_, asio::buffer(hb), asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) co_return Unavailable("HELLO to node " + where + ": " + ec.message());
+  FrameHeader a;
+  if (Status s = DecodeHeader(hb, o_.limits, &a); !s.ok()) co_return Unavailable("HELLO answer: " + s.message());
+  std::vector<std::byte> body(a.body_len);
+  co_await asio::async_read(socket_, asio::buffer(body), asio::redirect_error(asio::use_awaitable, ec));
+  if (ec || a.opcode != Opcode::kHello || !a.is_response()) co_return Unavailable("node " + where + " did not answer HELLO");
+  if (a.status != StatusCode::kOk) co_return ParseErrorBody(a, body);
+  co_return ParseHelloAnswerBody(body, answer);
+}
+
+asio::awaitable<void> NodeLink::Open(uint64_t gen, std::function<void()> on_change) {
+  auto self = shared_from_this();
+  asio::steady_timer timer(io_);
+  timer.expires_after(std::chrono::milliseconds(o_.connect_timeout_ms));
+  timer.async_wait([this, self, gen](const boost::system::error_code& e) {
+    if (!e && gen == gen_ && state_ == State::kConnecting) {
+      boost::system::error_code ignore;
+      socket_.close(ignore);  // the connect or HELLO in progress fails
+    }
+  });
+  HelloAnswer answer;
+  const Status failure = co_await Handshake(&answer);
+  if (gen != gen_) co_return;  // closed meanwhile (its frames were failed by Close)
+  timer.cancel();
+  if (!failure.ok() || state_ != State::kConnecting) {
+    boost::system::error_code ec;
+    socket_.close(ec);
+    state_ = State::kBackoff;
+    backoff_until_ = Clock::now() + std::chrono::milliseconds(o_.backoff_ms);
+    on_change();
+    co_return;
+  }
+  limits_ = answer.limits;
+  limits_.max_body_bytes = std::min(limits_.max_body_bytes, o_.limits.max_body_bytes);
+  limits_.max_items = std::min(limits_.max_items, o_.limits.max_items);
+  node_id_ = answer.node_id;
+  state_ = State::kReady;
+  asio::co_spawn(io_, Reader(gen), asio::detached);
+  Pump();
+  on_change();
+}
+
+void NodeLink::Send(std::unique_ptr<LinkFrame> f, uint64_t epoch) {
+  f->header.epoch = epoch;
+  queued_.push_back(std::move(f));
+  Pump();
+}
+
+void NodeLink::Pump() {
+  if (writing_ || state_ != State::kReady || queued_.empty()) return;
+  wbufs_.clear();
+  for (size_t n = 0; n < kMaxFramesPerWrite && !queued_.empty(); ++n) {
+    std::unique_ptr<LinkFrame> f = std::move(queued_.front());
+    queued_.pop_front();
+    f->header.request_id = next_id_++;
+    f->header_bytes = EncodeHeader(f->header);
+    wbufs_.emplace_back(f->header_bytes.data(), f->header_bytes.size());
+    if (!f->table.empty()) wbufs_.emplace_back(f->table.data(), f->table.size());
+    for (const asio::const_buffer& b : f->payload) wbufs_.push_back(b);
+    inflight_.push_back(std::move(f));
+  }
+  writing_ = true;
+  const uint64_t gen = gen_;
+  asio::async_write(socket_, wbufs_, [this, self = shared_from_this(), gen](const boost::system::error_code& ec, size_t) {
+    if (gen != gen_) return;
+    writing_ = false;
+    if (ec) return Close(Unavailable("write to node " + o_.host + ":" + std::to_string(o_.port) + ": " + ec.message()));
+    Pump();
+  });
+}
+
+asio::awaitable<void> NodeLink::Reader(uint64_t gen) {
+  auto self = shared_from_this();
+  std::shared_ptr<char[]> chunk = NewChunk(kChunkBytes);
+  size_t cap = kChunkBytes, filled = 0, used = 0;
+  boost::system::error_code ec;
+  // Moves the unread tail into a fresh chunk of at least `need` bytes.
+  auto relocate = [&](size_t need) {
+    const size_t tail = filled - used;
+    const size_t bytes = std::max(kChunkBytes, need);
+    std::shared_ptr<char[]> next = NewChunk(bytes);
+    if (tail) std::memcpy(next.get(), chunk.get() + used, tail);
+    chunk = std::move(next);
+    cap = bytes, filled = tail, used = 0;
+  };
+  // Reads until at least `want` unread bytes are buffered (false: the link is gone).
+  auto fill = [&](size_t want) -> asio::awaitable<bool> {
+    while (filled - used < want) {
+      if (cap - used < want) relocate(want);
+      const size_t n = co_await socket_.async_read_some(asio::buffer(chunk.get() + filled, cap - filled),
+                                                        asio::redirect_error(asio::use_awaitable, ec));
+      if (gen != gen_) co_return false;
+      if (ec) {
+        Close(Unavailable("connection to node " + o_.host + ":" + std::to_string(o_.port) + " lost: " + ec.message()));
+        co_return false;
+      }
+      filled += n;
+    }
+    co_return true;
+  };
+  for (;;) {
+    if (!co_await fill(kHeaderSize)) co_return;
+    FrameHeader h;
+    Status s = DecodeHeader(std::as_bytes(std::span<const char>(chunk.get() + used, kHeaderSize)), o_.limits, &h);
+    if (!s.ok()) {
+      Close(Unavailable("bad answer from node: " + s.message()));
+      co_return;
+    }
+    const size_t need = kHeaderSize + h.body_len;
+    if (!co_await fill(need)) co_return;
+    s = Deliver(h, std::span<const char>(chunk.get() + used + kHeaderSize, h.body_len), chunk);
+    if (gen != gen_) co_return;  // a callback closed the link
+    if (!s.ok()) {
+      Close(Unavailable("bad answer from node: " + s.message()));
+      co_return;
+    }
+    used += need;
+    if (used == filled) {
+      if (chunk.use_count() == 1) filled = used = 0;  // nobody holds a body: reuse the chunk
+      else if (cap - filled < (16u << 10)) relocate(0);
+    }
+  }
+}
+
+Status NodeLink::Deliver(const FrameHeader& h, std::span<const char> body, const std::shared_ptr<const void>& keep) {
+  if (!h.is_response()) return InvalidArgument("node sent a request frame");
+  if (inflight_.empty()) return InvalidArgument("answer with no request in flight");
+  std::unique_ptr<LinkFrame> f = std::move(inflight_.front());
+  inflight_.pop_front();
+  if (f->header.request_id != h.request_id) {
+    inflight_.push_front(std::move(f));  // failed with the rest by Close
+    return InvalidArgument("answer out of order");
+  }
+  const Status call = h.status == StatusCode::kOk ? Status::Ok() : ParseErrorBody(h, std::as_bytes(body));
+  f->done(call, h, body, keep);
+  return Status::Ok();
+}
+
+void NodeLink::Fail(std::deque<std::unique_ptr<LinkFrame>>* frames, const Status& why) {
+  while (!frames->empty()) {
+    std::shared_ptr<LinkFrame> f(std::move(frames->front()));
+    frames->pop_front();
+    asio::post(io_, [f, why] { f->done(why, FrameHeader{}, {}, nullptr); });
+  }
+}
+
+void NodeLink::Close(const Status& why) {
+  ++gen_;
+  boost::system::error_code ec;
+  socket_.close(ec);
+  writing_ = false;
+  if (state_ != State::kBackoff) state_ = State::kIdle;
+  Fail(&inflight_, why);
+  Fail(&queued_, why);
+}
+
+void NodeLink::Expire(Clock::time_point now) {
+  const bool late = (!inflight_.empty() && inflight_.front()->deadline <= now) ||
+                    (!queued_.empty() && queued_.front()->deadline <= now);
+  if (late) Close(DeadlineExceeded("no answer from node " + o_.host + ":" + std::to_string(o_.port) + " within the timeout"));
+}
+
+}  // namespace kvmesh

@@ -1,0 +1,466 @@
+#include "router/proxy/resp_engine.h"
+
+#include <algorithm>
+
+#include "common/checksum.h"
+
+namespace kvmesh {
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+using namespace proto;
+
+// One Run(): its ops and who to tell when all are answered.
+struct RespEngine::Batch {
+  std::list<Batch>::iterator self;
+  std::vector<OpRun> runs;
+  size_t left = 0;
+  std::function<void()> done;
+};
+
+// One op and its I/Os in flight.
+struct RespEngine::OpRun {
+  RespOp* op = nullptr;
+  RespOpEnv env;
+  Batch* batch = nullptr;
+  size_t outstanding = 0;
+};
+
+// A write sent to several replicas: done when every leg has answered.
+struct RespEngine::Fanout {
+  size_t left = 0;
+  bool any_ok = false;
+  Status first_error;
+};
+
+// One I/O to one replica rank.
+struct RespEngine::Pending {
+  BlockIo* io = nullptr;
+  OpRun* run = nullptr;              // null: nobody waits (cleanup)
+  std::shared_ptr<BlockIo> owned;    // the io when nobody waits (shared by its legs)
+  std::shared_ptr<Fanout> fan;       // writes to several replicas
+  uint8_t rank = 0;
+  uint8_t busy_retries = 0;
+  bool refreshed = false;            // placed again after a StaleEpoch once already
+};
+
+namespace {
+constexpr uint8_t kMaxBusyRetries = 4;
+
+uint64_t BlockChecksum(std::span<const char> a, std::span<const char> b) {
+  if (a.empty()) return Checksum64(b.data(), b.size());
+  if (b.empty()) return Checksum64(a.data(), a.size());
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  XXH3_64bits_update(&st, a.data(), a.size());
+  XXH3_64bits_update(&st, b.data(), b.size());
+  return XXH3_64bits_digest(&st);
+}
+
+bool IsWrite(BlockIo::Kind k) { return k == BlockIo::Kind::kPut || k == BlockIo::Kind::kErase; }
+}  // namespace
+
+RespEngine::RespEngine(asio::io_context& io, asio::thread_pool& helpers, RespEngineOptions o)
+    : io_(io), helpers_(helpers), o_(std::move(o)), tick_(io), alive_(std::make_shared<bool>(true)) {
+  Tick();
+}
+
+RespEngine::~RespEngine() {
+  *alive_ = false;
+  tick_.cancel();
+}
+
+void RespEngine::Tick() {
+  const int64_t ms = std::clamp<int64_t>(o_.timeout_ms / 4, 5, 100);
+  tick_.expires_after(std::chrono::milliseconds(ms));
+  tick_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
+    if (ec || !*alive || stopped_) return;
+    const auto now = Clock::now();
+    for (auto& [addr, link] : by_addr_) link->Expire(now);
+    Tick();
+  });
+}
+
+void RespEngine::Run(std::span<RespOp* const> ops, const RespOpEnv& env, std::function<void()> done) {
+  Batch& b = batches_.emplace_back();
+  b.self = std::prev(batches_.end());
+  b.done = std::move(done);
+  b.left = ops.size() + 1;  // +1 until every op has started
+  b.runs.resize(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    b.runs[i].op = ops[i];
+    b.runs[i].env = env;
+    b.runs[i].batch = &b;
+  }
+  for (OpRun& r : b.runs) Advance(&r);
+  if (--b.left == 0) {
+    asio::post(io_, std::move(b.done));
+    batches_.erase(b.self);
+  }
+}
+
+void RespEngine::Advance(OpRun* run) {
+  if (!run->op->Step(run->env)) {
+    std::vector<BlockIo>& ios = run->op->io();
+    run->outstanding = ios.size();
+    for (BlockIo& io : ios) Submit(&io, run, nullptr);
+    return;
+  }
+  for (BlockIo& a : run->op->after()) Submit(nullptr, nullptr, std::make_shared<BlockIo>(std::move(a)));
+  run->op->after().clear();
+  Batch* b = run->batch;
+  if (--b->left == 0) {
+    asio::post(io_, std::move(b->done));
+    batches_.erase(b->self);
+  }
+}
+
+void RespEngine::Submit(BlockIo* io, OpRun* run, std::shared_ptr<BlockIo> owned) {
+  if (owned) io = owned.get();
+  ++stats_.ios;
+  io->status = Status::Ok();
+  const uint32_t legs = IsWrite(io->kind) && map_ ? std::max<uint32_t>(1, map_->replicas()) : 1;
+  std::shared_ptr<Fanout> fan;
+  if (legs > 1) {
+    fan = std::make_shared<Fanout>();
+    fan->left = legs;
+  }
+  for (uint32_t r = 0; r < legs; ++r) {
+    auto p = std::make_unique<Pending>();
+    p->io = io;
+    p->run = run;
+    p->owned = owned;
+    p->fan = fan;
+    p->rank = static_cast<uint8_t>(r);
+    ready_.push_back(std::move(p));
+  }
+  ScheduleFlush();
+}
+
+void RespEngine::Complete(PendingPtr p, const Status& s) {
+  if (p->fan) {
+    Fanout& f = *p->fan;
+    if (s.ok()) f.any_ok = true;
+    else if (f.first_error.ok()) f.first_error = s;
+    if (--f.left > 0) return;
+    p->io->status = f.any_ok ? Status::Ok() : f.first_error;
+  } else {
+    p->io->status = s;
+  }
+  OpRun* run = p->run;
+  p.reset();  // frees an io nobody waits for
+  if (run == nullptr) return;
+  if (--run->outstanding == 0) Advance(run);
+}
+
+void RespEngine::MissOrRetry(PendingPtr p, const Status& why) {
+  const bool read = !IsWrite(p->io->kind);
+  if (read && map_ && p->rank + 1u < map_->replicas() && p->rank + 1u < map_->nodes().size()) {
+    ++p->rank;
+    return Requeue(std::move(p));
+  }
+  Complete(std::move(p), why);
+}
+
+void RespEngine::Requeue(PendingPtr p) {
+  ready_.push_back(std::move(p));
+  ScheduleFlush();
+}
+
+void RespEngine::ScheduleFlush() {
+  if (flush_posted_ || stopped_) return;
+  flush_posted_ = true;
+  asio::post(io_, [this, alive = alive_] {
+    if (*alive) Flush();
+  });
+}
+
+void RespEngine::UseMap(std::shared_ptr<const ShardMap> m) {
+  if (m == map_) return;
+  map_ = std::move(m);
+  links_.clear();
+  std::map<std::string, std::shared_ptr<NodeLink>> keep;
+  if (map_) {
+    for (const ShardInfo& n : map_->nodes()) {
+      const std::string addr = n.id + "@" + n.host + ":" + std::to_string(n.ports.data);
+      auto it = by_addr_.find(addr);
+      std::shared_ptr<NodeLink> link;
+      if (it != by_addr_.end()) {
+        link = it->second;
+      } else {
+        NodeLinkOptions lo = o_.link;
+        lo.host = n.host;
+        lo.port = n.ports.data;
+        link = std::make_shared<NodeLink>(io_, lo);
+      }
+      keep[addr] = link;
+      links_.push_back(link);
+    }
+  }
+  for (auto& [addr, link] : by_addr_)  // nodes that left the map
+    if (!keep.count(addr)) link->Close(Unavailable("node left the shard map"));
+  by_addr_ = std::move(keep);
+}
+
+void RespEngine::Flush() {
+  flush_posted_ = false;
+  if (stopped_ || ready_.empty()) return;
+  UseMap(o_.map ? o_.map() : nullptr);
+  PendingList work;
+  work.swap(ready_);
+  const size_t nodes = map_ ? map_->nodes().size() : 0;
+  std::vector<PendingList> gets(nodes), exists(nodes), puts(nodes), erases(nodes);
+  for (PendingPtr& p : work) {
+    if (p->io->kind == BlockIo::Kind::kStats) {
+      AskStats(std::move(p));
+      continue;
+    }
+    uint32_t place[ShardMap::kMaxReplicas];
+    const size_t n = nodes ? map_->Place(p->io->key, Affinity{}, place) : 0;
+    if (p->rank >= n) {  // no node (or fewer live nodes than replicas)
+      Complete(std::move(p), Unavailable("no live node for this key"));
+      continue;
+    }
+    const uint32_t node = place[p->rank];
+    NodeLink& link = *links_[node];
+    const NodeLink::State st = link.state();
+    if (st == NodeLink::State::kBackoff) {
+      ++stats_.node_errors;
+      MissOrRetry(std::move(p), Unavailable("node " + map_->nodes()[node].id + " unreachable (backing off)"));
+      continue;
+    }
+    if (st != NodeLink::State::kReady) {
+      if (st == NodeLink::State::kIdle)
+        link.Connect([this, alive = alive_] {
+          if (!*alive) return;
+          for (PendingPtr& q : parked_) ready_.push_back(std::move(q));
+          parked_.clear();
+          ScheduleFlush();
+        });
+      parked_.push_back(std::move(p));
+      continue;
+    }
+    switch (p->io->kind) {
+      case BlockIo::Kind::kGet: gets[node].push_back(std::move(p)); break;
+      case BlockIo::Kind::kExists: exists[node].push_back(std::move(p)); break;
+      case BlockIo::Kind::kPut: puts[node].push_back(std::move(p)); break;
+      case BlockIo::Kind::kErase: erases[node].push_back(std::move(p)); break;
+      case BlockIo::Kind::kStats: break;
+    }
+  }
+  for (size_t n = 0; n < nodes; ++n)
+    if (!gets[n].empty() || !exists[n].empty() || !puts[n].empty() || !erases[n].empty())
+      SendNode(n, gets[n], exists[n], puts[n], erases[n]);
+}
+
+void RespEngine::SendNode(size_t node, PendingList& gets, PendingList& exists, PendingList& puts,
+                          PendingList& erases) {
+  NodeLink& link = *links_[node];
+  const ProtocolLimits lim = link.limits();
+  const auto deadline = Clock::now() + std::chrono::milliseconds(o_.timeout_ms);
+  const uint64_t epoch = map_->epoch();
+  auto send = [&](Opcode op, uint8_t flags, std::shared_ptr<PendingList> items, std::string table,
+                  std::vector<asio::const_buffer> payload, uint64_t body_len) {
+    auto f = std::make_unique<LinkFrame>();
+    f->header.opcode = op;
+    f->header.flags = flags;
+    f->header.count = static_cast<uint32_t>(items->size());
+    f->header.body_len = static_cast<uint32_t>(body_len);
+    f->table = std::move(table);
+    f->payload = std::move(payload);
+    f->deadline = deadline;
+    f->done = [this, op, items, alive = alive_](const Status& call, const FrameHeader& h, std::span<const char> body,
+                                                const std::shared_ptr<const void>& keep) {
+      if (*alive) OnAnswer(op, items, call, h, body, keep);
+    };
+    ++stats_.frames;
+    link.Send(std::move(f), epoch);
+  };
+  // Key lists (GET, EXISTS, ERASE), split by items and, for GET, by the
+  // answer's expected size.
+  auto keys = [&](Opcode op, uint8_t flags, PendingList& list) {
+    size_t i = 0;
+    while (i < list.size()) {
+      auto items = std::make_shared<PendingList>();
+      std::string table;
+      uint64_t expect = 0;
+      while (i < list.size() && items->size() < lim.max_items) {
+        const BlockIo& io = *list[i]->io;
+        const uint64_t want = kKeySize + (op == Opcode::kGet ? (io.size_hint ? io.size_hint : o_.block_bytes) : 0);
+        if (!items->empty() && (expect + want > lim.max_body_bytes || table.size() + kKeySize > lim.max_body_bytes))
+          break;
+        expect += want;
+        AppendKey(&table, io.key);
+        items->push_back(std::move(list[i++]));
+      }
+      const uint64_t len = table.size();
+      send(op, flags, std::move(items), std::move(table), {}, len);
+    }
+  };
+  keys(Opcode::kGet, 0, gets);
+  keys(Opcode::kExists, kFlagTouch, exists);
+  // PUT: runs of equal REPLACE flag, in order, split by the node's limits.
+  size_t i = 0;
+  while (i < puts.size()) {
+    const bool replace = puts[i]->io->replace;
+    auto items = std::make_shared<PendingList>();
+    std::vector<asio::const_buffer> payload;
+    uint64_t body = 0;
+    while (i < puts.size() && puts[i]->io->replace == replace && items->size() < lim.max_items) {
+      const BlockIo& io = *puts[i]->io;
+      const uint64_t size = io.head.size() + io.data.size();
+      if (size == 0 || size > lim.max_block_bytes) {  // never sent: the node would drop the connection
+        Complete(std::move(puts[i++]), ResourceExhausted("block of " + std::to_string(size) +
+                                                         " bytes is over the node's block limit"));
+        continue;
+      }
+      if (!items->empty() && body + kPutItemSize * (items->size() + 1) + size > lim.max_body_bytes) break;
+      body += size;
+      if (!io.head.empty()) payload.emplace_back(io.head.data(), io.head.size());
+      if (!io.data.empty()) payload.emplace_back(io.data.data(), io.data.size());
+      items->push_back(std::move(puts[i++]));
+    }
+    if (items->empty()) continue;
+    std::string table(items->size() * kPutItemSize, '\0');
+    for (size_t k = 0; k < items->size(); ++k) {
+      const BlockIo& io = *(*items)[k]->io;
+      PutRecord r{io.key, static_cast<uint32_t>(io.head.size() + io.data.size()), kDefaultPriority, 0,
+                  BlockChecksum(io.head, io.data)};
+      EncodePutRecord(r, reinterpret_cast<std::byte*>(table.data()) + k * kPutItemSize);
+    }
+    const uint64_t len = table.size() + body;
+    send(Opcode::kPut, replace ? kFlagReplace : 0, std::move(items), std::move(table), std::move(payload), len);
+  }
+  keys(Opcode::kErase, 0, erases);
+}
+
+void RespEngine::OnAnswer(Opcode op, std::shared_ptr<PendingList> items, const Status& call, const FrameHeader& h,
+                          std::span<const char> body, const std::shared_ptr<const void>& keep) {
+  PendingList& list = *items;
+  if (!call.ok()) {
+    ++stats_.node_errors;
+    if (call.code() == StatusCode::kStaleEpoch) {
+      for (PendingPtr& p : list) {
+        if (p->refreshed) Complete(std::move(p), call);
+        else AskRefresh(std::move(p));
+      }
+      return;
+    }
+    for (PendingPtr& p : list) MissOrRetry(std::move(p), call);
+    return;
+  }
+  const std::span<const std::byte> bytes = std::as_bytes(body);
+  if (op == Opcode::kGet) {
+    std::vector<GetRecord> recs;
+    const size_t table = list.size() * kGetItemSize;
+    Status s = bytes.size() >= table ? ParseGetTable(h, bytes.first(table), o_.link.limits, &recs)
+                                     : InvalidArgument("GET answer shorter than its table");
+    if (s.ok() && recs.size() != list.size()) s = InvalidArgument("GET answer count differs from the request");
+    if (!s.ok()) {
+      for (PendingPtr& p : list) MissOrRetry(std::move(p), Unavailable("bad answer from the node: " + s.message()));
+      return;
+    }
+    size_t at = table;
+    for (size_t k = 0; k < list.size(); ++k) {
+      PendingPtr& p = list[k];
+      const GetRecord& r = recs[k];
+      if (r.status == StatusCode::kOk) {
+        std::span<const char> v = body.subspan(at, r.size);
+        at += r.size;
+        if (Checksum64(v.data(), v.size()) != r.checksum) {
+          MissOrRetry(std::move(p), DataLoss("payload checksum mismatch in transit"));
+          continue;
+        }
+        p->io->value = v;
+        p->io->keep = keep;
+        Complete(std::move(p), Status::Ok());
+      } else if (r.status == StatusCode::kBusy && p->busy_retries < kMaxBusyRetries) {
+        ++p->busy_retries;  // the answer was full: ask again in a later frame
+        Requeue(std::move(p));
+      } else {
+        MissOrRetry(std::move(p), r.status == StatusCode::kNotFound
+                                      ? NotFound("not stored")
+                                      : Status(r.status, "node answered " + std::string(StatusCodeName(r.status))));
+      }
+    }
+    return;
+  }
+  std::vector<uint8_t> codes;
+  Status s = ParseStatusBytes(h, bytes, &codes);
+  if (s.ok() && codes.size() != list.size()) s = InvalidArgument("answer count differs from the request");
+  if (!s.ok()) {
+    for (PendingPtr& p : list) MissOrRetry(std::move(p), Unavailable("bad answer from the node: " + s.message()));
+    return;
+  }
+  for (size_t k = 0; k < list.size(); ++k) {
+    if (op == Opcode::kExists) {
+      list[k]->io->found = codes[k] != 0;
+      Complete(std::move(list[k]), Status::Ok());
+    } else {
+      Complete(std::move(list[k]), ItemStatus(codes[k]));
+    }
+  }
+}
+
+void RespEngine::AskRefresh(PendingPtr p) {
+  p->refreshed = true;
+  stale_.push_back(std::move(p));
+  if (refreshing_) return;
+  refreshing_ = true;
+  asio::post(helpers_, [this, alive = alive_] {
+    Status s = o_.refresh ? o_.refresh() : Unavailable("no map refresh");
+    (void)s;  // placed again either way: with the new map, or failing as before
+    asio::post(io_, [this, alive] {
+      if (!*alive) return;
+      refreshing_ = false;
+      for (PendingPtr& q : stale_) ready_.push_back(std::move(q));
+      stale_.clear();
+      ScheduleFlush();
+    });
+  });
+}
+
+void RespEngine::AskStats(PendingPtr p) {
+  std::shared_ptr<Pending> held(std::move(p));
+  asio::post(helpers_, [this, held, alive = alive_] {
+    Result<RespClusterStats> r = o_.stats ? o_.stats() : Result<RespClusterStats>(Unavailable("no cluster stats"));
+    asio::post(io_, [this, held, r = std::move(r), alive] {
+      if (!*alive) return;
+      auto text = std::make_shared<std::string>("role:proxy\r\n# Cluster\r\n");
+      auto kv = [&](const char* k, uint64_t v) { *text += std::string(k) + ":" + std::to_string(v) + "\r\n"; };
+      kv("shard_map_epoch", map_ ? map_->epoch() : 0);
+      kv("router_node_errors", stats_.node_errors);
+      kv("frames_sent", stats_.frames);
+      BlockIo& io = *held->io;
+      if (r.ok()) {
+        kv("live_nodes", r->nodes);
+        *text += "# Stats\r\n";
+        kv("keyspace_hits", r->hits);
+        kv("keyspace_misses", r->misses);
+        kv("evicted_keys", r->evictions);
+        *text += "# Memory\r\n";
+        kv("used_memory", r->bytes_stored);
+        kv("slot_bytes", o_.block_bytes);
+        *text += "# Keyspace\r\n";
+        *text += "db0:keys=" + std::to_string(r->blocks) + ",expires=0,avg_ttl=0\r\n";
+        io.count = r->blocks;
+      } else {
+        *text += "cluster_stats_error:" + r.status().ToString() + "\r\n";
+      }
+      io.value = std::span<const char>(*text);
+      io.keep = std::move(text);
+      Complete(std::make_unique<Pending>(std::move(*held)), Status::Ok());
+    });
+  });
+}
+
+void RespEngine::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  tick_.cancel();
+  // The owner stops the loop next: what is queued or in flight is dropped
+  // with the engine, never answered.
+  for (auto& [addr, link] : by_addr_) link->Close(Unavailable("RESP proxy stopping"));
+}
+
+}  // namespace kvmesh

@@ -1,0 +1,263 @@
+#include "transport/resp/resp_commands.h"
+
+#include <cctype>
+#include <charconv>
+#include <cstring>
+
+namespace kvmesh {
+namespace {
+
+bool Eq(std::string_view a, const char* b) {
+  const size_t n = std::strlen(b);
+  if (a.size() != n) return false;
+  for (size_t i = 0; i < n; ++i)
+    if (std::toupper(static_cast<unsigned char>(a[i])) != b[i]) return false;
+  return true;
+}
+
+bool ParseInt(std::string_view s, int64_t* v) {
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+std::string Bulk(std::string_view s) { return "$" + std::to_string(s.size()) + "\r\n" + std::string(s) + "\r\n"; }
+std::string Error(const std::string& m) {
+  std::string line = "-" + m;
+  for (char& c : line)
+    if (c == '\r' || c == '\n') c = ' ';
+  return line + "\r\n";
+}
+std::string Arity(std::string_view cmd) {
+  std::string lower(cmd.substr(0, 64));
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return Error("ERR wrong number of arguments for '" + lower + "' command");
+}
+
+constexpr const char* kNoAuth = "-NOAUTH Authentication required.\r\n";
+constexpr const char* kWrongPass = "-WRONGPASS invalid username-password pair or user is disabled.\r\n";
+
+class TokenAuth final : public RespAuth {
+ public:
+  explicit TokenAuth(std::string token) : token_(std::move(token)) {}
+  bool required() const override { return !token_.empty(); }
+  bool Check(std::string_view user, std::string_view password) const override {
+    if (user != "default" || password.size() != token_.size()) return false;  // the length is no secret
+    unsigned diff = 0;  // constant time in the bytes
+    for (size_t i = 0; i < password.size(); ++i)
+      diff |= static_cast<unsigned>(static_cast<unsigned char>(password[i]) ^ static_cast<unsigned char>(token_[i]));
+    return diff == 0;
+  }
+
+ private:
+  std::string token_;
+};
+
+}  // namespace
+
+std::shared_ptr<const RespAuth> MakeTokenAuth(std::string token) {
+  if (token.empty()) return nullptr;
+  return std::make_shared<TokenAuth>(std::move(token));
+}
+
+RespCommands::RespCommands(RespFrontOptions o) : o_(std::move(o)) {}
+
+RespOpEnv RespCommands::Env() const {
+  RespOpEnv e;
+  e.rules = &o_.rules;
+  e.block_bytes = o_.block_bytes;
+  e.now_ms = RespNowMs();
+  e.cheap_reads = o_.cheap_reads;
+  return e;
+}
+
+RespCommands::KeyAccess RespCommands::Access(const RespCommand& a) {
+  const std::string_view c = a[0];
+  const size_t n = a.size();
+  if (n < 2) return {};
+  if (Eq(c, "GET") || Eq(c, "TTL") || Eq(c, "PTTL")) return {1, 2, 1, false};
+  if (Eq(c, "MGET") || Eq(c, "EXISTS")) return {1, n, 1, false};
+  if (Eq(c, "SET") || Eq(c, "SETNX") || Eq(c, "SETEX") || Eq(c, "PSETEX")) return {1, 2, 1, true};
+  if (Eq(c, "MSET")) return {1, n, 2, true};
+  if (Eq(c, "DEL") || Eq(c, "UNLINK")) return {1, n, 1, true};
+  return {};
+}
+
+std::unique_ptr<RespOp> RespCommands::Compile(const RespCommand& a, RespSessionState* s, bool* quit) const {
+  commands_.fetch_add(1, std::memory_order_relaxed);
+  const std::string_view cmd = a[0];
+  const size_t argc = a.size();
+  auto answer = [](std::string s) { return MakeAnsweredOp(std::move(s)); };
+  const bool locked = o_.auth && o_.auth->required() && !s->authenticated;
+  if (Eq(cmd, "AUTH")) {
+    if (argc != 2 && argc != 3) return answer(Arity(cmd));
+    if (!o_.auth || !o_.auth->required()) {
+      if (argc == 2)
+        return answer(Error("ERR AUTH <password> called without any password configured for the default user. "
+                            "Are you sure your configuration is correct?"));
+      return answer(kWrongPass);
+    }
+    if (!o_.auth->Check(argc == 2 ? "default" : a[1], a[argc - 1])) return answer(kWrongPass);
+    s->authenticated = true;
+    return answer("+OK\r\n");
+  }
+  if (Eq(cmd, "HELLO")) return answer(Hello(a, s));
+  if (Eq(cmd, "QUIT")) {
+    *quit = true;
+    return answer("+OK\r\n");
+  }
+  if (locked) return answer(kNoAuth);
+
+  std::span<const std::string_view> rest(a.data() + 1, argc - 1);
+  if (Eq(cmd, "GET")) {
+    if (argc != 2) return answer(Arity(cmd));
+    return MakeGetOp(a[1]);
+  }
+  if (Eq(cmd, "SET") || Eq(cmd, "SETNX") || Eq(cmd, "SETEX") || Eq(cmd, "PSETEX")) return Set(a);
+  if (Eq(cmd, "MGET")) {
+    if (argc < 2) return answer(Arity(cmd));
+    return MakeMGetOp(rest);
+  }
+  if (Eq(cmd, "MSET")) {
+    if (argc < 3 || argc % 2 == 0) return answer(Arity(cmd));
+    for (size_t i = 2; i < argc; i += 2)
+      if (a[i].size() > o_.max_value_bytes)
+        return answer(Error("ERR ResourceExhausted: value of " + std::to_string(a[i].size()) +
+                            " bytes exceeds the maximum of " + std::to_string(o_.max_value_bytes) + " bytes"));
+    return MakeMSetOp(rest);
+  }
+  if (Eq(cmd, "EXISTS")) {
+    if (argc < 2) return answer(Arity(cmd));
+    return MakeExistsOp(rest);
+  }
+  if (Eq(cmd, "DEL") || Eq(cmd, "UNLINK")) {
+    if (argc < 2) return answer(Arity(cmd));
+    return MakeDelOp(rest);
+  }
+  if (Eq(cmd, "TTL") || Eq(cmd, "PTTL")) {
+    if (argc != 2) return answer(Arity(cmd));
+    return MakeTtlOp(a[1], Eq(cmd, "PTTL"));
+  }
+  if (Eq(cmd, "PING")) {
+    if (argc > 2) return answer(Arity(cmd));
+    return answer(argc == 1 ? std::string("+PONG\r\n") : Bulk(a[1]));
+  }
+  if (Eq(cmd, "ECHO")) {
+    if (argc != 2) return answer(Arity(cmd));
+    return answer(Bulk(a[1]));
+  }
+  if (Eq(cmd, "INFO"))
+    return MakeStatsOp(false, RespInfoHeader() + "resp_commands_processed:" + std::to_string(commands()) + "\r\n");
+  if (Eq(cmd, "DBSIZE")) return MakeStatsOp(true, "");
+  if (Eq(cmd, "SELECT")) {
+    if (argc != 2) return answer(Arity(cmd));
+    return answer(a[1] == "0" ? std::string("+OK\r\n") : Error("ERR kvmesh has one database (0)"));
+  }
+  if (Eq(cmd, "CONFIG")) {
+    // redis-benchmark reads "save" and "appendonly": kvmesh is a cache with neither.
+    if (argc == 3 && Eq(a[1], "GET")) {
+      std::string_view k = a[2];
+      if (k == "save" || k == "appendonly") return answer("*2\r\n" + Bulk(k) + Bulk(k == "save" ? "" : "no"));
+      return answer("*0\r\n");
+    }
+    return answer(Error("ERR CONFIG supports only GET"));
+  }
+  if (Eq(cmd, "COMMAND")) return answer("*0\r\n");
+  if (Eq(cmd, "CLIENT")) {
+    if (argc >= 2 && Eq(a[1], "SETNAME")) {
+      if (argc != 3) return answer(Arity(cmd));
+      s->name = std::string(a[2]);
+      return answer("+OK\r\n");
+    }
+    if (argc >= 2 && Eq(a[1], "GETNAME")) return answer(s->name.empty() ? std::string("$-1\r\n") : Bulk(s->name));
+    if (argc >= 2 && Eq(a[1], "ID")) return answer(":" + std::to_string(s->id) + "\r\n");
+    return answer("+OK\r\n");  // SETINFO (lib-name, lib-ver), NO-EVICT, ... accepted
+  }
+  return answer(Error("ERR unknown command '" + std::string(cmd.substr(0, 64)) +
+                      "' (kvmesh speaks PING ECHO GET SET SETNX SETEX PSETEX MGET MSET EXISTS DEL TTL PTTL INFO "
+                      "DBSIZE SELECT AUTH HELLO CLIENT QUIT)"));
+}
+
+std::unique_ptr<RespOp> RespCommands::Set(const RespCommand& a) const {
+  const std::string_view cmd = a[0];
+  const size_t argc = a.size();
+  RespSetOptions o;
+  std::string_view key, value;
+  bool int_reply = false;
+  const int64_t now = RespNowMs();
+  auto ttl = [&](std::string_view v, int64_t unit_ms, bool absolute) -> std::string {
+    int64_t x = 0;
+    if (!ParseInt(v, &x)) return Error("ERR value is not an integer or out of range");
+    if (x <= 0 || x > INT64_MAX / 1000 / 2) return Error("ERR invalid expire time in '" + std::string(cmd) + "' command");
+    o.expire_at_ms = absolute ? x * unit_ms : now + x * unit_ms;
+    return "";
+  };
+  if (Eq(cmd, "SETNX")) {
+    if (argc != 3) return MakeAnsweredOp(Arity(cmd));
+    key = a[1], value = a[2], o.nx = true, int_reply = true;
+  } else if (Eq(cmd, "SETEX") || Eq(cmd, "PSETEX")) {
+    if (argc != 4) return MakeAnsweredOp(Arity(cmd));
+    key = a[1], value = a[3];
+    if (std::string e = ttl(a[2], Eq(cmd, "SETEX") ? 1000 : 1, false); !e.empty()) return MakeAnsweredOp(e);
+  } else {
+    if (argc < 3) return MakeAnsweredOp(Arity(cmd));
+    key = a[1], value = a[2];
+    bool have_expiry = false;
+    for (size_t i = 3; i < argc; ++i) {
+      const std::string_view opt = a[i];
+      if (Eq(opt, "NX") && !o.xx) {
+        o.nx = true;
+      } else if (Eq(opt, "XX") && !o.nx) {
+        o.xx = true;
+      } else if (Eq(opt, "KEEPTTL") && !have_expiry) {
+        o.keep_ttl = true;
+      } else if ((Eq(opt, "EX") || Eq(opt, "PX") || Eq(opt, "EXAT") || Eq(opt, "PXAT")) && !have_expiry &&
+                 !o.keep_ttl && i + 1 < argc) {
+        have_expiry = true;
+        const bool secs = Eq(opt, "EX") || Eq(opt, "EXAT");
+        if (std::string e = ttl(a[++i], secs ? 1000 : 1, Eq(opt, "EXAT") || Eq(opt, "PXAT")); !e.empty())
+          return MakeAnsweredOp(e);
+      } else if (Eq(opt, "GET")) {
+        return MakeAnsweredOp(Error("ERR kvmesh does not support SET ... GET"));
+      } else {
+        return MakeAnsweredOp(Error("ERR syntax error"));
+      }
+    }
+  }
+  if (value.size() > o_.max_value_bytes)
+    return MakeAnsweredOp(Error("ERR ResourceExhausted: value of " + std::to_string(value.size()) +
+                                " bytes exceeds the maximum of " + std::to_string(o_.max_value_bytes) + " bytes"));
+  return MakeSetOp(key, value, o, int_reply);
+}
+
+std::string RespCommands::Hello(const RespCommand& a, RespSessionState* s) const {
+  const size_t argc = a.size();
+  if (argc >= 2) {
+    int64_t ver = 0;
+    if (!ParseInt(a[1], &ver)) return Error("ERR Protocol version is not an integer or out of range");
+    if (ver != 2) return Error("NOPROTO sorry, this protocol version is not supported (kvmesh speaks RESP2)");
+  }
+  std::string name;
+  bool set_name = false;
+  for (size_t i = 2; i < argc; ++i) {
+    if (Eq(a[i], "AUTH") && i + 2 < argc) {
+      if (!o_.auth || !o_.auth->required() || !o_.auth->Check(a[i + 1], a[i + 2])) return kWrongPass;
+      s->authenticated = true;
+      i += 2;
+    } else if (Eq(a[i], "SETNAME") && i + 1 < argc) {
+      name = std::string(a[++i]);
+      set_name = true;
+    } else {
+      return Error("ERR Syntax error in HELLO option '" + std::string(a[i].substr(0, 64)) + "'");
+    }
+  }
+  if (o_.auth && o_.auth->required() && !s->authenticated)
+    return Error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> "
+                 "AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol "
+                 "version at the same time");
+  if (set_name) s->name = std::move(name);
+  return "*14\r\n" + Bulk("server") + Bulk("redis") + Bulk("version") + Bulk("7.0.0") + Bulk("proto") + ":2\r\n" +
+         Bulk("id") + ":" + std::to_string(s->id) + "\r\n" + Bulk("mode") + Bulk("standalone") + Bulk("role") +
+         Bulk("master") + Bulk("modules") + "*0\r\n";
+}
+
+}  // namespace kvmesh

@@ -1,0 +1,95 @@
+// transport/resp/resp_commands.h — the RESP command table both fronts share:
+// each command becomes a RespOp (resp_ops.h) or is answered at once.
+//
+// Commands: PING [msg], ECHO, GET, SET key value [NX|XX] [EX s|PX ms|EXAT
+// s|PXAT ms|KEEPTTL], SETNX, SETEX, PSETEX, MGET, MSET, EXISTS, DEL (UNLINK),
+// TTL, PTTL, INFO, DBSIZE, SELECT 0, AUTH [user] password, HELLO [2 [AUTH
+// user password] [SETNAME name]], QUIT, and the handshake answers clients ask
+// for (COMMAND, CONFIG GET save|appendonly, CLIENT SETINFO|SETNAME|GETNAME|
+// ID|...). HELLO 3 is refused with NOPROTO: kvmesh speaks RESP2.
+//
+// Authentication: when the front has a RespAuth that requires it, every
+// command but AUTH, HELLO and QUIT is answered "-NOAUTH Authentication
+// required." until AUTH (or HELLO ... AUTH) succeeds on the connection.
+//
+// Thread-safety: RespCommands is immutable after construction and may be
+// shared by every connection; a RespSessionState belongs to one connection.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "transport/resp/resp_ops.h"
+#include "transport/resp/resp_protocol.h"
+#include "transport/resp/resp_value.h"
+
+namespace kvmesh {
+
+// Who may use a front: a small interface so that per-tenant users can plug
+// in next to the shared secret. Thread-safe.
+class RespAuth {
+ public:
+  virtual ~RespAuth() = default;
+  // True when commands need an AUTH first.
+  virtual bool required() const = 0;
+  // True when `user` ("default" for AUTH <password>) may log in with `password`.
+  virtual bool Check(std::string_view user, std::string_view password) const = 0;
+};
+
+// The cluster's shared secret ($.auth.token) as the password of the
+// "default" user, as Redis's requirepass. An empty token requires nothing.
+// Compared in constant time.
+std::shared_ptr<const RespAuth> MakeTokenAuth(std::string token);
+
+// One connection's state.
+struct RespSessionState {
+  bool authenticated = false;
+  uint64_t id = 0;          // CLIENT ID
+  std::string name;         // CLIENT SETNAME
+};
+
+struct RespFrontOptions {
+  uint64_t block_bytes = 1u << 20;        // the slot size: parts and inline heads
+  uint64_t max_value_bytes = 64u << 20;   // larger SETs are answered an error
+  RespKeyRules rules;
+  std::shared_ptr<const RespAuth> auth;   // null: no authentication
+  bool cheap_reads = false;               // RespOpEnv::cheap_reads
+  std::string role = "node";              // INFO role: line
+};
+
+class RespCommands {
+ public:
+  explicit RespCommands(RespFrontOptions o);
+
+  // One command: either its answer is appended to *answer and nullptr is
+  // returned, or the op that will answer it. *quit is set by QUIT (nothing
+  // after it runs). REQUIRES: cmd is not empty.
+  std::unique_ptr<RespOp> Compile(const RespCommand& cmd, RespSessionState* s, bool* quit) const;
+
+  // What a command does to keys, for running several commands side by side:
+  // args [first, end) step `step` are keys it reads (writes: false) or
+  // writes. Commands without keys have first == end.
+  struct KeyAccess {
+    size_t first = 0, end = 0, step = 1;
+    bool writes = false;
+  };
+  static KeyAccess Access(const RespCommand& cmd);
+
+  // The environment of ops started now.
+  RespOpEnv Env() const;
+  const RespFrontOptions& options() const { return o_; }
+  uint64_t commands() const { return commands_.load(std::memory_order_relaxed); }
+  uint64_t NextClientId() const { return next_id_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  std::unique_ptr<RespOp> Set(const RespCommand& a) const;
+  std::string Hello(const RespCommand& a, RespSessionState* s) const;
+  RespFrontOptions o_;
+  mutable std::atomic<uint64_t> commands_{0};
+  mutable std::atomic<uint64_t> next_id_{1};
+};
+
+}  // namespace kvmesh
