@@ -19,6 +19,7 @@
 //
 //   build/bin/bench_transport [--seconds 1] [--reps 3] [--sizes 65536,262144,1048576] [--clients 1,8]
 //                             [--tables transport,resp] [--resp-sizes 16384] [--resp-clients 1,8]
+//                             [--resp-pipeline 1,16] [--redis-benchmark /usr/bin/redis-benchmark]
 //                             [--ucx-progress poll|event|hybrid] [--ucx-memory allocated|malloc] [--json]
 //
 // --json prints one object, {"rows": [{backend, op, block_bytes, clients,
@@ -29,7 +30,8 @@
 // blocking request per client at a time) of --resp-sizes values against
 // redis-server, the node-local RESP front of one `kvmesh node`, and a
 // `kvmesh proxy` in front of a coordinator and two nodes (every key through
-// the router to its owner), interleaved per rep; medians and ratios.
+// the router to its owner), interleaved per rep; medians and ratios; then the
+// same three driven by the stock redis-benchmark (--resp-pipeline depths).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -250,11 +252,59 @@ class RedisClient {
     out->resize(static_cast<size_t>(n) + 2);
     return ReadFull(fd_.get(), out->data(), out->size(), 5000, {}).ok();
   }
+  // INFO's text (empty on error).
+  std::string Info() {
+    const std::string req = "*1\r\n$4\r\nINFO\r\n";
+    if (!WriteAll(fd_.get(), req.data(), req.size(), SteadyClock::now() + 5s).ok()) return "";
+    std::string line;
+    char c;
+    while (true) {
+      if (!ReadFull(fd_.get(), &c, 1, 5000, {}).ok()) return "";
+      if (c == '\n') break;
+      line += c;
+    }
+    if (line.size() < 2 || line[0] != '$') return "";
+    std::string body(static_cast<size_t>(std::atol(line.c_str() + 1)) + 2, '\0');
+    if (!ReadFull(fd_.get(), body.data(), body.size(), 5000, {}).ok()) return "";
+    return body;
+  }
 
  private:
   UniqueFd fd_;
   char crlf_[2] = {'\r', '\n'};
 };
+
+// A "name:<integer>" field of INFO text (0 when absent).
+uint64_t InfoField(const std::string& info, const std::string& name) {
+  const size_t at = info.find(name + ":");
+  return at == std::string::npos ? 0 : std::strtoull(info.c_str() + at + name.size() + 1, nullptr, 10);
+}
+
+// One redis-benchmark run (-q): requests per second of each test, by name ("SET", "GET").
+std::map<std::string, double> RedisBenchmark(const std::string& bin, uint16_t port, size_t size, size_t clients,
+                                             size_t pipeline, size_t requests) {
+  testing::Process p;
+  std::map<std::string, double> out;
+  if (!p.Start({bin, "-h", "127.0.0.1", "-p", std::to_string(port), "-t", "set,get", "-d", std::to_string(size), "-c",
+                std::to_string(clients), "-n", std::to_string(requests), "-r", "16", "-P", std::to_string(pipeline),
+                "-q"}))
+    return out;
+  const auto end = SteadyClock::now() + 120s;
+  while (SteadyClock::now() < end) {
+    auto line = p.ReadLine(200ms);
+    if (!line) {
+      if (p.Wait(0ms)) break;
+      continue;
+    }
+    // Progress updates are separated by '\r'; the last piece is the result.
+    const std::string last = line->substr(line->rfind('\r') == std::string::npos ? 0 : line->rfind('\r') + 1);
+    const size_t colon = last.find(": ");
+    if (colon == std::string::npos || last.find("requests per second") == std::string::npos) continue;
+    out[last.substr(0, colon)] = std::atof(last.c_str() + colon + 2);
+  }
+  p.Wait(5s);
+  return out;
+}
 
 // ---- raw loopback TCP: a sink that acks each message ----------------------------
 class RawServer {
@@ -334,8 +384,9 @@ std::vector<size_t> ParseList(const std::string& s) {
 std::string SizeName(size_t b) { return b >= (1 << 20) ? std::to_string(b >> 20) + " MiB" : std::to_string(b >> 10) + " KiB"; }
 
 // ---- the RESP table: redis-server vs node-local front vs kvmesh proxy -------------
-int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, double seconds, int reps,
-              const std::vector<size_t>& sizes, const std::vector<size_t>& client_counts) {
+int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const std::string& rb_bin, double seconds,
+              int reps, const std::vector<size_t>& sizes, const std::vector<size_t>& client_counts,
+              const std::vector<size_t>& pipelines) {
   const size_t max_clients = *std::max_element(client_counts.begin(), client_counts.end());
   const size_t keys_per_client = 16;
   const std::string cfg_path = "/tmp/kvmesh-bench-resp-" + std::to_string(::getpid()) + ".json";
@@ -443,6 +494,47 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, doubl
       }
     }
   }
+  // The same three targets driven by the stock redis-benchmark (its own
+  // event loop, CLIENTS connections, -P requests in flight on each).
+  if (::access(rb_bin.c_str(), X_OK) == 0) {
+    RedisClient proxy_info;
+    if (!proxy_info.Connect(proxy_port)) return cleanup(), 1;
+    std::printf("\n# RESP with redis-benchmark (-t set,get -r 16 -q; N = %.0f x 30000 x pipeline requests per run) — "
+                "%d reps, medians; proxy frames/op = node frames the proxy sent per request\n", seconds, reps);
+    std::printf("| op | value | clients | pipeline | redis ops/s | node-local ops/s | proxy ops/s | proxy/redis | "
+                "node-local/redis | proxy frames/op |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t size : sizes)
+      for (size_t clients : client_counts)
+        for (size_t pipe : pipelines) {
+          const size_t n = static_cast<size_t>(seconds * 30000 * double(pipe));
+          std::map<std::string, std::vector<double>> ops;  // "<target>_<OP>"
+          std::vector<double> frames_per_op;
+          for (int r = 0; r < reps; ++r)
+            for (auto& t : targets) {
+              if (t.c.empty()) continue;
+              const uint64_t f0 = std::string(t.name) == "proxy" ? InfoField(proxy_info.Info(), "frames_sent") : 0;
+              auto res = RedisBenchmark(rb_bin, t.port, size, clients, pipe, n);
+              for (auto& [op, v] : res) ops[std::string(t.name) + "_" + op].push_back(v);
+              if (std::string(t.name) == "proxy")
+                frames_per_op.push_back(double(InfoField(proxy_info.Info(), "frames_sent") - f0) / double(2 * n));
+            }
+          auto med = [](std::vector<double> v) {
+            if (v.empty()) return 0.0;
+            std::sort(v.begin(), v.end());
+            return v[v.size() / 2];
+          };
+          for (const char* op : {"SET", "GET"}) {
+            const double rd = med(ops[std::string("redis_") + op]), lo = med(ops[std::string("local_") + op]),
+                         px = med(ops[std::string("proxy_") + op]);
+            auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+            std::printf("| %s | %s | %zu | %zu | %.0f | %.0f | %.0f | %.2fx | %.2fx | %.2f |\n", op,
+                        SizeName(size).c_str(), clients, pipe, rd, lo, px, ratio(px, rd), ratio(lo, rd),
+                        med(frames_per_op));
+            std::fflush(stdout);
+          }
+        }
+  }
   cleanup();
   return 0;
 }
@@ -454,7 +546,8 @@ int main(int argc, char** argv) {
   int reps = 3;
   std::string sizes_arg = "65536,262144,1048576", clients_arg = "1,8";
   std::string kvmesh_bin = KVMESH_BIN, redis_bin = KVMESH_REDIS_SERVER;
-  std::string tables = "transport,resp", resp_sizes_arg = "16384", resp_clients_arg = "1,8";
+  std::string tables = "transport,resp", resp_sizes_arg = "16384", resp_clients_arg = "1,8", resp_pipeline_arg = "1,16";
+  std::string rb_bin = "/usr/bin/redis-benchmark";
   std::string ucx_progress = "hybrid";
   std::string ucx_memory = "allocated";  // the clients' registered memory: UcxContext::Allocate, or malloc
   bool json = false;
@@ -477,6 +570,8 @@ int main(int argc, char** argv) {
     else if (k == "--resp-clients") resp_clients_arg = v;
     else if (k == "--ucx-progress") ucx_progress = v;
     else if (k == "--ucx-memory") ucx_memory = v;
+    else if (k == "--resp-pipeline") resp_pipeline_arg = v;
+    else if (k == "--redis-benchmark") rb_bin = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -494,7 +589,8 @@ int main(int argc, char** argv) {
   if (json && want_resp && want_transport) tables = "transport";  // --json: the transport rows
   if (!want_transport) {
     if (!want_resp) return 0;
-    return RespTable(kvmesh_bin, redis_bin, seconds, reps, ParseList(resp_sizes_arg), ParseList(resp_clients_arg));
+    return RespTable(kvmesh_bin, redis_bin, rb_bin, seconds, reps, ParseList(resp_sizes_arg), ParseList(resp_clients_arg),
+                     ParseList(resp_pipeline_arg));
   }
   const size_t max_clients = *std::max_element(client_counts.begin(), client_counts.end());
   const size_t keys_per_client = 16;
@@ -780,6 +876,7 @@ int main(int argc, char** argv) {
     std::printf("%s\n", out.dump().c_str());
   }
   if (want_resp)
-    return RespTable(kvmesh_bin, redis_bin, seconds, reps, ParseList(resp_sizes_arg), ParseList(resp_clients_arg));
+    return RespTable(kvmesh_bin, redis_bin, rb_bin, seconds, reps, ParseList(resp_sizes_arg), ParseList(resp_clients_arg),
+                     ParseList(resp_pipeline_arg));
   return 0;
 }
