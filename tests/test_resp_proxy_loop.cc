@@ -193,6 +193,30 @@ TEST_CASE("RESP proxy loop: many connections' pipelined runs are answered in ord
   for (auto& c : conns) CHECK(ClosedWithin(c->fd(), 2s));
 }
 
+TEST_CASE("RESP proxy loop: pipelined writes and reads of one key keep their order", "[resp][proxy]") {
+  ProxyRig rig(2, {});
+  RespTestClient c(rig.proxy->port());
+  const std::string big(200 << 10, 'b');  // four parts of 64 KiB
+  // Blind SETs of one key share a step (the last one wins); a read or a
+  // conditional write after them waits for them.
+  c.Send(RespCmd({"SET", "same", "1"}) + RespCmd({"SET", "same", big}) + RespCmd({"SET", "same", "3"}) +
+         RespCmd({"SET", "same", big + "4"}) + RespCmd({"GET", "same"}) + RespCmd({"SET", "same", "5", "NX"}) +
+         RespCmd({"SET", "same", "6", "XX"}) + RespCmd({"GET", "same"}) + RespCmd({"MSET", "same", "7", "o", "x"}) +
+         RespCmd({"GET", "same"}) + RespCmd({"DEL", "same"}) + RespCmd({"GET", "same"}) + RespCmd({"SETNX", "same", "8"}) +
+         RespCmd({"GET", "same"}));
+  for (int i = 0; i < 4; ++i) CHECK(c.Read().ok());
+  CHECK(c.Read().str == big + "4");
+  CHECK(c.Read().nil);
+  CHECK(c.Read().ok());
+  CHECK(c.Read().str == "6");
+  CHECK(c.Read().ok());
+  CHECK(c.Read().str == "7");
+  CHECK(c.Read().num == 1);
+  CHECK(c.Read().nil);
+  CHECK(c.Read().num == 1);
+  CHECK(c.Read().str == "8");
+}
+
 TEST_CASE("RESP proxy loop: values of many blocks cross whole; a key group lands on one node", "[resp][proxy]") {
   ProxyRig rig(3, {});
   RespTestClient c(rig.proxy->port());

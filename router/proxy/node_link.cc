@@ -11,14 +11,35 @@ using asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 using namespace proto;
 
-constexpr size_t kChunkBytes = 256u << 10;  // receive chunk (a larger frame gets its own)
+constexpr size_t kChunkBytes = 1u << 20;  // receive chunk (a larger frame gets its own)
 constexpr size_t kMaxFramesPerWrite = 256;
-
-std::shared_ptr<char[]> NewChunk(size_t bytes) { return std::shared_ptr<char[]>(new char[bytes]); }
 
 }  // namespace
 
-NodeLink::NodeLink(asio::io_context& io, NodeLinkOptions o) : io_(io), o_(std::move(o)), socket_(io), limits_(o_.limits) {}
+// Receive chunks no answer holds any more come back here (at most a few):
+// a 1 MiB allocation is an mmap and page faults each time otherwise.
+struct NodeLink::ChunkPool {
+  std::vector<std::unique_ptr<char[]>> free;
+};
+
+std::shared_ptr<char[]> NodeLink::NewChunk(size_t bytes) {
+  if (bytes != kChunkBytes) return std::shared_ptr<char[]>(new char[bytes]);
+  std::unique_ptr<char[]> mem;
+  if (!pool_->free.empty()) {
+    mem = std::move(pool_->free.back());
+    pool_->free.pop_back();
+  } else {
+    mem.reset(new char[kChunkBytes]);
+  }
+  return std::shared_ptr<char[]>(mem.release(), [pool = std::weak_ptr<ChunkPool>(pool_)](char* p) {
+    std::shared_ptr<ChunkPool> sp = pool.lock();
+    if (sp && sp->free.size() < 8) sp->free.emplace_back(p);
+    else delete[] p;
+  });
+}
+
+NodeLink::NodeLink(asio::io_context& io, NodeLinkOptions o)
+    : io_(io), o_(std::move(o)), socket_(io), limits_(o_.limits), pool_(std::make_shared<ChunkPool>()) {}
 
 NodeLink::~NodeLink() {
   boost::system::error_code ec;

@@ -7,10 +7,10 @@
 // any number in flight. A node answers a connection's frames in order, so
 // the link matches answers first in, first out (and checks the request id).
 // Writes are gathered: frames queued while a write is under way go out in
-// the next single write. Answers are read into shared receive chunks (256
-// KiB, or one frame's size when larger) with as few reads as the bytes
-// allow; a frame's body is handed over in place, kept alive by the chunk, so
-// a GET payload reaches the client with no copy in the proxy.
+// the next single write. Answers are read into shared receive chunks (1 MiB,
+// reused once released, or one frame's size when larger) with as few reads
+// as the bytes allow; a frame's body is handed over in place, kept alive by
+// the chunk, so a GET payload reaches the client with no copy in the proxy.
 //
 // Failure: a connect or HELLO that fails or exceeds connect_timeout_ms, a
 // broken stream, a malformed answer, or Expire() finding a frame past its
@@ -18,7 +18,9 @@
 // (their callbacks run later on the loop, never inside the call that failed
 // them). After a failed connect the link refuses for backoff_ms.
 //
-// Thread-safety: none; every call and callback runs on the loop's thread.
+// Thread-safety: none; every call and callback runs on the loop's thread, and
+// the answers (whose receive chunks return to the link's pool when released)
+// are released there too, or once the loop has stopped.
 // Asio appears in this header: include it from .cc files only.
 #pragma once
 
@@ -89,7 +91,8 @@ class NodeLink : public std::enable_shared_from_this<NodeLink> {
   const std::string& node_id() const { return node_id_; }
 
  private:
-  struct Chunk;
+  struct ChunkPool;
+  std::shared_ptr<char[]> NewChunk(size_t bytes);
   boost::asio::awaitable<void> Open(uint64_t gen, std::function<void()> on_change);
   boost::asio::awaitable<Status> Handshake(proto::HelloAnswer* answer);  // connect + HELLO
   boost::asio::awaitable<void> Reader(uint64_t gen);
@@ -110,6 +113,7 @@ class NodeLink : public std::enable_shared_from_this<NodeLink> {
   std::deque<std::unique_ptr<LinkFrame>> queued_;    // not yet written
   std::deque<std::unique_ptr<LinkFrame>> inflight_;  // written (or being written), answers due in order
   std::vector<boost::asio::const_buffer> wbufs_;     // the write in progress
+  std::shared_ptr<ChunkPool> pool_;  // receive chunks to reuse (their deleters hold it weakly)
 };
 
 }  // namespace kvmesh

@@ -21,6 +21,8 @@ using asio::ip::tcp;
 
 constexpr size_t kMaxRunCommands = 256;  // commands parsed per read
 constexpr size_t kFlushBytes = 8u << 20; // answers held before they are written
+constexpr size_t kFirstReadBytes = 256u << 10;  // a connection's read buffer at first ...
+constexpr size_t kMaxReadBytes = 4u << 20;      // ... and as far as pipelining grows it
 
 // Awaits RespEngine::Run.
 template <typename Token>
@@ -41,27 +43,34 @@ std::vector<asio::const_buffer> Buffers(const RespReply& r) {
 }
 
 // The keys a segment of side-by-side commands touches: a command that reads
-// a key another one writes (or writes one another reads or writes) starts
-// the next segment, so each connection's commands keep their order.
+// a key another one writes, or writes one another reads (or writes, unless
+// both are blind writes: RespCommands::KeyAccess), starts the next segment,
+// so each connection's commands keep their order.
 class Segment {
  public:
   bool Conflicts(const RespCommand& c) const {
     const RespCommands::KeyAccess a = RespCommands::Access(c);
-    for (size_t i = a.first; i < a.end; i += a.step)
-      if (writes_.count(c[i]) || (a.writes && reads_.count(c[i]))) return true;
+    for (size_t i = a.first; i < a.end; i += a.step) {
+      const std::string_view k = c[i];
+      if (writes_.count(k)) return true;
+      if (a.writes && reads_.count(k)) return true;
+      if (a.writes && !a.blind && blind_.count(k)) return true;
+      if (!a.writes && blind_.count(k)) return true;
+    }
     return false;
   }
   void Add(const RespCommand& c) {
     const RespCommands::KeyAccess a = RespCommands::Access(c);
-    for (size_t i = a.first; i < a.end; i += a.step) (a.writes ? writes_ : reads_).insert(c[i]);
+    for (size_t i = a.first; i < a.end; i += a.step) (a.writes ? (a.blind ? blind_ : writes_) : reads_).insert(c[i]);
   }
   void Clear() {
     reads_.clear();
     writes_.clear();
+    blind_.clear();
   }
 
  private:
-  std::unordered_set<std::string_view> reads_, writes_;
+  std::unordered_set<std::string_view> reads_, writes_, blind_;
 };
 
 class Proxy final : public RespProxy {
@@ -170,7 +179,7 @@ class Proxy final : public RespProxy {
     auto reg = loop.conns.insert(loop.conns.end(), &s);
     const uint64_t max_bulk = RespMaxBulk(o_.max_value_bytes);
     const size_t max_buf = max_bulk + kRespMaxInline + 64;
-    std::vector<char> buf(64 << 10);
+    std::vector<char> buf(kFirstReadBytes);
     size_t filled = 0;
     RespSessionState state;
     state.id = commands_.NextClientId();
@@ -189,6 +198,10 @@ class Proxy final : public RespProxy {
                                                     asio::redirect_error(asio::use_awaitable, ec));
         if (ec) break;
         filled += n;
+        // A read that filled the buffer: the client pipelines more than it
+        // holds. Grow it (up to kMaxReadBytes) so that one round trip to the
+        // nodes carries the whole pipeline, not a buffer's worth of it.
+        if (filled == buf.size() && buf.size() < kMaxReadBytes) buf.resize(std::min(buf.size() * 2, kMaxReadBytes));
       }
       // Parse what has arrived (up to kMaxRunCommands).
       size_t used = 0, n = 0;

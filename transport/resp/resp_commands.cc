@@ -76,9 +76,15 @@ RespCommands::KeyAccess RespCommands::Access(const RespCommand& a) {
   if (n < 2) return {};
   if (Eq(c, "GET") || Eq(c, "TTL") || Eq(c, "PTTL")) return {1, 2, 1, false};
   if (Eq(c, "MGET") || Eq(c, "EXISTS")) return {1, n, 1, false};
-  if (Eq(c, "SET") || Eq(c, "SETNX") || Eq(c, "SETEX") || Eq(c, "PSETEX")) return {1, 2, 1, true};
-  if (Eq(c, "MSET")) return {1, n, 2, true};
-  if (Eq(c, "DEL") || Eq(c, "UNLINK")) return {1, n, 1, true};
+  if (Eq(c, "SET")) {
+    bool blind = true;
+    for (size_t i = 3; i < n; ++i) blind = blind && !Eq(a[i], "NX") && !Eq(a[i], "XX") && !Eq(a[i], "KEEPTTL") && !Eq(a[i], "GET");
+    return {1, 2, 1, true, blind};
+  }
+  if (Eq(c, "SETEX") || Eq(c, "PSETEX")) return {1, 2, 1, true, true};
+  if (Eq(c, "SETNX")) return {1, 2, 1, true, false};
+  if (Eq(c, "MSET")) return {1, n, 2, true, true};
+  if (Eq(c, "DEL") || Eq(c, "UNLINK")) return {1, n, 1, true, false};
   return {};
 }
 

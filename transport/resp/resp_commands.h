@@ -71,10 +71,14 @@ class RespCommands {
 
   // What a command does to keys, for running several commands side by side:
   // args [first, end) step `step` are keys it reads (writes: false) or
-  // writes. Commands without keys have first == end.
+  // writes. Commands without keys have first == end. A blind write (SET
+  // without NX/XX/KEEPTTL, SETEX, PSETEX, MSET) reads nothing first: two of
+  // them on one key may run side by side, since an executor keeps the order
+  // of writes (resp_ops.h) and the later one wins, as in order.
   struct KeyAccess {
     size_t first = 0, end = 0, step = 1;
     bool writes = false;
+    bool blind = false;
   };
   static KeyAccess Access(const RespCommand& cmd);
 
