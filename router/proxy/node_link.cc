@@ -114,6 +114,8 @@ asio::awaitable<void> NodeLink::Open(uint64_t gen, std::function<void()> on_chan
   limits_.max_body_bytes = std::min(limits_.max_body_bytes, o_.limits.max_body_bytes);
   limits_.max_items = std::min(limits_.max_items, o_.limits.max_items);
   node_id_ = answer.node_id;
+  boost::system::error_code ec;
+  socket_.non_blocking(true, ec);  // Pump writes at once when it can
   state_ = State::kReady;
   asio::co_spawn(io_, Reader(gen), asio::detached);
   Pump();
@@ -139,12 +141,23 @@ void NodeLink::Pump() {
     for (const asio::const_buffer& b : f->payload) wbufs_.push_back(b);
     inflight_.push_back(std::move(f));
   }
+  // At once when the socket takes it all (no loop turn for the completion),
+  // else the rest asynchronously.
+  boost::system::error_code ec;
+  size_t n = socket_.write_some(wbufs_, ec);  // non-blocking: would_block when full
+  if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {}, n = 0;
+  if (ec) return Close(Unavailable("write to node " + o_.host + ":" + std::to_string(o_.port) + ": " + ec.message()));
+  size_t i = 0;
+  while (i < wbufs_.size() && n >= wbufs_[i].size()) n -= wbufs_[i++].size();
+  if (i == wbufs_.size()) return Pump();  // all written (more may have been queued meanwhile: none here)
+  wbufs_.erase(wbufs_.begin(), wbufs_.begin() + static_cast<std::ptrdiff_t>(i));
+  wbufs_[0] += n;
   writing_ = true;
   const uint64_t gen = gen_;
-  asio::async_write(socket_, wbufs_, [this, self = shared_from_this(), gen](const boost::system::error_code& ec, size_t) {
+  asio::async_write(socket_, wbufs_, [this, self = shared_from_this(), gen](const boost::system::error_code& e, size_t) {
     if (gen != gen_) return;
     writing_ = false;
-    if (ec) return Close(Unavailable("write to node " + o_.host + ":" + std::to_string(o_.port) + ": " + ec.message()));
+    if (e) return Close(Unavailable("write to node " + o_.host + ":" + std::to_string(o_.port) + ": " + e.message()));
     Pump();
   });
 }

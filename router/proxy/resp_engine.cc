@@ -110,8 +110,11 @@ void RespEngine::Advance(OpRun* run) {
   run->op->after().clear();
   Batch* b = run->batch;
   if (--b->left == 0) {
-    asio::post(io_, std::move(b->done));
+    // The last answer came in (Run() holds the count while it starts ops):
+    // resume the connection right here, not a loop turn later.
+    std::function<void()> done = std::move(b->done);
     batches_.erase(b->self);
+    asio::dispatch(io_, std::move(done));
   }
 }
 

@@ -42,6 +42,21 @@ std::vector<asio::const_buffer> Buffers(const RespReply& r) {
   return b;
 }
 
+// Writes `r`: at once when the socket takes it all (the usual case: no loop
+// turn for the completion), else the rest asynchronously.
+asio::awaitable<void> WriteReply(tcp::socket& s, const RespReply& r, boost::system::error_code& ec) {
+  std::vector<asio::const_buffer> bufs = Buffers(r);
+  size_t n = s.write_some(bufs, ec);  // non-blocking socket: would_block when full
+  if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {}, n = 0;
+  if (ec) co_return;
+  size_t i = 0;
+  while (i < bufs.size() && n >= bufs[i].size()) n -= bufs[i++].size();
+  if (i == bufs.size()) co_return;
+  bufs.erase(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(i));
+  bufs[0] += n;
+  co_await asio::async_write(s, bufs, asio::redirect_error(asio::use_awaitable, ec));
+}
+
 // The keys a segment of side-by-side commands touches: a command that reads
 // a key another one writes, or writes one another reads (or writes, unless
 // both are blind writes: RespCommands::KeyAccess), starts the next segment,
@@ -176,6 +191,7 @@ class Proxy final : public RespProxy {
   asio::awaitable<void> Serve(Loop& loop, tcp::socket s) {
     boost::system::error_code ec;
     s.set_option(tcp::no_delay(true), ec);
+    s.non_blocking(true, ec);  // WriteReply writes at once when it can
     auto reg = loop.conns.insert(loop.conns.end(), &s);
     const uint64_t max_bulk = RespMaxBulk(o_.max_value_bytes);
     const size_t max_buf = max_bulk + kRespMaxInline + 64;
@@ -236,7 +252,7 @@ class Proxy final : public RespProxy {
         for (auto& op : ops) op->Answer(&out);
         ops.clear();  // the answers keep what they borrow
         if (out.bytes() > kFlushBytes && i < n) {
-          co_await asio::async_write(s, Buffers(out), asio::redirect_error(asio::use_awaitable, ec));
+          co_await WriteReply(s, out, ec);
           if (ec) {
             broken = true;
             break;
@@ -247,7 +263,7 @@ class Proxy final : public RespProxy {
       if (broken) break;
       if (error) out.Err("ERR Protocol error: " + err);
       if (!out.empty()) {
-        co_await asio::async_write(s, Buffers(out), asio::redirect_error(asio::use_awaitable, ec));
+        co_await WriteReply(s, out, ec);
         if (ec) break;
       }
       if (error) break;
