@@ -35,6 +35,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -46,6 +47,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -280,6 +282,27 @@ uint64_t InfoField(const std::string& info, const std::string& name) {
   return at == std::string::npos ? 0 : std::strtoull(info.c_str() + at + name.size() + 1, nullptr, 10);
 }
 
+// CPU seconds (user + system) a process has used so far (0 when it is gone).
+double CpuSeconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream in(stat.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i)
+    if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime
+  return ticks / double(::sysconf(_SC_CLK_TCK));
+}
+
+// CPU seconds of this process's reaped children (redis-benchmark runs).
+double ChildCpuSeconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_CHILDREN, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
 // One redis-benchmark run (-q): requests per second of each test, by name ("SET", "GET").
 std::map<std::string, double> RedisBenchmark(const std::string& bin, uint16_t port, size_t size, size_t clients,
                                              size_t pipeline, size_t requests) {
@@ -500,23 +523,42 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
     RedisClient proxy_info;
     if (!proxy_info.Connect(proxy_port)) return cleanup(), 1;
     std::printf("\n# RESP with redis-benchmark (-t set,get -r 16 -q; N = %.0f x 30000 x pipeline requests per run) — "
-                "%d reps, medians; proxy frames/op = node frames the proxy sent per request\n", seconds, reps);
+                "%d reps, medians; proxy frames/op = node frames the proxy sent per request; CPU us/req = CPU time "
+                "(user + system, /proc) per request of the server side (redis-server; the node; the proxy and both "
+                "nodes) and of redis-benchmark itself, SET and GET together\n", seconds, reps);
     std::printf("| op | value | clients | pipeline | redis ops/s | node-local ops/s | proxy ops/s | proxy/redis | "
-                "node-local/redis | proxy frames/op |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+                "node-local/redis | proxy frames/op | CPU us/req redis + client | node-local + client | "
+                "proxy+nodes + client |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    auto pids_of = [&](const std::string& name) -> std::vector<pid_t> {
+      if (name == "redis") return {redis.pid()};
+      if (name == "local") return {nodes[0]->pid()};
+      std::vector<pid_t> v{proxy.pid()};
+      for (auto& n : nodes) v.push_back(n->pid());
+      return v;
+    };
     for (size_t size : sizes)
       for (size_t clients : client_counts)
         for (size_t pipe : pipelines) {
           const size_t n = static_cast<size_t>(seconds * 30000 * double(pipe));
           std::map<std::string, std::vector<double>> ops;  // "<target>_<OP>"
           std::vector<double> frames_per_op;
+          std::map<std::string, std::vector<double>> server_cpu, client_cpu;  // us per request, by target
           for (int r = 0; r < reps; ++r)
             for (auto& t : targets) {
               if (t.c.empty()) continue;
-              const uint64_t f0 = std::string(t.name) == "proxy" ? InfoField(proxy_info.Info(), "frames_sent") : 0;
+              const std::string name = t.name;
+              const uint64_t f0 = name == "proxy" ? InfoField(proxy_info.Info(), "frames_sent") : 0;
+              double s0 = 0, s1 = 0;
+              for (pid_t p : pids_of(name)) s0 += CpuSeconds(p);
+              const double c0 = ChildCpuSeconds();
               auto res = RedisBenchmark(rb_bin, t.port, size, clients, pipe, n);
-              for (auto& [op, v] : res) ops[std::string(t.name) + "_" + op].push_back(v);
-              if (std::string(t.name) == "proxy")
+              const double c1 = ChildCpuSeconds();
+              for (pid_t p : pids_of(name)) s1 += CpuSeconds(p);
+              for (auto& [op, v] : res) ops[name + "_" + op].push_back(v);
+              server_cpu[name].push_back((s1 - s0) * 1e6 / double(2 * n));
+              client_cpu[name].push_back((c1 - c0) * 1e6 / double(2 * n));
+              if (name == "proxy")
                 frames_per_op.push_back(double(InfoField(proxy_info.Info(), "frames_sent") - f0) / double(2 * n));
             }
           auto med = [](std::vector<double> v) {
@@ -528,9 +570,11 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
             const double rd = med(ops[std::string("redis_") + op]), lo = med(ops[std::string("local_") + op]),
                          px = med(ops[std::string("proxy_") + op]);
             auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
-            std::printf("| %s | %s | %zu | %zu | %.0f | %.0f | %.0f | %.2fx | %.2fx | %.2f |\n", op,
-                        SizeName(size).c_str(), clients, pipe, rd, lo, px, ratio(px, rd), ratio(lo, rd),
-                        med(frames_per_op));
+            std::printf("| %s | %s | %zu | %zu | %.0f | %.0f | %.0f | %.2fx | %.2fx | %.2f | %.1f + %.1f | %.1f + %.1f | "
+                        "%.1f + %.1f |\n",
+                        op, SizeName(size).c_str(), clients, pipe, rd, lo, px, ratio(px, rd), ratio(lo, rd),
+                        med(frames_per_op), med(server_cpu["redis"]), med(client_cpu["redis"]), med(server_cpu["local"]),
+                        med(client_cpu["local"]), med(server_cpu["proxy"]), med(client_cpu["proxy"]));
             std::fflush(stdout);
           }
         }
