@@ -168,7 +168,6 @@ class Proxy final : public RespProxy {
     f.max_value_bytes = o.max_value_bytes;
     f.rules = o.rules;
     f.auth = o.auth;
-    f.cheap_reads = false;
     f.role = "proxy";
     return f;
   }

@@ -135,7 +135,6 @@ class Server final : public RespServer {
     f.max_value_bytes = o.max_value_bytes;
     f.rules = o.rules;
     f.auth = o.auth;
-    f.cheap_reads = true;
     f.role = "node";
     return f;
   }

@@ -66,7 +66,6 @@ RespOpEnv RespCommands::Env() const {
   e.rules = &o_.rules;
   e.block_bytes = o_.block_bytes;
   e.now_ms = RespNowMs();
-  e.cheap_reads = o_.cheap_reads;
   return e;
 }
 

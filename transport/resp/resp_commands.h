@@ -56,7 +56,6 @@ struct RespFrontOptions {
   uint64_t max_value_bytes = 64u << 20;   // larger SETs are answered an error
   RespKeyRules rules;
   std::shared_ptr<const RespAuth> auth;   // null: no authentication
-  bool cheap_reads = false;               // RespOpEnv::cheap_reads
   std::string role = "node";              // INFO role: line
 };
 

@@ -86,6 +86,7 @@ class ReadTask {
               pieces_.push_back(done[i].value);
               keeps_.push_back(std::move(done[i].keep));
             }
+            inline_keep_.reset();
           }
           return true;
         }
@@ -118,6 +119,7 @@ class ReadTask {
   // kValue: the value's bytes, in order, and what keeps them alive.
   void AnswerValue(RespReply* out) {
     if (!found_) return out->Nil();
+    if (inline_keep_) return out->BulkBorrowed(inline_, std::move(inline_keep_));
     out->Add("$" + std::to_string(head_.value_bytes) + "\r\n");
     for (size_t i = 0; i < pieces_.size(); ++i) out->Borrowed(pieces_[i], std::move(keeps_[i]));
     out->Add("\r\n");
@@ -143,8 +145,8 @@ class ReadTask {
         next->push_back(ExistsIo(RespPartKey(primary_, g, primary_head_.nonce, i)));
     }
     if (mode_ == Mode::kValue && head_.is_inline()) {
-      pieces_.assign(1, h.value.subspan(kRespHeadBytes));
-      keeps_.assign(1, std::move(h.keep));
+      inline_ = h.value.subspan(kRespHeadBytes);
+      inline_keep_ = std::move(h.keep);
     }
     if (own_parts_ == 0 && (!dependent_ || primary_checked_ || primary_head_.is_inline())) {
       found_ = true;
@@ -165,7 +167,9 @@ class ReadTask {
   RespHead head_;
   std::string primary_;  // the key this one depends on (dependent_)
   RespHead primary_head_;
-  std::vector<std::span<const char>> pieces_;
+  std::span<const char> inline_;               // an inline value ...
+  std::shared_ptr<const void> inline_keep_;    // ... and its head block
+  std::vector<std::span<const char>> pieces_;  // a parted value's parts ...
   std::vector<std::shared_ptr<const void>> keeps_;
 };
 
@@ -185,7 +189,12 @@ class WriteTask {
         LayoutRespValue(value_.size(), env.block_bytes, &head_);
         EncodeRespHead(head_, hdr_);
         const bool conditional = o_.nx || o_.xx || o_.keep_ttl;
-        read_old_ = conditional || env.cheap_reads || group_.co_evict || !head_.is_inline();
+        // The old head tells which parts the replaced version leaves behind.
+        // Read it (in the same step as our writes) when the new value has
+        // parts, for a co-evicted key (an orphan part would later drop its
+        // group) and for NX/XX/KEEPTTL; a small value replacing a parted one
+        // of a plain key leaves the old parts to eviction.
+        read_old_ = conditional || group_.co_evict || !head_.is_inline();
         if (read_old_) next->push_back(GetIo(head_key_));
         for (uint32_t i = 0; i < head_.parts; ++i)
           next->push_back(PutIo(RespPartKey(key_, group_, head_.nonce, i), {},
@@ -389,6 +398,45 @@ class TasksOp : public RespOp {
   std::vector<BlockIo> next_;
 };
 
+// The one-key form of TasksOp (GET, SET, TTL: most commands), without its
+// per-task bookkeeping.
+template <typename Task>
+class SingleOp : public RespOp {
+ public:
+  explicit SingleOp(Task t) : task_(std::move(t)) {}
+  bool Step(const RespOpEnv& env) override {
+    next_.clear();
+    const bool done = task_.Step(std::span<BlockIo>(io_), &next_, &after_, env);
+    io_.swap(next_);
+    return done;
+  }
+
+ protected:
+  Task task_;
+
+ private:
+  std::vector<BlockIo> next_;
+};
+
+class GetOneOp final : public SingleOp<ReadTask> {
+ public:
+  explicit GetOneOp(std::string_view key) : SingleOp(ReadTask(key, ReadTask::Mode::kValue)) {}
+  void Answer(RespReply* out) override { task_.AnswerValue(out); }
+};
+
+class SetOneOp final : public SingleOp<WriteTask> {
+ public:
+  SetOneOp(std::string_view key, std::string_view value, const RespSetOptions& o, bool int_reply)
+      : SingleOp(WriteTask(key, value, o)), int_reply_(int_reply) {}
+  void Answer(RespReply* out) override {
+    if (int_reply_ && task_.result().ok()) return out->Int(task_.applied() ? 1 : 0);
+    task_.Answer(out);
+  }
+
+ private:
+  bool int_reply_;
+};
+
 class GetOp final : public TasksOp<ReadTask> {
  public:
   GetOp(std::span<const std::string_view> keys, bool array) : array_(array) {
@@ -436,26 +484,20 @@ class TtlOp final : public TasksOp<ReadTask> {
   int64_t now_ms_ = 0;
 };
 
-class SetOp final : public TasksOp<WriteTask> {
+class MSetOp final : public TasksOp<WriteTask> {
  public:
-  SetOp(std::span<const std::string_view> kv, const RespSetOptions& o, bool multi, bool int_reply)
-      : multi_(multi), int_reply_(int_reply) {
+  explicit MSetOp(std::span<const std::string_view> kv) {
     // A key named twice: only its last value is written (as if in order).
     std::unordered_map<std::string_view, size_t> last;
     for (size_t i = 0; i + 1 < kv.size(); i += 2) last[kv[i]] = i;
     for (size_t i = 0; i + 1 < kv.size(); i += 2)
-      if (last[kv[i]] == i) Add(WriteTask(kv[i], kv[i + 1], o));
+      if (last[kv[i]] == i) Add(WriteTask(kv[i], kv[i + 1], RespSetOptions{}));
   }
   void Answer(RespReply* out) override {
-    if (int_reply_ && tasks_[0].result().ok()) return out->Int(tasks_[0].applied() ? 1 : 0);
-    if (!multi_) return tasks_[0].Answer(out);
     for (const WriteTask& t : tasks_)
       if (!t.result().ok()) return out->Err("ERR " + t.result().ToString());
     out->Ok();
   }
-
- private:
-  bool multi_, int_reply_;
 };
 
 class DelOp final : public TasksOp<DelTask> {
@@ -509,9 +551,7 @@ class AnsweredOp final : public RespOp {
 
 }  // namespace
 
-std::unique_ptr<RespOp> MakeGetOp(std::string_view key) {
-  return std::make_unique<GetOp>(std::span<const std::string_view>(&key, 1), false);
-}
+std::unique_ptr<RespOp> MakeGetOp(std::string_view key) { return std::make_unique<GetOneOp>(key); }
 std::unique_ptr<RespOp> MakeMGetOp(std::span<const std::string_view> keys) {
   return std::make_unique<GetOp>(keys, true);
 }
@@ -521,11 +561,10 @@ std::unique_ptr<RespOp> MakeExistsOp(std::span<const std::string_view> keys) {
 std::unique_ptr<RespOp> MakeTtlOp(std::string_view key, bool millis) { return std::make_unique<TtlOp>(key, millis); }
 std::unique_ptr<RespOp> MakeSetOp(std::string_view key, std::string_view value, const RespSetOptions& o,
                                   bool int_reply) {
-  const std::string_view kv[2] = {key, value};
-  return std::make_unique<SetOp>(kv, o, false, int_reply);
+  return std::make_unique<SetOneOp>(key, value, o, int_reply);
 }
 std::unique_ptr<RespOp> MakeMSetOp(std::span<const std::string_view> kv) {
-  return std::make_unique<SetOp>(kv, RespSetOptions{}, true, false);
+  return std::make_unique<MSetOp>(kv);
 }
 std::unique_ptr<RespOp> MakeDelOp(std::span<const std::string_view> keys) { return std::make_unique<DelOp>(keys); }
 std::unique_ptr<RespOp> MakeStatsOp(bool dbsize, std::string header) {

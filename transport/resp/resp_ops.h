@@ -58,11 +58,6 @@ struct RespOpEnv {
   const RespKeyRules* rules = nullptr;
   uint64_t block_bytes = 0;  // largest block (the slot size): parts, inline heads
   int64_t now_ms = 0;        // RespNowMs() when the op started
-  // Reading a head is cheap (the node-local front: no copy, no round trip),
-  // so every SET reads the old head and erases the old version's parts. The
-  // proxy reads it when the new value has parts, for co-evicted keys and for
-  // NX/XX/KEEPTTL.
-  bool cheap_reads = false;
 };
 
 class RespOp {
