@@ -92,10 +92,16 @@ void RespEngine::Run(std::span<RespOp* const> ops, const RespOpEnv& env, std::fu
     b.runs[i].env = env;
     b.runs[i].batch = &b;
   }
+  ++starting_;  // the ops' first I/Os go out together
   for (OpRun& r : b.runs) Advance(&r);
+  --starting_;
   if (--b.left == 0) {
     asio::post(io_, std::move(b.done));
     batches_.erase(b.self);
+  }
+  if (starting_ == 0 && flush_wanted_) {
+    flush_wanted_ = false;
+    ScheduleFlush();
   }
 }
 
@@ -171,7 +177,18 @@ void RespEngine::Requeue(PendingPtr p) {
 }
 
 void RespEngine::ScheduleFlush() {
-  if (flush_posted_ || stopped_) return;
+  if (stopped_) return;
+  if (in_flush_ || starting_ > 0) {  // the flush (or Run) in progress sends it when done
+    flush_wanted_ = true;
+    return;
+  }
+  if (flush_posted_) return;
+  // Nothing in flight to any node: there is no batch to gather (the nodes
+  // are idle), so send now and spare the loop turn. Otherwise flush after
+  // every handler the loop has ready, which gathers what arrived together.
+  bool busy = false;
+  for (auto& [addr, link] : by_addr_) busy = busy || link->busy();
+  if (!busy) return Flush();
   flush_posted_ = true;
   asio::post(io_, [this, alive = alive_] {
     if (*alive) Flush();
@@ -208,6 +225,16 @@ void RespEngine::UseMap(std::shared_ptr<const ShardMap> m) {
 void RespEngine::Flush() {
   flush_posted_ = false;
   if (stopped_ || ready_.empty()) return;
+  in_flush_ = true;
+  FlushReady();
+  in_flush_ = false;
+  if (flush_wanted_) {
+    flush_wanted_ = false;
+    ScheduleFlush();
+  }
+}
+
+void RespEngine::FlushReady() {
   UseMap(o_.map ? o_.map() : nullptr);
   PendingList work;
   work.swap(ready_);

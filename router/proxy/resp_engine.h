@@ -4,7 +4,9 @@
 //
 // Batching: an op's I/Os are queued as they are asked for, and one flush,
 // posted to run after every handler the loop has ready (the clients' bytes
-// that arrived together, the nodes' answers), places every queued I/O with
+// that arrived together, the nodes' answers) — or run at once when nothing
+// is in flight to any node (an idle cluster: nothing to gather, no loop turn
+// to spend) — places every queued I/O with
 // the current shard map (router/shard_map.h: grouped keys by their group)
 // and sends each node one frame per kind: GET, EXISTS, PUT (runs of equal
 // REPLACE flag), ERASE, in that order, on the node's one NodeLink, split
@@ -84,6 +86,7 @@ class RespEngine {
   void Requeue(PendingPtr p);
   void ScheduleFlush();
   void Flush();
+  void FlushReady();  // places and sends ready_ (Flush, guarded)
   void UseMap(std::shared_ptr<const ShardMap> m);
   void SendNode(size_t node, PendingList& gets, PendingList& exists, PendingList& puts, PendingList& erases);
   void OnAnswer(proto::Opcode op, std::shared_ptr<PendingList> items, const Status& call, const proto::FrameHeader& h,
@@ -97,6 +100,9 @@ class RespEngine {
   RespEngineOptions o_;
   bool stopped_ = false;
   bool flush_posted_ = false;
+  bool in_flush_ = false;     // FlushReady is running
+  int starting_ = 0;          // Run() is starting ops
+  bool flush_wanted_ = false; // I/O queued meanwhile: ScheduleFlush once they end
   std::list<Batch> batches_;
   PendingList ready_;     // to be placed at the next flush
   PendingList parked_;    // waiting for their node's link to connect
