@@ -217,7 +217,7 @@ TEST_CASE("RESP proxy loop: pipelined writes and reads of one key keep their ord
   CHECK(c.Read().str == "8");
 }
 
-TEST_CASE("RESP proxy loop: values of many blocks cross whole; a key group lands on one node", "[resp][proxy]") {
+TEST_CASE("RESP proxy loop: values of many blocks cross whole, a key group lands on one node", "[resp][proxy]") {
   ProxyRig rig(3, {});
   RespTestClient c(rig.proxy->port());
   std::string big(3u << 20, '\0');  // 48 parts of 64 KiB

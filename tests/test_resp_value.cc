@@ -147,7 +147,7 @@ TEST_CASE("RESP value layout: groups, head format, placement by group", "[resp][
   CHECK_FALSE(DecodeRespHead(withtail, &back).ok());
 }
 
-TEST_CASE("RESP node-local: values of many blocks read back whole; SET options and TTL", "[resp][value]") {
+TEST_CASE("RESP node-local: values of many blocks read back whole, SET options and TTL", "[resp][value]") {
   LocalFront f("16MiB");
   RespTestClient c(f.port());
   // Sizes around the block boundary and far past it (a 64 KiB slot).

@@ -19,11 +19,13 @@ Checks, in order:
      0 metadata keys are left without their chunk (co-located, co-evicted);
      and eviction did happen (not every key survived), some keys survived;
   3. a data command before AUTH is refused with NOAUTH.
-Every process is killed at the end, whatever happens. Exit 77 (ctest: skipped)
+Every process is killed at the end, whatever happens (and dies with this
+script if it is killed itself: PR_SET_PDEATHSIG). Exit 77 (ctest: skipped)
 when redis-py is not installed.
 """
 import argparse
 import asyncio
+import ctypes
 import json
 import os
 import random
@@ -64,12 +66,19 @@ def config(coord_port: int) -> dict:
     }
 
 
+def die_with_parent() -> None:
+    """In the child before exec: SIGKILL when this script dies, even by SIGKILL (a ctest timeout)."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 class Procs:
     def __init__(self):
         self.procs = []
 
     def start(self, argv, timeout=15.0) -> dict:
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+                             preexec_fn=die_with_parent)
         self.procs.append(p)
         end = time.time() + timeout
         while time.time() < end:
