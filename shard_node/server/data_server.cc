@@ -2,9 +2,11 @@
 
 #include "shard_node/server/frame_handler.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -21,6 +23,75 @@ using asio::ip::tcp;
 using namespace proto;
 
 constexpr size_t kOps = proto::kMaxOpcode + 1;  // opcodes 1..kMaxOpcode
+
+// A connection's reads, non-blocking first: bytes the socket already holds
+// cost one recv and no loop turn; only an empty socket waits (async_wait).
+// Short reads (a header, a key or item table, the head of a payload) go
+// through a small staging buffer, so one recv usually brings a whole GET or
+// EXISTS frame, or a PUT's header, table and first payload bytes; a longer
+// remainder goes straight to its destination (a pool chunk).
+// REQUIRES: the socket is in non-blocking mode. Not thread-safe (one session).
+class FrameReader {
+ public:
+  explicit FrameReader(tcp::socket& s) : s_(s) {}
+
+  // Reads exactly dst.size() bytes. False when the stream ended or failed (ec).
+  asio::awaitable<bool> Read(std::span<std::byte> dst, boost::system::error_code& ec) {
+    size_t done = Take(dst);
+    while (done < dst.size()) {
+      const std::span<std::byte> rest = dst.subspan(done);
+      if (rest.size() < kStage) {  // the stage is empty here: Take drained it
+        pos_ = 0;
+        len_ = co_await Some(stage_, ec);
+        if (ec) co_return false;
+        done += Take(rest);
+      } else {
+        const size_t n = co_await Some(rest, ec);
+        if (ec) co_return false;
+        done += n;
+      }
+    }
+    co_return true;
+  }
+
+ private:
+  static constexpr size_t kStage = 8u << 10;
+
+  size_t Take(std::span<std::byte> dst) {
+    const size_t n = std::min(len_ - pos_, dst.size());
+    if (n) std::memcpy(dst.data(), stage_.data() + pos_, n);
+    pos_ += n;
+    return n;
+  }
+  // One read of at least one byte into buf (0 with ec set at the end of the stream or on an error).
+  asio::awaitable<size_t> Some(std::span<std::byte> buf, boost::system::error_code& ec) {
+    for (;;) {
+      const size_t n = s_.read_some(asio::buffer(buf.data(), buf.size()), ec);
+      if (!ec) co_return n;
+      if (ec != asio::error::would_block && ec != asio::error::try_again) co_return 0;
+      co_await s_.async_wait(tcp::socket::wait_read, asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) co_return 0;
+    }
+  }
+
+  tcp::socket& s_;
+  std::array<std::byte, kStage> stage_;
+  size_t pos_ = 0, len_ = 0;
+};
+
+// Writes every buffer: at once when the socket takes them (no loop turn for
+// a completion), the rest asynchronously. REQUIRES: a non-blocking socket.
+asio::awaitable<void> WriteAll(tcp::socket& s, std::vector<asio::const_buffer>& bufs, boost::system::error_code& ec) {
+  size_t n = s.write_some(bufs, ec);
+  if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {}, n = 0;
+  if (ec) co_return;
+  size_t i = 0;
+  while (i < bufs.size() && n >= bufs[i].size()) n -= bufs[i++].size();
+  if (i == bufs.size()) co_return;
+  bufs.erase(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(i));
+  bufs[0] += n;
+  co_await asio::async_write(s, bufs, asio::redirect_error(asio::use_awaitable, ec));
+}
 
 struct OpStats {
   std::atomic<uint64_t> count{0};
@@ -113,13 +184,12 @@ class Server final : public DataServer {
   // chunk the node reserved for it (ShardNode::ReservePut), verified once
   // there and committed. Payloads the node does not take directly (stored
   // already, a node that encodes on put, a refusal) land in `scratch`.
-  asio::awaitable<PutRead> ReadPut(tcp::socket& s, const FrameHeader& h, Buffer& scratch,
+  asio::awaitable<PutRead> ReadPut(FrameReader& in, const FrameHeader& h, Buffer& scratch,
                                    std::vector<PutRecord>& recs, FrameReply* rep) {
     boost::system::error_code ec;
     const size_t table_bytes = size_t{h.count} * kPutItemSize;
     std::span<std::byte> table = scratch.Get(table_bytes);
-    co_await asio::async_read(s, asio::buffer(table.data(), table.size()), asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) co_return PutRead::kTruncated;
+    if (!co_await in.Read(table, ec)) co_return PutRead::kTruncated;
     if (!ParsePutTable(h, table, handler_.limits(), &recs).ok()) co_return PutRead::kMalformed;
     std::string codes(recs.size(), '\0');
     for (size_t i = 0; i < recs.size(); ++i) {
@@ -130,8 +200,7 @@ class Server final : public DataServer {
       po.replace = h.flags & kFlagReplace;
       Result<BlockReservation> res = node_->ReservePut(r.key, r.size, po);
       std::span<std::byte> dst = res.ok() ? res->data() : scratch.Get(r.size);
-      co_await asio::async_read(s, asio::buffer(dst.data(), dst.size()), asio::redirect_error(asio::use_awaitable, ec));
-      if (ec) co_return PutRead::kTruncated;  // an unfilled reservation frees its chunk
+      if (!co_await in.Read(dst, ec)) co_return PutRead::kTruncated;  // an unfilled reservation frees its chunk
       Status st;
       if (res.ok()) {
         st = node_->CommitPut(*res, r.checksum);
@@ -152,6 +221,8 @@ class Server final : public DataServer {
   asio::awaitable<void> Session(tcp::socket s) {
     boost::system::error_code ec;
     s.set_option(tcp::no_delay(true), ec);
+    s.non_blocking(true, ec);  // FrameReader and WriteAll: no loop turn when the socket is ready
+    FrameReader in(s);
     conns_total_.fetch_add(1);
     conns_open_.fetch_add(1);
     bool hello_done = false;
@@ -159,8 +230,7 @@ class Server final : public DataServer {
     std::vector<PutRecord> put_records;  // kept for the connection: no allocation per PUT once warm
     for (;;) {
       HeaderBytes hb;
-      co_await asio::async_read(s, asio::buffer(hb), asio::redirect_error(asio::use_awaitable, ec));
-      if (ec) {
+      if (!co_await in.Read(hb, ec)) {
         if (ec != asio::error::eof) truncated_.fetch_add(1);
         break;
       }
@@ -174,19 +244,16 @@ class Server final : public DataServer {
       FrameOutcome outcome;
       if (h.opcode == Opcode::kPut && handler_.Admits(h, hello_done)) {
         // The payloads go straight from the socket into reserved pool chunks.
-        const PutRead r = co_await ReadPut(s, h, body, put_records, &rep);
+        const PutRead r = co_await ReadPut(in, h, body, put_records, &rep);
         if (r == PutRead::kTruncated) truncated_.fetch_add(1);
         if (r == PutRead::kMalformed) malformed_.fetch_add(1);
         if (r != PutRead::kDone) break;
         outcome = FrameOutcome::kReply;
       } else {
         std::span<std::byte> b = body.Get(h.body_len);  // bounded by limits.max_body_bytes
-        if (h.body_len > 0) {
-          co_await asio::async_read(s, asio::buffer(b.data(), b.size()), asio::redirect_error(asio::use_awaitable, ec));
-          if (ec) {
-            truncated_.fetch_add(1);
-            break;
-          }
+        if (h.body_len > 0 && !co_await in.Read(b, ec)) {
+          truncated_.fetch_add(1);
+          break;
         }
         outcome = handler_.Handle(h, b, &hello_done, &rep);
       }
@@ -197,7 +264,7 @@ class Server final : public DataServer {
       bufs.reserve(rep.pieces.size());
       for (auto piece : rep.pieces) bufs.push_back(asio::buffer(piece.data(), piece.size()));
       const size_t out_bytes = rep.bytes();
-      co_await asio::async_write(s, bufs, asio::redirect_error(asio::use_awaitable, ec));
+      co_await WriteAll(s, bufs, ec);
       if (ec) break;
       bytes_out_.fetch_add(out_bytes, std::memory_order_relaxed);
       OpStats& st = ops_[static_cast<size_t>(h.opcode)];

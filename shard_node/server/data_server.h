@@ -3,6 +3,9 @@
 //
 // Each connection is one coroutine: read a header, check it (DecodeHeader:
 // every length against the limits before allocating), read the body, answer.
+// Reads and writes go to the socket at once and wait only when it is not
+// ready (no loop turn per completed read); headers and short bodies are
+// staged so that one recv usually brings a whole GET or EXISTS frame.
 // A client may pipeline: frames are answered in order. Store operations are
 // in-memory and never block on I/O; GET answers are written with
 // scatter/gather straight from pool memory (BlockRefs pin the blocks until the
