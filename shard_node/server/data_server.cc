@@ -24,8 +24,8 @@ using namespace proto;
 
 constexpr size_t kOps = proto::kMaxOpcode + 1;  // opcodes 1..kMaxOpcode
 
-// A connection's reads, non-blocking first: bytes the socket already holds
-// cost one recv and no loop turn; only an empty socket waits (async_wait).
+// A connection's reads: bytes the socket already holds cost one recv and no
+// loop turn; a socket the last read drained is waited for in Asio's reactor.
 // Short reads (a header, a key or item table, the head of a payload) go
 // through a small staging buffer, so one recv usually brings a whole GET or
 // EXISTS frame, or a PUT's header, table and first payload bytes; a longer
@@ -63,20 +63,28 @@ class FrameReader {
     pos_ += n;
     return n;
   }
-  // One read of at least one byte into buf (0 with ec set at the end of the stream or on an error).
+  // One read of at least one byte into buf (0 with ec set at the end of the
+  // stream or on an error). After a read that drained the socket the next
+  // one waits in Asio's reactor at once (a recv would only say EAGAIN);
+  // otherwise it reads at once and waits only if nothing is there.
   asio::awaitable<size_t> Some(std::span<std::byte> buf, boost::system::error_code& ec) {
-    for (;;) {
-      const size_t n = s_.read_some(asio::buffer(buf.data(), buf.size()), ec);
-      if (!ec) co_return n;
-      if (ec != asio::error::would_block && ec != asio::error::try_again) co_return 0;
-      co_await s_.async_wait(tcp::socket::wait_read, asio::redirect_error(asio::use_awaitable, ec));
-      if (ec) co_return 0;
+    size_t n = 0;
+    if (!drained_) {
+      n = s_.read_some(asio::buffer(buf.data(), buf.size()), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {};
+      else if (ec) co_return 0;
     }
+    if (n == 0) n = co_await s_.async_read_some(asio::buffer(buf.data(), buf.size()),
+                                                asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) co_return 0;
+    drained_ = n < buf.size();
+    co_return n;
   }
 
   tcp::socket& s_;
   std::array<std::byte, kStage> stage_;
   size_t pos_ = 0, len_ = 0;
+  bool drained_ = true;  // the last read took less than it asked for
 };
 
 // Writes every buffer: at once when the socket takes them (no loop turn for
