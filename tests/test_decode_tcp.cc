@@ -124,6 +124,7 @@ Results RunCollectives(std::vector<std::unique_ptr<StepComm>>& comms, size_t flo
     must(c.Barrier(), "Barrier");
     std::vector<float> empty;
     must(c.AllReduceSum(empty), "AllReduceSum(empty)");
+    must(c.Broadcast({}, 0), "Broadcast(empty)");
     res.mn[r] = m, res.su[r] = s, res.bc0[r] = b0, res.bcl[r] = bl;
   });
   for (int r = 0; r < n; ++r) {
