@@ -75,6 +75,19 @@ function(kvmesh_test_bounds test seconds)
                "KVMESH_TEST_TIME_SCALE=set:${KVMESH_TEST_TIMEOUT_SCALE}")
 endfunction()
 
+# kvmesh_mpi_test_env(<test>): for a test whose processes call MPI_Init.
+# Under ASan their leak stacks must reach Open MPI's libraries for the
+# suppressions in scripts/lsan.supp to match, and the fast unwinder stops at
+# the first frame of an Open MPI component (dlclosed by MPI_Finalize, so
+# nameless in the report): these tests unwind with the slow unwinder, which
+# costs too much to turn on for every test.
+function(kvmesh_mpi_test_env test)
+  if(KVMESH_SANITIZE MATCHES "address")
+    set_property(TEST ${test} APPEND PROPERTY ENVIRONMENT_MODIFICATION
+                 "ASAN_OPTIONS=string_append::fast_unwind_on_malloc=0")
+  endif()
+endfunction()
+
 # kvmesh_test(<name> SOURCES ... LIBS ... [LABELS ...] [GPU])
 # A Catch2 test binary; each TEST_CASE becomes one ctest test.
 # GPU tests are tagged [gpu]: they get label "gpu" and report Skipped without a device.
