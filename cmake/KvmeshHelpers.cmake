@@ -50,7 +50,13 @@ endfunction()
 
 # Time bounds of the tests grow under sanitizers, which run code several times
 # slower: KVMESH_TEST_TIMEOUT_SCALE (default 1; 4 with a sanitizer) multiplies
-# every test's TIMEOUT. kvmesh_timeout(<out-var> <seconds>) applies it.
+# every test's ctest TIMEOUT and the bounds on waits inside the tests (C++
+# tests: kvmesh::testing::TimeBound in tests/test_time.h; scripts: the
+# environment variable KVMESH_TEST_TIME_SCALE). kvmesh_timeout(<out-var>
+# <seconds>) scales a TIMEOUT; kvmesh_test_bounds(<test> <seconds>) sets a
+# test's scaled TIMEOUT and KVMESH_TEST_TIME_SCALE in its environment. Every
+# test has a TIMEOUT (ctest `test_timeouts` checks): the test presets' default
+# timeout never applies.
 if(NOT DEFINED KVMESH_TEST_TIMEOUT_SCALE)
   if(KVMESH_SANITIZE)
     set(KVMESH_TEST_TIMEOUT_SCALE 4)
@@ -62,6 +68,25 @@ function(kvmesh_timeout out seconds)
   math(EXPR t "${seconds} * ${KVMESH_TEST_TIMEOUT_SCALE}")
   set(${out} ${t} PARENT_SCOPE)
 endfunction()
+function(kvmesh_test_bounds test seconds)
+  kvmesh_timeout(t ${seconds})
+  set_tests_properties(${test} PROPERTIES TIMEOUT ${t})
+  set_property(TEST ${test} APPEND PROPERTY ENVIRONMENT_MODIFICATION
+               "KVMESH_TEST_TIME_SCALE=set:${KVMESH_TEST_TIMEOUT_SCALE}")
+endfunction()
+
+# kvmesh_mpi_test_env(<test>): for a test whose processes call MPI_Init.
+# Under ASan their leak stacks must reach Open MPI's libraries for the
+# suppressions in scripts/lsan.supp to match, and the fast unwinder stops at
+# the first frame of an Open MPI component (dlclosed by MPI_Finalize, so
+# nameless in the report): these tests unwind with the slow unwinder, which
+# costs too much to turn on for every test.
+function(kvmesh_mpi_test_env test)
+  if(KVMESH_SANITIZE MATCHES "address")
+    set_property(TEST ${test} APPEND PROPERTY ENVIRONMENT_MODIFICATION
+                 "ASAN_OPTIONS=string_append::fast_unwind_on_malloc=0")
+  endif()
+endfunction()
 
 # kvmesh_test(<name> SOURCES ... LIBS ... [LABELS ...] [GPU])
 # A Catch2 test binary; each TEST_CASE becomes one ctest test.
@@ -71,6 +96,7 @@ function(kvmesh_test name)
   add_executable(${name} ${A_SOURCES})
   target_link_libraries(${name} PRIVATE kvmesh_flags ${A_LIBS} Catch2::Catch2WithMain)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  target_compile_definitions(${name} PRIVATE KVMESH_TEST_TIME_SCALE=${KVMESH_TEST_TIMEOUT_SCALE})
   # One label per test: catch_discover_tests re-splits PROPERTIES as a list,
   # so a multi-value LABELS cannot reach set_tests_properties intact.
   # Tests in a named group (cluster, mpi, ...) carry that label, others "unit".

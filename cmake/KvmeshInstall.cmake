@@ -20,6 +20,12 @@ endforeach()
 # The parts' own dependencies (their objects are already in; nothing is linked twice).
 target_link_libraries(kvmesh_client PRIVATE kvmesh_flags ${_kvmesh_client_parts})
 target_include_directories(kvmesh_client INTERFACE ${KVMESH_PUBLIC_INCLUDES})
+# Built with sanitizers, the library needs the sanitizer's runtime linked into
+# the executable (ahead of every other library): whoever links kvmesh::client
+# (examples/c_client.c, an installed package's consumer) links it too.
+if(KVMESH_SANITIZE)
+  target_link_options(kvmesh_client INTERFACE -fsanitize=${KVMESH_SANITIZE})
+endif()
 set_target_properties(kvmesh_client PROPERTIES OUTPUT_NAME kvmesh_client VERSION ${PROJECT_VERSION}
                                                SOVERSION ${PROJECT_VERSION_MAJOR}
                                                EXPORT_NAME client)

@@ -28,12 +28,14 @@
 #include "shard_node/shard_node.h"
 #include "tests/cluster_process.h"
 #include "tests/decode_scenario.h"
+#include "tests/test_time.h"
 
 using namespace kvmesh;
 using namespace kvmesh::decode;
 using namespace kvmesh::decode::testing;
 using SClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using kvmesh::testing::TimeBound;
 
 namespace {
 
@@ -124,6 +126,7 @@ Results RunCollectives(std::vector<std::unique_ptr<StepComm>>& comms, size_t flo
     must(c.Barrier(), "Barrier");
     std::vector<float> empty;
     must(c.AllReduceSum(empty), "AllReduceSum(empty)");
+    must(c.Broadcast({}, 0), "Broadcast(empty)");
     res.mn[r] = m, res.su[r] = s, res.bc0[r] = b0, res.bcl[r] = bl;
   });
   for (int r = 0; r < n; ++r) {
@@ -657,13 +660,13 @@ TEST_CASE("Decode over TCP: 2 and 4 rank processes equal the single-process run 
                                 "KVMESH_TCP_WORLD=" + std::to_string(world), "KVMESH_TCP_FILE=" + file, exe,
                                 "TCP decode child rank (run by the multi-process test)"}));
     }
-    auto ev = ps[0]->WaitEvent("scenario", milliseconds(20000));
+    auto ev = ps[0]->WaitEvent("scenario", TimeBound(milliseconds(20000)));
     REQUIRE(ev.has_value());
     CHECK((*ev)["digest"].get<uint64_t>() == Digest(want));
     CHECK((*ev)["tokens"].get<size_t>() == want.tokens.size());
     CHECK((*ev)["logits"].get<size_t>() == want.logits.size());
     CHECK((*ev)["reused"] == nlohmann::json(want.reused));  // [0, 40]: the second request attached 40 tokens
-    for (int r = 0; r < world; ++r) CHECK(ExitCode(*ps[r], milliseconds(10000)) == 0);
+    for (int r = 0; r < world; ++r) CHECK(ExitCode(*ps[r], TimeBound(milliseconds(10000))) == 0);
   }
 }
 
@@ -702,8 +705,8 @@ TEST_CASE("kvmesh decode --tcp-world 2 and 4: same tokens as one process with th
     // Generous bounds: under ThreadSanitizer on the loaded 2-core host one
     // 4-rank run alone has taken 35 s.
     REQUIRE(single.Start(DecodeArgs({"--ranks", std::to_string(world)})));
-    nlohmann::json want = RunJson(single, milliseconds(90000));
-    REQUIRE(ExitCode(single, milliseconds(5000)) == 0);
+    nlohmann::json want = RunJson(single, TimeBound(milliseconds(90000)));
+    REQUIRE(ExitCode(single, TimeBound(milliseconds(5000))) == 0);
 
     const std::string file = RendezvousPath();
     std::vector<std::unique_ptr<kvmesh::testing::Process>> ps;
@@ -711,8 +714,8 @@ TEST_CASE("kvmesh decode --tcp-world 2 and 4: same tokens as one process with th
       ps.push_back(std::make_unique<kvmesh::testing::Process>());
       REQUIRE(ps.back()->Start(DecodeArgs(TcpRankArgs(r, world, file))));
     }
-    nlohmann::json got = RunJson(*ps[0], milliseconds(90000));
-    for (int r = 0; r < world; ++r) CHECK(ExitCode(*ps[r], milliseconds(10000)) == 0);
+    nlohmann::json got = RunJson(*ps[0], TimeBound(milliseconds(90000)));
+    for (int r = 0; r < world; ++r) CHECK(ExitCode(*ps[r], TimeBound(milliseconds(10000))) == 0);
     CHECK(got["transport"] == "tcp");
     CHECK(got["ranks"] == world);
     for (const char* run : {"with_reuse", "without_reuse"}) {
@@ -744,7 +747,7 @@ TEST_CASE("kvmesh decode over TCP: a killed or stopped rank fails the others wit
                                        std::to_string(r), "--tcp-world", "3", "--tcp-rendezvous-file", file,
                                        "--tcp-timeout-ms", "1500"}));
     }
-    auto header = ps[0]->ReadLine(milliseconds(15000));  // printed once every rank has joined
+    auto header = ps[0]->ReadLine(TimeBound(milliseconds(15000)));  // printed once every rank has joined
     REQUIRE(header.has_value());
     CHECK_THAT(*header, Catch::Contains("TCP collectives"));
     std::this_thread::sleep_for(milliseconds(300));

@@ -15,6 +15,7 @@
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/checksum.h"
 #include "kvmesh/clock.h"
@@ -59,6 +60,9 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     if (watch_) CloseEp(watch_, UCP_EP_CLOSE_FLAG_FORCE);
     if (ep_) CloseEp(ep_, UCP_EP_CLOSE_FLAG_FORCE);
     worker_.reset();
+    // UCX calls back no more. What it dropped without a callback (a request
+    // on the data endpoint after the node died) is freed here.
+    for (InFlight* h : inflight_) delete h;
   }
 
   Status Init() {
@@ -276,18 +280,45 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     return Await(x);  // iov (and what it points at) outlives the send
   }
 
-  // What a send in flight owns: its Pending and its AM header bytes (inline;
-  // a HELLO's, which adds the worker address, in hello_amh).
+  // What one UCX request in flight owns, freed by its callback (Release).
+  // The data endpoint has no peer-failure handling: after the node died, UCX
+  // may drop a request on it without ever calling back. Every holder is in
+  // inflight_ until released, and ~Channel frees those left once the worker
+  // is gone.
+  struct InFlight {
+    Channel* ch = nullptr;
+    virtual ~InFlight() = default;
+  };
+  // A send: its Pending and its AM header bytes (inline; a HELLO's, which
+  // adds the worker address, in hello_amh).
   // The request's bytes are the holder's own (the body copied in), so a call
   // that times out returns at once: UCX may finish or fail the send later
-  // (the data endpoint has no peer-failure handling, a send to a dead node
-  // may never complete) without reading the caller's memory.
-  struct SendHolder {
+  // (a send to a dead node may never complete) without reading the caller's
+  // memory.
+  struct SendHolder final : InFlight {
     std::shared_ptr<Pending> p;
-    std::array<std::byte, kHeaderSize + 8> amh;
+    std::array<std::byte, kHeaderSize + 8> amh{};
     std::vector<std::byte> hello_amh;
     std::vector<std::byte> body;
   };
+  // A rendezvous receive of an answer: the Pending its bytes land in.
+  struct RecvHolder final : InFlight {
+    std::shared_ptr<Pending> p;
+  };
+  // Registers h (owned by the request UCX is about to be given) in inflight_.
+  void Track(InFlight* h) {
+    h->ch = this;
+    std::lock_guard<std::mutex> lock(inflight_mu_);
+    inflight_.insert(h);
+  }
+  // Frees h once UCX is done with it (its callback, or the request finished inline).
+  static void Release(InFlight* h) {
+    {
+      std::lock_guard<std::mutex> lock(h->ch->inflight_mu_);
+      h->ch->inflight_.erase(h);
+    }
+    delete h;
+  }
 
   // A request Post sent whose answer Await has not collected yet.
   struct Posted {
@@ -317,7 +348,8 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     // HELLO adds this worker's address (the node answers on an endpoint of
     // its own to it, docs/protocol.md "UCX"). UCX may read the header until
     // the send completes, so it lives in the send's holder, with the Pending.
-    auto* holder = new SendHolder{p, {}, {}, {}};
+    auto* holder = new SendHolder;
+    holder->p = p;
     holder->body.resize(body_len);
     {
       size_t at = 0;
@@ -341,6 +373,7 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       std::lock_guard<std::mutex> lock(map_mu_);
       pending_[h.request_id] = p;
     }
+    Track(holder);  // before the send: its callback may run on a progressing thread at once
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
     static const std::byte kNoBody{};
@@ -353,14 +386,14 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
         hp->p->send_done = true;
         hp->p->cv.notify_all();
       }
-      delete hp;
+      Release(hp);
       ucp_request_free(req);
     };
     void* r = ucp_am_send_nbx(op == Opcode::kHello ? watch_ : ep_, kUcxAmRequest, amh.data(), amh.size(),
                               holder->body.empty() ? static_cast<const void*>(&kNoBody) : holder->body.data(),
                               holder->body.size(), &rp);
     if (r == nullptr || UCS_PTR_IS_ERR(r)) {
-      delete holder;
+      Release(holder);
       std::lock_guard<std::mutex> lock(p->mu);
       p->send_done = true;
       if (UCS_PTR_IS_ERR(r)) {
@@ -515,25 +548,27 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       ucp_request_param_t rp{};
       rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
       rp.datatype = ucp_dt_make_contig(1);
-      auto* holder = new std::shared_ptr<Pending>(rv.p);
+      auto* holder = new RecvHolder;
+      holder->p = rv.p;
+      Track(holder);
       rp.user_data = holder;
       rp.cb.recv_am = [](void* req, ucs_status_t st, size_t, void* user) {
-        auto* hp = static_cast<std::shared_ptr<Pending>*>(user);
+        auto* hp = static_cast<RecvHolder*>(user);
         {
-          std::lock_guard<std::mutex> lock((*hp)->mu);
-          if (st == UCS_OK) Complete(hp->get());
+          std::lock_guard<std::mutex> lock(hp->p->mu);
+          if (st == UCS_OK) Complete(hp->p.get());
           else {
-            (*hp)->call = Unavailable("UCX receive failed");
-            (*hp)->done = true;
-            (*hp)->cv.notify_all();
+            hp->p->call = Unavailable("UCX receive failed");
+            hp->p->done = true;
+            hp->p->cv.notify_all();
           }
         }
-        delete hp;
+        Release(hp);
         ucp_request_free(req);
       };
       void* r = ucp_am_recv_data_nbx(worker_->get(), rv.desc, rv.p->body.data(), rv.p->body.size(), &rp);
       if (r == nullptr || UCS_PTR_IS_ERR(r)) {
-        delete holder;
+        Release(holder);
         std::lock_guard<std::mutex> lock(rv.p->mu);
         if (r == nullptr) Complete(rv.p.get());
         else {
@@ -566,6 +601,8 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   std::mutex map_mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending_;  // guarded by map_mu_
   std::deque<Rndv> rndv_;  // touched only by the caller holding progress_mu_ (callbacks run inside its progress)
+  std::mutex inflight_mu_;
+  std::unordered_set<InFlight*> inflight_;  // requests' holders not yet released; guarded by inflight_mu_
 };
 
 enum class UcxCallKind : uint8_t { kPut, kGet, kExists, kErase, kGetInto, kPutFrom };

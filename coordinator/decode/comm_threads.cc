@@ -34,7 +34,7 @@ class ThreadComm final : public StepComm {
     if (g_->size == 1) return Status::Ok();
     g_->ptrs[rank_] = data.data();
     g_->bar.arrive_and_wait();
-    if (rank_ != root) std::memcpy(data.data(), g_->ptrs[root], data.size());
+    if (rank_ != root && !data.empty()) std::memcpy(data.data(), g_->ptrs[root], data.size());
     g_->bar.arrive_and_wait();
     return Status::Ok();
   }
@@ -53,13 +53,13 @@ class ThreadComm final : public StepComm {
     scratch_.resize(data.size() * sizeof(T));
     T* out = reinterpret_cast<T*>(scratch_.data());
     const T* first = static_cast<const T*>(g_->ptrs[0]);
-    std::memcpy(out, first, data.size() * sizeof(T));
+    if (!data.empty()) std::memcpy(out, first, data.size() * sizeof(T));  // an empty span's data() may be null
     for (int r = 1; r < g_->size; ++r) {
       const T* in = static_cast<const T*>(g_->ptrs[r]);
       for (size_t i = 0; i < data.size(); ++i) out[i] = op(out[i], in[i]);
     }
     g_->bar.arrive_and_wait();  // nobody reads the inputs any more
-    std::memcpy(data.data(), out, data.size() * sizeof(T));
+    if (!data.empty()) std::memcpy(data.data(), out, data.size() * sizeof(T));
     return Status::Ok();
   }
 

@@ -3,8 +3,12 @@
 the raw-KV run of the same workload, and than their own logical bytes), and
 the run still generates every token. Usage: decode_codec.py KVMESH_BIN"""
 import json
+import os
 import subprocess
 import sys
+
+# Bounds grow with the build (sanitizers: KVMESH_TEST_TIME_SCALE, cmake/KvmeshHelpers.cmake).
+SCALE = int(os.environ.get("KVMESH_TEST_TIME_SCALE", "1"))
 
 kvmesh = sys.argv[1]
 # A small run (sanitizer builds run this several times slower): 2 layers, short replies.
@@ -12,7 +16,7 @@ args = [kvmesh, "decode", "--json", "--sweep", "", "--no-spec", "--conversations
         "--ranks", "2", "--layers", "2", "--reply-max", "10", "--temperature", "0"]
 out = {}
 for codec in ("int8", "int4"):
-    p = subprocess.run(args + ["--kv-codec", codec], capture_output=True, text=True, timeout=170)
+    p = subprocess.run(args + ["--kv-codec", codec], capture_output=True, text=True, timeout=170 * SCALE)
     if p.returncode != 0:
         sys.exit(f"kvmesh decode --kv-codec {codec} exited {p.returncode}: {p.stderr}")
     j = json.loads(p.stdout)
@@ -28,7 +32,7 @@ for codec in ("int8", "int4"):
 assert 0.2 < out["int8"] < 0.4, out
 assert 0.08 < out["int4"] < out["int8"], out
 # No codec: no kv_codec section, stored == logical.
-p = subprocess.run(args, capture_output=True, text=True, timeout=170)
+p = subprocess.run(args, capture_output=True, text=True, timeout=170 * SCALE)
 assert p.returncode == 0, p.stderr
 j = json.loads(p.stdout)
 assert "kv_codec" not in j
