@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/daemon_signals.h"
+#include "common/credentials.h"
 #include "kvmesh/config.h"
 #include "kvmesh/network.h"
 #include "router/proxy/resp_proxy.h"
@@ -22,8 +23,11 @@ namespace {
 
 // DBSIZE/INFO figures: the coordinator's /stats totals (node heartbeats, so
 // up to one heartbeat period old).
-Result<RespClusterStats> CoordinatorStats(const std::string& host, uint16_t port, int64_t timeout_ms) {
-  KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/stats", "", timeout_ms));
+Result<RespClusterStats> CoordinatorStats(const std::string& host, uint16_t port, int64_t timeout_ms,
+                                          const std::string& token) {
+  HttpRequestOptions h;
+  if (!token.empty()) h.authorization = BearerAuthorization(token);
+  KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/stats", "", timeout_ms, h));
   if (r.status != 200) return Unavailable("coordinator /stats: HTTP " + std::to_string(r.status));
   nlohmann::json j = nlohmann::json::parse(r.body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Unavailable("coordinator /stats: not JSON");
@@ -103,7 +107,9 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
     o.io_threads = a->io_threads;
     o.connection_threads = a->connection_threads;
     o.timeout_ms = n.timeout_ms;
-    o.stats = [coord_host, coord_port, t = n.timeout_ms] { return CoordinatorStats(coord_host, coord_port, t); };
+    o.stats = [coord_host, coord_port, t = n.timeout_ms, token = n.token] {
+      return CoordinatorStats(coord_host, coord_port, t, token);
+    };
     auto proxy = RespProxy::Start(&(*client)->router(), o);
     if (!proxy.ok()) return fail(proxy.status());
     nlohmann::json j{{"event", "listening"}, {"role", "proxy"}, {"host", o.host}, {"pid", ::getpid()},

@@ -13,6 +13,7 @@
 
 #include "common/json_reader.h"
 #include "router/map_json.h"
+#include "transport/http_auth.h"
 #include "transport/http_server.h"
 
 namespace kvmesh {
@@ -30,7 +31,8 @@ int64_t UnixMs() {
 void LogEvent(json j) {
   j["ts_ms"] = UnixMs();
   j["role"] = "coordinator";
-  std::fprintf(stderr, "%s\n", j.dump().c_str());
+  // Fields may carry a client's bytes (a refused path): never throw on bad UTF-8.
+  std::fprintf(stderr, "%s\n", j.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
   std::fflush(stderr);
 }
 
@@ -84,8 +86,32 @@ class Coordinator final : public CoordinatorServer {
  private:
   static HttpServerResponse Json(int status, const json& j) { return {status, "application/json", j.dump() + "\n"}; }
 
+  // Who may call what (transport/http_auth.h): /healthz is open, reading the
+  // map takes the cluster secret or a tenant's credentials, everything else
+  // (membership writes, /nodes, /stats) the cluster secret.
+  static HttpAccess AccessFor(const std::string& method, const std::string& path) {
+    if (path == "/healthz") return HttpAccess::kOpen;
+    if (method == "GET" && path == "/map") return HttpAccess::kRead;
+    return HttpAccess::kAdmin;
+  }
+
   HttpServerResponse Handle(const HttpServerRequest& r) {
     std::string path = r.target.substr(0, r.target.find('?'));
+    // Checked before the body is read: a refused request changes nothing.
+    if (HttpAuthDecision d = AuthorizeHttp(config_.auth, r, AccessFor(r.method, path)); !d.allowed) {
+      uint64_t suppressed = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++auth_refused_;
+      }
+      if (refusal_log_.Allow(&suppressed)) {
+        json e{{"event", "auth_refused"}, {"method", r.method.substr(0, 16)}, {"path", path.substr(0, 128)},
+               {"peer", r.peer}, {"status", d.status}, {"reason", d.reason}};
+        if (suppressed) e["suppressed"] = suppressed;
+        LogEvent(std::move(e));
+      }
+      return RefusalResponse(d);
+    }
     if (r.method == "GET") {
       if (path == "/healthz") return {200, "text/plain", "ok\n"};
       if (path == "/map") return {200, "application/json", MapJson() + "\n"};
@@ -195,7 +221,7 @@ class Coordinator final : public CoordinatorServer {
         if (it->is_number_unsigned()) totals[it.key()] = totals.value(it.key(), uint64_t{0}) + it->get<uint64_t>();
     }
     return {{"epoch", epoch_}, {"live_nodes", members_.size()}, {"registrations", registrations_},
-            {"removals", removals_}, {"totals", totals}, {"nodes", per}};
+            {"removals", removals_}, {"auth_refused", auth_refused_}, {"totals", totals}, {"nodes", per}};
   }
 
   void Reap() {
@@ -227,6 +253,8 @@ class Coordinator final : public CoordinatorServer {
   // a coordinator restart (routers ignore maps older than the one they hold).
   uint64_t epoch_ = static_cast<uint64_t>(UnixMs());  // guarded by mu_
   uint64_t registrations_ = 0, removals_ = 0;  // guarded by mu_
+  uint64_t auth_refused_ = 0;                  // guarded by mu_
+  EventRateLimiter refusal_log_;
   std::map<std::string, Member> members_;  // guarded by mu_
 };
 

@@ -12,6 +12,13 @@
 //   GET  /stats   counters and the sum of the nodes' last reported stats
 //   GET  /healthz
 //
+// With a cluster secret ($.auth.token) every endpoint but /healthz needs
+// `Authorization: Bearer <secret>`; GET /map also takes a tenant's
+// `Authorization: Basic` (transport/http_auth.h). A refused request is
+// answered 401 (no or malformed credentials) or 403 (wrong ones) before its
+// body is read, changes nothing, and is logged as an {"event":"auth_refused"}
+// line on stderr (at most 20 a second; "suppressed" counts the rest).
+//
 // Every membership change (a node joins, rejoins with new ports, leaves, or
 // misses heartbeats for dead_after_ms) advances the epoch by one. The first
 // epoch is the start time in Unix milliseconds, so epochs keep growing when

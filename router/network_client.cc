@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "kvmesh/build_config.h"
+#include "common/credentials.h"
 #include "router/map_json.h"
 #include "transport/http_client.h"
 #include "transport/socket_util.h"
@@ -45,7 +46,11 @@ struct NetworkClient::Impl {
 #endif
 
   Result<PublishedMap> Fetch() {
-    KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/map", "", o.timeout_ms));
+    HttpRequestOptions h;
+    if (!o.token.empty()) h.authorization = BearerAuthorization(o.token);
+    KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/map", "", o.timeout_ms, h));
+    if (r.status == 401 || r.status == 403)
+      return PermissionDenied("coordinator refused /map (HTTP " + std::to_string(r.status) + "): " + r.body);
     if (r.status != 200) return Unavailable("coordinator answered HTTP " + std::to_string(r.status) + " for /map");
     return ParsePublishedMap(r.body);
   }
@@ -170,6 +175,9 @@ Result<std::unique_ptr<NetworkClient>> NetworkClient::Connect(NetworkClientOptio
       if (last.ok()) break;
     } else {
       last = pm.status();
+      // Wrong credentials stay wrong: no point waiting for the deadline.
+      if (last.code() == StatusCode::kPermissionDenied)
+        return last.WithContext("fetching the shard map from " + impl->o.coordinator);
     }
     if (std::chrono::steady_clock::now() >= deadline)
       return last.WithContext("fetching the shard map from " + impl->o.coordinator);

@@ -12,13 +12,17 @@
 namespace kvmesh {
 
 Result<HttpResult> HttpRequest(const std::string& host, uint16_t port, const std::string& method,
-                               const std::string& target, const std::string& body, int64_t timeout_ms) {
+                               const std::string& target, const std::string& body, int64_t timeout_ms,
+                               const HttpRequestOptions& options) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   KVMESH_ASSIGN_OR_RETURN(UniqueFd fd, ConnectTcp(host, port, deadline));
+  if (options.authorization.find_first_of("\r\n") != std::string::npos)
+    return InvalidArgument("an Authorization value must not contain a line break");
   std::string req = method + " " + target + " HTTP/1.1\r\nHost: " + host + ":" + std::to_string(port) +
-                    "\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " +
-                    std::to_string(body.size()) + "\r\n\r\n" + body;
+                    "\r\nConnection: close\r\nContent-Type: application/json\r\n";
+  if (!options.authorization.empty()) req += "Authorization: " + options.authorization + "\r\n";
+  req += "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   KVMESH_RETURN_IF_ERROR(WriteAll(fd.get(), req.data(), req.size(), deadline));
   std::string resp;
   char buf[16384];

@@ -16,9 +16,16 @@ struct HttpResult {
   std::string body;
 };
 
+struct HttpRequestOptions {
+  // The Authorization header's value ("" = none): BearerAuthorization(secret)
+  // or BasicAuthorization(tenant, token) from common/credentials.h.
+  std::string authorization;
+};
+
 // method "GET" or "POST"; target like "/map". Unavailable / DeadlineExceeded
 // when the server cannot be reached or answer in time; any HTTP status is OK.
 Result<HttpResult> HttpRequest(const std::string& host, uint16_t port, const std::string& method,
-                               const std::string& target, const std::string& body, int64_t timeout_ms);
+                               const std::string& target, const std::string& body, int64_t timeout_ms,
+                               const HttpRequestOptions& options = {});
 
 }  // namespace kvmesh

@@ -36,6 +36,9 @@ class BeastServer final : public HttpServer {
 
  private:
   asio::awaitable<void> Session(tcp::socket socket) {
+    boost::system::error_code pec;
+    const tcp::endpoint ep = socket.remote_endpoint(pec);
+    const std::string peer = pec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
     beast::tcp_stream stream(std::move(socket));
     beast::flat_buffer buf;
     for (;;) {
@@ -46,7 +49,8 @@ class BeastServer final : public HttpServer {
       co_await http::async_read(stream, buf, parser, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) co_return;
       auto& req = parser.get();
-      HttpServerRequest r{std::string(req.method_string()), std::string(req.target()), req.body()};
+      HttpServerRequest r{std::string(req.method_string()), std::string(req.target()), req.body(),
+                          std::string(req[http::field::authorization]), peer};
       HttpServerResponse out;
       try {
         out = handler_(r);
@@ -56,6 +60,7 @@ class BeastServer final : public HttpServer {
       http::response<http::string_body> res{static_cast<http::status>(out.status), req.version()};
       res.set(http::field::server, "kvmesh");
       res.set(http::field::content_type, out.content_type);
+      if (!out.www_authenticate.empty()) res.set(http::field::www_authenticate, out.www_authenticate);
       res.keep_alive(req.keep_alive());
       res.body() = std::move(out.body);
       res.prepare_payload();

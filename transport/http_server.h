@@ -20,12 +20,15 @@ struct HttpServerRequest {
   std::string method;  // "GET", "POST", ...
   std::string target;  // "/map?x=1"
   std::string body;
+  std::string authorization;  // the Authorization header ("" when absent)
+  std::string peer;           // the client's "address:port"
 };
 
 struct HttpServerResponse {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
+  std::string www_authenticate;  // sent as WWW-Authenticate when non-empty (401 answers)
 };
 
 using HttpHandler = std::function<HttpServerResponse(const HttpServerRequest&)>;

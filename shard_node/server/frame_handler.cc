@@ -1,21 +1,10 @@
 #include "shard_node/server/frame_handler.h"
 
 #include "common/checksum.h"
+#include "common/credentials.h"
 #include "shard_node/shard_node.h"
 
 namespace kvmesh {
-namespace {
-
-using namespace proto;
-
-bool TokenEquals(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
-}  // namespace
 
 using namespace proto;
 
@@ -65,7 +54,7 @@ Status FrameHandler::HandleHello(const FrameHeader& h, std::span<const std::byte
     ErrorReply(h, InvalidArgument("no common protocol version (node speaks " + std::to_string(kVersion) + ")"), rep);
     return FailedPrecondition("version");
   }
-  if (!token_.empty() && !TokenEquals(hello.token, token_)) {
+  if (!token_.empty() && !ConstantTimeEquals(hello.token, token_)) {
     auth_failures.fetch_add(1);
     ErrorReply(h, PermissionDenied(hello.token.empty() ? "this node requires a token" : "wrong token"), rep);
     return PermissionDenied("token");

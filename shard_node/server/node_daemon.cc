@@ -18,7 +18,9 @@
 #include "shard_node/server/ucx_server.h"
 #include "transport/ucx_worker.h"
 #endif
+#include "common/credentials.h"
 #include "shard_node/shard_node.h"
+#include "transport/http_auth.h"
 #include "transport/http_client.h"
 #include "transport/http_server.h"
 #include "transport/socket_util.h"
@@ -33,7 +35,8 @@ void LogEvent(const std::string& node_id, json j) {
                    std::chrono::system_clock::now().time_since_epoch()).count();
   j["role"] = "node";
   j["node_id"] = node_id;
-  std::fprintf(stderr, "%s\n", j.dump().c_str());
+  // Fields may carry a client's bytes (a refused path): never throw on bad UTF-8.
+  std::fprintf(stderr, "%s\n", j.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
   std::fflush(stderr);
 }
 
@@ -106,7 +109,8 @@ class Daemon final : public NodeDaemon {
     cv_.notify_all();
     if (heart_.joinable()) heart_.join();
     if (registered_)  // let routers move on at once instead of after dead_after_ms
-      (void)HttpRequest(coord_host_, coord_port_, "POST", "/leave", json{{"id", o_.node_id}}.dump(), 500);
+      (void)HttpRequest(coord_host_, coord_port_, "POST", "/leave", json{{"id", o_.node_id}}.dump(), 500,
+                        CoordinatorAuth());
     if (http_) http_->Stop();
     if (resp_) resp_->Stop();
 #if defined(KVMESH_HAVE_UCX)
@@ -116,9 +120,28 @@ class Daemon final : public NodeDaemon {
   }
 
  private:
+  // The cluster secret on every call to the coordinator (transport/http_auth.h).
+  HttpRequestOptions CoordinatorAuth() const {
+    HttpRequestOptions h;
+    if (!config_.auth.token.empty()) h.authorization = BearerAuthorization(config_.auth.token);
+    return h;
+  }
+
   HttpServerResponse Http(const HttpServerRequest& r) {
     std::string path = r.target.substr(0, r.target.find('?'));
     if (path == "/healthz") return {200, "text/plain", "ok\n"};
+    // Everything else (statistics, metrics, the policy switch) takes the cluster secret.
+    if (HttpAuthDecision d = AuthorizeHttp(config_.auth, r, HttpAccess::kAdmin); !d.allowed) {
+      http_refused_.fetch_add(1, std::memory_order_relaxed);
+      uint64_t suppressed = 0;
+      if (refusal_log_.Allow(&suppressed)) {
+        json e{{"event", "auth_refused"}, {"port", "http"}, {"method", r.method.substr(0, 16)},
+               {"path", path.substr(0, 128)}, {"peer", r.peer}, {"status", d.status}, {"reason", d.reason}};
+        if (suppressed) e["suppressed"] = suppressed;
+        LogEvent(o_.node_id, std::move(e));
+      }
+      return RefusalResponse(d);
+    }
     if (path == "/stats") return {200, "application/json", node_->StatsJson() + "\n"};
     if (path == "/metrics") return {200, "text/plain; version=0.0.4", Metrics()};
     if (path == "/policy") {  // GET: the eviction policy; POST {"policy": NAME}: switch it at run time
@@ -154,6 +177,7 @@ class Daemon final : public NodeDaemon {
     g("kvmesh_store_evictions_total", "counter", s.evictions);
     g("kvmesh_store_corrupt_total", "counter", s.corrupt);
     g("kvmesh_shard_map_epoch", "gauge", epoch_.load());
+    g("kvmesh_http_auth_refused_total", "counter", http_refused_.load(std::memory_order_relaxed));
     if (resp_) g("kvmesh_resp_commands_total", "counter", resp_->commands());
 #if defined(KVMESH_HAVE_UCX)
     if (ucx_) g("kvmesh_ucx_requests_total", "counter", ucx_->requests());
@@ -170,7 +194,9 @@ class Daemon final : public NodeDaemon {
       lock.unlock();
       Status s = registered_ ? Heartbeat() : Register();
       if (!s.ok() && !logged_unreachable) {
-        LogEvent(o_.node_id, {{"event", "coordinator_unreachable"}, {"error", s.ToString()}});
+        const bool refused = s.code() == StatusCode::kPermissionDenied;  // the cluster secret does not match
+        LogEvent(o_.node_id, {{"event", refused ? "coordinator_refused" : "coordinator_unreachable"},
+                              {"error", s.ToString()}});
         logged_unreachable = true;
       } else if (s.ok()) {
         logged_unreachable = false;
@@ -184,7 +210,9 @@ class Daemon final : public NodeDaemon {
                  {"ports", {{"data", data_->port()}, {"http", http_->port()}, {"resp", resp_ ? resp_->port() : 0}}}};
     if (!ucx_address_.empty()) body["ucx"] = ucx_address_;
     KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(coord_host_, coord_port_, "POST", "/register", body.dump(),
-                                                      config_.coordinator.heartbeat_ms * 2));
+                                                      config_.coordinator.heartbeat_ms * 2, CoordinatorAuth()));
+    if (r.status == 401 || r.status == 403)
+      return PermissionDenied("register: HTTP " + std::to_string(r.status) + " " + r.body);
     if (r.status != 200) return Unavailable("register: HTTP " + std::to_string(r.status) + " " + r.body);
     json a = json::parse(r.body, nullptr, false);
     if (a.is_discarded() || !a.contains("epoch")) return Unavailable("register: bad answer");
@@ -200,11 +228,12 @@ class Daemon final : public NodeDaemon {
                  {"stats", {{"blocks", s.blocks}, {"bytes_stored", s.bytes_stored}, {"hits", s.hits},
                             {"misses", s.misses}, {"puts", s.puts}, {"evictions", s.evictions}}}};
     KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(coord_host_, coord_port_, "POST", "/heartbeat", body.dump(),
-                                                      config_.coordinator.heartbeat_ms * 2));
+                                                      config_.coordinator.heartbeat_ms * 2, CoordinatorAuth()));
     if (r.status == 404) {  // the coordinator dropped us (restart or a long pause): join again
       registered_ = false;
       return Register();
     }
+    if (r.status == 401 || r.status == 403) return PermissionDenied("heartbeat: HTTP " + std::to_string(r.status));
     if (r.status != 200) return Unavailable("heartbeat: HTTP " + std::to_string(r.status));
     json a = json::parse(r.body, nullptr, false);
     if (!a.is_discarded() && a.contains("epoch")) epoch_.store(a["epoch"].get<uint64_t>());
@@ -223,6 +252,8 @@ class Daemon final : public NodeDaemon {
 #endif
   std::string ucx_address_;  // hex; empty without the UCX backend
   std::unique_ptr<HttpServer> http_;
+  std::atomic<uint64_t> http_refused_{0};
+  EventRateLimiter refusal_log_;
   std::string coord_host_;
   uint16_t coord_port_ = 0;
   std::thread heart_;
