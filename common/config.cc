@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/config_auth.h"
 #include "common/json_reader.h"
 
 namespace kvmesh {
@@ -378,12 +379,7 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
   if (const json* p = r.Child("placement")) KVMESH_RETURN_IF_ERROR(ReadPlacement(*p, node_paths, &c.placement));
   if (const json* t = r.Child("transport")) KVMESH_RETURN_IF_ERROR(ReadTransport(*t, &c.transport));
   if (const json* k = r.Child("coordinator")) KVMESH_RETURN_IF_ERROR(ReadCoordinator(*k, &c.coordinator));
-  if (const json* a = r.Child("auth")) {
-    ObjectReader ar(*a, "$.auth");
-    ar.Optional("token", &c.auth.token);
-    KVMESH_RETURN_IF_ERROR(ar.Finish());
-    if (c.auth.token.size() > 256) return InvalidArgument("$.auth.token: at most 256 bytes");
-  }
+  if (const json* a = r.Child("auth")) KVMESH_RETURN_IF_ERROR(ReadAuth(*a, &c.auth));
   if (const json* k = r.Child("codec")) KVMESH_RETURN_IF_ERROR(ReadCodec(*k, c.model.num_layers, &c.codec));
   if (const json* q = r.Child("sequences")) KVMESH_RETURN_IF_ERROR(ReadSequences(*q, &c.sequences));
   KVMESH_RETURN_IF_ERROR(r.Finish());

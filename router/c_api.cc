@@ -62,6 +62,7 @@ kvmesh_options kvmesh_default_options(void) {
   o.tenant_salt = nullptr;
   o.token = nullptr;
   o.timeout_ms = 2000;
+  o.tenant = nullptr;
   return o;
 }
 
@@ -74,6 +75,7 @@ int kvmesh_connect(const kvmesh_options* options, kvmesh_client** out) {
     o.client_id = options->client_id ? options->client_id : "kvmesh-c";
     if (options->tenant_salt) o.tenant_salt = options->tenant_salt;
     if (options->token) o.token = options->token;
+    if (options->tenant) o.tenant = options->tenant;
     if (options->timeout_ms > 0) o.timeout_ms = options->timeout_ms;
     auto c = kvmesh::NetworkClient::Connect(o);
     if (!c.ok()) return Fail(c.status());

@@ -47,7 +47,8 @@ struct NetworkClient::Impl {
 
   Result<PublishedMap> Fetch() {
     HttpRequestOptions h;
-    if (!o.token.empty()) h.authorization = BearerAuthorization(o.token);
+    if (!o.tenant.empty()) h.authorization = BasicAuthorization(o.tenant, o.token);
+    else if (!o.token.empty()) h.authorization = BearerAuthorization(o.token);
     KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/map", "", o.timeout_ms, h));
     if (r.status == 401 || r.status == 403)
       return PermissionDenied("coordinator refused /map (HTTP " + std::to_string(r.status) + "): " + r.body);
@@ -82,7 +83,7 @@ struct NetworkClient::Impl {
           UcxChannelOptions uo;
           uo.node_address = *addr;
           uo.client_id = o.client_id;
-          uo.tenant = o.tenant_salt;
+          uo.tenant = o.tenant;
           uo.token = o.token;
           uo.timeout_ms = o.timeout_ms;
           uo.context = ucx_context;
@@ -101,7 +102,7 @@ struct NetworkClient::Impl {
         co.host = n.host;
         co.port = n.ports.data;
         co.client_id = o.client_id;
-        co.tenant = o.tenant_salt;
+        co.tenant = o.tenant;
         co.token = o.token;
         co.connections = o.connections_per_node;
         co.timeout_ms = o.timeout_ms;

@@ -10,6 +10,7 @@
 // Thread-safety: all methods are thread-safe.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <span>
@@ -22,6 +23,7 @@
 #include "shard_node/tiered_store.h"
 #include "shard_node/codec_stage.h"
 #include "shard_node/sequence_service.h"
+#include "shard_node/tenants.h"
 
 namespace kvmesh {
 
@@ -95,6 +97,15 @@ class ShardNode {
   const CodecStage* codec() const { return codec_.get(); }  // nullptr: blocks stored as given
   // Live sequences over the primary store, by node-local id (SEQ_* frames).
   SequenceService& sequences() { return *sequences_; }
+  // The tenants of $.auth.tenants on this node: identities, namespaces,
+  // quotas (shard_node/tenants.h; TenantView serves one of them).
+  TenantRegistry& tenants() { return *tenants_; }
+  // Drops ledger entries of blocks the node no longer holds, at most once a
+  // second (before tenant figures are read). Probes every ledger entry: call
+  // it from the HTTP thread, not from a data I/O thread.
+  void ReconcileTenants();
+  // Tenant t's figures as JSON (what a tenant's STATS frame gets).
+  std::string TenantStatsJson(uint32_t t) const;
 
  private:
   ShardNode() = default;
@@ -106,6 +117,8 @@ class ShardNode {
   // store_. Never null after Create; owned by one of them.
   BlockStoreOps* serving_ = nullptr;
   std::unique_ptr<CodecStage> codec_;
+  std::unique_ptr<TenantRegistry> tenants_;
+  std::atomic<int64_t> next_reconcile_ns_{0};
   std::unique_ptr<SequenceService> sequences_;  // pins blocks of store_: declared last, destroyed first
 };
 

@@ -30,7 +30,14 @@ HttpAuthDecision AuthorizeHttp(const AuthConfig& auth, const HttpServerRequest& 
     case HttpCredentials::Kind::kBasic:
       break;
   }
-  return refuse(403, "unknown tenant \"" + c.user.substr(0, 64) + "\"");
+  // A tenant: the same answer whether the name or the token is wrong, and a
+  // comparison either way, so a caller learns nothing about which names exist.
+  const TenantConfig* t = auth.FindTenant(c.user);
+  const bool match = ConstantTimeEquals(c.secret, t ? t->token : auth.token) && t != nullptr;
+  if (!match) return refuse(403, "unknown tenant or wrong token");
+  if (need != HttpAccess::kRead) return refuse(403, "tenant \"" + t->name + "\" may only read the map");
+  d.who = "tenant:" + t->name;
+  return d;
 }
 
 HttpServerResponse RefusalResponse(const HttpAuthDecision& d) {

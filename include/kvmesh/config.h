@@ -118,10 +118,31 @@ struct CoordinatorConfig {
   int64_t dead_after_ms = 1500;   // a node silent this long is removed (epoch advances)
 };
 
-// Shared-secret authentication of data connections: when token is set, a
-// connection's HELLO must carry it or the node refuses every data operation.
+// A tenant ($.auth.tenants[]): an identity of its own on every data port
+// (HELLO tenant + token; RESP AUTH user password) and on the coordinator's
+// map (HTTP Basic). Its blocks live in its namespace, which the serving node
+// derives from the authenticated identity: tenants with different namespaces
+// never read, detect or erase each other's blocks, whatever key bytes they
+// send (docs/security.md).
+struct TenantConfig {
+  std::string name;          // 1..64 of [A-Za-z0-9._-]
+  std::string token;         // its secret, 1..256 bytes ("token" or "password" in JSON)
+  uint64_t quota_bytes = 0;  // bytes of its blocks one node keeps ("quota"); 0: no quota
+  // Tenants naming the same namespace share their blocks on purpose (e.g.
+  // one model's system prompts); default: the tenant's own name.
+  std::string ns;
+};
+
+// Authentication ($.auth). With token set, a data connection's HELLO must
+// carry it (or a tenant's name and token) or the node refuses every data
+// operation, and the control plane (coordinator, a node's HTTP port) wants it
+// as `Authorization: Bearer`.
 struct AuthConfig {
-  std::string token;
+  std::string token;                  // the cluster secret (nodes, admin tools, the proxy)
+  std::vector<TenantConfig> tenants;  // needs token
+
+  // The tenant called `name`, or nullptr.
+  const TenantConfig* FindTenant(std::string_view name) const;
 };
 
 // Block compression (docs/block-format.md): shard nodes encode each

@@ -113,7 +113,7 @@ class Server final : public DataServer {
   // chunk the node reserved for it (ShardNode::ReservePut), verified once
   // there and committed. Payloads the node does not take directly (stored
   // already, a node that encodes on put, a refusal) land in `scratch`.
-  asio::awaitable<PutRead> ReadPut(tcp::socket& s, const FrameHeader& h, Buffer& scratch,
+  asio::awaitable<PutRead> ReadPut(tcp::socket& s, const FrameHeader& h, TenantView v, Buffer& scratch,
                                    std::vector<PutRecord>& recs, FrameReply* rep) {
     boost::system::error_code ec;
     const size_t table_bytes = size_t{h.count} * kPutItemSize;
@@ -128,17 +128,17 @@ class Server final : public DataServer {
       po.priority = r.priority;
       po.codec = r.codec;
       po.replace = h.flags & kFlagReplace;
-      Result<BlockReservation> res = node_->ReservePut(r.key, r.size, po);
+      Result<BlockReservation> res = v.ReservePut(r.key, r.size, po);
       std::span<std::byte> dst = res.ok() ? res->data() : scratch.Get(r.size);
       co_await asio::async_read(s, asio::buffer(dst.data(), dst.size()), asio::redirect_error(asio::use_awaitable, ec));
       if (ec) co_return PutRead::kTruncated;  // an unfilled reservation frees its chunk
       Status st;
       if (res.ok()) {
-        st = node_->CommitPut(*res, r.checksum);
+        st = v.CommitPut(*res, r.checksum);
       } else if (res.status().code() == StatusCode::kAlreadyExists) {
         st = Status::Ok();  // stored already: a key names its content
       } else if (res.status().code() == StatusCode::kFailedPrecondition) {
-        st = Checksum64(dst.data(), dst.size()) == r.checksum ? node_->Put(r.key, dst, po)
+        st = Checksum64(dst.data(), dst.size()) == r.checksum ? v.Put(r.key, dst, po)
                                                               : DataLoss("payload checksum mismatch");
       } else {
         st = res.status();
@@ -154,7 +154,7 @@ class Server final : public DataServer {
     s.set_option(tcp::no_delay(true), ec);
     conns_total_.fetch_add(1);
     conns_open_.fetch_add(1);
-    bool hello_done = false;
+    ConnectionAuth conn;
     Buffer body;
     std::vector<PutRecord> put_records;  // kept for the connection: no allocation per PUT once warm
     for (;;) {
@@ -172,9 +172,9 @@ class Server final : public DataServer {
       const auto t0 = std::chrono::steady_clock::now();
       FrameReply rep;
       FrameOutcome outcome;
-      if (h.opcode == Opcode::kPut && handler_.Admits(h, hello_done)) {
+      if (h.opcode == Opcode::kPut && handler_.Admits(h, conn)) {
         // The payloads go straight from the socket into reserved pool chunks.
-        const PutRead r = co_await ReadPut(s, h, body, put_records, &rep);
+        const PutRead r = co_await ReadPut(s, h, TenantView(node_, conn.tenant), body, put_records, &rep);
         if (r == PutRead::kTruncated) truncated_.fetch_add(1);
         if (r == PutRead::kMalformed) malformed_.fetch_add(1);
         if (r != PutRead::kDone) break;
@@ -188,7 +188,7 @@ class Server final : public DataServer {
             break;
           }
         }
-        outcome = handler_.Handle(h, b, &hello_done, &rep);
+        outcome = handler_.Handle(h, b, &conn, &rep);
       }
       bytes_in_.fetch_add(kHeaderSize + h.body_len, std::memory_order_relaxed);
       if (outcome == FrameOutcome::kClose) break;

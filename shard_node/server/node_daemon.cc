@@ -142,7 +142,10 @@ class Daemon final : public NodeDaemon {
       }
       return RefusalResponse(d);
     }
-    if (path == "/stats") return {200, "application/json", node_->StatsJson() + "\n"};
+    if (path == "/stats") {
+      node_->ReconcileTenants();
+      return {200, "application/json", node_->StatsJson() + "\n"};
+    }
     if (path == "/metrics") return {200, "text/plain; version=0.0.4", Metrics()};
     if (path == "/policy") {  // GET: the eviction policy; POST {"policy": NAME}: switch it at run time
       if (r.method == "POST") {
@@ -160,7 +163,7 @@ class Daemon final : public NodeDaemon {
     return {404, "text/plain", "not found\n"};
   }
 
-  std::string Metrics() const {
+  std::string Metrics() {
     NodeStats st = node_->Stats();
     const StoreStats& s = st.store;
     std::string out = data_->MetricsText();
@@ -183,6 +186,8 @@ class Daemon final : public NodeDaemon {
     if (ucx_) g("kvmesh_ucx_requests_total", "counter", ucx_->requests());
 #endif
     if (TieredStore* t = node_->tiers()) out += t->PrometheusText();  // tiers and pressure
+    node_->ReconcileTenants();
+    out += node_->tenants().PrometheusText();  // kvmesh_tenant_*{tenant="..."}
     return out;
   }
 
