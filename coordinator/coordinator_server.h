@@ -27,8 +27,11 @@
 // rendezvous hashing, so a join or a removal moves only the keys whose top
 // node changes (about 1/N).
 //
+// The state and the handlers are a Membership (coordinator/membership.h);
+// this class serves it over HTTP and runs its reaper every heartbeat_ms / 2.
+//
 // Thread-safety: Start/Stop from one thread; handlers and the reaper share
-// state under one mutex.
+// the Membership (thread-safe).
 #pragma once
 
 #include <cstdint>
