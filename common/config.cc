@@ -327,7 +327,7 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
     try {
       json again = json::parse(text.begin(), text.end(), nullptr, true, true);
       (void)again;
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, and out_of_range for a number no double holds
       return InvalidArgument("$: not valid JSON (" + std::string(e.what()) + ")");
     }
     return InvalidArgument("$: not valid JSON");
