@@ -220,7 +220,8 @@ class Daemon final : public NodeDaemon {
       return PermissionDenied("register: HTTP " + std::to_string(r.status) + " " + r.body);
     if (r.status != 200) return Unavailable("register: HTTP " + std::to_string(r.status) + " " + r.body);
     json a = json::parse(r.body, nullptr, false);
-    if (a.is_discarded() || !a.contains("epoch")) return Unavailable("register: bad answer");
+    if (!a.is_object() || !a.contains("epoch") || !a["epoch"].is_number_unsigned())
+      return Unavailable("register: bad answer");
     epoch_.store(a["epoch"].get<uint64_t>());
     registered_ = true;
     LogEvent(o_.node_id, {{"event", "registered"}, {"epoch", epoch_.load()}});
@@ -241,7 +242,7 @@ class Daemon final : public NodeDaemon {
     if (r.status == 401 || r.status == 403) return PermissionDenied("heartbeat: HTTP " + std::to_string(r.status));
     if (r.status != 200) return Unavailable("heartbeat: HTTP " + std::to_string(r.status));
     json a = json::parse(r.body, nullptr, false);
-    if (!a.is_discarded() && a.contains("epoch")) epoch_.store(a["epoch"].get<uint64_t>());
+    if (a.is_object() && a.contains("epoch") && a["epoch"].is_number_unsigned()) epoch_.store(a["epoch"].get<uint64_t>());
     return Status::Ok();
   }
 
