@@ -380,6 +380,7 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
   if (const json* t = r.Child("transport")) KVMESH_RETURN_IF_ERROR(ReadTransport(*t, &c.transport));
   if (const json* k = r.Child("coordinator")) KVMESH_RETURN_IF_ERROR(ReadCoordinator(*k, &c.coordinator));
   if (const json* a = r.Child("auth")) KVMESH_RETURN_IF_ERROR(ReadAuth(*a, &c.auth));
+  if (const json* t = r.Child("tls")) KVMESH_RETURN_IF_ERROR(ReadTls(*t, &c.tls));
   if (const json* k = r.Child("codec")) KVMESH_RETURN_IF_ERROR(ReadCodec(*k, c.model.num_layers, &c.codec));
   if (const json* q = r.Child("sequences")) KVMESH_RETURN_IF_ERROR(ReadSequences(*q, &c.sequences));
   KVMESH_RETURN_IF_ERROR(r.Finish());

@@ -1,5 +1,9 @@
 #include "common/config_auth.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <map>
 
 #include "common/json_reader.h"
@@ -77,6 +81,23 @@ Status ReadAuth(const json& j, AuthConfig* a) {
       return InvalidArgument(path + ": its secret must differ from $.auth.token (it would hold the cluster's keys)");
     a->tenants.push_back(std::move(t));
   }
+  return Status::Ok();
+}
+
+Status ReadTls(const json& j, TlsConfig* t) {
+  ObjectReader r(j, "$.tls");
+  r.Required("cert", &t->cert).Required("key", &t->key).Required("ca", &t->ca);
+  r.Optional("client_auth", &t->client_auth).Optional("verify_hostname", &t->verify_hostname);
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  for (const auto& [key, path] : {std::pair<const char*, const std::string*>{"cert", &t->cert},
+                                  {"key", &t->key}, {"ca", &t->ca}}) {
+    if (path->empty()) return InvalidArgument(r.PathOf(key) + ": must name a PEM file");
+    if (::access(path->c_str(), R_OK) != 0)  // access, not open: never blocks on a FIFO
+      return InvalidArgument(r.PathOf(key) + ": cannot read \"" + *path + "\": " + std::strerror(errno));
+  }
+  if (t->client_auth != "none" && t->client_auth != "admin" && t->client_auth != "all")
+    return InvalidArgument(r.PathOf("client_auth") + ": must be \"none\", \"admin\" or \"all\", got \"" +
+                           t->client_auth.substr(0, 40) + "\"");
   return Status::Ok();
 }
 

@@ -11,6 +11,7 @@
 
 #include "coordinator/membership.h"
 #include "transport/http_server.h"
+#include "transport/tls_server.h"
 
 namespace kvmesh {
 namespace {
@@ -23,8 +24,12 @@ class Coordinator final : public CoordinatorServer {
   ~Coordinator() override { Stop(); }
 
   Status Start(uint16_t port) {
+    HttpTls tls;
+    if (config_.tls.enabled()) {
+      KVMESH_ASSIGN_OR_RETURN(tls, MakeTlsServerContext(config_.tls, config_.tls.client_auth == "all"));
+    }
     auto s = HttpServer::Start(config_.coordinator.host, port,
-                               [this](const HttpServerRequest& r) { return members_.Handle(r); });
+                               [this](const HttpServerRequest& r) { return members_.Handle(r); }, std::move(tls));
     if (!s.ok()) return s.status();
     http_ = std::move(*s);
     reaper_ = std::thread([this] { Reap(); });
@@ -36,7 +41,8 @@ class Coordinator final : public CoordinatorServer {
   size_t live_nodes() const override { return members_.live_nodes(); }
   std::string ListeningJson() const override {
     return json{{"event", "listening"}, {"role", "coordinator"}, {"node_id", "coordinator"},
-                {"host", config_.coordinator.host}, {"pid", ::getpid()}, {"ports", {{"http", port()}}}}
+                {"host", config_.coordinator.host}, {"pid", ::getpid()}, {"tls", config_.tls.enabled()},
+                {"ports", {{"http", port()}}}}
         .dump();
   }
 

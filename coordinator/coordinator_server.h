@@ -12,6 +12,9 @@
 //   GET  /stats   counters and the sum of the nodes' last reported stats
 //   GET  /healthz
 //
+// With $.tls the API is HTTPS; with its client_auth "admin" (the default) or
+// "all" the calls that need the secret also need a client certificate the
+// cluster CA signed (mutual TLS for nodes).
 // With a cluster secret ($.auth.token) every endpoint but /healthz needs
 // `Authorization: Bearer <secret>`; GET /map also takes a tenant's
 // `Authorization: Basic` (transport/http_auth.h). A refused request is

@@ -75,7 +75,8 @@ struct Membership::Impl {
   HttpServerResponse Handle(const HttpServerRequest& r) {
     std::string path = r.target.substr(0, r.target.find('?'));
     // Checked before the body is read: a refused request changes nothing.
-    if (HttpAuthDecision d = AuthorizeHttp(config.auth, r, AccessFor(r.method, path)); !d.allowed) {
+    const bool admin_cert = config.tls.enabled() && config.tls.client_auth != "none";  // mutual TLS for nodes
+    if (HttpAuthDecision d = AuthorizeHttp(config.auth, r, AccessFor(r.method, path), admin_cert); !d.allowed) {
       uint64_t suppressed = 0;
       {
         std::lock_guard<std::mutex> lock(mu);

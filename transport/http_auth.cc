@@ -8,16 +8,19 @@
 
 namespace kvmesh {
 
-HttpAuthDecision AuthorizeHttp(const AuthConfig& auth, const HttpServerRequest& r, HttpAccess need) {
+HttpAuthDecision AuthorizeHttp(const AuthConfig& auth, const HttpServerRequest& r, HttpAccess need,
+                               bool admin_needs_client_cert) {
   HttpAuthDecision d;
-  if (need == HttpAccess::kOpen || auth.token.empty()) return d;
-  const HttpCredentials c = ParseAuthorization(r.authorization);
   auto refuse = [&](int status, std::string reason) {
     d.allowed = false;
     d.status = status;
     d.reason = std::move(reason);
     return d;
   };
+  if (need == HttpAccess::kAdmin && admin_needs_client_cert && !r.client_cert)
+    return refuse(403, "a client certificate signed by the cluster CA is required");
+  if (need == HttpAccess::kOpen || auth.token.empty()) return d;
+  const HttpCredentials c = ParseAuthorization(r.authorization);
   switch (c.kind) {
     case HttpCredentials::Kind::kNone:
       return refuse(401, "missing credentials");

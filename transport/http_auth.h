@@ -37,7 +37,11 @@ struct HttpAuthDecision {
   std::string who;      // "cluster", "tenant:<name>", or "" (anonymous)
 };
 
-HttpAuthDecision AuthorizeHttp(const AuthConfig& auth, const HttpServerRequest& r, HttpAccess need);
+// With admin_needs_client_cert (TLS with $.tls.client_auth "admin" or
+// "all"), a kAdmin call must also come with a client certificate the cluster
+// CA signed (HttpServerRequest::client_cert): 403 otherwise.
+HttpAuthDecision AuthorizeHttp(const AuthConfig& auth, const HttpServerRequest& r, HttpAccess need,
+                               bool admin_needs_client_cert = false);
 
 // The 401/403 answer for a refusal (JSON {"error": ...}; a 401 carries
 // WWW-Authenticate: Bearer realm="kvmesh").

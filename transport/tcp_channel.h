@@ -29,6 +29,8 @@
 
 namespace kvmesh {
 
+class TlsClientContext;
+
 struct TcpChannelOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;
@@ -40,6 +42,9 @@ struct TcpChannelOptions {
   int64_t connect_timeout_ms = 1000;  // connect + HELLO
   int64_t reconnect_backoff_ms = 100;
   proto::ProtocolLimits limits;       // bounds on answers this client accepts
+  // TLS to a node whose data port has it ($.tls): the node's certificate is
+  // verified against `host`. nullptr: plain TCP.
+  std::shared_ptr<const TlsClientContext> tls;
 };
 
 class TcpChannel : public ShardChannel {

@@ -145,6 +145,25 @@ struct AuthConfig {
   const TenantConfig* FindTenant(std::string_view name) const;
 };
 
+// TLS on the TCP data ports and the HTTP ports (the coordinator's API, a
+// node's /metrics) when `cert` is set ($.tls; docs/security.md). Every
+// process of the cluster presents `cert` and trusts servers and clients whose
+// certificates chain to `ca`. UCX and the RESP ports stay plain.
+struct TlsConfig {
+  std::string cert;  // PEM certificate (chain) of this process
+  std::string key;   // PEM private key of cert
+  std::string ca;    // PEM CA bundle every peer's certificate must chain to
+  // Which clients must show a certificate signed by `ca` (mutual TLS):
+  // "none"; "admin" (default): calls that need the cluster secret on an HTTP
+  // port (membership writes, /nodes, /stats, a node's /metrics), so a node's
+  // registration takes both its secret and its certificate; "all": every
+  // connection to a TLS port (routers then need certificates too).
+  std::string client_auth = "admin";
+  bool verify_hostname = true;  // a server's certificate must name the host dialled (DNS or IP SAN)
+
+  bool enabled() const { return !cert.empty(); }
+};
+
 // Block compression (docs/block-format.md): shard nodes encode each
 // full block on put with the codec of its layers and decode it on get.
 // Codec strings: none | raw | fp16 | bf16 | int8 | int4 | fp8-e4m3 | fp8-e5m2 |
@@ -183,6 +202,7 @@ struct ClusterConfig {
   TransportConfig transport;
   CoordinatorConfig coordinator;
   AuthConfig auth;
+  TlsConfig tls;
   CodecConfig codec;
   SequencesConfig sequences;
 

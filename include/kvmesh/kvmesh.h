@@ -69,6 +69,12 @@ typedef struct kvmesh_options {
    * client's blocks in that tenant's namespace (kvmesh/network.h). Added last:
    * start from kvmesh_default_options() so every field is set. */
   const char* tenant;
+  /* NULL: plain TCP — TLS to a cluster with $.tls: the CA file the servers'
+   * certificates chain to, and (client_auth "all") this client's certificate
+   * and key files. Added last, like tenant. */
+  const char* tls_ca;
+  const char* tls_cert;
+  const char* tls_key;
 } kvmesh_options;
 
 kvmesh_options kvmesh_default_options(void);

@@ -12,6 +12,7 @@
 #include "common/histogram.h"
 #include "shard_node/shard_node.h"
 #include "transport/asio_listener.h"
+#include "transport/tls_server.h"
 
 namespace kvmesh {
 namespace {
@@ -69,6 +70,8 @@ class Server final : public DataServer {
     line("kvmesh_frames_rejected_total", "reason=\"truncated\"", double(truncated_.load()));
     line("kvmesh_frames_rejected_total", "reason=\"auth\"", double(handler_.auth_failures.load()));
     line("kvmesh_frames_rejected_total", "reason=\"stale_epoch\"", double(handler_.stale.load()));
+    out += "# TYPE kvmesh_tls_handshake_failures_total counter\n";
+    line("kvmesh_tls_handshake_failures_total", "", double(tls_failed_.load()));
     out += "# TYPE kvmesh_bytes_received_total counter\n";
     line("kvmesh_bytes_received_total", "", double(bytes_in_.load()));
     out += "# TYPE kvmesh_bytes_sent_total counter\n";
@@ -113,7 +116,8 @@ class Server final : public DataServer {
   // chunk the node reserved for it (ShardNode::ReservePut), verified once
   // there and committed. Payloads the node does not take directly (stored
   // already, a node that encodes on put, a refusal) land in `scratch`.
-  asio::awaitable<PutRead> ReadPut(tcp::socket& s, const FrameHeader& h, TenantView v, Buffer& scratch,
+  template <typename Stream>
+  asio::awaitable<PutRead> ReadPut(Stream& s, const FrameHeader& h, TenantView v, Buffer& scratch,
                                    std::vector<PutRecord>& recs, FrameReply* rep) {
     boost::system::error_code ec;
     const size_t table_bytes = size_t{h.count} * kPutItemSize;
@@ -149,11 +153,35 @@ class Server final : public DataServer {
     co_return PutRead::kDone;
   }
 
-  asio::awaitable<void> Session(tcp::socket s) {
+  asio::awaitable<void> Session(tcp::socket sock) {
     boost::system::error_code ec;
-    s.set_option(tcp::no_delay(true), ec);
+    sock.set_option(tcp::no_delay(true), ec);
     conns_total_.fetch_add(1);
     conns_open_.fetch_add(1);
+    if (!o_.tls) {
+      co_await Frames(sock);
+    } else {
+      asio::ssl::stream<tcp::socket&> tls(sock, *o_.tls);
+      // A client that never finishes its handshake is dropped after 10 s.
+      asio::steady_timer timer(sock.get_executor());
+      timer.expires_after(std::chrono::seconds(10));
+      timer.async_wait([&sock](boost::system::error_code e) {
+        if (!e) sock.cancel();
+      });
+      co_await tls.async_handshake(asio::ssl::stream_base::server, asio::redirect_error(asio::use_awaitable, ec));
+      timer.cancel();
+      if (ec) tls_failed_.fetch_add(1);
+      else co_await Frames(tls);
+    }
+    sock.shutdown(tcp::socket::shutdown_both, ec);
+    sock.close(ec);
+    conns_open_.fetch_sub(1);
+  }
+
+  // The frames of one connection, over a plain or a TLS stream.
+  template <typename Stream>
+  asio::awaitable<void> Frames(Stream& s) {
+    boost::system::error_code ec;
     ConnectionAuth conn;
     Buffer body;
     std::vector<PutRecord> put_records;  // kept for the connection: no allocation per PUT once warm
@@ -208,16 +236,13 @@ class Server final : public DataServer {
       }
       if (close_after) break;
     }
-    s.shutdown(tcp::socket::shutdown_both, ec);
-    s.close(ec);
-    conns_open_.fetch_sub(1);
   }
 
   ShardNode* node_;
   DataServerOptions o_;
   const std::atomic<uint64_t>* epoch_;
   FrameHandler handler_;
-  std::atomic<uint64_t> conns_total_{0}, conns_open_{0}, malformed_{0}, truncated_{0};
+  std::atomic<uint64_t> conns_total_{0}, conns_open_{0}, malformed_{0}, truncated_{0}, tls_failed_{0};
   std::atomic<uint64_t> bytes_in_{0}, bytes_out_{0};
   std::array<OpStats, kOps> ops_;
   std::unique_ptr<AsioListener> listener_;  // last: destroyed first, with the sessions that use the above

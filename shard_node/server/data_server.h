@@ -24,6 +24,10 @@
 #include "kvmesh/status.h"
 #include "transport/protocol.h"
 
+namespace boost::asio::ssl {
+class context;
+}
+
 namespace kvmesh {
 
 class ShardNode;
@@ -34,6 +38,9 @@ struct DataServerOptions {
   uint32_t threads = 2;
   proto::ProtocolLimits limits;
   std::string token;  // the cluster secret a HELLO without a tenant name must carry (empty: none)
+  // TLS on every connection ($.tls; MakeTlsServerContext): the handshake
+  // comes first, then the frames as above. nullptr: plain TCP.
+  std::shared_ptr<boost::asio::ssl::context> tls;
 };
 
 class DataServer {

@@ -24,6 +24,8 @@
 #include "transport/http_client.h"
 #include "transport/http_server.h"
 #include "transport/socket_util.h"
+#include "transport/tls_client.h"
+#include "transport/tls_server.h"
 
 namespace kvmesh {
 namespace {
@@ -55,6 +57,19 @@ class Daemon final : public NodeDaemon {
     d.port = nc->ports.data;
     d.threads = config_.transport.io_threads;
     d.token = config_.auth.token;
+    HttpTls http_tls;
+    if (config_.tls.enabled()) {
+      // Data port: a certificate only with client_auth "all". HTTP: the same
+      // context; admin calls then check the certificate (transport/http_auth.h).
+      KVMESH_ASSIGN_OR_RETURN(d.tls, MakeTlsServerContext(config_.tls, config_.tls.client_auth == "all"));
+      http_tls = d.tls;
+      TlsClientOptions c;  // this node as the coordinator's client: it shows its certificate
+      c.ca = config_.tls.ca;
+      c.cert = config_.tls.cert;
+      c.key = config_.tls.key;
+      c.verify_hostname = config_.tls.verify_hostname;
+      KVMESH_ASSIGN_OR_RETURN(coord_tls_, TlsClientContext::Create(c));
+    }
     d.limits.max_body_bytes = static_cast<uint32_t>(std::min<uint64_t>(config_.transport.max_frame_bytes, UINT32_MAX));
     d.limits.max_items = config_.transport.max_batch_items;
     d.limits.max_block_bytes = static_cast<uint32_t>(std::min<uint64_t>(node_->store().slot_bytes(), UINT32_MAX));
@@ -80,7 +95,8 @@ class Daemon final : public NodeDaemon {
       KVMESH_ASSIGN_OR_RETURN(resp_, RespServer::Start(node_.get(), r));
     }
     KVMESH_ASSIGN_OR_RETURN(http_, HttpServer::Start(nc->host, nc->ports.http,
-                                                     [this](const HttpServerRequest& r) { return Http(r); }));
+                                                     [this](const HttpServerRequest& r) { return Http(r); },
+                                                     std::move(http_tls)));
     if (!o_.coordinator.empty()) {
       KVMESH_RETURN_IF_ERROR(SplitHostPort(o_.coordinator, &coord_host_, &coord_port_));
       heart_ = std::thread([this] { Heartbeats(); });
@@ -93,7 +109,7 @@ class Daemon final : public NodeDaemon {
     json ports = {{"data", data_->port()}, {"http", http_->port()}};
     if (resp_) ports["resp"] = resp_->port();
     json j{{"event", "listening"}, {"role", "node"}, {"node_id", o_.node_id}, {"host", node_cfg_.host},
-           {"pid", ::getpid()}, {"ports", ports}};
+           {"pid", ::getpid()}, {"tls", config_.tls.enabled()}, {"ports", ports}};
     if (!ucx_address_.empty()) j["ucx_address"] = ucx_address_;  // hex worker address
     return j.dump();
   }
@@ -124,6 +140,7 @@ class Daemon final : public NodeDaemon {
   HttpRequestOptions CoordinatorAuth() const {
     HttpRequestOptions h;
     if (!config_.auth.token.empty()) h.authorization = BearerAuthorization(config_.auth.token);
+    h.tls = coord_tls_;  // HTTPS with this node's certificate when the cluster has $.tls
     return h;
   }
 
@@ -131,7 +148,8 @@ class Daemon final : public NodeDaemon {
     std::string path = r.target.substr(0, r.target.find('?'));
     if (path == "/healthz") return {200, "text/plain", "ok\n"};
     // Everything else (statistics, metrics, the policy switch) takes the cluster secret.
-    if (HttpAuthDecision d = AuthorizeHttp(config_.auth, r, HttpAccess::kAdmin); !d.allowed) {
+    const bool admin_cert = config_.tls.enabled() && config_.tls.client_auth != "none";
+    if (HttpAuthDecision d = AuthorizeHttp(config_.auth, r, HttpAccess::kAdmin, admin_cert); !d.allowed) {
       http_refused_.fetch_add(1, std::memory_order_relaxed);
       uint64_t suppressed = 0;
       if (refusal_log_.Allow(&suppressed)) {
@@ -262,6 +280,7 @@ class Daemon final : public NodeDaemon {
   EventRateLimiter refusal_log_;
   std::string coord_host_;
   uint16_t coord_port_ = 0;
+  std::shared_ptr<const TlsClientContext> coord_tls_;  // with $.tls
   std::thread heart_;
   std::atomic<bool> registered_{false};
   std::mutex mu_;
