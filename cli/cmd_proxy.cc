@@ -11,20 +11,26 @@
 
 #include "cli/commands.h"
 #include "cli/daemon_signals.h"
+#include "common/credentials.h"
 #include "kvmesh/config.h"
 #include "kvmesh/network.h"
 #include "router/proxy/resp_proxy.h"
 #include "transport/resp/resp_commands.h"
 #include "transport/http_client.h"
 #include "transport/socket_util.h"
+#include "transport/tls_client.h"
 
 namespace kvmesh::cli {
 namespace {
 
 // DBSIZE/INFO figures: the coordinator's /stats totals (node heartbeats, so
 // up to one heartbeat period old).
-Result<RespClusterStats> CoordinatorStats(const std::string& host, uint16_t port, int64_t timeout_ms) {
-  KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/stats", "", timeout_ms));
+Result<RespClusterStats> CoordinatorStats(const std::string& host, uint16_t port, int64_t timeout_ms,
+                                          const std::string& token, std::shared_ptr<const TlsClientContext> tls) {
+  HttpRequestOptions h;
+  if (!token.empty()) h.authorization = BearerAuthorization(token);
+  h.tls = std::move(tls);
+  KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/stats", "", timeout_ms, h));
   if (r.status != 200) return Unavailable("coordinator /stats: HTTP " + std::to_string(r.status));
   nlohmann::json j = nlohmann::json::parse(r.body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Unavailable("coordinator /stats: not JSON");
@@ -80,6 +86,11 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
     if (n.coordinator.empty()) return fail(InvalidArgument("no coordinator: pass --coordinator or set $.coordinator.port"));
     n.client_id = "kvmesh-proxy";
     n.token = a->token.empty() ? c->auth.token : a->token;
+    if (c->tls.enabled()) {  // the proxy reaches the cluster as one of its own processes
+      n.tls_ca = c->tls.ca;
+      n.tls_cert = c->tls.cert;
+      n.tls_key = c->tls.key;
+    }
     n.timeout_ms = a->timeout_ms > 0 ? a->timeout_ms : c->transport.timeout_ms;
     n.connect_timeout_ms = c->transport.connect_timeout_ms;
     std::string coord_host;
@@ -102,7 +113,20 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
     o.auth = MakeTokenAuth(n.token);
     o.map = [nc] { return nc->router().map(); };
     o.refresh = [nc] { return nc->Refresh(); };
-    o.stats = [coord_host, coord_port, t = n.timeout_ms] { return CoordinatorStats(coord_host, coord_port, t); };
+    std::shared_ptr<const TlsClientContext> stats_tls;
+    if (c->tls.enabled()) {
+      TlsClientOptions t;
+      t.ca = c->tls.ca;
+      t.cert = c->tls.cert;
+      t.key = c->tls.key;
+      t.verify_hostname = c->tls.verify_hostname;
+      auto ctx = TlsClientContext::Create(t);
+      if (!ctx.ok()) return fail(ctx.status());
+      stats_tls = *ctx;
+    }
+    o.stats = [coord_host, coord_port, t = n.timeout_ms, token = n.token, stats_tls] {
+      return CoordinatorStats(coord_host, coord_port, t, token, stats_tls);
+    };
     auto proxy = RespProxy::Start(o);
     if (!proxy.ok()) return fail(proxy.status());
     nlohmann::json j{{"event", "listening"}, {"role", "proxy"}, {"host", o.host}, {"pid", ::getpid()},

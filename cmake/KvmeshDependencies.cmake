@@ -5,6 +5,7 @@ find_package(nlohmann_json 3 REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(absl REQUIRED)
 find_package(Boost 1.74 REQUIRED)            # header-only use: Asio, Beast
+find_package(OpenSSL 1.1.1 REQUIRED)         # TLS ($.tls): Asio ssl on the servers, OpenSSL on the clients
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(LZ4 REQUIRED IMPORTED_TARGET liblz4)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)

@@ -12,6 +12,16 @@
 //   GET  /stats   counters and the sum of the nodes' last reported stats
 //   GET  /healthz
 //
+// With $.tls the API is HTTPS; with its client_auth "admin" (the default) or
+// "all" the calls that need the secret also need a client certificate the
+// cluster CA signed (mutual TLS for nodes).
+// With a cluster secret ($.auth.token) every endpoint but /healthz needs
+// `Authorization: Bearer <secret>`; GET /map also takes a tenant's
+// `Authorization: Basic` (transport/http_auth.h). A refused request is
+// answered 401 (no or malformed credentials) or 403 (wrong ones) before its
+// body is read, changes nothing, and is logged as an {"event":"auth_refused"}
+// line on stderr (at most 20 a second; "suppressed" counts the rest).
+//
 // Every membership change (a node joins, rejoins with new ports, leaves, or
 // misses heartbeats for dead_after_ms) advances the epoch by one. The first
 // epoch is the start time in Unix milliseconds, so epochs keep growing when
@@ -20,8 +30,11 @@
 // rendezvous hashing, so a join or a removal moves only the keys whose top
 // node changes (about 1/N).
 //
+// The state and the handlers are a Membership (coordinator/membership.h);
+// this class serves it over HTTP and runs its reaper every heartbeat_ms / 2.
+//
 // Thread-safety: Start/Stop from one thread; handlers and the reaper share
-// state under one mutex.
+// the Membership (thread-safe).
 #pragma once
 
 #include <cstdint>

@@ -62,6 +62,10 @@ kvmesh_options kvmesh_default_options(void) {
   o.tenant_salt = nullptr;
   o.token = nullptr;
   o.timeout_ms = 2000;
+  o.tenant = nullptr;
+  o.tls_ca = nullptr;
+  o.tls_cert = nullptr;
+  o.tls_key = nullptr;
   return o;
 }
 
@@ -74,6 +78,10 @@ int kvmesh_connect(const kvmesh_options* options, kvmesh_client** out) {
     o.client_id = options->client_id ? options->client_id : "kvmesh-c";
     if (options->tenant_salt) o.tenant_salt = options->tenant_salt;
     if (options->token) o.token = options->token;
+    if (options->tenant) o.tenant = options->tenant;
+    if (options->tls_ca) o.tls_ca = options->tls_ca;
+    if (options->tls_cert) o.tls_cert = options->tls_cert;
+    if (options->tls_key) o.tls_key = options->tls_key;
     if (options->timeout_ms > 0) o.timeout_ms = options->timeout_ms;
     auto c = kvmesh::NetworkClient::Connect(o);
     if (!c.ok()) return Fail(c.status());

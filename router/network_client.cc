@@ -8,10 +8,12 @@
 #include <thread>
 
 #include "kvmesh/build_config.h"
+#include "common/credentials.h"
 #include "router/map_json.h"
 #include "transport/http_client.h"
 #include "transport/socket_util.h"
 #include "transport/tcp_channel.h"
+#include "transport/tls_client.h"
 #if defined(KVMESH_HAVE_UCX)
 #include "transport/ucx_channel.h"
 #include "transport/ucx_worker.h"
@@ -44,8 +46,16 @@ struct NetworkClient::Impl {
   std::shared_ptr<UcxContext> ucx_context;  // one for every UCX channel: registered memory is mapped once
 #endif
 
+  std::shared_ptr<const TlsClientContext> tls;  // with o.tls_ca: HTTPS and TLS data channels
+
   Result<PublishedMap> Fetch() {
-    KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/map", "", o.timeout_ms));
+    HttpRequestOptions h;
+    h.tls = tls;
+    if (!o.tenant.empty()) h.authorization = BasicAuthorization(o.tenant, o.token);
+    else if (!o.token.empty()) h.authorization = BearerAuthorization(o.token);
+    KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/map", "", o.timeout_ms, h));
+    if (r.status == 401 || r.status == 403)
+      return PermissionDenied("coordinator refused /map (HTTP " + std::to_string(r.status) + "): " + r.body);
     if (r.status != 200) return Unavailable("coordinator answered HTTP " + std::to_string(r.status) + " for /map");
     return ParsePublishedMap(r.body);
   }
@@ -58,7 +68,8 @@ struct NetworkClient::Impl {
     std::map<std::string, NodeChannel> next;
     for (const ShardInfo& n : map->nodes()) {
       auto ucx_it = pm.ucx_addresses.find(n.id);
-      const bool want_ucx = pm.backend == "ucx" && ucx_it != pm.ucx_addresses.end();
+      // UCX carries no encryption: a client that asked for TLS stays on TCP with TLS.
+      const bool want_ucx = pm.backend == "ucx" && ucx_it != pm.ucx_addresses.end() && !tls;
       const std::string key = n.id + "@" + n.host + ":" + std::to_string(n.ports.data) +
                               (want_ucx ? "#" + ucx_it->second.substr(0, 64) : "");
       NodeChannel ch;
@@ -77,7 +88,7 @@ struct NetworkClient::Impl {
           UcxChannelOptions uo;
           uo.node_address = *addr;
           uo.client_id = o.client_id;
-          uo.tenant = o.tenant_salt;
+          uo.tenant = o.tenant;
           uo.token = o.token;
           uo.timeout_ms = o.timeout_ms;
           uo.context = ucx_context;
@@ -96,11 +107,12 @@ struct NetworkClient::Impl {
         co.host = n.host;
         co.port = n.ports.data;
         co.client_id = o.client_id;
-        co.tenant = o.tenant_salt;
+        co.tenant = o.tenant;
         co.token = o.token;
         co.connections = o.connections_per_node;
         co.timeout_ms = o.timeout_ms;
         co.connect_timeout_ms = o.connect_timeout_ms;
+        co.tls = tls;
         std::shared_ptr<TcpChannel> tc = TcpChannel::Create(co);
         ch = NodeChannel{tc, [tc](uint64_t e) { tc->set_epoch(e); }};
       }
@@ -160,6 +172,13 @@ Result<std::unique_ptr<NetworkClient>> NetworkClient::Connect(NetworkClientOptio
   auto impl = std::make_unique<Impl>();
   impl->o = std::move(options);
   KVMESH_RETURN_IF_ERROR(SplitHostPort(impl->o.coordinator, &impl->host, &impl->port));
+  if (!impl->o.tls_ca.empty()) {
+    TlsClientOptions t;
+    t.ca = impl->o.tls_ca;
+    t.cert = impl->o.tls_cert;
+    t.key = impl->o.tls_key;
+    KVMESH_ASSIGN_OR_RETURN(impl->tls, TlsClientContext::Create(t));
+  }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(impl->o.timeout_ms);
   Status last;
   for (;;) {
@@ -170,6 +189,9 @@ Result<std::unique_ptr<NetworkClient>> NetworkClient::Connect(NetworkClientOptio
       if (last.ok()) break;
     } else {
       last = pm.status();
+      // Wrong credentials stay wrong: no point waiting for the deadline.
+      if (last.code() == StatusCode::kPermissionDenied)
+        return last.WithContext("fetching the shard map from " + impl->o.coordinator);
     }
     if (std::chrono::steady_clock::now() >= deadline)
       return last.WithContext("fetching the shard map from " + impl->o.coordinator);

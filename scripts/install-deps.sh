@@ -6,6 +6,8 @@ set -euo pipefail
 
 PKGS=(
   cmake ninja-build g++ clang pkg-config
+  clang-14 libclang-rt-14-dev   # the libFuzzer targets (scripts/fuzz.sh, CI's fuzz stage)
+  libssl-dev openssl            # TLS (Boost.Asio ssl) and test certificates made at run time
   libucx-dev ucx-utils libopenmpi-dev openmpi-bin
   libboost-dev nlohmann-json3-dev catch2
   libxxhash-dev liblz4-dev libzstd-dev libcli11-dev libspdlog-dev libabsl-dev liburing-dev

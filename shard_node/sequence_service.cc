@@ -22,8 +22,10 @@ struct SliceKey {
   uint32_t l0, l1, h0, h1;
   std::string salt;
   Priority priority;
+  uint64_t ns_hi, ns_lo;  // the namespace its blocks are stored in
   friend bool operator<(const SliceKey& a, const SliceKey& b) {
-    return std::tie(a.l0, a.l1, a.h0, a.h1, a.salt, a.priority) < std::tie(b.l0, b.l1, b.h0, b.h1, b.salt, b.priority);
+    return std::tie(a.l0, a.l1, a.h0, a.h1, a.salt, a.priority, a.ns_hi, a.ns_lo) <
+           std::tie(b.l0, b.l1, b.h0, b.h1, b.salt, b.priority, b.ns_hi, b.ns_lo);
   }
 };
 
@@ -37,6 +39,7 @@ struct Slot {
 struct Entry {
   std::shared_ptr<Slot> slot;  // keeps the table alive while a call runs
   SeqId local = 0;
+  uint32_t tenant = 0;  // who created it: only that tenant's calls reach it
   std::atomic<int64_t> last_used{0};
   std::mutex mu;
   bool released = false;  // guarded by mu
@@ -84,10 +87,10 @@ struct SequenceService::Impl {
     self->ReapIdle();
   }
 
-  std::shared_ptr<Entry> Find(SeqId id) {
+  std::shared_ptr<Entry> Find(SeqId id, uint32_t tenant) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = seqs.find(id);
-    if (it == seqs.end()) return nullptr;
+    if (it == seqs.end() || it->second->tenant != tenant) return nullptr;
     it->second->last_used.store(Now(), std::memory_order_relaxed);
     return it->second;
   }
@@ -95,9 +98,9 @@ struct SequenceService::Impl {
   // Runs fn(entry) under the entry's lock after a lazy reap; an unknown or
   // released id answers NotFound. fn returns a Status or a Result<T>.
   template <typename Fn>
-  auto Locked(SequenceService* self, SeqId id, Fn&& fn) -> decltype(fn(std::declval<Entry&>())) {
+  auto Locked(SequenceService* self, SeqId id, uint32_t tenant, Fn&& fn) -> decltype(fn(std::declval<Entry&>())) {
     MaybeReap(self);
-    std::shared_ptr<Entry> e = Find(id);
+    std::shared_ptr<Entry> e = Find(id, tenant);
     if (!e) return Unknown(id);
     std::lock_guard<std::mutex> lock(e->mu);
     if (e->released) return Unknown(id);
@@ -106,10 +109,11 @@ struct SequenceService::Impl {
 
   // Registers `local` of `slot` under a new id, or releases it when the node
   // is at max_sequences.
-  Result<SeqId> Add(const std::shared_ptr<Slot>& slot, SeqId local) {
+  Result<SeqId> Add(const std::shared_ptr<Slot>& slot, SeqId local, uint32_t tenant) {
     auto e = std::make_shared<Entry>();
     e->slot = slot;
     e->local = local;
+    e->tenant = tenant;
     e->last_used.store(Now());
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -156,13 +160,13 @@ SequenceService::~SequenceService() {
 
 const SequenceServiceOptions& SequenceService::options() const { return impl_->o; }
 
-Result<SeqCreated> SequenceService::Create(const SeqCreateArgs& a) {
+Result<SeqCreated> SequenceService::Create(const SeqCreateArgs& a, const SeqCaller& caller) {
   Impl& im = *impl_;
   im.MaybeReap(this);
   const Range layers = a.layers.empty() ? Range{0, im.model.num_layers} : a.layers;
   const Range heads = a.heads.empty() ? Range{0, im.model.num_kv_heads} : a.heads;
   if (a.priority >= kMaxPriorityClasses) return InvalidArgument("priority out of range");
-  SliceKey key{layers.begin, layers.end, heads.begin, heads.end, a.tenant_salt, a.priority};
+  SliceKey key{layers.begin, layers.end, heads.begin, heads.end, a.tenant_salt, a.priority, caller.ns.hi, caller.ns.lo};
   bool full = false;
   {
     std::lock_guard<std::mutex> lock(im.mu);
@@ -188,6 +192,7 @@ Result<SeqCreated> SequenceService::Create(const SeqCreateArgs& a) {
         return ResourceExhausted("node serves its limit of " + std::to_string(im.o.max_slices) + " sequence slices");
       SequenceOptions so;
       so.tenant_salt = a.tenant_salt;
+      so.scope = caller.ns;
       so.priority = a.priority;
       so.codec = im.o.codec;
       so.tiers = im.o.tiers;
@@ -202,14 +207,14 @@ Result<SeqCreated> SequenceService::Create(const SeqCreateArgs& a) {
   SeqCreated c;
   c.length = t.Length(local).value_or(0);
   c.attached_blocks = c.length / im.model.block_tokens;
-  KVMESH_ASSIGN_OR_RETURN(c.id, im.Add(slot, local));
+  KVMESH_ASSIGN_OR_RETURN(c.id, im.Add(slot, local, caller.tenant));
   return c;
 }
 
 Result<uint32_t> SequenceService::Append(SeqId id, std::span<const TokenId> tokens, std::span<const std::byte> k,
-                                         std::span<const std::byte> v) {
+                                         std::span<const std::byte> v, const SeqCaller& caller) {
   Impl& im = *impl_;
-  return im.Locked(this, id, [&](Entry& e) -> Result<uint32_t> {
+  return im.Locked(this, id, caller.tenant, [&](Entry& e) -> Result<uint32_t> {
     SequenceTable& t = *e.slot->table;
     const BlockLayout& L = t.layout();
     const uint64_t side = uint64_t{L.layers.size()} * tokens.size() * L.heads.size() * L.head_dim * DTypeSize(L.dtype);
@@ -225,27 +230,27 @@ Result<uint32_t> SequenceService::Append(SeqId id, std::span<const TokenId> toke
   });
 }
 
-Status SequenceService::Truncate(SeqId id, uint32_t n) {
-  return impl_->Locked(this, id, [&](Entry& e) { return e.slot->table->Truncate(e.local, n); });
+Status SequenceService::Truncate(SeqId id, uint32_t n, const SeqCaller& caller) {
+  return impl_->Locked(this, id, caller.tenant, [&](Entry& e) { return e.slot->table->Truncate(e.local, n); });
 }
 
-Result<SeqId> SequenceService::Fork(SeqId id) {
+Result<SeqId> SequenceService::Fork(SeqId id, const SeqCaller& caller) {
   Impl& im = *impl_;
   std::shared_ptr<Slot> slot;
-  KVMESH_ASSIGN_OR_RETURN(SeqId local, im.Locked(this, id, [&](Entry& e) -> Result<SeqId> {
+  KVMESH_ASSIGN_OR_RETURN(SeqId local, im.Locked(this, id, caller.tenant, [&](Entry& e) -> Result<SeqId> {
                             slot = e.slot;
                             return e.slot->table->Fork(e.local);
                           }));
-  return im.Add(slot, local);  // outside the entry's lock
+  return im.Add(slot, local, caller.tenant);  // outside the entry's lock
 }
 
-Status SequenceService::Release(SeqId id) {
+Status SequenceService::Release(SeqId id, const SeqCaller& caller) {
   Impl& im = *impl_;
   std::shared_ptr<Entry> e;
   {
     std::lock_guard<std::mutex> lock(im.mu);
     auto it = im.seqs.find(id);
-    if (it == im.seqs.end()) return Unknown(id);
+    if (it == im.seqs.end() || it->second->tenant != caller.tenant) return Unknown(id);
     e = std::move(it->second);
     im.seqs.erase(it);
     --e->slot->live;
@@ -255,8 +260,8 @@ Status SequenceService::Release(SeqId id) {
   return Status::Ok();
 }
 
-Result<SequenceState> SequenceService::Info(SeqId id) {
-  return impl_->Locked(this, id, [&](Entry& e) -> Result<SequenceState> {
+Result<SequenceState> SequenceService::Info(SeqId id, const SeqCaller& caller) {
+  return impl_->Locked(this, id, caller.tenant, [&](Entry& e) -> Result<SequenceState> {
     SequenceTable& t = *e.slot->table;
     SequenceState s;
     KVMESH_ASSIGN_OR_RETURN(s.tokens, t.Tokens(e.local));
@@ -267,9 +272,10 @@ Result<SequenceState> SequenceService::Info(SeqId id) {
 }
 
 Result<SeqRows> SequenceService::Read(SeqId id, uint32_t from, uint32_t n, size_t max_bytes,
-                                      std::vector<std::byte>* k, std::vector<std::byte>* v) {
+                                      std::vector<std::byte>* k, std::vector<std::byte>* v,
+                                      const SeqCaller& caller) {
   Impl& im = *impl_;
-  return im.Locked(this, id, [&](Entry& e) -> Result<SeqRows> {
+  return im.Locked(this, id, caller.tenant, [&](Entry& e) -> Result<SeqRows> {
     SequenceTable& t = *e.slot->table;
     KVMESH_ASSIGN_OR_RETURN(SequenceView view, t.View(e.local));
     if (uint64_t{from} + n > view.length)

@@ -55,6 +55,16 @@ struct SequenceServiceOptions {
   TieredStore* tiers = nullptr;
 };
 
+// Who makes a call (a SEQ frame of some connection). A sequence answers only
+// calls of the tenant that created it (any other gets NotFound, as for an
+// unknown id), and the blocks it attaches and seals live in that caller's
+// namespace (shard_node/tenants.h ScopeKey). The default is the cluster's own
+// identity with unscoped keys (in-process callers, embedded clusters).
+struct SeqCaller {
+  uint32_t tenant = 0;  // kClusterTenant
+  BlockKey ns{};        // all zero: keys as derived
+};
+
 // Shape of a Read: n positions of `layers` layers, row_bytes per (layer, position).
 struct SeqRows {
   uint32_t n = 0;
@@ -83,21 +93,21 @@ class SequenceService {
   // a.prefix the store has. InvalidArgument for a slice outside the model
   // (or one whose block does not fit a store slot), ResourceExhausted past
   // max_sequences or max_slices.
-  Result<SeqCreated> Create(const SeqCreateArgs& a);
+  Result<SeqCreated> Create(const SeqCreateArgs& a, const SeqCaller& caller = {});
   // Appends tokens with their K and V ([layer][n][heads][head_dim] over the
   // slice); returns the position of the first. Full blocks are sealed.
   // InvalidArgument when k/v are not exactly that size (nothing appended).
   Result<uint32_t> Append(SeqId id, std::span<const TokenId> tokens, std::span<const std::byte> k,
-                          std::span<const std::byte> v);
-  Status Truncate(SeqId id, uint32_t n);
-  Result<SeqId> Fork(SeqId id);
-  Status Release(SeqId id);
-  Result<SequenceState> Info(SeqId id);
+                          std::span<const std::byte> v, const SeqCaller& caller = {});
+  Status Truncate(SeqId id, uint32_t n, const SeqCaller& caller = {});
+  Result<SeqId> Fork(SeqId id, const SeqCaller& caller = {});
+  Status Release(SeqId id, const SeqCaller& caller = {});
+  Result<SequenceState> Info(SeqId id, const SeqCaller& caller = {});
   // K and V of positions [from, from + rows.n) in the Append layout, where
   // rows.n is the most of n whose K plus V fit max_bytes (at least 1 when
   // n > 0). InvalidArgument when [from, from + n) is not inside the sequence.
   Result<SeqRows> Read(SeqId id, uint32_t from, uint32_t n, size_t max_bytes, std::vector<std::byte>* k,
-                       std::vector<std::byte>* v);
+                       std::vector<std::byte>* v, const SeqCaller& caller = {});
 
   // Releases every sequence idle longer than idle_timeout now; returns how many.
   size_t ReapIdle();

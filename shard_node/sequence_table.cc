@@ -10,6 +10,7 @@
 #include "kernels/codec.h"
 #include "shard_node/block_store.h"
 #include "shard_node/codec_stage.h"
+#include "shard_node/tenants.h"
 #include "shard_node/tiered_store.h"
 
 namespace kvmesh {
@@ -130,7 +131,9 @@ struct SequenceTable::Impl {
     return fresh;
   }
   BlockKey PrevChain(const Seq& s, size_t b) const { return b == 0 ? deriver.root() : s.blocks[b - 1].chain; }
-  BlockKey StoredKey(const BlockKey& chain) const { return KeyDeriver::Qualify(chain, layout.layers, layout.heads); }
+  BlockKey StoredKey(const BlockKey& chain) const {
+    return ScopeKey(options.scope, KeyDeriver::Qualify(chain, layout.layers, layout.heads));
+  }
 
   // Seals block b of s (full, open, all earlier blocks sealed).
   void Seal(Seq& s, size_t b) {

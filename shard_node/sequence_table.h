@@ -60,6 +60,10 @@ class TieredStore;
 
 struct SequenceOptions {
   std::string tenant_salt;             // must match the router's to share with it
+  // The namespace the table's blocks are stored in (shard_node/tenants.h
+  // ScopeKey): a tenant's sealed blocks meet only its own puts. All zero:
+  // keys as derived.
+  BlockKey scope{};
   Priority priority = kDefaultPriority;  // eviction class of the blocks it seals
   // KV codec of sealed blocks, as in the config's "codec" section (e.g.
   // {"codec": "int8"}; layer rules give mixed precision; "none": raw).

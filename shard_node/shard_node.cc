@@ -1,5 +1,6 @@
 #include "shard_node/shard_node.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -85,6 +86,7 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
     n->tiers_ = std::move(tiers).value();
   }
   n->serving_ = n->tiers_ ? static_cast<BlockStoreOps*>(n->tiers_.get()) : n->store_.get();
+  n->tenants_ = std::make_unique<TenantRegistry>(config.auth);
   SequenceServiceOptions seq = sequences ? *sequences : SequenceOptions(config);
   seq.tiers = n->tiers_.get();
   n->sequences_ = std::make_unique<SequenceService>(n->store_.get(), n->model_, std::move(seq), clock);
@@ -207,6 +209,28 @@ void ShardNode::GroupStored(const BlockKey& key) {
 
 NodeStats ShardNode::Stats() const { return NodeStats{id_, store_->Stats()}; }
 
+void ShardNode::ReconcileTenants() {
+  if (!tenants_->has_tenants()) return;
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  int64_t due = next_reconcile_ns_.load(std::memory_order_relaxed);
+  if (now < due || !next_reconcile_ns_.compare_exchange_strong(due, now + 1'000'000'000)) return;
+  tenants_->Reconcile([this](const BlockKey& k) { return serving_->Exists(k, /*touch=*/false); });
+}
+
+namespace {
+nlohmann::json TenantJson(const TenantStats& t) {
+  return {{"name", t.name},         {"namespace", t.ns},          {"quota_bytes", t.quota_bytes},
+          {"bytes", t.bytes},       {"blocks", t.blocks},         {"puts", t.puts},
+          {"put_bytes", t.put_bytes}, {"hits", t.hits},           {"misses", t.misses},
+          {"erases", t.erases},     {"quota_evictions", t.quota_evictions}, {"quota_refused", t.quota_refused}};
+}
+}  // namespace
+
+std::string ShardNode::TenantStatsJson(uint32_t t) const {
+  return nlohmann::json{{"node_id", id_}, {"tenant", TenantJson(tenants_->Stats(t))}}.dump();
+}
+
 std::string ShardNode::StatsJson() const {
   NodeStats st = Stats();
   const StoreStats& s = st.store;
@@ -241,6 +265,11 @@ std::string ShardNode::StatsJson() const {
   const SequenceServiceStats q = sequences_->Stats();
   j["sequences"] = {{"live", q.live}, {"created", q.created}, {"reaped", q.reaped}, {"refused", q.refused},
                     {"tables", q.tables}};
+  if (tenants_->has_tenants()) {
+    nlohmann::json t = nlohmann::json::array();
+    for (const TenantStats& s : tenants_->AllStats()) t.push_back(TenantJson(s));
+    j["tenants"] = std::move(t);
+  }
   return j.dump();
 }
 

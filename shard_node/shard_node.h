@@ -14,6 +14,7 @@
 // Thread-safety: all methods are thread-safe.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <span>
@@ -27,6 +28,7 @@
 #include "shard_node/codec_stage.h"
 #include "shard_node/key_groups.h"
 #include "shard_node/sequence_service.h"
+#include "shard_node/tenants.h"
 
 namespace kvmesh {
 
@@ -100,6 +102,15 @@ class ShardNode {
   const CodecStage* codec() const { return codec_.get(); }  // nullptr: blocks stored as given
   // Live sequences over the primary store, by node-local id (SEQ_* frames).
   SequenceService& sequences() { return *sequences_; }
+  // The tenants of $.auth.tenants on this node: identities, namespaces,
+  // quotas (shard_node/tenants.h; TenantView serves one of them).
+  TenantRegistry& tenants() { return *tenants_; }
+  // Drops ledger entries of blocks the node no longer holds, at most once a
+  // second (before tenant figures are read). Probes every ledger entry: call
+  // it from the HTTP thread, not from a data I/O thread.
+  void ReconcileTenants();
+  // Tenant t's figures as JSON (what a tenant's STATS frame gets).
+  std::string TenantStatsJson(uint32_t t) const;
 
  private:
   ShardNode() = default;
@@ -116,6 +127,8 @@ class ShardNode {
   bool GroupIntact(const BlockKey& key);
   void GroupStored(const BlockKey& key);
   KeyGroups groups_;
+  std::unique_ptr<TenantRegistry> tenants_;
+  std::atomic<int64_t> next_reconcile_ns_{0};
   std::unique_ptr<SequenceService> sequences_;  // pins blocks of store_: declared last, destroyed first
 };
 

@@ -27,8 +27,9 @@ class Process {
   Process& operator=(const Process&) = delete;
   ~Process() { Kill(SIGKILL), Wait(std::chrono::seconds(5)); }
 
-  // Starts argv[0] (a path) in its own process group.
-  bool Start(const std::vector<std::string>& argv) {
+  // Starts argv[0] (a path) in its own process group. With merge_stderr its
+  // stderr (the daemons' later JSON events) goes to the same pipe as stdout.
+  bool Start(const std::vector<std::string>& argv, bool merge_stderr = false) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) return false;
     pid_ = ::fork();
@@ -36,6 +37,7 @@ class Process {
     if (pid_ == 0) {
       ::setpgid(0, 0);
       ::dup2(fds[1], 1);
+      if (merge_stderr) ::dup2(fds[1], 2);
       std::vector<char*> args;
       for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
       args.push_back(nullptr);

@@ -61,3 +61,53 @@ TEST_CASE("Bad cluster sections name the JSON path", "[config][cluster]") {
   j["auth"] = {{"token", 5}};
   CHECK_THAT(Error(j), Catch::StartsWith("$.auth.token:"));
 }
+
+TEST_CASE("Tenants parse with their quota and namespace", "[config][cluster][security]") {
+  json j = Base();
+  j["auth"] = json::parse(R"({"token": "cluster", "tenants": [
+      {"name": "acme", "token": "a-secret", "quota": "64MiB"},
+      {"name": "globex", "password": "g-secret", "namespace": "shared"},
+      {"name": "initech", "token": "i-secret", "namespace": "shared"}]})");
+  auto r = ParseConfig(j.dump());
+  REQUIRE(r.ok());
+  REQUIRE(r->auth.tenants.size() == 3);
+  const TenantConfig* a = r->auth.FindTenant("acme");
+  REQUIRE(a != nullptr);
+  CHECK(a->token == "a-secret");
+  CHECK(a->quota_bytes == 64u << 20);
+  CHECK(a->ns == "acme");  // its own namespace by default
+  CHECK(r->auth.FindTenant("globex")->token == "g-secret");
+  CHECK(r->auth.FindTenant("globex")->quota_bytes == 0);
+  CHECK(r->auth.FindTenant("initech")->ns == "shared");
+  CHECK(r->auth.FindTenant("nobody") == nullptr);
+}
+
+TEST_CASE("Bad tenants name the JSON path", "[config][cluster][security]") {
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"tenants": [{"name": "a", "token": "x"}]})", "$.auth.tenants: needs $.auth.token"},
+      {R"({"token": "c", "tenants": {"name": "a"}})", "$.auth.tenants: expected an array"},
+      {R"({"token": "c", "tenants": [{"token": "x"}]})", "$.auth.tenants[0].name:"},
+      {R"({"token": "c", "tenants": [{"name": "a"}]})", "$.auth.tenants[0]: needs a \"token\""},
+      {R"({"token": "c", "tenants": [{"name": "a", "token": "x", "password": "y"}]})", "$.auth.tenants[0]: give"},
+      {R"({"token": "c", "tenants": [{"name": "a", "token": ""}]})", "$.auth.tenants[0].token: must not be empty"},
+      {R"({"token": "c", "tenants": [{"name": "a:b", "token": "x"}]})", "$.auth.tenants[0].name: must be"},
+      {R"({"token": "c", "tenants": [{"name": "a", "token": "x", "quota": "0"}]})", "$.auth.tenants[0].quota:"},
+      {R"({"token": "c", "tenants": [{"name": "a", "token": "x", "quota": "lots"}]})", "$.auth.tenants[0].quota:"},
+      {R"({"token": "c", "tenants": [{"name": "a", "token": "x", "namespace": ""}]})",
+       "$.auth.tenants[0].namespace: must not be empty"},
+      {R"({"token": "c", "tenants": [{"name": "a", "token": "x", "colour": 1}]})", "$.auth.tenants[0].colour: unknown key"},
+      {R"({"token": "c", "tenants": [{"name": "a", "token": "x"}, {"name": "a", "token": "y"}]})",
+       "$.auth.tenants[1].name: duplicate tenant \"a\" (first at $.auth.tenants[0].name)"},
+      {R"({"token": "c", "tenants": [{"name": "a", "password": "c"}]})", "$.auth.tenants[0]: its secret must differ"},
+  };
+  for (const auto& [auth, want] : bad) {
+    json j = Base();
+    j["auth"] = json::parse(auth);
+    INFO(auth);
+    CHECK_THAT(Error(j), Catch::StartsWith(want));
+  }
+  json j = Base();
+  j["auth"] = json::parse(R"({"token": "c", "tenants": [{"name": "a", "token": "x"}]})");
+  j["auth"]["tenants"][0]["token"] = std::string(257, 't');
+  CHECK_THAT(Error(j), Catch::StartsWith("$.auth.tenants[0].token: at most 256 bytes"));
+}

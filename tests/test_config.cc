@@ -131,3 +131,15 @@ TEST_CASE("$.sequences: every key optional with today's defaults, bad values nam
     CHECK(err.find(k.expect) != std::string::npos);
   }
 }
+
+// Found by fuzz/fuzz_config.cc (fuzz/corpus/config/crash-number-overflow):
+// the loader threw json::out_of_range from its error path and the daemon died.
+TEST_CASE("A number no double holds is refused as invalid JSON, not thrown", "[config]") {
+  for (const char* text : {"[\n99999999.99999e9999 }", R"({"name": 1e400})", "{\"model\": -1e99999}"}) {
+    INFO(text);
+    Result<ClusterConfig> r = ParseConfig(text);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(r.status().message(), Catch::StartsWith("$: not valid JSON"));
+  }
+}

@@ -18,6 +18,8 @@
 #include <thread>
 
 #include "cluster_process.h"
+#include "common/credentials.h"
+#include "kvmesh/config.h"
 #include "transport/http_client.h"
 #include "transport/socket_util.h"
 
@@ -94,7 +96,10 @@ struct ProxyCluster {
   void WaitNodes(size_t n) {
     const auto end = SteadyClock::now() + 10s;
     while (SteadyClock::now() < end) {
-      auto r = HttpRequest("127.0.0.1", coord_port, "GET", "/nodes", "", 1000);
+      // With a cluster secret the coordinator answers /nodes only to callers holding it.
+      HttpRequestOptions h;
+      if (auto c = LoadConfigFile(config); c.ok() && !c->auth.token.empty()) h.authorization = BearerAuthorization(c->auth.token);
+      auto r = HttpRequest("127.0.0.1", coord_port, "GET", "/nodes", "", 1000, h);
       if (r.ok() && r->status == 200 && nlohmann::json::parse(r->body)["nodes"].size() == n) return;
       std::this_thread::sleep_for(50ms);
     }

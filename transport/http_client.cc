@@ -2,41 +2,99 @@
 
 #include <sys/socket.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <poll.h>
 
 #include "transport/socket_util.h"
+#include "transport/tls_client.h"
 
 namespace kvmesh {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kMaxAnswer = 16u << 20;
+
+// The Content-Length (case-insensitive name) of the header block `head`, or -1.
+int64_t ContentLength(std::string_view head) {
+  size_t pos = 0;
+  while ((pos = head.find("\r\n", pos)) != std::string_view::npos) {
+    pos += 2;
+    constexpr std::string_view kName = "content-length:";
+    if (head.size() - pos < kName.size()) break;
+    bool match = true;
+    for (size_t i = 0; i < kName.size() && match; ++i)
+      match = std::tolower(static_cast<unsigned char>(head[pos + i])) == kName[i];
+    if (!match) continue;
+    size_t i = pos + kName.size();
+    while (i < head.size() && head[i] == ' ') ++i;
+    int64_t v = 0;
+    size_t digits = 0;
+    for (; i < head.size() && std::isdigit(static_cast<unsigned char>(head[i])) && digits < 12; ++i, ++digits)
+      v = v * 10 + (head[i] - '0');
+    return digits ? v : -1;
+  }
+  return -1;
+}
+
+// True once `resp` holds the whole answer: its headers and Content-Length
+// bytes of body (answers without one run to the end of the connection).
+bool Complete(const std::string& resp) {
+  const size_t end = resp.find("\r\n\r\n");
+  if (end == std::string::npos) return false;
+  const int64_t len = ContentLength(std::string_view(resp).substr(0, end + 2));
+  return len >= 0 && resp.size() - (end + 4) >= static_cast<uint64_t>(len);
+}
+
+}  // namespace
 
 Result<HttpResult> HttpRequest(const std::string& host, uint16_t port, const std::string& method,
-                               const std::string& target, const std::string& body, int64_t timeout_ms) {
-  using Clock = std::chrono::steady_clock;
+                               const std::string& target, const std::string& body, int64_t timeout_ms,
+                               const HttpRequestOptions& options) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   KVMESH_ASSIGN_OR_RETURN(UniqueFd fd, ConnectTcp(host, port, deadline));
+  std::unique_ptr<TlsConn> tls;
+  if (options.tls) {
+    KVMESH_ASSIGN_OR_RETURN(tls, options.tls->Connect(fd.get(), host, deadline));
+  }
+  if (options.authorization.find_first_of("\r\n") != std::string::npos)
+    return InvalidArgument("an Authorization value must not contain a line break");
   std::string req = method + " " + target + " HTTP/1.1\r\nHost: " + host + ":" + std::to_string(port) +
-                    "\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " +
-                    std::to_string(body.size()) + "\r\n\r\n" + body;
-  KVMESH_RETURN_IF_ERROR(WriteAll(fd.get(), req.data(), req.size(), deadline));
+                    "\r\nConnection: close\r\nContent-Type: application/json\r\n";
+  if (!options.authorization.empty()) req += "Authorization: " + options.authorization + "\r\n";
+  req += "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::vector<iovec> iov{{req.data(), req.size()}};
+  KVMESH_RETURN_IF_ERROR(tls ? tls->WriteAllV(iov, deadline) : WriteAllV(fd.get(), iov, deadline));
   std::string resp;
   char buf[16384];
-  constexpr size_t kMax = 16u << 20;
-  for (;;) {
-    ssize_t n = ::recv(fd.get(), buf, sizeof(buf), 0);
-    if (n > 0) {
-      resp.append(buf, static_cast<size_t>(n));
-      if (resp.size() > kMax) return ResourceExhausted("HTTP answer larger than 16 MiB");
-      continue;
+  while (!Complete(resp)) {
+    size_t got = 0;
+    if (tls) {
+      Result<size_t> n = tls->ReadSome(buf, sizeof buf, deadline);
+      if (!n.ok()) {
+        if (n.status().code() == StatusCode::kDeadlineExceeded)
+          return DeadlineExceeded("HTTP " + method + " " + target + ": no answer in time");
+        return n.status();
+      }
+      got = *n;
+    } else {
+      ssize_t n = ::recv(fd.get(), buf, sizeof(buf), 0);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return Unavailable(std::string("recv: ") + std::strerror(errno));
+        auto left = MsLeft(deadline);
+        pollfd p{fd.get(), POLLIN, 0};
+        if (left <= 0 || ::poll(&p, 1, left) == 0)
+          return DeadlineExceeded("HTTP " + method + " " + target + ": no answer in time");
+        continue;
+      }
+      got = static_cast<size_t>(n);
     }
-    if (n == 0) break;
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return Unavailable(std::string("recv: ") + std::strerror(errno));
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    pollfd p{fd.get(), POLLIN, 0};
-    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) == 0)
-      return DeadlineExceeded("HTTP " + method + " " + target + ": no answer in time");
+    if (got == 0) break;  // the server closed: the answer runs to here
+    resp.append(buf, got);
+    if (resp.size() > kMaxAnswer) return ResourceExhausted("HTTP answer larger than 16 MiB");
   }
   size_t sp = resp.find(' ');
   size_t end = resp.find("\r\n\r\n");
@@ -44,8 +102,10 @@ Result<HttpResult> HttpRequest(const std::string& host, uint16_t port, const std
     return Unavailable("malformed HTTP answer");
   HttpResult r;
   r.status = std::atoi(resp.c_str() + sp + 1);
-  // Chunked answers are not expected from our servers; the body runs to EOF.
+  // Chunked answers are not expected from our servers.
   r.body = resp.substr(end + 4);
+  const int64_t len = ContentLength(std::string_view(resp).substr(0, end + 2));
+  if (len >= 0 && r.body.size() > static_cast<uint64_t>(len)) r.body.resize(static_cast<size_t>(len));
   return r;
 }
 

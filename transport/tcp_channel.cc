@@ -23,6 +23,7 @@
 #include "transport/seq_calls.h"
 #include "transport/socket_util.h"
 #include "transport/sync_over_async.h"
+#include "transport/tls_client.h"
 
 namespace kvmesh {
 namespace {
@@ -48,8 +49,9 @@ struct Pending {
 // it has its own answer it hands the reader role to another waiter.
 class Connection {
  public:
-  Connection(int fd, int64_t stall_timeout_ms, ProtocolLimits limits)
-      : fd_(fd), stall_ms_(stall_timeout_ms), limits_(limits) {}
+  // tls: the connection's TLS session over fd (nullptr: plain TCP).
+  Connection(int fd, std::unique_ptr<TlsConn> tls, int64_t stall_timeout_ms, ProtocolLimits limits)
+      : fd_(fd), tls_(std::move(tls)), stall_ms_(stall_timeout_ms), limits_(limits) {}
   ~Connection() { ::shutdown(fd_.get(), SHUT_RDWR); }
   bool broken() const { return broken_.load(std::memory_order_acquire); }
   // No call in flight (a hint for choosing a connection; it may change at once).
@@ -74,7 +76,7 @@ class Connection {
     Status ws;
     {
       std::lock_guard<std::mutex> lock(write_mu_);
-      ws = WriteAllV(fd_.get(), iov, deadline);
+      ws = tls_ ? tls_->WriteAllV(iov, deadline) : WriteAllV(fd_.get(), iov, deadline);
     }
     if (!ws.ok()) {
       MarkBroken(ws);
@@ -158,16 +160,21 @@ class Connection {
   }
 
   // Reads n bytes of a frame already under way (the peer may stall at most stall_ms_).
-  Status Read(void* dst, size_t n) { return ReadFull(fd_.get(), dst, n, stall_ms_, {}); }
+  Status Read(void* dst, size_t n) {
+    return tls_ ? tls_->ReadFull(dst, n, stall_ms_) : ReadFull(fd_.get(), dst, n, stall_ms_, {});
+  }
 
   // Reads one answer frame and completes its waiter. DeadlineExceeded when no
   // frame started before `deadline` (the stream is intact); other errors break it.
   Status ReadOne(Clock::time_point deadline) {
     if (broken()) return Unavailable("connection lost");
-    pollfd pf{fd_.get(), POLLIN, 0};
-    // Past the deadline: only a frame that has already arrived (poll without waiting).
-    int pr = ::poll(&pf, 1, MsLeft(deadline));
-    if (pr == 0) return DeadlineExceeded("deadline");
+    // Past the deadline: only a frame that has already arrived (poll without
+    // waiting). TLS may hold decrypted bytes the socket no longer shows.
+    if (!tls_ || !tls_->HasBuffered()) {
+      pollfd pf{fd_.get(), POLLIN, 0};
+      int pr = ::poll(&pf, 1, MsLeft(deadline));
+      if (pr == 0) return DeadlineExceeded("deadline");
+    }
     HeaderBytes hb;
     KVMESH_RETURN_IF_ERROR(Read(hb.data(), hb.size()));
     FrameHeader h;
@@ -241,6 +248,7 @@ class Connection {
   }
 
   UniqueFd fd_;
+  std::unique_ptr<TlsConn> tls_;  // over fd_: destroyed first
   const int64_t stall_ms_;
   const ProtocolLimits limits_;
   std::mutex write_mu_;
@@ -438,6 +446,16 @@ class TcpChannelImpl final : public SeqOverFrames<SyncOverAsync<TcpChannel>> {
   Result<std::shared_ptr<Connection>> Open() {
     const auto deadline = Clock::now() + std::chrono::milliseconds(o_.connect_timeout_ms);
     KVMESH_ASSIGN_OR_RETURN(UniqueFd fd, ConnectTcp(o_.host, o_.port, deadline));
+    std::unique_ptr<TlsConn> tls;
+    if (o_.tls) {
+      Result<std::unique_ptr<TlsConn>> t = o_.tls->Connect(fd.get(), o_.host, deadline);
+      if (!t.ok()) return Unavailable("node " + Addr() + ": " + t.status().message());
+      tls = std::move(*t);
+    }
+    auto write = [&](std::vector<iovec>& iov) { return tls ? tls->WriteAllV(iov, deadline) : WriteAllV(fd.get(), iov, deadline); };
+    auto read = [&](void* dst, size_t n) {
+      return tls ? tls->ReadFullUntil(dst, n, deadline, "the node") : ReadFullUntil(fd.get(), dst, n, deadline, "the node");
+    };
     // HELLO, synchronously, before any caller shares the socket.
     Hello hello;
     hello.client_id = o_.client_id;
@@ -449,15 +467,15 @@ class TcpChannelImpl final : public SeqOverFrames<SyncOverAsync<TcpChannel>> {
     h.request_id = 0;
     std::string frame = BuildFrame(h, body);
     std::vector<iovec> iov{{frame.data(), frame.size()}};
-    KVMESH_RETURN_IF_ERROR(WriteAllV(fd.get(), iov, deadline));
+    KVMESH_RETURN_IF_ERROR(write(iov));
     HeaderBytes hb;
-    Status s = ReadFullUntil(fd.get(), hb.data(), hb.size(), deadline, "the node");
+    Status s = read(hb.data(), hb.size());
     if (!s.ok()) return Unavailable("HELLO to " + Addr() + ": " + s.message());
     FrameHeader a;
     ProtocolLimits lim = o_.limits;
     KVMESH_RETURN_IF_ERROR(DecodeHeader(hb, lim, &a));
     std::vector<std::byte> ab(a.body_len);
-    KVMESH_RETURN_IF_ERROR(ReadFullUntil(fd.get(), ab.data(), ab.size(), deadline, "the node"));
+    KVMESH_RETURN_IF_ERROR(read(ab.data(), ab.size()));
     if (a.opcode != Opcode::kHello || !a.is_response()) return Unavailable("node did not answer HELLO");
     if (a.status != StatusCode::kOk) return ParseErrorBody(a, ab);
     HelloAnswer ans;
@@ -469,7 +487,7 @@ class TcpChannelImpl final : public SeqOverFrames<SyncOverAsync<TcpChannel>> {
       server_limits_.max_body_bytes = std::min(server_limits_.max_body_bytes, o_.limits.max_body_bytes);
     }
     SetNoDelay(fd.get());
-    return std::make_shared<Connection>(fd.release(), o_.timeout_ms, o_.limits);
+    return std::make_shared<Connection>(fd.release(), std::move(tls), o_.timeout_ms, o_.limits);
   }
 
   TcpChannelOptions o_;

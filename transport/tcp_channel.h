@@ -29,17 +29,22 @@
 
 namespace kvmesh {
 
+class TlsClientContext;
+
 struct TcpChannelOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;
   std::string client_id = "kvmesh-client";
-  std::string tenant;
-  std::string token;                  // shared secret ($.auth.token), may be empty
+  std::string tenant;                 // a tenant of $.auth.tenants ("": the cluster's own identity)
+  std::string token;                  // the tenant's token, else the cluster secret ($.auth.token); may be empty
   uint32_t connections = 2;           // pool size
   int64_t timeout_ms = 2000;          // per call (RequestOptions::timeout_ms overrides)
   int64_t connect_timeout_ms = 1000;  // connect + HELLO
   int64_t reconnect_backoff_ms = 100;
   proto::ProtocolLimits limits;       // bounds on answers this client accepts
+  // TLS to a node whose data port has it ($.tls): the node's certificate is
+  // verified against `host`. nullptr: plain TCP.
+  std::shared_ptr<const TlsClientContext> tls;
 };
 
 class TcpChannel : public ShardChannel {

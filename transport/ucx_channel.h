@@ -30,8 +30,8 @@ namespace kvmesh {
 struct UcxChannelOptions {
   std::string node_address;  // the node's UCX worker address (bytes)
   std::string client_id = "kvmesh-ucx-client";
-  std::string tenant;
-  std::string token;
+  std::string tenant;  // a tenant of $.auth.tenants ("": the cluster's own identity)
+  std::string token;   // the tenant's token, else the cluster secret ($.auth.token)
   int64_t timeout_ms = 2000;
   proto::ProtocolLimits limits;  // bounds on answers this client accepts
   // The client's UCP context, shared by its channels so registered memory is

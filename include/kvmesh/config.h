@@ -118,10 +118,50 @@ struct CoordinatorConfig {
   int64_t dead_after_ms = 1500;   // a node silent this long is removed (epoch advances)
 };
 
-// Shared-secret authentication of data connections: when token is set, a
-// connection's HELLO must carry it or the node refuses every data operation.
+// A tenant ($.auth.tenants[]): an identity of its own on every data port
+// (HELLO tenant + token; RESP AUTH user password) and on the coordinator's
+// map (HTTP Basic). Its blocks live in its namespace, which the serving node
+// derives from the authenticated identity: tenants with different namespaces
+// never read, detect or erase each other's blocks, whatever key bytes they
+// send (docs/security.md).
+struct TenantConfig {
+  std::string name;          // 1..64 of [A-Za-z0-9._-]
+  std::string token;         // its secret, 1..256 bytes ("token" or "password" in JSON)
+  uint64_t quota_bytes = 0;  // bytes of its blocks one node keeps ("quota"); 0: no quota
+  // Tenants naming the same namespace share their blocks on purpose (e.g.
+  // one model's system prompts); default: the tenant's own name.
+  std::string ns;
+};
+
+// Authentication ($.auth). With token set, a data connection's HELLO must
+// carry it (or a tenant's name and token) or the node refuses every data
+// operation, and the control plane (coordinator, a node's HTTP port) wants it
+// as `Authorization: Bearer`.
 struct AuthConfig {
-  std::string token;
+  std::string token;                  // the cluster secret (nodes, admin tools, the proxy)
+  std::vector<TenantConfig> tenants;  // needs token
+
+  // The tenant called `name`, or nullptr.
+  const TenantConfig* FindTenant(std::string_view name) const;
+};
+
+// TLS on the TCP data ports and the HTTP ports (the coordinator's API, a
+// node's /metrics) when `cert` is set ($.tls; docs/security.md). Every
+// process of the cluster presents `cert` and trusts servers and clients whose
+// certificates chain to `ca`. UCX and the RESP ports stay plain.
+struct TlsConfig {
+  std::string cert;  // PEM certificate (chain) of this process
+  std::string key;   // PEM private key of cert
+  std::string ca;    // PEM CA bundle every peer's certificate must chain to
+  // Which clients must show a certificate signed by `ca` (mutual TLS):
+  // "none"; "admin" (default): calls that need the cluster secret on an HTTP
+  // port (membership writes, /nodes, /stats, a node's /metrics), so a node's
+  // registration takes both its secret and its certificate; "all": every
+  // connection to a TLS port (routers then need certificates too).
+  std::string client_auth = "admin";
+  bool verify_hostname = true;  // a server's certificate must name the host dialled (DNS or IP SAN)
+
+  bool enabled() const { return !cert.empty(); }
 };
 
 // The Redis-protocol fronts, node-local and proxy (docs/resp.md).
@@ -172,6 +212,7 @@ struct ClusterConfig {
   CoordinatorConfig coordinator;
   AuthConfig auth;
   RespConfig resp;
+  TlsConfig tls;
   CodecConfig codec;
   SequencesConfig sequences;
 

@@ -63,8 +63,18 @@ typedef struct kvmesh_options {
   const char* coordinator; /* "host:port" of the coordinator's HTTP API (required) */
   const char* client_id;   /* NULL: "kvmesh-c" */
   const char* tenant_salt; /* NULL: "" — keys of different salts never meet */
-  const char* token;       /* NULL: none — the cluster's shared secret, if it has one */
+  const char* token;       /* NULL: none — the cluster secret, or with `tenant` that tenant's token */
   int64_t timeout_ms;      /* per call; <= 0: 2000 */
+  /* NULL: none — a tenant of the cluster's $.auth.tenants: the nodes keep the
+   * client's blocks in that tenant's namespace (kvmesh/network.h). Added last:
+   * start from kvmesh_default_options() so every field is set. */
+  const char* tenant;
+  /* NULL: plain TCP — TLS to a cluster with $.tls: the CA file the servers'
+   * certificates chain to, and (client_auth "all") this client's certificate
+   * and key files. Added last, like tenant. */
+  const char* tls_ca;
+  const char* tls_cert;
+  const char* tls_key;
 } kvmesh_options;
 
 kvmesh_options kvmesh_default_options(void);

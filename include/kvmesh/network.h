@@ -30,8 +30,20 @@ namespace kvmesh {
 struct NetworkClientOptions {
   std::string coordinator;  // "host:port" of the coordinator's HTTP API (required)
   std::string client_id = "kvmesh-client";
-  std::string tenant_salt;  // keys of different salts never meet
-  std::string token;        // shared secret when the cluster sets $.auth.token
+  std::string tenant_salt;  // keys of different salts never meet (the client's own sub-namespace)
+  // Credentials. Without `tenant`, `token` is the cluster secret
+  // ($.auth.token). With `tenant`, the client is that tenant of
+  // $.auth.tenants and `token` is the tenant's token (or password): the nodes
+  // then keep its blocks in the tenant's namespace, whatever the salt.
+  std::string tenant;
+  std::string token;
+  // TLS to a cluster with $.tls (the coordinator's API and the nodes' data
+  // ports; docs/security.md): on when tls_ca is set. The servers'
+  // certificates must chain to tls_ca and name the host dialled; with
+  // $.tls.client_auth "all" the client shows tls_cert / tls_key.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
   int64_t timeout_ms = 2000;
   int64_t connect_timeout_ms = 1000;
   uint32_t connections_per_node = 2;

@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "common/checksum.h"
 #include "common/histogram.h"
 #include "shard_node/shard_node.h"
 #include "transport/asio_listener.h"
+#include "transport/tls_server.h"
 
 namespace kvmesh {
 namespace {
@@ -30,10 +32,13 @@ constexpr size_t kOps = proto::kMaxOpcode + 1;  // opcodes 1..kMaxOpcode
 // through a small staging buffer, so one recv usually brings a whole GET or
 // EXISTS frame, or a PUT's header, table and first payload bytes; a longer
 // remainder goes straight to its destination (a pool chunk).
-// REQUIRES: the socket is in non-blocking mode. Not thread-safe (one session).
+// Over TLS every read is asynchronous (an SSL stream's synchronous read on a
+// non-blocking socket is not a retryable "not yet"); the staging still holds.
+// REQUIRES: a plain socket is in non-blocking mode. Not thread-safe (one session).
+template <typename Stream>
 class FrameReader {
  public:
-  explicit FrameReader(tcp::socket& s) : s_(s) {}
+  explicit FrameReader(Stream& s) : s_(s) {}
 
   // Reads exactly dst.size() bytes. False when the stream ended or failed (ec).
   asio::awaitable<bool> Read(std::span<std::byte> dst, boost::system::error_code& ec) {
@@ -69,7 +74,7 @@ class FrameReader {
   // otherwise it reads at once and waits only if nothing is there.
   asio::awaitable<size_t> Some(std::span<std::byte> buf, boost::system::error_code& ec) {
     size_t n = 0;
-    if (!drained_) {
+    if (kPlain && !drained_) {
       n = s_.read_some(asio::buffer(buf.data(), buf.size()), ec);
       if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {};
       else if (ec) co_return 0;
@@ -81,23 +86,28 @@ class FrameReader {
     co_return n;
   }
 
-  tcp::socket& s_;
+  static constexpr bool kPlain = std::is_same_v<Stream, tcp::socket>;
+  Stream& s_;
   std::array<std::byte, kStage> stage_;
   size_t pos_ = 0, len_ = 0;
   bool drained_ = true;  // the last read took less than it asked for
 };
 
 // Writes every buffer: at once when the socket takes them (no loop turn for
-// a completion), the rest asynchronously. REQUIRES: a non-blocking socket.
-asio::awaitable<void> WriteAll(tcp::socket& s, std::vector<asio::const_buffer>& bufs, boost::system::error_code& ec) {
-  size_t n = s.write_some(bufs, ec);
-  if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {}, n = 0;
-  if (ec) co_return;
-  size_t i = 0;
-  while (i < bufs.size() && n >= bufs[i].size()) n -= bufs[i++].size();
-  if (i == bufs.size()) co_return;
-  bufs.erase(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(i));
-  bufs[0] += n;
+// a completion), the rest asynchronously; over TLS all asynchronously.
+// REQUIRES: a plain socket is non-blocking.
+template <typename Stream>
+asio::awaitable<void> WriteAll(Stream& s, std::vector<asio::const_buffer>& bufs, boost::system::error_code& ec) {
+  if constexpr (std::is_same_v<Stream, tcp::socket>) {
+    size_t n = s.write_some(bufs, ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {}, n = 0;
+    if (ec) co_return;
+    size_t i = 0;
+    while (i < bufs.size() && n >= bufs[i].size()) n -= bufs[i++].size();
+    if (i == bufs.size()) co_return;
+    bufs.erase(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(i));
+    bufs[0] += n;
+  }
   co_await asio::async_write(s, bufs, asio::redirect_error(asio::use_awaitable, ec));
 }
 
@@ -148,6 +158,8 @@ class Server final : public DataServer {
     line("kvmesh_frames_rejected_total", "reason=\"truncated\"", double(truncated_.load()));
     line("kvmesh_frames_rejected_total", "reason=\"auth\"", double(handler_.auth_failures.load()));
     line("kvmesh_frames_rejected_total", "reason=\"stale_epoch\"", double(handler_.stale.load()));
+    out += "# TYPE kvmesh_tls_handshake_failures_total counter\n";
+    line("kvmesh_tls_handshake_failures_total", "", double(tls_failed_.load()));
     out += "# TYPE kvmesh_bytes_received_total counter\n";
     line("kvmesh_bytes_received_total", "", double(bytes_in_.load()));
     out += "# TYPE kvmesh_bytes_sent_total counter\n";
@@ -192,7 +204,8 @@ class Server final : public DataServer {
   // chunk the node reserved for it (ShardNode::ReservePut), verified once
   // there and committed. Payloads the node does not take directly (stored
   // already, a node that encodes on put, a refusal) land in `scratch`.
-  asio::awaitable<PutRead> ReadPut(FrameReader& in, const FrameHeader& h, Buffer& scratch,
+  template <typename Stream>
+  asio::awaitable<PutRead> ReadPut(FrameReader<Stream>& in, const FrameHeader& h, TenantView v, Buffer& scratch,
                                    std::vector<PutRecord>& recs, FrameReply* rep) {
     boost::system::error_code ec;
     const size_t table_bytes = size_t{h.count} * kPutItemSize;
@@ -206,16 +219,16 @@ class Server final : public DataServer {
       po.priority = r.priority;
       po.codec = r.codec;
       po.replace = h.flags & kFlagReplace;
-      Result<BlockReservation> res = node_->ReservePut(r.key, r.size, po);
+      Result<BlockReservation> res = v.ReservePut(r.key, r.size, po);
       std::span<std::byte> dst = res.ok() ? res->data() : scratch.Get(r.size);
       if (!co_await in.Read(dst, ec)) co_return PutRead::kTruncated;  // an unfilled reservation frees its chunk
       Status st;
       if (res.ok()) {
-        st = node_->CommitPut(*res, r.checksum);
+        st = v.CommitPut(*res, r.checksum);
       } else if (res.status().code() == StatusCode::kAlreadyExists) {
         st = Status::Ok();  // stored already: a key names its content
       } else if (res.status().code() == StatusCode::kFailedPrecondition) {
-        st = Checksum64(dst.data(), dst.size()) == r.checksum ? node_->Put(r.key, dst, po)
+        st = Checksum64(dst.data(), dst.size()) == r.checksum ? v.Put(r.key, dst, po)
                                                               : DataLoss("payload checksum mismatch");
       } else {
         st = res.status();
@@ -226,14 +239,38 @@ class Server final : public DataServer {
     co_return PutRead::kDone;
   }
 
-  asio::awaitable<void> Session(tcp::socket s) {
+  asio::awaitable<void> Session(tcp::socket sock) {
     boost::system::error_code ec;
-    s.set_option(tcp::no_delay(true), ec);
-    s.non_blocking(true, ec);  // FrameReader and WriteAll: no loop turn when the socket is ready
-    FrameReader in(s);
+    sock.set_option(tcp::no_delay(true), ec);
     conns_total_.fetch_add(1);
     conns_open_.fetch_add(1);
-    bool hello_done = false;
+    if (!o_.tls) {
+      sock.non_blocking(true, ec);  // FrameReader and WriteAll: no loop turn when the socket is ready
+      co_await Frames(sock);
+    } else {
+      asio::ssl::stream<tcp::socket&> tls(sock, *o_.tls);
+      // A client that never finishes its handshake is dropped after 10 s.
+      asio::steady_timer timer(sock.get_executor());
+      timer.expires_after(std::chrono::seconds(10));
+      timer.async_wait([&sock](boost::system::error_code e) {
+        if (!e) sock.cancel();
+      });
+      co_await tls.async_handshake(asio::ssl::stream_base::server, asio::redirect_error(asio::use_awaitable, ec));
+      timer.cancel();
+      if (ec) tls_failed_.fetch_add(1);
+      else co_await Frames(tls);
+    }
+    sock.shutdown(tcp::socket::shutdown_both, ec);
+    sock.close(ec);
+    conns_open_.fetch_sub(1);
+  }
+
+  // The frames of one connection, over a plain or a TLS stream.
+  template <typename Stream>
+  asio::awaitable<void> Frames(Stream& s) {
+    boost::system::error_code ec;
+    FrameReader<Stream> in(s);
+    ConnectionAuth conn;
     Buffer body;
     std::vector<PutRecord> put_records;  // kept for the connection: no allocation per PUT once warm
     for (;;) {
@@ -250,9 +287,9 @@ class Server final : public DataServer {
       const auto t0 = std::chrono::steady_clock::now();
       FrameReply rep;
       FrameOutcome outcome;
-      if (h.opcode == Opcode::kPut && handler_.Admits(h, hello_done)) {
+      if (h.opcode == Opcode::kPut && handler_.Admits(h, conn)) {
         // The payloads go straight from the socket into reserved pool chunks.
-        const PutRead r = co_await ReadPut(in, h, body, put_records, &rep);
+        const PutRead r = co_await ReadPut(in, h, TenantView(node_, conn.tenant), body, put_records, &rep);
         if (r == PutRead::kTruncated) truncated_.fetch_add(1);
         if (r == PutRead::kMalformed) malformed_.fetch_add(1);
         if (r != PutRead::kDone) break;
@@ -263,7 +300,7 @@ class Server final : public DataServer {
           truncated_.fetch_add(1);
           break;
         }
-        outcome = handler_.Handle(h, b, &hello_done, &rep);
+        outcome = handler_.Handle(h, b, &conn, &rep);
       }
       bytes_in_.fetch_add(kHeaderSize + h.body_len, std::memory_order_relaxed);
       if (outcome == FrameOutcome::kClose) break;
@@ -283,16 +320,13 @@ class Server final : public DataServer {
       }
       if (close_after) break;
     }
-    s.shutdown(tcp::socket::shutdown_both, ec);
-    s.close(ec);
-    conns_open_.fetch_sub(1);
   }
 
   ShardNode* node_;
   DataServerOptions o_;
   const std::atomic<uint64_t>* epoch_;
   FrameHandler handler_;
-  std::atomic<uint64_t> conns_total_{0}, conns_open_{0}, malformed_{0}, truncated_{0};
+  std::atomic<uint64_t> conns_total_{0}, conns_open_{0}, malformed_{0}, truncated_{0}, tls_failed_{0};
   std::atomic<uint64_t> bytes_in_{0}, bytes_out_{0};
   std::array<OpStats, kOps> ops_;
   std::unique_ptr<AsioListener> listener_;  // last: destroyed first, with the sessions that use the above

@@ -10,8 +10,9 @@
 // in-memory and never block on I/O; GET answers are written with
 // scatter/gather straight from pool memory (BlockRefs pin the blocks until the
 // write completes). A malformed, truncated or oversize frame closes only its
-// own connection. The first frame must be HELLO; with a token configured a
-// wrong or missing token is refused (PermissionDenied) and the connection closed
+// own connection. The first frame must be HELLO: it carries the cluster
+// secret, or a tenant's name and token (the node's $.auth.tenants); wrong or
+// missing credentials are refused (PermissionDenied) and the connection closed
 // before any data operation. A request whose epoch is non-zero and older than
 // the node's current epoch is answered StaleEpoch (carrying the node's epoch).
 //
@@ -26,6 +27,10 @@
 #include "kvmesh/status.h"
 #include "transport/protocol.h"
 
+namespace boost::asio::ssl {
+class context;
+}
+
 namespace kvmesh {
 
 class ShardNode;
@@ -35,7 +40,10 @@ struct DataServerOptions {
   uint16_t port = 0;  // 0 = a free port
   uint32_t threads = 2;
   proto::ProtocolLimits limits;
-  std::string token;  // empty: no authentication
+  std::string token;  // the cluster secret a HELLO without a tenant name must carry (empty: none)
+  // TLS on every connection ($.tls; MakeTlsServerContext): the handshake
+  // comes first, then the frames as above. nullptr: plain TCP.
+  std::shared_ptr<boost::asio::ssl::context> tls;
 };
 
 class DataServer {

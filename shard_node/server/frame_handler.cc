@@ -1,34 +1,23 @@
 #include "shard_node/server/frame_handler.h"
 
 #include "common/checksum.h"
+#include "common/credentials.h"
 #include "shard_node/shard_node.h"
 
 namespace kvmesh {
-namespace {
 
 using namespace proto;
 
-bool TokenEquals(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
-}  // namespace
-
-using namespace proto;
-
-FrameOutcome FrameHandler::Handle(const FrameHeader& h, std::span<const std::byte> body, bool* hello_done,
+FrameOutcome FrameHandler::Handle(const FrameHeader& h, std::span<const std::byte> body, ConnectionAuth* conn,
                                   FrameReply* rep) {
-  if (!*hello_done || h.opcode == Opcode::kHello) {
-    Status st = HandleHello(h, body, *hello_done, rep);
+  if (!conn->hello_done || h.opcode == Opcode::kHello) {
+    Status st = HandleHello(h, body, conn, rep);
     if (st.code() == StatusCode::kInvalidArgument && rep->pieces.empty()) {
       malformed.fetch_add(1);
       return FrameOutcome::kClose;
     }
     if (!st.ok()) return FrameOutcome::kReplyThenClose;
-    *hello_done = true;
+    conn->hello_done = true;
     return FrameOutcome::kReply;
   }
   const uint64_t node_epoch = epoch_->load(std::memory_order_acquire);
@@ -39,7 +28,8 @@ FrameOutcome FrameHandler::Handle(const FrameHeader& h, std::span<const std::byt
                rep);
     return FrameOutcome::kReply;
   }
-  if (!HandleData(h, body, rep).ok()) {
+  TenantView v(node_, conn->tenant);
+  if (!HandleData(h, body, v, rep).ok()) {
     malformed.fetch_add(1);
     return FrameOutcome::kClose;
   }
@@ -48,8 +38,9 @@ FrameOutcome FrameHandler::Handle(const FrameHeader& h, std::span<const std::byt
 
 // Returns OK when the connection is now authenticated; non-OK closes it
 // (InvalidArgument with an empty reply: malformed, close without answering).
-Status FrameHandler::HandleHello(const FrameHeader& h, std::span<const std::byte> body, bool hello_done, FrameReply* rep) {
-  if (hello_done) {
+Status FrameHandler::HandleHello(const FrameHeader& h, std::span<const std::byte> body, ConnectionAuth* conn,
+                                 FrameReply* rep) {
+  if (conn->hello_done) {
     ErrorReply(h, InvalidArgument("HELLO sent twice"), rep);
     return InvalidArgument("HELLO twice");
   }
@@ -65,11 +56,20 @@ Status FrameHandler::HandleHello(const FrameHeader& h, std::span<const std::byte
     ErrorReply(h, InvalidArgument("no common protocol version (node speaks " + std::to_string(kVersion) + ")"), rep);
     return FailedPrecondition("version");
   }
-  if (!token_.empty() && !TokenEquals(hello.token, token_)) {
+  // The cluster secret (no tenant name) or a tenant's name and token; the
+  // connection's frames then act in that identity's namespace. A cluster
+  // without tenants ignores the name (clients once sent their salt there).
+  Result<uint32_t> who = kClusterTenant;
+  if (!hello.tenant.empty() && node_->tenants().has_tenants())
+    who = node_->tenants().Authenticate(hello.tenant, hello.token);
+  else if (!token_.empty() && !ConstantTimeEquals(hello.token, token_))
+    who = PermissionDenied(hello.token.empty() ? "this node requires a token" : "wrong token");
+  if (!who.ok()) {
     auth_failures.fetch_add(1);
-    ErrorReply(h, PermissionDenied(hello.token.empty() ? "this node requires a token" : "wrong token"), rep);
-    return PermissionDenied("token");
+    ErrorReply(h, who.status(), rep);
+    return who.status();
   }
+  conn->tenant = *who;
   HelloAnswer a{node_->id(), limits_};
   OkReply(h, 0, EncodeHelloAnswerBody(a), rep);
   return Status::Ok();
@@ -102,23 +102,25 @@ void FrameHandler::OkReply(const FrameHeader& req, uint32_t count, std::string b
 }
 
 // Answers one data frame. Non-OK only for a malformed body (closes the connection).
-Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte> body, TenantView& v,
+                                FrameReply* rep) {
+  const SeqCaller c{v.tenant(), node_->tenants().Namespace(v.tenant())};
   switch (h.opcode) {
-    case Opcode::kPut: return HandlePut(h, body, rep);
-    case Opcode::kGet: return HandleGet(h, body, rep);
-    case Opcode::kExists: return HandleExists(h, body, rep);
-    case Opcode::kMatchPrefix: return HandleMatchPrefix(h, body, rep);
-    case Opcode::kErase: return HandlePerKey(h, body, &ShardNode::Erase, rep);
-    case Opcode::kPin: return HandlePerKey(h, body, &ShardNode::Pin, rep);
-    case Opcode::kUnpin: return HandlePerKey(h, body, &ShardNode::Unpin, rep);
-    case Opcode::kStats: return HandleStats(h, rep);
-    case Opcode::kSeqCreate: return HandleSeqCreate(h, body, rep);
-    case Opcode::kSeqAppend: return HandleSeqAppend(h, body, rep);
-    case Opcode::kSeqTruncate: return HandleSeqTruncate(h, body, rep);
-    case Opcode::kSeqFork: return HandleSeqFork(h, body, rep);
-    case Opcode::kSeqRelease: return HandleSeqRelease(h, body, rep);
-    case Opcode::kSeqInfo: return HandleSeqInfo(h, body, rep);
-    case Opcode::kSeqRead: return HandleSeqRead(h, body, rep);
+    case Opcode::kPut: return HandlePut(h, body, v, rep);
+    case Opcode::kGet: return HandleGet(h, body, v, rep);
+    case Opcode::kExists: return HandleExists(h, body, v, rep);
+    case Opcode::kMatchPrefix: return HandleMatchPrefix(h, body, v, rep);
+    case Opcode::kErase: return HandlePerKey(h, body, v, &TenantView::Erase, rep);
+    case Opcode::kPin: return HandlePerKey(h, body, v, &TenantView::Pin, rep);
+    case Opcode::kUnpin: return HandlePerKey(h, body, v, &TenantView::Unpin, rep);
+    case Opcode::kStats: return HandleStats(h, v, rep);
+    case Opcode::kSeqCreate: return HandleSeqCreate(h, body, c, rep);
+    case Opcode::kSeqAppend: return HandleSeqAppend(h, body, c, rep);
+    case Opcode::kSeqTruncate: return HandleSeqTruncate(h, body, c, rep);
+    case Opcode::kSeqFork: return HandleSeqFork(h, body, c, rep);
+    case Opcode::kSeqRelease: return HandleSeqRelease(h, body, c, rep);
+    case Opcode::kSeqInfo: return HandleSeqInfo(h, body, c, rep);
+    case Opcode::kSeqRead: return HandleSeqRead(h, body, c, rep);
     case Opcode::kMemRegister:
     case Opcode::kMemUnregister:
     case Opcode::kGetInto:
@@ -132,13 +134,14 @@ Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte>
   return InvalidArgument("unexpected opcode");
 }
 
-bool FrameHandler::Admits(const FrameHeader& h, bool hello_done) const {
-  if (!hello_done || h.opcode == Opcode::kHello) return false;
+bool FrameHandler::Admits(const FrameHeader& h, const ConnectionAuth& conn) const {
+  if (!conn.hello_done || h.opcode == Opcode::kHello) return false;
   const uint64_t node_epoch = epoch_->load(std::memory_order_acquire);
   return h.epoch == 0 || h.epoch >= node_epoch;
 }
 
-Status FrameHandler::HandlePut(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+Status FrameHandler::HandlePut(const FrameHeader& h, std::span<const std::byte> body, TenantView& v,
+                               FrameReply* rep) {
   const size_t table = size_t{h.count} * kPutItemSize;
   std::vector<PutRecord> recs;
   KVMESH_RETURN_IF_ERROR(ParsePutTable(h, body.first(table), limits_, &recs));
@@ -155,7 +158,7 @@ Status FrameHandler::HandlePut(const FrameHeader& h, std::span<const std::byte> 
       po.priority = recs[i].priority;
       po.codec = recs[i].codec;
       po.replace = h.flags & kFlagReplace;
-      s = node_->Put(recs[i].key, data, po);
+      s = v.Put(recs[i].key, data, po);
     }
     codes[i] = static_cast<char>(s.code());
   }
@@ -163,7 +166,8 @@ Status FrameHandler::HandlePut(const FrameHeader& h, std::span<const std::byte> 
   return Status::Ok();
 }
 
-Status FrameHandler::HandleGet(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+Status FrameHandler::HandleGet(const FrameHeader& h, std::span<const std::byte> body, TenantView& v,
+                               FrameReply* rep) {
   std::vector<BlockKey> keys;
   KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
   std::string table(keys.size() * kGetItemSize, '\0');
@@ -176,7 +180,7 @@ Status FrameHandler::HandleGet(const FrameHeader& h, std::span<const std::byte> 
     GetRecord r;
     // Host memory goes out unverified: the client verifies where it lands
     // (one hash pass per direction). Device memory is verified here, copied out.
-    Result<BlockRef> ref = host ? node_->GetForTransfer(keys[i]) : node_->Get(keys[i]);
+    Result<BlockRef> ref = host ? v.GetForTransfer(keys[i]) : v.Get(keys[i]);
     if (!ref.ok()) {
       r.status = ref.status().code();
     } else if (total + ref->meta().logical_size > limits_.max_body_bytes) {
@@ -186,7 +190,7 @@ Status FrameHandler::HandleGet(const FrameHeader& h, std::span<const std::byte> 
       // in-process reads do, so the router API means the same everywhere.
       std::string& c = rep->copies.emplace_back(ref->meta().logical_size, '\0');
       ref->Release();
-      Result<size_t> n = node_->GetInto(keys[i], std::as_writable_bytes(std::span<char>(c)));
+      Result<size_t> n = v.GetInto(keys[i], std::as_writable_bytes(std::span<char>(c)));
       if (!n.ok()) {
         r.status = n.status().code();
         rep->copies.pop_back();
@@ -226,38 +230,45 @@ Status FrameHandler::HandleGet(const FrameHeader& h, std::span<const std::byte> 
   return Status::Ok();
 }
 
-Status FrameHandler::HandleExists(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+Status FrameHandler::HandleExists(const FrameHeader& h, std::span<const std::byte> body, TenantView& v,
+                                  FrameReply* rep) {
   std::vector<BlockKey> keys;
   KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
   const bool touch = h.flags & kFlagTouch;
   std::string found(keys.size(), '\0');
-  for (size_t i = 0; i < keys.size(); ++i) found[i] = node_->Exists(keys[i], touch) ? 1 : 0;
+  for (size_t i = 0; i < keys.size(); ++i) found[i] = v.Exists(keys[i], touch) ? 1 : 0;
   OkReply(h, h.count, std::move(found), rep);
   return Status::Ok();
 }
 
-Status FrameHandler::HandleMatchPrefix(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+Status FrameHandler::HandleMatchPrefix(const FrameHeader& h, std::span<const std::byte> body, TenantView& v,
+                                       FrameReply* rep) {
   std::vector<BlockKey> keys;
   KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
   uint32_t run = 0;
-  while (run < keys.size() && node_->Exists(keys[run], /*touch=*/true)) ++run;
+  while (run < keys.size() && v.Exists(keys[run], /*touch=*/true)) ++run;
   std::string out(4, '\0');
   for (int b = 0; b < 4; ++b) out[b] = static_cast<char>((run >> (8 * b)) & 0xFF);
   OkReply(h, h.count, std::move(out), rep);
   return Status::Ok();
 }
 
-Status FrameHandler::HandlePerKey(const FrameHeader& h, std::span<const std::byte> body,
-                                  Status (ShardNode::*op)(const BlockKey&), FrameReply* rep) {
+Status FrameHandler::HandlePerKey(const FrameHeader& h, std::span<const std::byte> body, TenantView& v,
+                                  Status (TenantView::*op)(const BlockKey&), FrameReply* rep) {
   std::vector<BlockKey> keys;
   KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
   std::string codes(keys.size(), '\0');
-  for (size_t i = 0; i < keys.size(); ++i) codes[i] = static_cast<char>((node_->*op)(keys[i]).code());
+  for (size_t i = 0; i < keys.size(); ++i) codes[i] = static_cast<char>((v.*op)(keys[i]).code());
   OkReply(h, h.count, std::move(codes), rep);
   return Status::Ok();
 }
 
-Status FrameHandler::HandleStats(const FrameHeader& h, FrameReply* rep) {
+Status FrameHandler::HandleStats(const FrameHeader& h, TenantView& v, FrameReply* rep) {
+  // A tenant sees its own figures, never the node's (which name every tenant).
+  if (v.tenant() != kClusterTenant) {
+    OkReply(h, 0, node_->TenantStatsJson(v.tenant()), rep);
+    return Status::Ok();
+  }
   OkReply(h, 0, node_->StatsJson(), rep);
   return Status::Ok();
 }
@@ -273,7 +284,8 @@ Status FrameHandler::SeqAnswer(const FrameHeader& h, const Status& s, std::strin
   return Status::Ok();
 }
 
-Status FrameHandler::HandleSeqCreate(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+Status FrameHandler::HandleSeqCreate(const FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
+                                     FrameReply* rep) {
   SeqCreateRequest q;
   KVMESH_RETURN_IF_ERROR(ParseSeqCreate(body, &q));
   SeqCreateArgs a;
@@ -283,57 +295,63 @@ Status FrameHandler::HandleSeqCreate(const FrameHeader& h, std::span<const std::
   a.priority = q.priority;
   a.prefix = q.prefix;
   a.max_blocks = q.max_blocks == kSeqNoLimit ? SIZE_MAX : q.max_blocks;
-  Result<SeqCreated> c = node_->sequences().Create(a);
-  if (!c.ok()) return SeqAnswer(h, c.status(), {}, rep);
-  return SeqAnswer(h, Status::Ok(), EncodeSeqCreateAnswer(*c), rep);
+  Result<SeqCreated> made = node_->sequences().Create(a, c);
+  if (!made.ok()) return SeqAnswer(h, made.status(), {}, rep);
+  return SeqAnswer(h, Status::Ok(), EncodeSeqCreateAnswer(*made), rep);
 }
 
-Status FrameHandler::HandleSeqAppend(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+Status FrameHandler::HandleSeqAppend(const FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
+                                     FrameReply* rep) {
   SeqAppendRequest q;
   KVMESH_RETURN_IF_ERROR(ParseSeqAppend(body, &q));
   if (Checksum64(q.k.data(), q.k.size()) != q.k_checksum || Checksum64(q.v.data(), q.v.size()) != q.v_checksum)
     return SeqAnswer(h, DataLoss("SEQ_APPEND K/V checksum mismatch in transit; nothing appended"), {}, rep);
-  Result<uint32_t> pos = node_->sequences().Append(q.id, q.tokens, q.k, q.v);
+  Result<uint32_t> pos = node_->sequences().Append(q.id, q.tokens, q.k, q.v, c);
   return SeqAnswer(h, pos.status(), pos.ok() ? EncodeU32(*pos) : std::string(), rep);
 }
 
-Status FrameHandler::HandleSeqTruncate(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+Status FrameHandler::HandleSeqTruncate(const FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
+                                       FrameReply* rep) {
   uint64_t id = 0;
   uint32_t n = 0;
   KVMESH_RETURN_IF_ERROR(ParseSeqTruncate(body, &id, &n));
-  return SeqAnswer(h, node_->sequences().Truncate(id, n), {}, rep);
+  return SeqAnswer(h, node_->sequences().Truncate(id, n, c), {}, rep);
 }
 
-Status FrameHandler::HandleSeqFork(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+Status FrameHandler::HandleSeqFork(const FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
+                                   FrameReply* rep) {
   uint64_t id = 0;
   KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &id));
-  Result<SeqId> f = node_->sequences().Fork(id);
+  Result<SeqId> f = node_->sequences().Fork(id, c);
   return SeqAnswer(h, f.status(), f.ok() ? EncodeSeqId(*f) : std::string(), rep);
 }
 
-Status FrameHandler::HandleSeqRelease(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+Status FrameHandler::HandleSeqRelease(const FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
+                                      FrameReply* rep) {
   uint64_t id = 0;
   KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &id));
-  return SeqAnswer(h, node_->sequences().Release(id), {}, rep);
+  return SeqAnswer(h, node_->sequences().Release(id, c), {}, rep);
 }
 
-Status FrameHandler::HandleSeqInfo(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+Status FrameHandler::HandleSeqInfo(const FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
+                                   FrameReply* rep) {
   uint64_t id = 0;
   KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &id));
-  Result<SequenceState> st = node_->sequences().Info(id);
+  Result<SequenceState> st = node_->sequences().Info(id, c);
   if (!st.ok()) return SeqAnswer(h, st.status(), {}, rep);
   if (12 + uint64_t{st->length} * 4 > limits_.max_body_bytes)
     return SeqAnswer(h, ResourceExhausted("sequence too long for one SEQ_INFO answer"), {}, rep);
   return SeqAnswer(h, Status::Ok(), EncodeSeqInfoAnswer(*st), rep);
 }
 
-Status FrameHandler::HandleSeqRead(const FrameHeader& h, std::span<const std::byte> body, FrameReply* rep) {
+Status FrameHandler::HandleSeqRead(const FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
+                                   FrameReply* rep) {
   uint64_t id = 0;
   uint32_t from = 0, n = 0;
   KVMESH_RETURN_IF_ERROR(ParseSeqRead(body, &id, &from, &n));
   std::vector<std::byte> k, v;
   const size_t room = limits_.max_body_bytes - kSeqReadAnswerFixed;
-  Result<SeqRows> rows = node_->sequences().Read(id, from, n, room, &k, &v);
+  Result<SeqRows> rows = node_->sequences().Read(id, from, n, room, &k, &v, c);
   if (!rows.ok()) return SeqAnswer(h, rows.status(), {}, rep);
   if (k.size() + v.size() > room)
     return SeqAnswer(h, ResourceExhausted("one position of this slice exceeds the node's frame limit"), {}, rep);

@@ -1,7 +1,9 @@
 // shard_node/server/frame_handler.h — answers kvmesh protocol frames for one
 // ShardNode, whatever transport carried them (Asio TCP, UCX active messages).
-// Holds the per-frame logic every server shares: HELLO and token checks, the
-// stale-epoch refusal, and the batch operations. Answers are a list of byte
+// Holds the per-frame logic every server shares: HELLO and its credentials
+// (the cluster secret or a tenant's name and token), the stale-epoch refusal,
+// and the batch operations, each in the namespace of the identity the
+// connection proved (TenantView). Answers are a list of byte
 // pieces (header, tables, then payloads straight from pool memory, pinned by
 // the BlockRefs the reply owns) for one gathered send.
 //
@@ -14,6 +16,8 @@
 #include <vector>
 
 #include "shard_node/block_store.h"
+#include "shard_node/sequence_service.h"
+#include "shard_node/tenant_view.h"
 #include "transport/protocol.h"
 
 namespace kvmesh {
@@ -37,6 +41,14 @@ struct FrameReply {
   }
 };
 
+// What one connection (or UCX session) has proven so far.
+struct ConnectionAuth {
+  bool hello_done = false;
+  // The identity its HELLO proved (TenantRegistry::Authenticate): every data
+  // frame then acts in that tenant's namespace (TenantView).
+  uint32_t tenant = 0;  // kClusterTenant
+};
+
 enum class FrameOutcome {
   kReply,           // send the reply, keep the connection
   kReplyThenClose,  // send the reply (an error answer), then close
@@ -45,13 +57,17 @@ enum class FrameOutcome {
 
 class FrameHandler {
  public:
+  // A HELLO without a tenant name must carry `token` (the cluster secret;
+  // empty: none needed); one with a name, a tenant's token of the node's
+  // TenantRegistry ($.auth.tenants of its config).
   // REQUIRES: node and epoch outlive the handler.
   FrameHandler(ShardNode* node, proto::ProtocolLimits limits, std::string token, const std::atomic<uint64_t>* epoch)
       : node_(node), limits_(limits), token_(std::move(token)), epoch_(epoch) {}
 
   // Answers frame `h` (body already read and within limits) of a connection
-  // whose handshake state is *hello_done.
-  FrameOutcome Handle(const proto::FrameHeader& h, std::span<const std::byte> body, bool* hello_done, FrameReply* rep);
+  // whose handshake state is *conn.
+  FrameOutcome Handle(const proto::FrameHeader& h, std::span<const std::byte> body, ConnectionAuth* conn,
+                      FrameReply* rep);
 
   const proto::ProtocolLimits& limits() const { return limits_; }
 
@@ -59,7 +75,7 @@ class FrameHandler {
   // pool memory): true when frame h would run now, its connection being
   // authenticated and its epoch current. When false, read the body and pass
   // the frame to Handle, which refuses it as the protocol says.
-  bool Admits(const proto::FrameHeader& h, bool hello_done) const;
+  bool Admits(const proto::FrameHeader& h, const ConnectionAuth& conn) const;
 
   // Answers to `req`, for servers that run an operation themselves.
   void ErrorReply(const proto::FrameHeader& req, const Status& s, FrameReply* rep);
@@ -68,27 +84,37 @@ class FrameHandler {
   std::atomic<uint64_t> auth_failures{0}, stale{0}, malformed{0};
 
  private:
-  Status HandleHello(const proto::FrameHeader& h, std::span<const std::byte> body, bool hello_done, FrameReply* rep);
+  Status HandleHello(const proto::FrameHeader& h, std::span<const std::byte> body, ConnectionAuth* conn,
+                     FrameReply* rep);
   // Dispatches a data frame to its opcode's handler. Every handler below
   // answers into *rep and returns non-OK only for a malformed body (the
-  // connection is then closed without an answer).
-  Status HandleData(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
-  Status HandlePut(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
-  Status HandleGet(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
-  Status HandleExists(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
-  Status HandleMatchPrefix(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  // connection is then closed without an answer). `v` is the node as the
+  // connection's tenant sees it.
+  Status HandleData(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v, FrameReply* rep);
+  Status HandlePut(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v, FrameReply* rep);
+  Status HandleGet(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v, FrameReply* rep);
+  Status HandleExists(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v, FrameReply* rep);
+  Status HandleMatchPrefix(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v,
+                           FrameReply* rep);
   // ERASE, PIN, UNPIN: `op` on each key, one status code byte per key.
-  Status HandlePerKey(const proto::FrameHeader& h, std::span<const std::byte> body,
-                      Status (ShardNode::*op)(const BlockKey&), FrameReply* rep);
-  Status HandleStats(const proto::FrameHeader& h, FrameReply* rep);
+  Status HandlePerKey(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v,
+                      Status (TenantView::*op)(const BlockKey&), FrameReply* rep);
+  Status HandleStats(const proto::FrameHeader& h, TenantView& v, FrameReply* rep);
   // SEQ_*: a refused call is an error answer, not a malformed frame.
-  Status HandleSeqCreate(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
-  Status HandleSeqAppend(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
-  Status HandleSeqTruncate(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
-  Status HandleSeqFork(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
-  Status HandleSeqRelease(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
-  Status HandleSeqInfo(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
-  Status HandleSeqRead(const proto::FrameHeader& h, std::span<const std::byte> body, FrameReply* rep);
+  Status HandleSeqCreate(const proto::FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
+                         FrameReply* rep);
+  Status HandleSeqAppend(const proto::FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
+                         FrameReply* rep);
+  Status HandleSeqTruncate(const proto::FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
+                           FrameReply* rep);
+  Status HandleSeqFork(const proto::FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
+                       FrameReply* rep);
+  Status HandleSeqRelease(const proto::FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
+                          FrameReply* rep);
+  Status HandleSeqInfo(const proto::FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
+                       FrameReply* rep);
+  Status HandleSeqRead(const proto::FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
+                       FrameReply* rep);
   // Answers `s` as an error, or OK with `ok_body`; returns OK.
   Status SeqAnswer(const proto::FrameHeader& h, const Status& s, std::string ok_body, FrameReply* rep);
 

@@ -19,10 +19,14 @@
 #include "shard_node/server/ucx_server.h"
 #include "transport/ucx_worker.h"
 #endif
+#include "common/credentials.h"
 #include "shard_node/shard_node.h"
+#include "transport/http_auth.h"
 #include "transport/http_client.h"
 #include "transport/http_server.h"
 #include "transport/socket_util.h"
+#include "transport/tls_client.h"
+#include "transport/tls_server.h"
 
 namespace kvmesh {
 namespace {
@@ -34,7 +38,8 @@ void LogEvent(const std::string& node_id, json j) {
                    std::chrono::system_clock::now().time_since_epoch()).count();
   j["role"] = "node";
   j["node_id"] = node_id;
-  std::fprintf(stderr, "%s\n", j.dump().c_str());
+  // Fields may carry a client's bytes (a refused path): never throw on bad UTF-8.
+  std::fprintf(stderr, "%s\n", j.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
   std::fflush(stderr);
 }
 
@@ -53,6 +58,19 @@ class Daemon final : public NodeDaemon {
     d.port = nc->ports.data;
     d.threads = config_.transport.io_threads;
     d.token = config_.auth.token;
+    HttpTls http_tls;
+    if (config_.tls.enabled()) {
+      // Data port: a certificate only with client_auth "all". HTTP: the same
+      // context; admin calls then check the certificate (transport/http_auth.h).
+      KVMESH_ASSIGN_OR_RETURN(d.tls, MakeTlsServerContext(config_.tls, config_.tls.client_auth == "all"));
+      http_tls = d.tls;
+      TlsClientOptions c;  // this node as the coordinator's client: it shows its certificate
+      c.ca = config_.tls.ca;
+      c.cert = config_.tls.cert;
+      c.key = config_.tls.key;
+      c.verify_hostname = config_.tls.verify_hostname;
+      KVMESH_ASSIGN_OR_RETURN(coord_tls_, TlsClientContext::Create(c));
+    }
     d.limits.max_body_bytes = static_cast<uint32_t>(std::min<uint64_t>(config_.transport.max_frame_bytes, UINT32_MAX));
     d.limits.max_items = config_.transport.max_batch_items;
     d.limits.max_block_bytes = static_cast<uint32_t>(std::min<uint64_t>(node_->store().slot_bytes(), UINT32_MAX));
@@ -81,7 +99,8 @@ class Daemon final : public NodeDaemon {
       KVMESH_ASSIGN_OR_RETURN(resp_, RespServer::Start(node_.get(), r));
     }
     KVMESH_ASSIGN_OR_RETURN(http_, HttpServer::Start(nc->host, nc->ports.http,
-                                                     [this](const HttpServerRequest& r) { return Http(r); }));
+                                                     [this](const HttpServerRequest& r) { return Http(r); },
+                                                     std::move(http_tls)));
     if (!o_.coordinator.empty()) {
       KVMESH_RETURN_IF_ERROR(SplitHostPort(o_.coordinator, &coord_host_, &coord_port_));
       heart_ = std::thread([this] { Heartbeats(); });
@@ -94,7 +113,7 @@ class Daemon final : public NodeDaemon {
     json ports = {{"data", data_->port()}, {"http", http_->port()}};
     if (resp_) ports["resp"] = resp_->port();
     json j{{"event", "listening"}, {"role", "node"}, {"node_id", o_.node_id}, {"host", node_cfg_.host},
-           {"pid", ::getpid()}, {"ports", ports}};
+           {"pid", ::getpid()}, {"tls", config_.tls.enabled()}, {"ports", ports}};
     if (!ucx_address_.empty()) j["ucx_address"] = ucx_address_;  // hex worker address
     return j.dump();
   }
@@ -110,7 +129,8 @@ class Daemon final : public NodeDaemon {
     cv_.notify_all();
     if (heart_.joinable()) heart_.join();
     if (registered_)  // let routers move on at once instead of after dead_after_ms
-      (void)HttpRequest(coord_host_, coord_port_, "POST", "/leave", json{{"id", o_.node_id}}.dump(), 500);
+      (void)HttpRequest(coord_host_, coord_port_, "POST", "/leave", json{{"id", o_.node_id}}.dump(), 500,
+                        CoordinatorAuth());
     if (http_) http_->Stop();
     if (resp_) resp_->Stop();
 #if defined(KVMESH_HAVE_UCX)
@@ -120,10 +140,34 @@ class Daemon final : public NodeDaemon {
   }
 
  private:
+  // The cluster secret on every call to the coordinator (transport/http_auth.h).
+  HttpRequestOptions CoordinatorAuth() const {
+    HttpRequestOptions h;
+    if (!config_.auth.token.empty()) h.authorization = BearerAuthorization(config_.auth.token);
+    h.tls = coord_tls_;  // HTTPS with this node's certificate when the cluster has $.tls
+    return h;
+  }
+
   HttpServerResponse Http(const HttpServerRequest& r) {
     std::string path = r.target.substr(0, r.target.find('?'));
     if (path == "/healthz") return {200, "text/plain", "ok\n"};
-    if (path == "/stats") return {200, "application/json", node_->StatsJson() + "\n"};
+    // Everything else (statistics, metrics, the policy switch) takes the cluster secret.
+    const bool admin_cert = config_.tls.enabled() && config_.tls.client_auth != "none";
+    if (HttpAuthDecision d = AuthorizeHttp(config_.auth, r, HttpAccess::kAdmin, admin_cert); !d.allowed) {
+      http_refused_.fetch_add(1, std::memory_order_relaxed);
+      uint64_t suppressed = 0;
+      if (refusal_log_.Allow(&suppressed)) {
+        json e{{"event", "auth_refused"}, {"port", "http"}, {"method", r.method.substr(0, 16)},
+               {"path", path.substr(0, 128)}, {"peer", r.peer}, {"status", d.status}, {"reason", d.reason}};
+        if (suppressed) e["suppressed"] = suppressed;
+        LogEvent(o_.node_id, std::move(e));
+      }
+      return RefusalResponse(d);
+    }
+    if (path == "/stats") {
+      node_->ReconcileTenants();
+      return {200, "application/json", node_->StatsJson() + "\n"};
+    }
     if (path == "/metrics") return {200, "text/plain; version=0.0.4", Metrics()};
     if (path == "/policy") {  // GET: the eviction policy; POST {"policy": NAME}: switch it at run time
       if (r.method == "POST") {
@@ -141,7 +185,7 @@ class Daemon final : public NodeDaemon {
     return {404, "text/plain", "not found\n"};
   }
 
-  std::string Metrics() const {
+  std::string Metrics() {
     NodeStats st = node_->Stats();
     const StoreStats& s = st.store;
     std::string out = data_->MetricsText();
@@ -158,11 +202,14 @@ class Daemon final : public NodeDaemon {
     g("kvmesh_store_evictions_total", "counter", s.evictions);
     g("kvmesh_store_corrupt_total", "counter", s.corrupt);
     g("kvmesh_shard_map_epoch", "gauge", epoch_.load());
+    g("kvmesh_http_auth_refused_total", "counter", http_refused_.load(std::memory_order_relaxed));
     if (resp_) g("kvmesh_resp_commands_total", "counter", resp_->commands());
 #if defined(KVMESH_HAVE_UCX)
     if (ucx_) g("kvmesh_ucx_requests_total", "counter", ucx_->requests());
 #endif
     if (TieredStore* t = node_->tiers()) out += t->PrometheusText();  // tiers and pressure
+    node_->ReconcileTenants();
+    out += node_->tenants().PrometheusText();  // kvmesh_tenant_*{tenant="..."}
     return out;
   }
 
@@ -174,7 +221,9 @@ class Daemon final : public NodeDaemon {
       lock.unlock();
       Status s = registered_ ? Heartbeat() : Register();
       if (!s.ok() && !logged_unreachable) {
-        LogEvent(o_.node_id, {{"event", "coordinator_unreachable"}, {"error", s.ToString()}});
+        const bool refused = s.code() == StatusCode::kPermissionDenied;  // the cluster secret does not match
+        LogEvent(o_.node_id, {{"event", refused ? "coordinator_refused" : "coordinator_unreachable"},
+                              {"error", s.ToString()}});
         logged_unreachable = true;
       } else if (s.ok()) {
         logged_unreachable = false;
@@ -188,10 +237,13 @@ class Daemon final : public NodeDaemon {
                  {"ports", {{"data", data_->port()}, {"http", http_->port()}, {"resp", resp_ ? resp_->port() : 0}}}};
     if (!ucx_address_.empty()) body["ucx"] = ucx_address_;
     KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(coord_host_, coord_port_, "POST", "/register", body.dump(),
-                                                      config_.coordinator.heartbeat_ms * 2));
+                                                      config_.coordinator.heartbeat_ms * 2, CoordinatorAuth()));
+    if (r.status == 401 || r.status == 403)
+      return PermissionDenied("register: HTTP " + std::to_string(r.status) + " " + r.body);
     if (r.status != 200) return Unavailable("register: HTTP " + std::to_string(r.status) + " " + r.body);
     json a = json::parse(r.body, nullptr, false);
-    if (a.is_discarded() || !a.contains("epoch")) return Unavailable("register: bad answer");
+    if (!a.is_object() || !a.contains("epoch") || !a["epoch"].is_number_unsigned())
+      return Unavailable("register: bad answer");
     epoch_.store(a["epoch"].get<uint64_t>());
     registered_ = true;
     LogEvent(o_.node_id, {{"event", "registered"}, {"epoch", epoch_.load()}});
@@ -204,14 +256,15 @@ class Daemon final : public NodeDaemon {
                  {"stats", {{"blocks", s.blocks}, {"bytes_stored", s.bytes_stored}, {"hits", s.hits},
                             {"misses", s.misses}, {"puts", s.puts}, {"evictions", s.evictions}}}};
     KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(coord_host_, coord_port_, "POST", "/heartbeat", body.dump(),
-                                                      config_.coordinator.heartbeat_ms * 2));
+                                                      config_.coordinator.heartbeat_ms * 2, CoordinatorAuth()));
     if (r.status == 404) {  // the coordinator dropped us (restart or a long pause): join again
       registered_ = false;
       return Register();
     }
+    if (r.status == 401 || r.status == 403) return PermissionDenied("heartbeat: HTTP " + std::to_string(r.status));
     if (r.status != 200) return Unavailable("heartbeat: HTTP " + std::to_string(r.status));
     json a = json::parse(r.body, nullptr, false);
-    if (!a.is_discarded() && a.contains("epoch")) epoch_.store(a["epoch"].get<uint64_t>());
+    if (a.is_object() && a.contains("epoch") && a["epoch"].is_number_unsigned()) epoch_.store(a["epoch"].get<uint64_t>());
     return Status::Ok();
   }
 
@@ -227,8 +280,11 @@ class Daemon final : public NodeDaemon {
 #endif
   std::string ucx_address_;  // hex; empty without the UCX backend
   std::unique_ptr<HttpServer> http_;
+  std::atomic<uint64_t> http_refused_{0};
+  EventRateLimiter refusal_log_;
   std::string coord_host_;
   uint16_t coord_port_ = 0;
+  std::shared_ptr<const TlsClientContext> coord_tls_;  // with $.tls
   std::thread heart_;
   std::atomic<bool> registered_{false};
   std::mutex mu_;

@@ -47,6 +47,7 @@ struct UcxRma::Transfer {
   FrameHeader h;
   uint64_t epoch = 0;
   std::shared_ptr<UcxRegionTable> regions;
+  uint32_t tenant = 0;  // the session's identity: the keys' namespace
   Done done;
   int pending = 1;      // operations in flight, plus one while posting
   uint64_t moved = 0;   // payload bytes of the posted puts / gets
@@ -142,11 +143,12 @@ void UcxRma::Settle(Transfer* t) {
     }
     t->refs.clear();  // the client has its bytes (flushed): unpin
   } else {
+    TenantView v(node_, t->tenant);
     for (size_t i = 0; i < t->put.size(); ++i) {
       const PutRecord& pr = t->put[i].put;
       if (t->res[i].valid()) {
         t->codes[i] = static_cast<uint8_t>(
-            t->failed ? StatusCode::kUnavailable : node_->CommitPut(t->res[i], pr.checksum).code());
+            t->failed ? StatusCode::kUnavailable : v.CommitPut(t->res[i], pr.checksum).code());
       } else if (!t->staged[i].empty()) {
         Status s;
         if (t->failed) {
@@ -158,7 +160,7 @@ void UcxRma::Settle(Transfer* t) {
           po.priority = pr.priority;
           po.codec = pr.codec;
           po.replace = t->h.flags & kFlagReplace;
-          s = node_->Put(pr.key, t->staged[i], po);
+          s = v.Put(pr.key, t->staged[i], po);
         }
         t->codes[i] = static_cast<uint8_t>(s.code());
       }
@@ -181,7 +183,7 @@ void SettleCallback(void* req, ucs_status_t st, void* user) {
 }
 }  // namespace
 
-Status UcxRma::GetInto(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, const FrameHeader& h,
+Status UcxRma::GetInto(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, TenantView v, const FrameHeader& h,
                        std::span<const std::byte> body, uint64_t epoch, Done done) {
   thread_local std::vector<GetIntoRecord> in;
   KVMESH_RETURN_IF_ERROR(ParseGetIntoTable(h, body, &in));
@@ -198,7 +200,7 @@ Status UcxRma::GetInto(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, con
   for (size_t i = 0; i < in.size(); ++i) {
     const GetIntoRecord& g = in[i];
     GetRecord& r = t->out[i];
-    Result<BlockRef> ref = node_->GetForTransfer(g.key);
+    Result<BlockRef> ref = v.GetForTransfer(g.key);
     if (!ref.ok()) {
       r.status = ref.status().code();
       continue;
@@ -253,7 +255,7 @@ Status UcxRma::GetInto(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, con
   return Status::Ok();
 }
 
-Status UcxRma::PutFrom(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, const FrameHeader& h,
+Status UcxRma::PutFrom(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, TenantView v, const FrameHeader& h,
                        std::span<const std::byte> body, uint64_t epoch, Done done) {
   auto* t = new Transfer;
   Status parsed = ParsePutFromTable(h, body, limits_, &t->put);
@@ -265,6 +267,7 @@ Status UcxRma::PutFrom(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, con
   t->h = h;
   t->epoch = epoch;
   t->regions = std::move(regions);
+  t->tenant = v.tenant();
   t->done = std::move(done);
   const size_t n = t->put.size();
   t->res.resize(n);
@@ -282,7 +285,7 @@ Status UcxRma::PutFrom(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, con
     po.priority = f.put.priority;
     po.codec = f.put.codec;
     po.replace = h.flags & kFlagReplace;
-    Result<BlockReservation> res = node_->ReservePut(f.put.key, f.put.size, po);
+    Result<BlockReservation> res = v.ReservePut(f.put.key, f.put.size, po);
     std::byte* dst;
     if (res.ok()) {
       t->res[i] = std::move(*res);

@@ -74,9 +74,10 @@ class UcxRma {
   using Done = std::function<void(std::unique_ptr<FrameReply>)>;
   // Starts the frame's transfers on `ep`. A body that does not parse returns
   // InvalidArgument and starts nothing (the caller closes the session).
-  Status GetInto(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, const proto::FrameHeader& h,
+  // `v` is the node as the session's tenant sees it (keys in its namespace).
+  Status GetInto(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, TenantView v, const proto::FrameHeader& h,
                  std::span<const std::byte> body, uint64_t epoch, Done done);
-  Status PutFrom(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, const proto::FrameHeader& h,
+  Status PutFrom(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, TenantView v, const proto::FrameHeader& h,
                  std::span<const std::byte> body, uint64_t epoch, Done done);
 
   uint64_t in_flight() const { return in_flight_; }

@@ -56,7 +56,7 @@ class Server final : public UcxServer {
     uint64_t nonce = 0;
     ucp_ep_h ep = nullptr;     // data: every answer but the HELLO's, one-sided transfers; no peer error handling
     ucp_ep_h watch = nullptr;  // the HELLO answer, then only the client's death (peer error handling)
-    bool hello_done = false;
+    ConnectionAuth auth;  // the HELLO's identity: its frames act in that tenant's namespace
     bool failed = false;  // the error callback ran: no more sends, close it
     uint64_t last_used = 0;
     // Client memory registered on this session (MEM_REGISTER); transfers in
@@ -233,19 +233,19 @@ class Server final : public UcxServer {
       }
       Session& ss = *it->second;
       ss.last_used = ++use_clock_;
-      if (ss.hello_done && IsRemoteMemoryOpcode(in->header.opcode)) {
+      if (ss.auth.hello_done && IsRemoteMemoryOpcode(in->header.opcode)) {
         if (!HandleRemoteMemory(ss, *in)) CloseSession(it);
         continue;
       }
       auto out = std::make_unique<Outgoing>();
-      const FrameOutcome oc = handler_.Handle(in->header, in->body, &ss.hello_done, &out->rep);
+      const FrameOutcome oc = handler_.Handle(in->header, in->body, &ss.auth, &out->rep);
       if (oc == FrameOutcome::kClose) {
         CloseSession(it);
         continue;
       }
       // "Closing" a UCX peer otherwise forgets its handshake: its next frame
       // must be a (valid) HELLO again.
-      if (oc != FrameOutcome::kReply) ss.hello_done = false;
+      if (oc != FrameOutcome::kReply) ss.auth = ConnectionAuth{};
       // HELLO answers go on the watch endpoint: its connection then exists
       // both ways, so either side's death is seen.
       Send(in->header.opcode == Opcode::kHello ? ss.watch : ss.ep, std::move(out));
@@ -293,10 +293,12 @@ class Server final : public UcxServer {
         return true;
       }
       case Opcode::kGetInto:
-        if (!rma_->GetInto(ss.ep, ss.regions, h, in.body, node_epoch, reply).ok()) break;
+        if (!rma_->GetInto(ss.ep, ss.regions, TenantView(node_, ss.auth.tenant), h, in.body, node_epoch, reply).ok())
+          break;
         return true;
       case Opcode::kPutFrom:
-        if (!rma_->PutFrom(ss.ep, ss.regions, h, in.body, node_epoch, reply).ok()) break;
+        if (!rma_->PutFrom(ss.ep, ss.regions, TenantView(node_, ss.auth.tenant), h, in.body, node_epoch, reply).ok())
+          break;
         return true;
       default:
         break;

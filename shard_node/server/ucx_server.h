@@ -29,7 +29,7 @@ class ShardNode;
 
 struct UcxServerOptions {
   proto::ProtocolLimits limits;
-  std::string token;
+  std::string token;  // the cluster secret a HELLO without a tenant name must carry (empty: none)
   // How the loop waits for work ($.transport.ucx): kHybrid spins spin_us
   // after the last request before sleeping on the worker's wakeup fd.
   UcxProgress progress = UcxProgress::kHybrid;

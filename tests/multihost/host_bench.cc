@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/credentials.h"
 #include "kvmesh/build_config.h"
 #include "raw_tcp.h"
 #include "router/map_json.h"
@@ -156,7 +157,9 @@ Result<nlohmann::json> RunHostBench(const HostBenchOptions& o, BenchCounters* co
   std::string chost;
   uint16_t cport = 0;
   KVMESH_RETURN_IF_ERROR(SplitHostPort(o.coordinator, &chost, &cport));
-  KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(chost, cport, "GET", "/map", "", o.timeout_ms));
+  HttpRequestOptions h;
+  if (!o.token.empty()) h.authorization = BearerAuthorization(o.token);
+  KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(chost, cport, "GET", "/map", "", o.timeout_ms, h));
   if (r.status != 200) return Unavailable("coordinator answered HTTP " + std::to_string(r.status) + " for /map");
   KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, ParsePublishedMap(r.body));
   nlohmann::json hosts = nlohmann::json::array();

@@ -1,0 +1,238 @@
+#include "coordinator/membership.h"
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "common/json_reader.h"
+#include "router/map_json.h"
+#include "transport/http_auth.h"
+
+namespace kvmesh {
+namespace {
+
+using nlohmann::json;
+using SteadyClock = std::chrono::steady_clock;
+
+int64_t UnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Member {
+  ShardInfo info;
+  std::string ucx;  // hex UCX worker address ("" without UCX)
+  SteadyClock::time_point last;
+  json stats = json::object();
+};
+
+}  // namespace
+
+struct Membership::Impl {
+  const ClusterConfig config;
+  EventSink sink;
+  mutable std::mutex mu;
+  // Starts at the wall-clock milliseconds, so that epochs keep growing across
+  // a coordinator restart (routers ignore maps older than the one they hold).
+  uint64_t epoch = static_cast<uint64_t>(UnixMs());  // guarded by mu
+  uint64_t registrations = 0, removals = 0;          // guarded by mu
+  uint64_t auth_refused = 0;                         // guarded by mu
+  std::map<std::string, Member> members;             // guarded by mu
+  EventRateLimiter refusal_log;
+
+  Impl(const ClusterConfig& c, EventSink s) : config(c), sink(std::move(s)) {}
+
+  // One structured event per line (docs/architecture.md, "Observability").
+  void Log(json j) {
+    j["ts_ms"] = UnixMs();
+    j["role"] = "coordinator";
+    // Fields may carry a client's bytes (a refused path): never throw on bad UTF-8.
+    const std::string line = j.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (sink) {
+      sink(line);
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+      std::fflush(stderr);
+    }
+  }
+
+  // Answers may echo a client's bytes (an unknown path): never throw on bad UTF-8.
+  static HttpServerResponse Json(int status, const json& j) {
+    return {status, "application/json", j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};
+  }
+
+  // Who may call what (transport/http_auth.h): /healthz is open, reading the
+  // map takes the cluster secret or a tenant's credentials, everything else
+  // (membership writes, /nodes, /stats) the cluster secret.
+  static HttpAccess AccessFor(const std::string& method, const std::string& path) {
+    if (path == "/healthz") return HttpAccess::kOpen;
+    if (method == "GET" && path == "/map") return HttpAccess::kRead;
+    return HttpAccess::kAdmin;
+  }
+
+  HttpServerResponse Handle(const HttpServerRequest& r) {
+    std::string path = r.target.substr(0, r.target.find('?'));
+    // Checked before the body is read: a refused request changes nothing.
+    const bool admin_cert = config.tls.enabled() && config.tls.client_auth != "none";  // mutual TLS for nodes
+    if (HttpAuthDecision d = AuthorizeHttp(config.auth, r, AccessFor(r.method, path), admin_cert); !d.allowed) {
+      uint64_t suppressed = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ++auth_refused;
+      }
+      if (refusal_log.Allow(&suppressed)) {
+        json e{{"event", "auth_refused"}, {"method", r.method.substr(0, 16)}, {"path", path.substr(0, 128)},
+               {"peer", r.peer}, {"status", d.status}, {"reason", d.reason}};
+        if (suppressed) e["suppressed"] = suppressed;
+        Log(std::move(e));
+      }
+      return RefusalResponse(d);
+    }
+    if (r.method == "GET") {
+      if (path == "/healthz") return {200, "text/plain", "ok\n"};
+      if (path == "/map") return {200, "application/json", MapJson() + "\n"};
+      if (path == "/nodes") return Json(200, NodesJson());
+      if (path == "/stats") return Json(200, StatsJson());
+      return Json(404, {{"error", "no such endpoint: " + path}});
+    }
+    if (r.method != "POST") return Json(405, {{"error", "use GET or POST"}});
+    json body = json::parse(r.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object() || !body.contains("id") || !body["id"].is_string() ||
+        body["id"].get<std::string>().empty())
+      return Json(400, {{"error", "body must be a JSON object with a non-empty string \"id\""}});
+    const std::string id = body["id"].get<std::string>();
+    if (path == "/register") return Register(id, body);
+    if (path == "/heartbeat") {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = members.find(id);
+      if (it == members.end()) return Json(404, {{"error", "unknown node " + id + ": register again"}, {"epoch", epoch}});
+      it->second.last = SteadyClock::now();
+      if (body.contains("stats") && body["stats"].is_object()) it->second.stats = body["stats"];
+      return Json(200, {{"epoch", epoch}});
+    }
+    if (path == "/leave") {
+      std::lock_guard<std::mutex> lock(mu);
+      if (members.erase(id)) {
+        ++epoch;
+        ++removals;
+        Log({{"event", "node_left"}, {"node_id", id}, {"epoch", epoch}});
+      }
+      return Json(200, {{"epoch", epoch}});
+    }
+    return Json(404, {{"error", "no such endpoint: " + path}});
+  }
+
+  // A registration names its JSON path and reason when it is refused (400),
+  // like a bad config: {"id", "host"?, "weight"?, "ports": {"data", "http"?,
+  // "resp"?}, "ucx"?}; unknown keys are refused too.
+  HttpServerResponse Register(const std::string& id, const json& b) {
+    ShardInfo s;
+    s.id = id;
+    s.host = "127.0.0.1";
+    s.weight = 1.0;
+    std::string ucx;
+    ObjectReader r(b, "$");
+    r.Child("id", /*required=*/true);  // its value was checked by the caller
+    r.Optional("host", &s.host).Optional("weight", &s.weight).Optional("ucx", &ucx);
+    if (const json* p = r.Child("ports", /*required=*/true); p != nullptr && r.ok()) {
+      ObjectReader pr(*p, "$.ports");
+      pr.Required("data", &s.ports.data).Optional("http", &s.ports.http).Optional("resp", &s.ports.resp);
+      if (pr.ok() && s.ports.data == 0) pr.Fail("data", "must be a port in 1..65535");
+      if (Status st = pr.Finish(); !st.ok()) return Json(400, {{"error", "bad registration: " + st.message()}});
+    }
+    if (r.ok() && !(s.weight > 0)) r.Fail("weight", "must be > 0");
+    if (r.ok() && s.host.empty()) r.Fail("host", "must not be empty");
+    if (Status st = r.Finish(); !st.ok()) return Json(400, {{"error", "bad registration: " + st.message()}});
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = members.find(id);
+    const bool rejoin = it != members.end();
+    if (!rejoin || it->second.info.host != s.host || it->second.info.ports.data != s.ports.data ||
+        it->second.info.weight != s.weight) {
+      ++epoch;
+      ++registrations;
+      Log({{"event", rejoin ? "node_rejoined" : "node_joined"}, {"node_id", id}, {"epoch", epoch},
+           {"data_port", s.ports.data}});
+    }
+    Member& m = members[id];
+    m.info = s;
+    m.ucx = ucx;
+    m.last = SteadyClock::now();
+    return Json(200, {{"epoch", epoch}, {"heartbeat_ms", config.coordinator.heartbeat_ms}});
+  }
+
+  std::string MapJson() const {
+    PublishedMap pm;
+    pm.model = config.model;
+    pm.placement = config.placement;
+    std::lock_guard<std::mutex> lock(mu);
+    pm.epoch = epoch;
+    pm.backend = config.transport.backend;
+    for (const auto& [id, m] : members) {
+      pm.nodes.push_back(m.info);
+      if (!m.ucx.empty()) pm.ucx_addresses[id] = m.ucx;
+    }
+    return PublishedMapToJson(pm);
+  }
+
+  json NodesJson() const {
+    std::lock_guard<std::mutex> lock(mu);
+    json nodes = json::array();
+    const auto now = SteadyClock::now();
+    for (const auto& [id, m] : members) {
+      nodes.push_back({{"id", id}, {"host", m.info.host}, {"weight", m.info.weight},
+                       {"ports", {{"data", m.info.ports.data}, {"http", m.info.ports.http}, {"resp", m.info.ports.resp}}},
+                       {"last_heartbeat_ms_ago",
+                        std::chrono::duration_cast<std::chrono::milliseconds>(now - m.last).count()}});
+    }
+    return {{"epoch", epoch}, {"nodes", nodes}};
+  }
+
+  json StatsJson() const {
+    std::lock_guard<std::mutex> lock(mu);
+    json per = json::object();
+    json totals = json::object();
+    for (const auto& [id, m] : members) {
+      per[id] = m.stats;
+      for (auto it = m.stats.begin(); it != m.stats.end(); ++it)
+        if (it->is_number_unsigned()) totals[it.key()] = totals.value(it.key(), uint64_t{0}) + it->get<uint64_t>();
+    }
+    return {{"epoch", epoch}, {"live_nodes", members.size()}, {"registrations", registrations},
+            {"removals", removals}, {"auth_refused", auth_refused}, {"totals", totals}, {"nodes", per}};
+  }
+};
+
+Membership::Membership(const ClusterConfig& config, EventSink sink)
+    : impl_(std::make_unique<Impl>(config, std::move(sink))) {}
+Membership::~Membership() = default;
+
+HttpServerResponse Membership::Handle(const HttpServerRequest& r) { return impl_->Handle(r); }
+
+void Membership::Reap(SteadyClock::time_point now) {
+  Impl& im = *impl_;
+  const auto dead_after = std::chrono::milliseconds(im.config.coordinator.dead_after_ms);
+  std::lock_guard<std::mutex> lock(im.mu);
+  for (auto it = im.members.begin(); it != im.members.end();) {
+    if (now - it->second.last > dead_after) {
+      ++im.epoch;
+      ++im.removals;
+      im.Log({{"event", "node_removed"}, {"node_id", it->first}, {"reason", "missed heartbeats"}, {"epoch", im.epoch}});
+      it = im.members.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+uint64_t Membership::epoch() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->epoch;
+}
+
+size_t Membership::live_nodes() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->members.size();
+}
+
+}  // namespace kvmesh

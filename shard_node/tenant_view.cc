@@ -1,0 +1,90 @@
+#include "shard_node/tenant_view.h"
+
+#include <vector>
+
+#include "shard_node/shard_node.h"
+
+namespace kvmesh {
+
+BlockKey TenantView::Key(const BlockKey& key) const { return node_->tenants().Scope(tenant_, key); }
+
+void TenantView::Admitted(const BlockKey& stored, uint64_t bytes) {
+  if (tenant_ == kClusterTenant) return;
+  std::vector<BlockKey> victims;
+  node_->tenants().Admitted(tenant_, stored, bytes, &victims);
+  uint64_t evicted = 0;
+  // A victim the node already dropped on its own answers NotFound: it only leaves the ledger.
+  for (const BlockKey& v : victims) evicted += node_->Erase(v).ok() ? 1 : 0;
+  if (evicted) node_->tenants().QuotaEvicted(tenant_, evicted);
+}
+
+// Hits refresh the tenant's recency; misses forget what the node no longer has.
+template <typename T>
+T TenantView::Counted(const BlockKey& stored, T result) {
+  if (tenant_ == kClusterTenant) return result;
+  if (result.ok()) node_->tenants().Hit(tenant_, stored);
+  else if (result.status().code() == StatusCode::kNotFound || result.status().code() == StatusCode::kDataLoss)
+    node_->tenants().Miss(tenant_, stored);
+  return result;
+}
+
+Status TenantView::Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o) {
+  KVMESH_RETURN_IF_ERROR(node_->tenants().CheckFits(tenant_, payload.size()));
+  const BlockKey stored = Key(key);
+  KVMESH_RETURN_IF_ERROR(node_->Put(stored, payload, o));
+  Admitted(stored, payload.size());
+  return Status::Ok();
+}
+
+Result<BlockRef> TenantView::Get(const BlockKey& key) {
+  const BlockKey stored = Key(key);
+  return Counted(stored, node_->Get(stored));
+}
+
+Result<BlockRef> TenantView::GetForTransfer(const BlockKey& key) {
+  const BlockKey stored = Key(key);
+  return Counted(stored, node_->GetForTransfer(stored));
+}
+
+Result<size_t> TenantView::GetInto(const BlockKey& key, std::span<std::byte> dst) {
+  const BlockKey stored = Key(key);
+  return Counted(stored, node_->GetInto(stored, dst));
+}
+
+bool TenantView::Exists(const BlockKey& key, bool touch) {
+  const BlockKey stored = Key(key);
+  const bool found = node_->Exists(stored, touch);
+  if (tenant_ != kClusterTenant) {
+    if (found && touch) node_->tenants().Hit(tenant_, stored);
+    if (!found) node_->tenants().Miss(tenant_, stored);
+  }
+  return found;
+}
+
+Status TenantView::Erase(const BlockKey& key) {
+  const BlockKey stored = Key(key);
+  Status s = node_->Erase(stored);
+  if (tenant_ != kClusterTenant) node_->tenants().Erased(tenant_, stored);
+  return s;
+}
+
+Status TenantView::Pin(const BlockKey& key) { return node_->Pin(Key(key)); }
+Status TenantView::Unpin(const BlockKey& key) { return node_->Unpin(Key(key)); }
+
+Result<BlockReservation> TenantView::ReservePut(const BlockKey& key, size_t size, const PutOptions& o) {
+  KVMESH_RETURN_IF_ERROR(node_->tenants().CheckFits(tenant_, size));
+  Result<BlockReservation> r = node_->ReservePut(Key(key), size, o);
+  // Stored already: a put of the same bytes, which refreshes the tenant's recency.
+  if (!r.ok() && r.status().code() == StatusCode::kAlreadyExists) Admitted(Key(key), size);
+  return r;
+}
+
+Status TenantView::CommitPut(BlockReservation& r, uint64_t checksum) {
+  const BlockKey stored = r.key();
+  const uint64_t bytes = r.data().size();
+  KVMESH_RETURN_IF_ERROR(node_->CommitPut(r, checksum));
+  Admitted(stored, bytes);
+  return Status::Ok();
+}
+
+}  // namespace kvmesh
