@@ -320,9 +320,21 @@ std::shared_ptr<Region> Client::Register(py::handle obj) {
     region->writable = false;
   }
   region->kind = region->memory.device() ? MemoryKind::kDevice : MemoryKind::kHost;
-  const Memory& m = region->memory;
-  MemoryRegion r = Value(Io([&](Router& rt) { return rt.RegisterMemory(m.data(), m.size(), region->kind); }));
+  region->base = region->memory.data();
+  region->bytes = region->memory.size();
+  MemoryRegion r = Value(Io([&](Router& rt) { return rt.RegisterMemory(region->base, region->bytes, region->kind); }));
   region->id = r.id;
+  regions_.push_back(region);
+  return region;
+}
+
+std::shared_ptr<Region> Client::Allocate(size_t bytes) {
+  if (bytes == 0) Throw(InvalidArgument("allocate needs a size > 0"));
+  auto region = std::make_shared<Region>();
+  MemoryRegion r = Value(Io([&](Router& rt) { return rt.AllocateMemory(bytes, &region->allocated); }));
+  region->id = r.id;
+  region->base = r.base;
+  region->bytes = r.bytes;
   regions_.push_back(region);
   return region;
 }

@@ -3,6 +3,7 @@
 // signatures and types are written out in python/kvmesh/_core.pyi.
 #include <pybind11/pybind11.h>
 
+#include "allocation.h"
 #include "client.h"
 #include "convert.h"
 #include "kvmesh/build_config.h"
@@ -72,21 +73,29 @@ PYBIND11_MODULE(_core, m) {
                                               "Memory registered with Client.register (zero-copy transfers).")
       .def_readonly("id", &Region::id, "the router's region id")
       .def_property_readonly(
-          "address", [](const Region& r) { return reinterpret_cast<uintptr_t>(r.memory.data()); }, "first byte")
+          "address", [](const Region& r) { return reinterpret_cast<uintptr_t>(r.base); }, "first byte")
       .def_property_readonly(
-          "nbytes", [](const Region& r) { return r.memory.size(); }, "length in bytes")
+          "nbytes", [](const Region& r) { return r.bytes; }, "length in bytes")
+      .def_property_readonly(
+          "allocated", [](const Region& r) { return r.allocated != nullptr; },
+          "True for memory from Client.allocate (the Allocation owns it)")
       .def_property_readonly(
           "device", [](const Region& r) { return r.kind == MemoryKind::kDevice; }, "CUDA device memory")
       .def_readonly("writable", &Region::writable, "False for read-only memory (put_from only)")
       .def_readonly("registered", &Region::registered, "False once unregistered (or the client closed)")
       .def_property_readonly(
           "obj",
-          [](const Region& r) -> py::object { return r.registered ? r.memory.owner() : py::none(); },
-          "the registered object (None once unregistered; it is released when the Region is)")
+          [](const Region& r) -> py::object {
+            return r.registered && r.memory.owner() ? r.memory.owner() : py::none();
+          },
+          "the registered object (None once unregistered, and for memory from allocate; it is\n"
+          "released when the Region is)")
       .def("__repr__", [](const Region& r) {
-        return "Region(id=" + std::to_string(r.id) + ", nbytes=" + std::to_string(r.memory.size()) +
+        return "Region(id=" + std::to_string(r.id) + ", nbytes=" + std::to_string(r.bytes) +
                (r.registered ? "" : ", unregistered") + ")";
       });
+
+  BindAllocation(m);
 
   py::class_<Client, std::shared_ptr<Client>>(m, "Client", R"(A client of a kvmesh cluster.
 
@@ -150,6 +159,19 @@ Every method releases the GIL while it does I/O.)")
            "Registers the memory of a buffer or tensor once, so transfers into and out of it are zero-copy.\n"
            "The client holds the object until unregister() or close(). A CUDA tensor is device memory\n"
            "(kvmesh built with CUDA only).")
+      .def(
+          "allocate",
+          [](std::shared_ptr<Client> c, size_t nbytes) {
+            std::shared_ptr<Region> r = c->Allocate(nbytes);
+            return std::make_shared<Allocation>(std::move(c), std::move(r));
+          },
+          py::arg("nbytes"),
+          "nbytes of host memory, already registered, for the transfers' fastest path: over UCX\n"
+          "shared memory that a node on this host maps itself (a GET into it is one copy, made by\n"
+          "the node); otherwise page-aligned anonymous memory. Returns an Allocation, a writable\n"
+          "buffer (memoryview, numpy.frombuffer, torch.frombuffer) that owns the memory: it is freed\n"
+          "with the last reference to the Allocation, never under a view, whatever happens to the\n"
+          "client. Put an engine's host KV pool here rather than registering memory from elsewhere.")
       .def("unregister", &Client::Unregister, py::arg("region"),
            "Forgets a region; waits for calls in flight.")
       .def_property_readonly("regions", &Client::regions, "the regions registered now")
