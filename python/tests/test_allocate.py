@@ -6,6 +6,9 @@ object, close() refuses while views exist, the client may close first."""
 import gc
 import json
 import re
+import signal
+import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -163,6 +166,40 @@ def test_an_allocation_keeps_its_client_open():
     assert bytes(view) == data.tobytes()
     view.release()
     c.close()
+
+
+def test_dropping_an_allocation_under_a_call_in_flight_waits_for_it(daemons):
+    # get_into_ptrs holds the region (and so the memory), not the Python object:
+    # the last reference going away mid-call unregisters only after the call.
+    with kvmesh.Client(daemons.address, tenant="drop-in-flight", timeout_ms=600, refresh_ms=0) as c:
+        bb, n = c.block_bytes, 24
+        keys = c.keys(list(range(3000, 3000 + n * BT)))
+        data = blocks(c, n, 21)
+        assert all(c.put_from(keys, list(data)))
+        a = c.allocate(n * bb)
+        base = a.address
+        results = []
+        gets = c.stats()["gets"]
+        daemons.signal("n0", signal.SIGSTOP)
+        try:
+            th = threading.Thread(target=lambda: results.append(
+                c.get_into_ptrs(keys, [base + i * bb for i in range(n)], bb)))
+            th.start()
+            deadline = time.monotonic() + 5
+            while c.stats()["gets"] == gets and time.monotonic() < deadline:
+                time.sleep(0.005)  # until the get is in the router (then waiting on n0)
+            t0 = time.monotonic()
+            del a
+            gc.collect()  # the Allocation's end: unregister, which waits for the call
+            waited = time.monotonic() - t0
+            th.join()
+        finally:
+            daemons.signal("n0", signal.SIGCONT)
+        assert waited >= 0.2  # held until the get returned (its timeout is 600 ms)
+        assert c.regions == []
+        st = results[0]
+        assert any(s.ok for s in st) and any(s.miss for s in st)
+    daemons.wait_nodes(3)
 
 
 def node_metric(d, node, name):
