@@ -112,7 +112,11 @@ class Sequence:
     def __exit__(self, *exc: Any) -> None: ...
 
 class Client:
-    """A client of a kvmesh cluster (daemons through their coordinator)."""
+    """A client of a kvmesh cluster (daemons through their coordinator).
+
+    tenant salts the keys; with token it is also the identity proven to the
+    nodes ($.auth.tenants), whose blocks no other tenant reads. token without
+    tenant is the cluster secret. salt, when given, salts the keys instead."""
     def __init__(
         self,
         coordinator: Optional[str] = None,
@@ -120,6 +124,7 @@ class Client:
         config: Optional[Config] = None,
         tenant: str = "",
         token: Optional[str] = None,
+        salt: Optional[str] = None,
         timeout_ms: int = 2000,
         connect_timeout_ms: int = 1000,
         refresh_ms: int = 1000,

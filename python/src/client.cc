@@ -66,7 +66,7 @@ ClusterConfig LoadConfigArg(py::handle config) {
 
 std::shared_ptr<Client> Client::Connect(const ConnectArgs& a) {
   NetworkClientOptions o;
-  o.tenant_salt = a.tenant;
+  o.tenant_salt = a.salt.value_or(a.tenant);
   o.timeout_ms = a.timeout_ms;
   o.connect_timeout_ms = a.connect_timeout_ms;
   o.refresh_ms = a.refresh_ms;
@@ -83,7 +83,10 @@ std::shared_ptr<Client> Client::Connect(const ConnectArgs& a) {
     o.ucx_progress = c.transport.ucx_progress;
     o.ucx_spin_us = c.transport.ucx_spin_us;
   }
-  if (a.token) o.token = *a.token;
+  if (a.token) {
+    o.token = *a.token;
+    o.tenant = a.tenant;  // a tenant of $.auth.tenants proving itself (empty: the cluster secret)
+  }
   if (o.coordinator.empty()) Throw(InvalidArgument("Client needs coordinator='host:port' or a config"));
   Result<std::unique_ptr<NetworkClient>> net = [&] {
     py::gil_scoped_release nogil;

@@ -60,8 +60,9 @@ struct Region {
 struct ConnectArgs {
   std::optional<std::string> coordinator;
   py::object config;  // None, a path, JSON text or a dict
-  std::string tenant;
-  std::optional<std::string> token;
+  std::string tenant;                // the key salt; with an explicit token also the identity
+  std::optional<std::string> token;  // with tenant: that tenant's token; without: the cluster secret
+  std::optional<std::string> salt;   // the key salt when it is not the tenant
   int64_t timeout_ms = 2000;
   int64_t connect_timeout_ms = 1000;
   int64_t refresh_ms = 1000;

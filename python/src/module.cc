@@ -102,16 +102,22 @@ PYBIND11_MODULE(_core, m) {
 Client(coordinator="127.0.0.1:7070") reaches daemons through their coordinator;
 Client(config="cluster.json") takes the coordinator address and auth token from
 a cluster config. tenant is the key salt: keys of different tenants never meet.
+With token, tenant is also the identity: the client proves it is that tenant of
+the cluster's $.auth.tenants with the tenant's token, and the nodes keep its
+blocks in the tenant's namespace (no other tenant reads them, whatever key
+bytes it sends). token without tenant is the cluster secret ($.auth.token; from
+the config otherwise). salt, when given, salts the keys instead of tenant.
 Every method releases the GIL while it does I/O.)")
       .def(py::init([](std::optional<std::string> coordinator, py::object config, std::string tenant,
-                       std::optional<std::string> token, int64_t timeout_ms, int64_t connect_timeout_ms,
-                       int64_t refresh_ms, std::string client_id) {
+                       std::optional<std::string> token, std::optional<std::string> salt, int64_t timeout_ms,
+                       int64_t connect_timeout_ms, int64_t refresh_ms, std::string client_id) {
              ConnectArgs a{std::move(coordinator), std::move(config), std::move(tenant), std::move(token),
-                           timeout_ms, connect_timeout_ms, refresh_ms, std::move(client_id)};
+                           std::move(salt), timeout_ms, connect_timeout_ms, refresh_ms, std::move(client_id)};
              return Client::Connect(a);
            }),
            py::arg("coordinator") = py::none(), py::kw_only(), py::arg("config") = py::none(),
-           py::arg("tenant") = "", py::arg("token") = py::none(), py::arg("timeout_ms") = 2000,
+           py::arg("tenant") = "", py::arg("token") = py::none(), py::arg("salt") = py::none(),
+           py::arg("timeout_ms") = 2000,
            py::arg("connect_timeout_ms") = 1000, py::arg("refresh_ms") = 1000,
            py::arg("client_id") = "kvmesh-python")
       .def_property_readonly(
