@@ -5,7 +5,8 @@ A model with random weights (fixed seed), grouped-query attention and a paged
 KV cache serves requests that share a long prefix. The first request computes
 the prefix's KV and stores its full blocks in kvmesh; the next request with
 the same prefix finds them (match_prefix), reads them straight into its paged
-cache (get_into on registered memory) and computes only its own tokens. The
+cache (get_into on memory from Client.allocate, registered already: over UCX
+shared memory the nodes write themselves) and computes only its own tokens. The
 script prints the time to first token (TTFT) with and without reuse, medians
 over several runs, and checks that the logits are identical (torch.equal).
 
@@ -50,9 +51,15 @@ class PagedKVCache:
     """A pool of KV blocks, [num_blocks, layers, 2, kv_heads, block_tokens, head_dim];
     a request holds a block table (its blocks in token order)."""
 
-    def __init__(self, cfg: ModelConfig, num_blocks: int, dtype=torch.float32):
+    def __init__(self, cfg: ModelConfig, num_blocks: int, client, dtype=torch.float32):
         self.cfg = cfg
-        self.data = torch.zeros(num_blocks, cfg.layers, 2, cfg.kv_heads, cfg.block_tokens, cfg.head_dim, dtype=dtype)
+        shape = (num_blocks, cfg.layers, 2, cfg.kv_heads, cfg.block_tokens, cfg.head_dim)
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        # The pool lives in memory kvmesh allocated and registered: transfers into
+        # and out of it are zero-copy (the tensor keeps the memory alive).
+        self.memory = client.allocate(nbytes)
+        self.data = torch.frombuffer(self.memory, dtype=dtype).view(shape)
+        self.data.zero_()
         self.free = list(range(num_blocks))
 
     def alloc(self, tokens: int) -> list:
@@ -225,8 +232,7 @@ def main(argv=None) -> int:
         client = kvmesh.EmbeddedCluster(cluster_config(cfg))
         where = f"embedded cluster ({client.num_nodes} nodes in this process)"
     blocks_per_req = math.ceil((prefix_len + args.suffix_tokens) / cfg.block_tokens)
-    cache = PagedKVCache(cfg, num_blocks=3 * blocks_per_req)
-    client.register(cache.data)  # once: transfers into and out of the cache are zero-copy
+    cache = PagedKVCache(cfg, num_blocks=3 * blocks_per_req, client=client)
     engine = Engine(model, cache, client, chunk)
     block_bytes = cache.data[0].numel() * cache.data.element_size()
 

@@ -242,7 +242,7 @@ Result<MemoryRegion> Router::RegisterMemory(void* base, size_t bytes, MemoryKind
   return r;
 }
 
-Result<MemoryRegion> Router::AllocateMemory(size_t bytes) {
+Result<MemoryRegion> Router::AllocateMemory(size_t bytes, std::shared_ptr<std::byte>* owner) {
   Impl& im = *impl_;
   if (bytes == 0) return InvalidArgument("AllocateMemory needs a size");
   std::shared_ptr<std::byte> mem;
@@ -255,6 +255,7 @@ Result<MemoryRegion> Router::AllocateMemory(size_t bytes) {
     mem = std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [bytes](std::byte* q) { ::munmap(q, bytes); });
   }
   KVMESH_ASSIGN_OR_RETURN(MemoryRegion r, RegisterMemory(mem.get(), bytes, MemoryKind::kHost));
+  if (owner != nullptr) *owner = mem;
   std::lock_guard<std::mutex> lock(im.mu);
   im.allocated.emplace(r.id, std::move(mem));
   return r;

@@ -364,6 +364,34 @@ TEST_CASE("Router::AllocateMemory without a transport allocator: page-aligned re
   std::memset(region->base, 0x5A, region->bytes);  // all of it is writable
 }
 
+TEST_CASE("Router::AllocateMemory with an owner: the memory outlives UnregisterMemory and the router",
+          "[router][zerocopy]") {
+  Served s;
+  auto r = s.RouterOver(std::shared_ptr<ShardChannel>(MakeInProcessChannel(s.node.get())));
+  std::shared_ptr<std::byte> owner;
+  auto region = r->AllocateMemory(1 << 20, &owner);
+  REQUIRE(region.ok());
+  CHECK(owner.get() == region->base);
+  auto b = Bytes(65536, 9);
+  PutItem p{Key(700), b, {}};
+  REQUIRE(r->PutFrom(std::span(&p, 1)).ok());
+  GetItem g{Key(700), {region->base + 4096, 65536}, 0, {}};
+  REQUIRE(r->GetInto(std::span(&g, 1)).ok());
+  REQUIRE(g.status.ok());
+  REQUIRE(r->UnregisterMemory(region->id).ok());
+  r.reset();  // the router is gone; the caller's owner still holds the memory
+  CHECK(std::memcmp(owner.get() + 4096, b.data(), b.size()) == 0);
+  std::memset(owner.get(), 0x11, 1 << 20);
+  // Without an unregister, the router's end leaves the memory to the owner too.
+  auto r2 = s.RouterOver(std::shared_ptr<ShardChannel>(MakeInProcessChannel(s.node.get())));
+  std::shared_ptr<std::byte> owner2;
+  auto region2 = r2->AllocateMemory(4096, &owner2);
+  REQUIRE(region2.ok());
+  r2.reset();
+  std::memset(owner2.get(), 0x22, 4096);
+  CHECK(owner2.get()[4095] == std::byte{0x22});
+}
+
 TEST_CASE("Registered memory over UCX_TLS=tcp: the same", "[cluster][ucx][zerocopy]") {
   const char* old = std::getenv("UCX_TLS");
   std::string saved = old ? old : "";

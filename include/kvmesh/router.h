@@ -167,7 +167,11 @@ class Router {
   // UCX on one host a GetInto into it is a one-sided write by the node through
   // shared memory, while memory from malloc is written through CMA or active
   // messages (correct, and several times slower).
-  Result<MemoryRegion> AllocateMemory(size_t bytes);
+  // owner, when not null, receives a co-owner of the memory: it is then freed
+  // once UnregisterMemory (or the router's end) and the caller have both let
+  // go, so memory the caller hands on (a language binding's buffer) outlives
+  // the router safely.
+  Result<MemoryRegion> AllocateMemory(size_t bytes, std::shared_ptr<std::byte>* owner = nullptr);
   // Forgets the region (and frees it, for AllocateMemory's). REQUIRES: no
   // call in flight reads or writes it. NotFound for an unknown id.
   Status UnregisterMemory(uint64_t id);

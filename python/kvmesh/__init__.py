@@ -5,7 +5,8 @@
     cluster = kvmesh.EmbeddedCluster("cluster_configs/local.json")    # nodes in this process
     client = kvmesh.Client("127.0.0.1:7070", tenant="t1")            # or daemons
     cached = client.match_prefix(prompt)                              # leading cached blocks
-    region = client.register(kv_pool)                                 # once: zero-copy from now on
+    pool = client.allocate(nbytes)                                    # registered memory, a buffer
+    region = client.register(kv_pool)                                 # or register memory once
     client.put_from(client.keys(prompt)[cached:], blocks)             # store new blocks
     statuses = client.get_into(keys, views)                           # one ItemStatus per block
 
@@ -24,6 +25,7 @@ from ._core import (  # noqa: F401
     HAVE_CUDA,
     HAVE_UCX,
     VERSION,
+    Allocation,
     Client,
     EmbeddedCluster,
     ItemStatus,
@@ -54,6 +56,6 @@ def key_from_hex(text: str) -> "tuple[int, int]":
 
 
 __all__ = [
-    "Client", "EmbeddedCluster", "ItemStatus", "Region", "Sequence", "HAVE_CUDA", "HAVE_UCX", "VERSION",
+    "Allocation", "Client", "EmbeddedCluster", "ItemStatus", "Region", "Sequence", "HAVE_CUDA", "HAVE_UCX", "VERSION",
     "key_hex", "key_from_hex",
 ] + list(_errors_all)

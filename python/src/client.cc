@@ -66,7 +66,7 @@ ClusterConfig LoadConfigArg(py::handle config) {
 
 std::shared_ptr<Client> Client::Connect(const ConnectArgs& a) {
   NetworkClientOptions o;
-  o.tenant_salt = a.tenant;
+  o.tenant_salt = a.salt.value_or(a.tenant);
   o.timeout_ms = a.timeout_ms;
   o.connect_timeout_ms = a.connect_timeout_ms;
   o.refresh_ms = a.refresh_ms;
@@ -83,7 +83,10 @@ std::shared_ptr<Client> Client::Connect(const ConnectArgs& a) {
     o.ucx_progress = c.transport.ucx_progress;
     o.ucx_spin_us = c.transport.ucx_spin_us;
   }
-  if (a.token) o.token = *a.token;
+  if (a.token) {
+    o.token = *a.token;
+    o.tenant = a.tenant;  // a tenant of $.auth.tenants proving itself (empty: the cluster secret)
+  }
   if (o.coordinator.empty()) Throw(InvalidArgument("Client needs coordinator='host:port' or a config"));
   Result<std::unique_ptr<NetworkClient>> net = [&] {
     py::gil_scoped_release nogil;
@@ -320,9 +323,21 @@ std::shared_ptr<Region> Client::Register(py::handle obj) {
     region->writable = false;
   }
   region->kind = region->memory.device() ? MemoryKind::kDevice : MemoryKind::kHost;
-  const Memory& m = region->memory;
-  MemoryRegion r = Value(Io([&](Router& rt) { return rt.RegisterMemory(m.data(), m.size(), region->kind); }));
+  region->base = region->memory.data();
+  region->bytes = region->memory.size();
+  MemoryRegion r = Value(Io([&](Router& rt) { return rt.RegisterMemory(region->base, region->bytes, region->kind); }));
   region->id = r.id;
+  regions_.push_back(region);
+  return region;
+}
+
+std::shared_ptr<Region> Client::Allocate(size_t bytes) {
+  if (bytes == 0) Throw(InvalidArgument("allocate needs a size > 0"));
+  auto region = std::make_shared<Region>();
+  MemoryRegion r = Value(Io([&](Router& rt) { return rt.AllocateMemory(bytes, &region->allocated); }));
+  region->id = r.id;
+  region->base = r.base;
+  region->bytes = r.bytes;
   regions_.push_back(region);
   return region;
 }

@@ -37,26 +37,32 @@ struct ItemStatus {
   bool miss() const { return IsMiss(Status(code, "")); }
 };
 
-// A region of caller memory registered with the router. Holds the memory
-// (and so the Python object) for its whole life: a call in flight keeps the
-// region alive, so memory unregistered meanwhile is never released under it.
+// A region of memory registered with the router: a Python object's memory
+// (register) or memory the router allocated (allocate). Holds the memory (the
+// Python object, or a co-owner of the router's allocation) for its whole
+// life: a call in flight keeps the region alive, so memory unregistered
+// meanwhile is never released under it.
 struct Region {
   uint64_t id = 0;
-  Memory memory;
+  std::byte* base = nullptr;
+  size_t bytes = 0;
+  Memory memory;                        // register: the object's buffer
+  std::shared_ptr<std::byte> allocated;  // allocate: the router's memory, co-owned
   MemoryKind kind = MemoryKind::kHost;
   bool writable = true;    // false: read-only memory (put_from only)
   bool registered = true;
   bool Contains(uintptr_t p, size_t n) const {
-    const auto b = reinterpret_cast<uintptr_t>(memory.data());
-    return p >= b && n <= memory.size() && p - b <= memory.size() - n;
+    const auto b = reinterpret_cast<uintptr_t>(base);
+    return p >= b && n <= bytes && p - b <= bytes - n;
   }
 };
 
 struct ConnectArgs {
   std::optional<std::string> coordinator;
   py::object config;  // None, a path, JSON text or a dict
-  std::string tenant;
-  std::optional<std::string> token;
+  std::string tenant;                // the key salt; with an explicit token also the identity
+  std::optional<std::string> token;  // with tenant: that tenant's token; without: the cluster secret
+  std::optional<std::string> salt;   // the key salt when it is not the tenant
   int64_t timeout_ms = 2000;
   int64_t connect_timeout_ms = 1000;
   int64_t refresh_ms = 1000;
@@ -93,6 +99,12 @@ class Client {
   void Erase(py::handle keys, const py::kwargs& kw);
 
   std::shared_ptr<Region> Register(py::handle obj);
+  // Host memory from Router::AllocateMemory (over UCX: shared memory the
+  // nodes of this host map), registered like Register's. The region co-owns
+  // the memory, so it outlives unregister and close.
+  std::shared_ptr<Region> Allocate(size_t bytes);
+  // NotFound when the region is not registered here (unregistered already, or
+  // the client closed).
   void Unregister(const std::shared_ptr<Region>& region);
   std::vector<std::shared_ptr<Region>> regions() const { return regions_; }
 

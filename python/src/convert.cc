@@ -212,9 +212,10 @@ Memory Memory::Acquire(py::handle obj, bool writable) {
     const int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj.ptr(), b, flags) != 0) {
       delete b;
-      PyErr_Clear();
-      Throw(InvalidArgument(writable ? "the buffer must be writable and C-contiguous"
-                                     : "the buffer must be C-contiguous"));
+      py::error_already_set why;  // takes the Python error (a closed Allocation's ValueError, ...)
+      Throw(InvalidArgument(std::string(writable ? "the buffer must be writable and C-contiguous"
+                                                 : "the buffer must be C-contiguous") +
+                            " (" + why.what() + ")"));
     }
     m.view_.reset(b);
     m.data_ = static_cast<std::byte*>(b->buf);

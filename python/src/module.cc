@@ -3,6 +3,7 @@
 // signatures and types are written out in python/kvmesh/_core.pyi.
 #include <pybind11/pybind11.h>
 
+#include "allocation.h"
 #include "client.h"
 #include "convert.h"
 #include "kvmesh/build_config.h"
@@ -72,37 +73,51 @@ PYBIND11_MODULE(_core, m) {
                                               "Memory registered with Client.register (zero-copy transfers).")
       .def_readonly("id", &Region::id, "the router's region id")
       .def_property_readonly(
-          "address", [](const Region& r) { return reinterpret_cast<uintptr_t>(r.memory.data()); }, "first byte")
+          "address", [](const Region& r) { return reinterpret_cast<uintptr_t>(r.base); }, "first byte")
       .def_property_readonly(
-          "nbytes", [](const Region& r) { return r.memory.size(); }, "length in bytes")
+          "nbytes", [](const Region& r) { return r.bytes; }, "length in bytes")
+      .def_property_readonly(
+          "allocated", [](const Region& r) { return r.allocated != nullptr; },
+          "True for memory from Client.allocate (the Allocation owns it)")
       .def_property_readonly(
           "device", [](const Region& r) { return r.kind == MemoryKind::kDevice; }, "CUDA device memory")
       .def_readonly("writable", &Region::writable, "False for read-only memory (put_from only)")
       .def_readonly("registered", &Region::registered, "False once unregistered (or the client closed)")
       .def_property_readonly(
           "obj",
-          [](const Region& r) -> py::object { return r.registered ? r.memory.owner() : py::none(); },
-          "the registered object (None once unregistered; it is released when the Region is)")
+          [](const Region& r) -> py::object {
+            return r.registered && r.memory.owner() ? r.memory.owner() : py::none();
+          },
+          "the registered object (None once unregistered, and for memory from allocate; it is\n"
+          "released when the Region is)")
       .def("__repr__", [](const Region& r) {
-        return "Region(id=" + std::to_string(r.id) + ", nbytes=" + std::to_string(r.memory.size()) +
+        return "Region(id=" + std::to_string(r.id) + ", nbytes=" + std::to_string(r.bytes) +
                (r.registered ? "" : ", unregistered") + ")";
       });
+
+  BindAllocation(m);
 
   py::class_<Client, std::shared_ptr<Client>>(m, "Client", R"(A client of a kvmesh cluster.
 
 Client(coordinator="127.0.0.1:7070") reaches daemons through their coordinator;
 Client(config="cluster.json") takes the coordinator address and auth token from
 a cluster config. tenant is the key salt: keys of different tenants never meet.
+With token, tenant is also the identity: the client proves it is that tenant of
+the cluster's $.auth.tenants with the tenant's token, and the nodes keep its
+blocks in the tenant's namespace (no other tenant reads them, whatever key
+bytes it sends). token without tenant is the cluster secret ($.auth.token; from
+the config otherwise). salt, when given, salts the keys instead of tenant.
 Every method releases the GIL while it does I/O.)")
       .def(py::init([](std::optional<std::string> coordinator, py::object config, std::string tenant,
-                       std::optional<std::string> token, int64_t timeout_ms, int64_t connect_timeout_ms,
-                       int64_t refresh_ms, std::string client_id) {
+                       std::optional<std::string> token, std::optional<std::string> salt, int64_t timeout_ms,
+                       int64_t connect_timeout_ms, int64_t refresh_ms, std::string client_id) {
              ConnectArgs a{std::move(coordinator), std::move(config), std::move(tenant), std::move(token),
-                           timeout_ms, connect_timeout_ms, refresh_ms, std::move(client_id)};
+                           std::move(salt), timeout_ms, connect_timeout_ms, refresh_ms, std::move(client_id)};
              return Client::Connect(a);
            }),
            py::arg("coordinator") = py::none(), py::kw_only(), py::arg("config") = py::none(),
-           py::arg("tenant") = "", py::arg("token") = py::none(), py::arg("timeout_ms") = 2000,
+           py::arg("tenant") = "", py::arg("token") = py::none(), py::arg("salt") = py::none(),
+           py::arg("timeout_ms") = 2000,
            py::arg("connect_timeout_ms") = 1000, py::arg("refresh_ms") = 1000,
            py::arg("client_id") = "kvmesh-python")
       .def_property_readonly(
@@ -150,6 +165,19 @@ Every method releases the GIL while it does I/O.)")
            "Registers the memory of a buffer or tensor once, so transfers into and out of it are zero-copy.\n"
            "The client holds the object until unregister() or close(). A CUDA tensor is device memory\n"
            "(kvmesh built with CUDA only).")
+      .def(
+          "allocate",
+          [](std::shared_ptr<Client> c, size_t nbytes) {
+            std::shared_ptr<Region> r = c->Allocate(nbytes);
+            return std::make_shared<Allocation>(std::move(c), std::move(r));
+          },
+          py::arg("nbytes"),
+          "nbytes of host memory, already registered, for the transfers' fastest path: over UCX\n"
+          "shared memory that a node on this host maps itself (a GET into it is one copy, made by\n"
+          "the node); otherwise page-aligned anonymous memory. Returns an Allocation, a writable\n"
+          "buffer (memoryview, numpy.frombuffer, torch.frombuffer) that owns the memory: it is freed\n"
+          "with the last reference to the Allocation, never under a view, whatever happens to the\n"
+          "client. Put an engine's host KV pool here rather than registering memory from elsewhere.")
       .def("unregister", &Client::Unregister, py::arg("region"),
            "Forgets a region; waits for calls in flight.")
       .def_property_readonly("regions", &Client::regions, "the regions registered now")

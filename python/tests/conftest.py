@@ -39,8 +39,9 @@ def embedded_config(nodes=3, memory="64MiB", **extra):
 class Daemons:
     """A coordinator and nodes as child processes (each in its own process group)."""
 
-    def __init__(self, config=DAEMONS_CONFIG, nodes=("n0", "n1", "n2"), timeout_s=15.0):
+    def __init__(self, config=DAEMONS_CONFIG, nodes=("n0", "n1", "n2"), timeout_s=15.0, secret=None):
         self.config, self.node_ids, self.timeout_s = config, nodes, timeout_s
+        self.secret = secret  # the config's $.auth.token, for the coordinator's /nodes
         self.procs = {}
         self.logs = {}
         self.listening = {}
@@ -87,7 +88,10 @@ class Daemons:
         end = time.monotonic() + self.timeout_s
         while time.monotonic() < end:
             try:
-                with urllib.request.urlopen(f"http://{self.address}/nodes", timeout=1) as r:
+                req = urllib.request.Request(f"http://{self.address}/nodes")
+                if self.secret:
+                    req.add_header("Authorization", f"Bearer {self.secret}")
+                with urllib.request.urlopen(req, timeout=1) as r:
                     if len(json.loads(r.read())["nodes"]) == n:
                         return
             except OSError:

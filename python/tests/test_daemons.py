@@ -162,3 +162,41 @@ def test_a_killed_nodes_blocks_are_misses_not_errors():
             assert all(bytes(o) == x.tobytes() for o, x in zip(outs, data2))
     finally:
         d.stop()
+
+
+def test_tenants_never_read_each_others_blocks(tmp_path):
+    cfg = json.load(open(DAEMONS_CONFIG))
+    cfg["auth"] = {"token": "cluster-secret", "tenants": [
+        {"name": "alpha", "token": "alpha-pass"}, {"name": "beta", "password": "beta-pass"}]}
+    path = tmp_path / "tenants.json"
+    path.write_text(json.dumps(cfg))
+    d = Daemons(config=str(path), secret="cluster-secret").start()
+    try:
+        tokens = list(range(7000, 7000 + 4 * BT))
+        with kvmesh.Client(d.address, tenant="alpha", token="alpha-pass") as a, \
+                kvmesh.Client(d.address, tenant="beta", token="beta-pass", salt="alpha") as b:
+            keys = a.keys(tokens)
+            assert b.keys(tokens) == keys  # the same salt: the same key bytes
+            data = [np.full(a.block_bytes, i + 1, dtype=np.uint8) for i in range(4)]
+            assert all(a.put_from(keys, data))
+            raw = (0x1234, 0x5678)
+            assert all(a.put_from([raw], [data[0]]))
+            # beta sends the very same key bytes: nothing of alpha's is there.
+            assert b.exists(keys) == 0 and b.match_prefix(tokens) == 0
+            outs = [bytearray(b.block_bytes) for _ in keys]
+            st = b.get_into(keys + [raw], outs + [bytearray(b.block_bytes)])
+            assert all(s.code == "NOT_FOUND" for s in st)
+            b.erase(keys)  # erases nothing of alpha's
+            # beta's own block under the same key is beta's; alpha still reads its own.
+            assert all(b.put_from([raw], [data[3]]))
+            got = [bytearray(a.block_bytes) for _ in keys]
+            assert all(a.get_into(keys, got)) and all(bytes(g) == x.tobytes() for g, x in zip(got, data))
+            assert a.get(raw) == data[0].tobytes() and b.get(raw) == data[3].tobytes()
+        # The cluster secret sees neither tenant's blocks; a wrong tenant token is refused.
+        with kvmesh.Client(d.address, token="cluster-secret", salt="alpha") as c:
+            assert c.exists(c.keys(tokens)) == 0
+        with pytest.raises(kvmesh.Error):
+            with kvmesh.Client(d.address, tenant="alpha", token="beta-pass", connect_timeout_ms=500) as bad:
+                bad.get_into([raw], [bytearray(bad.block_bytes)])
+    finally:
+        d.stop()

@@ -18,13 +18,16 @@ class MHAHostPool:
     [2, layers, size, heads, head_dim] ("layer_first"); each page is K and V
     (page_first) or K and V of every layer (layer_first), each contiguous."""
 
-    def __init__(self, layout, pages=16, layers=4, heads=4, head_dim=64, dtype=torch.float16, seed=0):
+    def __init__(self, layout, pages=16, layers=4, heads=4, head_dim=64, dtype=torch.float16, seed=0, alloc=None):
         self.layout, self.page_size, self.size = layout, PAGE, pages * PAGE
         self.layer_num, self.head_num, self.head_dim, self.dtype = layers, heads, head_dim, dtype
         dims = (2, self.size, layers, heads, head_dim) if layout == "page_first" else \
             (2, layers, self.size, heads, head_dim)
         g = torch.Generator().manual_seed(seed)
-        self.kv_buffer = torch.randn(dims, generator=g).to(dtype)
+        data = torch.randn(dims, generator=g).to(dtype)
+        self.kv_buffer = data if alloc is None else alloc(dims, dtype)  # alloc: the backend's alloc_host_buffer
+        if alloc is not None:
+            self.kv_buffer.copy_(data)
 
     def get_page_buffer_meta(self, indices):
         token = self.head_num * self.head_dim * self.kv_buffer.element_size()
@@ -80,6 +83,41 @@ def test_pages_round_trip_through_registered_pools(client, layout):
     for src, dst in zip([3, 0, 7, 1, 9], [10, 11, 12, 13, 14]):
         assert torch.equal(a_pool.page(src), b_pool.page(dst))
     assert not torch.equal(a_pool.page(2), b_pool.page(2))  # untouched slots stay
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_pools_in_memory_from_allocate_need_no_registration(client, layout):
+    a = KvmeshHiCacheStorage(storage_config(), client=client)
+    b = KvmeshHiCacheStorage(storage_config(), client=client)
+    assert a.use_allocate and b.use_allocate  # on by default: the client has allocate
+    a_pool = MHAHostPool(layout, seed=11, alloc=a.alloc_host_buffer)
+    b_pool = MHAHostPool(layout, seed=12, alloc=b.alloc_host_buffer)
+    assert len(client.regions) == 2 and all(r.allocated for r in client.regions)
+    a.register_mem_pool_host(a_pool)
+    b.register_mem_pool_host(b_pool)
+    assert len(client.regions) == 2  # nothing registered again
+    keys = [f"alloc-{layout}-{i}" for i in range(4)]
+    assert a.batch_set_v1(keys, indices([2, 5, 0, 8])) == [True] * 4
+    assert b.batch_get_v1(keys, indices([1, 3, 4, 6])) == [True] * 4
+    for src, dst in zip([2, 5, 0, 8], [1, 3, 4, 6]):
+        assert torch.equal(a_pool.page(src), b_pool.page(dst))
+    a.close()
+    b.close()
+    assert client.regions == []
+    b_pool.kv_buffer.fill_(1)  # the pool's memory outlives the backend
+    assert bool((b_pool.kv_buffer == 1).all())
+
+
+def test_use_allocate_off_takes_plain_memory_and_registers_it(client):
+    cfg = storage_config()
+    cfg.extra_config = {"use_allocate": False}
+    s = KvmeshHiCacheStorage(cfg, client=client)
+    assert not s.use_allocate
+    pool = MHAHostPool("page_first", seed=13, alloc=s.alloc_host_buffer)
+    assert client.regions == []
+    s.register_mem_pool_host(pool)
+    assert len(client.regions) == 1 and not client.regions[0].allocated
+    assert s.batch_set_v1(["plain"], indices([0])) == [True]
 
 
 def test_misses_and_consecutive_hits(client):

@@ -206,6 +206,7 @@ class Daemon final : public NodeDaemon {
     if (resp_) g("kvmesh_resp_commands_total", "counter", resp_->commands());
 #if defined(KVMESH_HAVE_UCX)
     if (ucx_) g("kvmesh_ucx_requests_total", "counter", ucx_->requests());
+    if (ucx_) g("kvmesh_ucx_one_sided_bytes_total", "counter", ucx_->one_sided_bytes());
 #endif
     if (TieredStore* t = node_->tiers()) out += t->PrometheusText();  // tiers and pressure
     node_->ReconcileTenants();

@@ -50,11 +50,17 @@ class KvmeshHiCacheStorage:
     ``{"config": "cluster.json"}``. tenant (or extra_config "tenant"): keys of
     different tenants never meet.
 
+    use_allocate (or extra_config "use_allocate"): ``alloc_host_buffer`` takes
+    the host pool's memory from ``Client.allocate`` (over UCX: shared memory
+    the nodes of this host read and write themselves, the fastest path).
+    None (the default) means on when the client has ``allocate``.
+
     Thread-safety: SGLang calls a backend from its prefetch and backup threads
     at once; every method here is safe to call concurrently.
     """
 
-    def __init__(self, storage_config: Any = None, client: Optional[Client] = None, *, tenant: str = ""):
+    def __init__(self, storage_config: Any = None, client: Optional[Client] = None, *, tenant: str = "",
+                 use_allocate: Optional[bool] = None):
         extra = dict(getattr(storage_config, "extra_config", None) or {})
         self._owns_client = client is None
         if client is None:
@@ -75,10 +81,38 @@ class KvmeshHiCacheStorage:
         self.mem_pool_host = None
         self._parts = 1
         self._regions = []
+        self._allocations = []
+        use_allocate = extra.get("use_allocate", use_allocate)
+        self.use_allocate = hasattr(client, "allocate") if use_allocate is None else bool(use_allocate)
 
     # ---- the host pool ---------------------------------------------------------
+    def alloc_host_buffer(self, dims: Any, dtype: Any) -> Any:
+        """A CPU tensor of shape dims for the host pool's kv_buffer.
+
+        With use_allocate its memory comes from ``Client.allocate`` (registered
+        already; ``register_mem_pool_host`` then registers nothing), otherwise
+        from ``torch.empty``. Give it to SGLang's host pool in place of its own
+        allocation (the pool's ``init_kv_buffer``); the pool may still pin it
+        (cudaHostRegister). The memory lives as long as the tensor."""
+        import torch
+
+        if not self.use_allocate:
+            return torch.empty(dims, dtype=dtype, device="cpu")
+        numel = 1
+        for d in dims:
+            numel *= int(d)
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        alloc = self.client.allocate(max(nbytes, 1))
+        self._allocations.append(alloc)
+        return torch.frombuffer(alloc, dtype=torch.uint8)[:nbytes].view(dtype).view(*dims)
+
+    def _allocated(self, buf: Any) -> bool:
+        p, n = buf.data_ptr(), buf.numel() * buf.element_size()
+        return any(a.registered and a.address <= p and p + n <= a.address + a.nbytes for a in self._allocations)
+
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
-        """Registers the host pool's buffers with kvmesh once (zero copy from then on)."""
+        """Registers the host pool's buffers with kvmesh once (zero copy from then on);
+        buffers from ``alloc_host_buffer`` are registered already."""
         import torch
 
         self.mem_pool_host = mem_pool_host
@@ -86,7 +120,8 @@ class KvmeshHiCacheStorage:
         if not isinstance(buffers, (list, tuple)):
             buffers = [buffers]
         for buf in buffers:
-            self._regions.append(self.client.register(buf))
+            if not self._allocated(buf):
+                self._regions.append(self.client.register(buf))
         probe = torch.arange(mem_pool_host.page_size, dtype=torch.int64)
         ptrs, _ = mem_pool_host.get_page_buffer_meta(probe)
         self._parts = len(ptrs)
@@ -200,11 +235,18 @@ class KvmeshHiCacheStorage:
         return self.client.stats()
 
     def close(self) -> None:
-        """Unregisters the host pool (and closes the client this backend made)."""
+        """Unregisters the host pool (and closes the client this backend made).
+
+        Memory from ``alloc_host_buffer`` is unregistered too; it stays valid
+        for the pool's tensors until they are gone."""
         for r in self._regions:
             if r.registered:
                 self.client.unregister(r)
         self._regions = []
+        for a in self._allocations:
+            if a.registered:
+                self.client.unregister(a.region)
+        self._allocations = []
         if self._owns_client:
             self.client.close()
 
