@@ -49,8 +49,8 @@ std::string Run(const std::vector<std::string>& argv, std::chrono::milliseconds 
 // A throwaway PKI and a config with tenants and TLS, removed at the end.
 struct Setup {
   std::string dir, config;
-  explicit Setup(const std::string& client_auth) {
-    dir = "/tmp/kvmesh-resp-tls-" + std::to_string(::getpid()) + "-" + client_auth;
+  explicit Setup(const std::string& client_auth, bool resp_tls = true) {
+    dir = "/tmp/kvmesh-resp-tls-" + std::to_string(::getpid()) + "-" + client_auth + (resp_tls ? "" : "-plain");
     REQUIRE(std::system(("bash " + kSource + "/tests/make_test_certs.sh " + dir).c_str()) == 0);
     auto j = nlohmann::json::parse(std::ifstream(kSource + "/cluster_configs/daemons-local.json"));
     j["nodes"] = nlohmann::json::array();
@@ -61,6 +61,7 @@ struct Setup {
                  {"tenants", {{{"name", "alpha"}, {"password", "alpha-pw"}}, {{"name", "beta"}, {"token", "beta-pw"}}}}};
     j["tls"] = {{"cert", dir + "/node.pem"}, {"key", dir + "/node.key"}, {"ca", dir + "/ca.pem"},
                 {"client_auth", client_auth}};
+    j["resp"] = {{"tls", resp_tls}};
     config = dir + "/cluster.json";
     std::ofstream(config) << j.dump();
   }
@@ -78,7 +79,7 @@ struct TlsCluster {
   std::map<std::string, uint16_t> node_resp;
   uint16_t port = 0;
 
-  explicit TlsCluster(const Setup& setup) : s(setup) {
+  explicit TlsCluster(const Setup& setup, bool tls = true) : s(setup) {
     REQUIRE(coord.Start({kBin, "coordinator", "--config", s.config, "--port", "0"}));
     auto c = coord.WaitEvent("listening", 10s);
     REQUIRE(c);
@@ -97,7 +98,7 @@ struct TlsCluster {
     auto j = proxy.WaitEvent("listening", 10s);
     REQUIRE(j);
     CHECK((*j)["nodes"].get<int>() == 2);
-    CHECK((*j)["tls"] == true);
+    CHECK((*j)["tls"] == tls);
     CHECK((*j)["tenants"].get<int>() == 2);
     port = (*j)["ports"]["resp"].get<uint16_t>();
   }
@@ -171,5 +172,26 @@ TEST_CASE("RESP TLS: with client_auth all, redis-cli needs a client certificate 
     CHECK(c.Cli(p, "alpha", "alpha-pw", {"SET", "m", "mutual"}, /*cert=*/true) == "OK\n");
     CHECK(c.Cli(p, "alpha", "alpha-pw", {"GET", "m"}, /*cert=*/true) == "mutual\n");
     CHECK(c.Cli(p, "alpha", "alpha-pw", {"GET", "m"}, /*cert=*/false).find("mutual") == std::string::npos);
+  }
+}
+
+TEST_CASE("RESP TLS: $.resp.tls false keeps the RESP ports plain while the proxy reaches the nodes over TLS",
+          "[resp][tls][redis]") {
+  if (!Have(kCli)) {
+    WARN("SKIP: redis-cli not installed");
+    return;
+  }
+  Setup setup("admin", /*resp_tls=*/false);
+  TlsCluster c(setup, /*tls=*/false);
+  for (const uint16_t p : {c.node_resp["n0"], c.port}) {
+    INFO("RESP port " << p);
+    auto cli = [&](std::vector<std::string> args) {
+      std::vector<std::string> argv = {kCli, "-h", "127.0.0.1", "-p", std::to_string(p), "--user", "beta",
+                                       "--pass", "beta-pw", "--no-auth-warning"};
+      argv.insert(argv.end(), args.begin(), args.end());
+      return Run(argv);
+    };
+    CHECK(cli({"SET", "p", "plain"}) == "OK\n");
+    CHECK(cli({"GET", "p"}) == "plain\n");
   }
 }
