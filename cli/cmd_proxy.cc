@@ -110,7 +110,12 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
     o.token = n.token;
     o.rules.hash_tags = c->resp.hash_tags;
     o.rules.group_suffixes = c->resp.group_suffixes;
-    o.auth = MakeTokenAuth(n.token);
+    AuthConfig auth = c->auth;  // the "default" user's password: the token the proxy uses
+    auth.token = n.token;
+    o.auth = MakeClusterAuth(auth);
+    o.tenants = auth.tenants;
+    o.tls = c->tls;  // node links; the client port too unless $.resp.tls is false
+    o.client_tls = c->resp.tls;
     o.map = [nc] { return nc->router().map(); };
     o.refresh = [nc] { return nc->Refresh(); };
     std::shared_ptr<const TlsClientContext> stats_tls;
@@ -132,7 +137,8 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
     nlohmann::json j{{"event", "listening"}, {"role", "proxy"}, {"host", o.host}, {"pid", ::getpid()},
                      {"coordinator", n.coordinator}, {"nodes", nc->num_nodes()},
                      {"max_value_bytes", o.max_value_bytes}, {"block_bytes", o.block_bytes},
-                     {"auth", o.auth != nullptr}, {"ports", {{"resp", (*proxy)->port()}}}};
+                     {"auth", o.auth != nullptr}, {"tenants", o.tenants.size()},
+                     {"tls", c->tls.enabled() && o.client_tls}, {"ports", {{"resp", (*proxy)->port()}}}};
     PrintLine(j.dump());
     int sig = WaitForStopSignal();
     (*proxy)->Stop();

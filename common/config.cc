@@ -292,7 +292,7 @@ Status ReadCodec(const json& j, uint32_t num_layers, CodecConfig* c) {
 
 Status ReadResp(const json& j, RespConfig* r) {
   ObjectReader rr(j, "$.resp");
-  rr.Size("max_value_bytes", &r->max_value_bytes, false).Optional("hash_tags", &r->hash_tags);
+  rr.Size("max_value_bytes", &r->max_value_bytes, false).Optional("hash_tags", &r->hash_tags).Optional("tls", &r->tls);
   if (const json* g = rr.Child("group_suffixes")) {
     if (!g->is_array()) return InvalidArgument("$.resp.group_suffixes: expected an array of strings, got " + JsonTypeName(*g));
     if (g->size() > 16) return InvalidArgument("$.resp.group_suffixes: at most 16 suffixes");

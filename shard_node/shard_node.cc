@@ -190,6 +190,16 @@ Status ShardNode::Erase(const BlockKey& key) {
   groups_.Removed(key);
   return serving_->Erase(key);
 }
+Status ShardNode::Evict(const BlockKey& key, const std::function<void(const BlockKey&)>& dropped) {
+  Status s = serving_->Erase(key);  // still a member: its group is now broken
+  if (IsCoEvictedKey(key))
+    (void)groups_.Intact(
+        key, [this](const BlockKey& k) { return serving_->Exists(k, false); },
+        [&](const BlockKey& k) {
+          if (serving_->Erase(k).ok() && k != key && dropped) dropped(k);
+        });
+  return s;
+}
 Status ShardNode::Pin(const BlockKey& key) { return serving_->Pin(key); }
 Status ShardNode::Unpin(const BlockKey& key) { return serving_->Unpin(key); }
 

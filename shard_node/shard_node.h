@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -62,7 +63,13 @@ class ShardNode {
   Result<BlockRef> Get(const BlockKey& key);
   Result<size_t> GetInto(const BlockKey& key, std::span<std::byte> dst);
   bool Exists(const BlockKey& key, bool touch);
+  // An explicit erase: a co-evicted member leaves its group first, so the
+  // other members stay (RESP DEL of one key of a group).
   Status Erase(const BlockKey& key);
+  // Drops `key` as eviction does (a tenant's quota): a co-evicted member's
+  // whole group goes with it at once, and `dropped` (may be empty) is called
+  // with each other member erased. NotFound when `key` was not stored.
+  Status Evict(const BlockKey& key, const std::function<void(const BlockKey&)>& dropped);
   Status Pin(const BlockKey& key);
   Status Unpin(const BlockKey& key);
   // ---- the zero-copy paths of the transports (docs/architecture.md) ----------

@@ -13,8 +13,13 @@ void TenantView::Admitted(const BlockKey& stored, uint64_t bytes) {
   std::vector<BlockKey> victims;
   node_->tenants().Admitted(tenant_, stored, bytes, &victims);
   uint64_t evicted = 0;
-  // A victim the node already dropped on its own answers NotFound: it only leaves the ledger.
-  for (const BlockKey& v : victims) evicted += node_->Erase(v).ok() ? 1 : 0;
+  // Evicted, not erased: a victim in a co-evicted group takes its group
+  // along (the other members leave the ledger as quota evictions too, even
+  // `stored` when it is one of them, as memory eviction would drop it).
+  // A victim the node already dropped on its own answers NotFound: it only
+  // leaves the ledger.
+  auto dropped = [this](const BlockKey& k) { node_->tenants().Dropped(tenant_, k); };
+  for (const BlockKey& v : victims) evicted += node_->Evict(v, dropped).ok() ? 1 : 0;
   if (evicted) node_->tenants().QuotaEvicted(tenant_, evicted);
 }
 

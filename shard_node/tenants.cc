@@ -13,6 +13,7 @@
 #include <absl/container/flat_hash_map.h>
 
 #include "common/credentials.h"
+#include "kvmesh/block_key.h"
 
 namespace kvmesh {
 namespace {
@@ -61,6 +62,14 @@ std::string Label(const std::string& s) {
 
 BlockKey ScopeKey(const BlockKey& ns, const BlockKey& key) {
   if (ns.hi == 0 && ns.lo == 0) return key;
+  if (IsGroupedKey(key)) {  // the group alone: members, kind and tag stay
+    uint8_t g[25];
+    PutU64(g, ns.hi);
+    PutU64(g + 8, ns.lo);
+    PutU64(g + 16, key.hi);
+    g[24] = 'g';
+    return BlockKey{XXH3_64bits(g, sizeof g), key.lo};
+  }
   uint8_t buf[32];
   PutU64(buf, ns.hi);
   PutU64(buf + 8, ns.lo);
@@ -185,6 +194,14 @@ void TenantRegistry::Erased(uint32_t t, const BlockKey& key) {
   if (t == kClusterTenant) return;
   Tenant& x = *tenants_[t];
   x.erases.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(x.mu);
+  x.ForgetLocked(key);
+}
+
+void TenantRegistry::Dropped(uint32_t t, const BlockKey& key) {
+  if (t == kClusterTenant) return;
+  Tenant& x = *tenants_[t];
+  x.quota_evictions.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(x.mu);
   x.ForgetLocked(key);
 }

@@ -13,7 +13,11 @@
 // name) and the node secret is 16 random bytes drawn at start-up. Tenants
 // of different namespaces therefore meet different stored keys for the same
 // key bytes, and nobody can compute another namespace's stored keys (the
-// secret never leaves the process). Tenants naming the same namespace share
+// secret never leaves the process). A grouped key (kvmesh/block_key.h) is
+// scoped in its group alone: GroupedKey(H64(ns | group), member) with the
+// same kind (co-evicted or not) and member bits, so a tenant's group stays
+// one group on the node (co-evicted together, shard_node/key_groups.h) and
+// different namespaces' groups are different groups. Tenants naming the same namespace share
 // their blocks on purpose. Index 0 is unscoped (keys as sent), so embedded
 // use, the RESP port and the cluster identity see the store as before.
 //
@@ -97,6 +101,9 @@ class TenantRegistry {
   void Hit(uint32_t t, const BlockKey& key);   // a read found it: most recent
   void Miss(uint32_t t, const BlockKey& key);  // the node does not have it (forgotten)
   void Erased(uint32_t t, const BlockKey& key);
+  // The node dropped t's block `key` along with a quota victim (the rest of
+  // a co-evicted group): forgotten, counted as a quota eviction.
+  void Dropped(uint32_t t, const BlockKey& key);
   // Forgets the blocks `exists` says the node no longer holds (probes run
   // outside the ledger locks).
   void Reconcile(const std::function<bool(const BlockKey&)>& exists);

@@ -385,6 +385,8 @@ TEST_CASE("Config: $.resp is read strictly and names the bad field", "[resp][con
   CHECK(d->resp.max_value_bytes == (64u << 20));
   CHECK(d->resp.hash_tags);
   CHECK(d->resp.group_suffixes == std::vector<std::string>{"kv_bytes", "metadata"});
+  CHECK(d->resp.tls);  // follows $.tls
+  CHECK_FALSE(with(R"({"tls": false})")->resp.tls);
   auto c = with(R"({"max_value_bytes": "256MiB", "hash_tags": false, "group_suffixes": ["_kv", "_meta"]})");
   REQUIRE(c.ok());
   CHECK(c->resp.max_value_bytes == (256u << 20));
@@ -398,4 +400,5 @@ TEST_CASE("Config: $.resp is read strictly and names the bad field", "[resp][con
   CHECK_THAT(err(R"({"group_suffixes": ["a", ""]})"), Catch::StartsWith("$.resp.group_suffixes[1]: must be 1..64 bytes"));
   CHECK_THAT(err(R"({"group_suffixes": [3]})"), Catch::StartsWith("$.resp.group_suffixes[0]: expected a string"));
   CHECK_THAT(err(R"({"hash_tag": true})"), Catch::Contains("$.resp") && Catch::Contains("hash_tag"));
+  CHECK_THAT(err(R"({"tls": "yes"})"), Catch::StartsWith("$.resp.tls"));
 }

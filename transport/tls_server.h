@@ -1,17 +1,26 @@
-// transport/tls_server.h — the server side of TLS for kvmesh's Asio servers
-// (a node's data port, the HTTP ports), from $.tls of the cluster config
-// (docs/security.md, "TLS"). Includes Asio: .cc files only.
+// transport/tls_server.h — TLS for kvmesh's Asio endpoints from $.tls of the
+// cluster config (docs/security.md, "TLS"): the server side (a node's data
+// port, the HTTP ports, the RESP ports) and the client side of Asio clients
+// (the RESP proxy's node links). Includes Asio: .cc files only.
 //
 //   auto ctx = MakeTlsServerContext(config.tls, /*require_client_cert=*/false).value();
 //   boost::asio::ssl::stream<tcp::socket&> s(socket, *ctx);
 //   co_await s.async_handshake(boost::asio::ssl::stream_base::server, ...);
 //   bool signed_client = TlsPeerVerified(s.native_handle());
 //
+//   auto cctx = MakeTlsClientContext(config.tls).value();
+//   boost::asio::ssl::stream<tcp::socket&> c(socket, *cctx);
+//   PrepareTlsClient(c.native_handle(), host, config.tls.verify_hostname);
+//   co_await c.async_handshake(boost::asio::ssl::stream_base::client, ...);
+//
 // Thread-safety: a context is shared by every session of a server; OpenSSL
 // allows that once it is set up.
 #pragma once
 
 #include <memory>
+#include <span>
+#include <string>
+#include <vector>
 
 #include <boost/asio/ssl.hpp>
 
@@ -29,5 +38,24 @@ Result<std::shared_ptr<boost::asio::ssl::context>> MakeTlsServerContext(const Tl
 
 // After the handshake: the client showed a certificate that chains to the CA.
 bool TlsPeerVerified(SSL* ssl);
+
+// A TLS 1.2+ client context that trusts servers whose certificates chain to
+// tls.ca and presents tls.cert / tls.key (mutual TLS). Errors as
+// MakeTlsServerContext's.
+Result<std::shared_ptr<boost::asio::ssl::context>> MakeTlsClientContext(const TlsConfig& tls);
+
+// Before a client handshake on `ssl`: the server name (SNI, for a host name)
+// and, with verify_hostname, the DNS name or IP address the server's
+// certificate must carry. InvalidArgument for a host OpenSSL cannot check.
+Status PrepareTlsClient(SSL* ssl, const std::string& host, bool verify_hostname);
+
+// A failed handshake's reason, with OpenSSL's verification result when the
+// peer's certificate was the cause (an unknown CA, a name mismatch).
+std::string TlsErrorMessage(const boost::system::error_code& ec, SSL* ssl = nullptr);
+
+// Asio's SSL stream writes one record per buffer it is given: `in` with each
+// run of small pieces (under 16 KiB) copied into *stage, large pieces kept in
+// place. The result points into *stage and into what `in` points to.
+std::vector<boost::asio::const_buffer> CoalesceForTls(std::span<const boost::asio::const_buffer> in, std::string* stage);
 
 }  // namespace kvmesh

@@ -148,7 +148,8 @@ struct AuthConfig {
 // TLS on the TCP data ports and the HTTP ports (the coordinator's API, a
 // node's /metrics) when `cert` is set ($.tls; docs/security.md). Every
 // process of the cluster presents `cert` and trusts servers and clients whose
-// certificates chain to `ca`. UCX and the RESP ports stay plain.
+// certificates chain to `ca`. The RESP ports speak TLS too unless $.resp.tls
+// is false; UCX stays plain.
 struct TlsConfig {
   std::string cert;  // PEM certificate (chain) of this process
   std::string key;   // PEM private key of cert
@@ -171,6 +172,10 @@ struct RespConfig {
   // A key ending in one of these is grouped with the keys of the same stem
   // (an LMCache-style "<key>kv_bytes" chunk with its "<key>metadata").
   std::vector<std::string> group_suffixes = {"kv_bytes", "metadata"};
+  // With $.tls set, the RESP ports (a node's, `kvmesh proxy`'s client port)
+  // speak TLS only; false keeps them plain for Redis clients without TLS
+  // (the proxy's node links speak TLS either way).
+  bool tls = true;
 };
 
 // Block compression (docs/block-format.md): shard nodes encode each

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "transport/tls_server.h"
+
 namespace kvmesh {
 namespace {
 
@@ -39,11 +41,11 @@ std::shared_ptr<char[]> NodeLink::NewChunk(size_t bytes) {
 }
 
 NodeLink::NodeLink(asio::io_context& io, NodeLinkOptions o)
-    : io_(io), o_(std::move(o)), socket_(io), limits_(o_.limits), pool_(std::make_shared<ChunkPool>()) {}
+    : io_(io), o_(std::move(o)), limits_(o_.limits), pool_(std::make_shared<ChunkPool>()) {}
 
 NodeLink::~NodeLink() {
   boost::system::error_code ec;
-  socket_.close(ec);
+  if (conn_) conn_->socket.close(ec);
 }
 
 NodeLink::State NodeLink::state() {
@@ -55,19 +57,47 @@ void NodeLink::Connect(std::function<void()> on_change) {
   if (state() != State::kIdle) return;
   state_ = State::kConnecting;
   const uint64_t gen = ++gen_;
-  asio::co_spawn(io_, Open(gen, std::move(on_change)), asio::detached);
+  conn_ = std::make_shared<Conn>(io_);
+  asio::co_spawn(io_, Open(gen, conn_, std::move(on_change)), asio::detached);
 }
 
-asio::awaitable<Status> NodeLink::Handshake(proto::HelloAnswer* answer) {
+namespace {
+
+// Writes and reads on a connection, plain or TLS.
+template <typename Conn, typename Buffers>
+asio::awaitable<size_t> WriteAll(Conn& c, const Buffers& b, boost::system::error_code& ec) {
+  if (c.tls) co_return co_await asio::async_write(*c.tls, b, asio::redirect_error(asio::use_awaitable, ec));
+  co_return co_await asio::async_write(c.socket, b, asio::redirect_error(asio::use_awaitable, ec));
+}
+template <typename Conn, typename Buffers>
+asio::awaitable<size_t> ReadAll(Conn& c, const Buffers& b, boost::system::error_code& ec) {
+  if (c.tls) co_return co_await asio::async_read(*c.tls, b, asio::redirect_error(asio::use_awaitable, ec));
+  co_return co_await asio::async_read(c.socket, b, asio::redirect_error(asio::use_awaitable, ec));
+}
+template <typename Conn, typename Buffers>
+asio::awaitable<size_t> ReadSome(Conn& c, const Buffers& b, boost::system::error_code& ec) {
+  if (c.tls) co_return co_await c.tls->async_read_some(b, asio::redirect_error(asio::use_awaitable, ec));
+  co_return co_await c.socket.async_read_some(b, asio::redirect_error(asio::use_awaitable, ec));
+}
+
+}  // namespace
+
+asio::awaitable<Status> NodeLink::Handshake(Conn& c, proto::HelloAnswer* answer) {
   boost::system::error_code ec;
   const std::string where = o_.host + ":" + std::to_string(o_.port);
   tcp::resolver resolver(io_);
   auto endpoints =
       co_await resolver.async_resolve(o_.host, std::to_string(o_.port), asio::redirect_error(asio::use_awaitable, ec));
   if (ec) co_return Unavailable("resolve " + o_.host + ": " + ec.message());
-  co_await asio::async_connect(socket_, endpoints, asio::redirect_error(asio::use_awaitable, ec));
+  co_await asio::async_connect(c.socket, endpoints, asio::redirect_error(asio::use_awaitable, ec));
   if (ec) co_return Unavailable("connect to node " + where + ": " + ec.message());
-  socket_.set_option(tcp::no_delay(true), ec);
+  c.socket.set_option(tcp::no_delay(true), ec);
+  if (o_.tls) {
+    c.tls = std::make_unique<asio::ssl::stream<tcp::socket&>>(c.socket, *o_.tls);
+    if (Status s = PrepareTlsClient(c.tls->native_handle(), o_.host, o_.verify_hostname); !s.ok()) co_return s;
+    co_await c.tls->async_handshake(asio::ssl::stream_base::client, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) co_return Unavailable("TLS handshake with node " + where + ": " + TlsErrorMessage(ec, c.tls->native_handle()));
+  }
   Hello hello;
   hello.client_id = o_.client_id;
   hello.tenant = o_.tenant;
@@ -75,36 +105,37 @@ asio::awaitable<Status> NodeLink::Handshake(proto::HelloAnswer* answer) {
   FrameHeader h;
   h.opcode = Opcode::kHello;
   const std::string frame = BuildFrame(h, EncodeHelloBody(hello));
-  co_await asio::async_write(socket_, asio::buffer(frame), asio::redirect_error(asio::use_awaitable, ec));
+  co_await WriteAll(c, asio::buffer(frame), ec);
   HeaderBytes hb;
-  if (!ec) co_await asio::async_read(socket_, asio::buffer(hb), asio::redirect_error(asio::use_awaitable, ec));
+  if (!ec) co_await ReadAll(c, asio::buffer(hb), ec);
   if (ec) co_return Unavailable("HELLO to node " + where + ": " + ec.message());
   FrameHeader a;
   if (Status s = DecodeHeader(hb, o_.limits, &a); !s.ok()) co_return Unavailable("HELLO answer: " + s.message());
   std::vector<std::byte> body(a.body_len);
-  co_await asio::async_read(socket_, asio::buffer(body), asio::redirect_error(asio::use_awaitable, ec));
+  co_await ReadAll(c, asio::buffer(body), ec);
   if (ec || a.opcode != Opcode::kHello || !a.is_response()) co_return Unavailable("node " + where + " did not answer HELLO");
   if (a.status != StatusCode::kOk) co_return ParseErrorBody(a, body);
   co_return ParseHelloAnswerBody(body, answer);
 }
 
-asio::awaitable<void> NodeLink::Open(uint64_t gen, std::function<void()> on_change) {
+asio::awaitable<void> NodeLink::Open(uint64_t gen, std::shared_ptr<Conn> c, std::function<void()> on_change) {
   auto self = shared_from_this();
   asio::steady_timer timer(io_);
   timer.expires_after(std::chrono::milliseconds(o_.connect_timeout_ms));
-  timer.async_wait([this, self, gen](const boost::system::error_code& e) {
+  timer.async_wait([this, self, gen, c](const boost::system::error_code& e) {
     if (!e && gen == gen_ && state_ == State::kConnecting) {
       boost::system::error_code ignore;
-      socket_.close(ignore);  // the connect or HELLO in progress fails
+      c->socket.close(ignore);  // the connect or HELLO in progress fails
     }
   });
   HelloAnswer answer;
-  const Status failure = co_await Handshake(&answer);
+  const Status failure = co_await Handshake(*c, &answer);
   if (gen != gen_) co_return;  // closed meanwhile (its frames were failed by Close)
   timer.cancel();
   if (!failure.ok() || state_ != State::kConnecting) {
     boost::system::error_code ec;
-    socket_.close(ec);
+    c->socket.close(ec);
+    conn_.reset();
     state_ = State::kBackoff;
     backoff_until_ = Clock::now() + std::chrono::milliseconds(o_.backoff_ms);
     on_change();
@@ -115,9 +146,9 @@ asio::awaitable<void> NodeLink::Open(uint64_t gen, std::function<void()> on_chan
   limits_.max_items = std::min(limits_.max_items, o_.limits.max_items);
   node_id_ = answer.node_id;
   boost::system::error_code ec;
-  socket_.non_blocking(true, ec);  // Pump writes at once when it can
+  if (!c->tls) c->socket.non_blocking(true, ec);  // Pump writes at once when it can
   state_ = State::kReady;
-  asio::co_spawn(io_, Reader(gen), asio::detached);
+  asio::co_spawn(io_, Reader(gen, c), asio::detached);
   Pump();
   on_change();
 }
@@ -141,10 +172,24 @@ void NodeLink::Pump() {
     for (const asio::const_buffer& b : f->payload) wbufs_.push_back(b);
     inflight_.push_back(std::move(f));
   }
+  std::shared_ptr<Conn> c = conn_;
+  const uint64_t gen = gen_;
+  auto written = [this, self = shared_from_this(), gen, c](const boost::system::error_code& e, size_t) {
+    if (gen != gen_) return;
+    writing_ = false;
+    if (e) return Close(Unavailable("write to node " + o_.host + ":" + std::to_string(o_.port) + ": " + e.message()));
+    Pump();
+  };
+  if (c->tls) {  // through the SSL stream, small pieces merged into records
+    wbufs_ = CoalesceForTls(wbufs_, &tls_stage_);
+    writing_ = true;
+    asio::async_write(*c->tls, wbufs_, std::move(written));
+    return;
+  }
   // At once when the socket takes it all (no loop turn for the completion),
   // else the rest asynchronously.
   boost::system::error_code ec;
-  size_t n = socket_.write_some(wbufs_, ec);  // non-blocking: would_block when full
+  size_t n = c->socket.write_some(wbufs_, ec);  // non-blocking: would_block when full
   if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {}, n = 0;
   if (ec) return Close(Unavailable("write to node " + o_.host + ":" + std::to_string(o_.port) + ": " + ec.message()));
   size_t i = 0;
@@ -153,16 +198,10 @@ void NodeLink::Pump() {
   wbufs_.erase(wbufs_.begin(), wbufs_.begin() + static_cast<std::ptrdiff_t>(i));
   wbufs_[0] += n;
   writing_ = true;
-  const uint64_t gen = gen_;
-  asio::async_write(socket_, wbufs_, [this, self = shared_from_this(), gen](const boost::system::error_code& e, size_t) {
-    if (gen != gen_) return;
-    writing_ = false;
-    if (e) return Close(Unavailable("write to node " + o_.host + ":" + std::to_string(o_.port) + ": " + e.message()));
-    Pump();
-  });
+  asio::async_write(c->socket, wbufs_, std::move(written));
 }
 
-asio::awaitable<void> NodeLink::Reader(uint64_t gen) {
+asio::awaitable<void> NodeLink::Reader(uint64_t gen, std::shared_ptr<Conn> c) {
   auto self = shared_from_this();
   std::shared_ptr<char[]> chunk = NewChunk(kChunkBytes);
   size_t cap = kChunkBytes, filled = 0, used = 0;
@@ -180,8 +219,7 @@ asio::awaitable<void> NodeLink::Reader(uint64_t gen) {
   auto fill = [&](size_t want) -> asio::awaitable<bool> {
     while (filled - used < want) {
       if (cap - used < want) relocate(want);
-      const size_t n = co_await socket_.async_read_some(asio::buffer(chunk.get() + filled, cap - filled),
-                                                        asio::redirect_error(asio::use_awaitable, ec));
+      const size_t n = co_await ReadSome(*c, asio::buffer(chunk.get() + filled, cap - filled), ec);
       if (gen != gen_) co_return false;
       if (ec) {
         Close(Unavailable("connection to node " + o_.host + ":" + std::to_string(o_.port) + " lost: " + ec.message()));
@@ -240,7 +278,8 @@ void NodeLink::Fail(std::deque<std::unique_ptr<LinkFrame>>* frames, const Status
 void NodeLink::Close(const Status& why) {
   ++gen_;
   boost::system::error_code ec;
-  socket_.close(ec);
+  if (conn_) conn_->socket.close(ec);
+  conn_.reset();
   writing_ = false;
   if (state_ != State::kBackoff) state_ = State::kIdle;
   Fail(&inflight_, why);

@@ -12,6 +12,12 @@
 // as the bytes allow; a frame's body is handed over in place, kept alive by
 // the chunk, so a GET payload reaches the client with no copy in the proxy.
 //
+// TLS: with a client context in the options the link speaks TLS to the
+// node's data port (verifying the node's certificate, and its host name
+// unless verify_hostname is off; presenting the context's certificate for
+// mutual TLS); writes then always go through Asio's SSL stream, with runs of
+// small pieces merged so that a record carries more than a frame header.
+//
 // Failure: a connect or HELLO that fails or exceeds connect_timeout_ms, a
 // broken stream, a malformed answer, or Expire() finding a frame past its
 // deadline closes the connection and fails every frame queued or in flight
@@ -32,6 +38,8 @@
 #include <string>
 #include <vector>
 
+#include <boost/asio/ssl.hpp>
+
 #include "kvmesh/status.h"
 #include "transport/asio.h"
 #include "transport/protocol.h"
@@ -47,6 +55,9 @@ struct NodeLinkOptions {
   int64_t connect_timeout_ms = 1000;
   int64_t backoff_ms = 100;
   proto::ProtocolLimits limits;  // bounds on answers this side accepts
+  // Non-null: TLS to the node (transport/tls_server.h MakeTlsClientContext).
+  std::shared_ptr<boost::asio::ssl::context> tls;
+  bool verify_hostname = true;  // the node's certificate must name `host`
 };
 
 // One request frame. The link fills in request_id and epoch.
@@ -92,17 +103,24 @@ class NodeLink : public std::enable_shared_from_this<NodeLink> {
 
  private:
   struct ChunkPool;
+  // One connection: its handlers hold it, so a closed one outlives them.
+  struct Conn {
+    explicit Conn(boost::asio::io_context& io) : socket(io) {}
+    boost::asio::ip::tcp::socket socket;
+    std::unique_ptr<boost::asio::ssl::stream<boost::asio::ip::tcp::socket&>> tls;  // with o_.tls
+  };
   std::shared_ptr<char[]> NewChunk(size_t bytes);
-  boost::asio::awaitable<void> Open(uint64_t gen, std::function<void()> on_change);
-  boost::asio::awaitable<Status> Handshake(proto::HelloAnswer* answer);  // connect + HELLO
-  boost::asio::awaitable<void> Reader(uint64_t gen);
+  boost::asio::awaitable<void> Open(uint64_t gen, std::shared_ptr<Conn> c, std::function<void()> on_change);
+  // connect (+ TLS handshake) + HELLO
+  boost::asio::awaitable<Status> Handshake(Conn& c, proto::HelloAnswer* answer);
+  boost::asio::awaitable<void> Reader(uint64_t gen, std::shared_ptr<Conn> c);
   void Pump();
   void Fail(std::deque<std::unique_ptr<LinkFrame>>* frames, const Status& why);
   Status Deliver(const proto::FrameHeader& h, std::span<const char> body, const std::shared_ptr<const void>& keep);
 
   boost::asio::io_context& io_;
   NodeLinkOptions o_;
-  boost::asio::ip::tcp::socket socket_;
+  std::shared_ptr<Conn> conn_;  // the current connection (null when idle)
   State state_ = State::kIdle;
   uint64_t gen_ = 0;  // bumped on every close: handlers of an older connection stand down
   std::chrono::steady_clock::time_point backoff_until_{};
@@ -113,6 +131,7 @@ class NodeLink : public std::enable_shared_from_this<NodeLink> {
   std::deque<std::unique_ptr<LinkFrame>> queued_;    // not yet written
   std::deque<std::unique_ptr<LinkFrame>> inflight_;  // written (or being written), answers due in order
   std::vector<boost::asio::const_buffer> wbufs_;     // the write in progress
+  std::string tls_stage_;                            // small pieces of a TLS write, merged
   std::shared_ptr<ChunkPool> pool_;  // receive chunks to reuse (their deleters hold it weakly)
 };
 

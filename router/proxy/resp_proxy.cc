@@ -12,6 +12,7 @@
 #include "transport/asio.h"
 #include "transport/resp/resp_commands.h"
 #include "transport/resp/resp_session.h"
+#include "transport/tls_server.h"
 
 namespace kvmesh {
 namespace {
@@ -40,6 +41,13 @@ std::vector<asio::const_buffer> Buffers(const RespReply& r) {
   b.reserve(r.pieces().size());
   for (auto p : r.pieces()) b.emplace_back(p.data(), p.size());
   return b;
+}
+
+// Writes `r` through TLS, small pieces merged into records.
+asio::awaitable<void> WriteReply(asio::ssl::stream<tcp::socket&>& s, const RespReply& r, boost::system::error_code& ec) {
+  std::string stage;
+  const std::vector<asio::const_buffer> bufs = CoalesceForTls(Buffers(r), &stage);
+  co_await asio::async_write(s, bufs, asio::redirect_error(asio::use_awaitable, ec));
 }
 
 // Writes `r`: at once when the socket takes it all (the usual case: no loop
@@ -123,7 +131,15 @@ class Proxy final : public RespProxy {
     eo.link.limits.max_block_bytes =
         static_cast<uint32_t>(std::clamp<uint64_t>(o_.block_bytes, eo.link.limits.max_block_bytes, UINT32_MAX));
     eo.link.limits.max_body_bytes = std::max<uint32_t>(eo.link.limits.max_body_bytes, eo.link.limits.max_block_bytes + (1u << 20));
-    for (auto& l : loops_) l->engine = std::make_unique<RespEngine>(l->io, helpers_, eo);
+    if (o_.tls.enabled()) {
+      if (o_.client_tls) {
+        KVMESH_ASSIGN_OR_RETURN(tls_, MakeTlsServerContext(o_.tls, o_.tls.client_auth == "all"));
+      }
+      KVMESH_ASSIGN_OR_RETURN(eo.link.tls, MakeTlsClientContext(o_.tls));
+      eo.link.verify_hostname = o_.tls.verify_hostname;
+    }
+    engine_options_ = eo;
+    for (auto& l : loops_) l->engines.push_back(std::make_unique<RespEngine>(l->io, helpers_, eo));
     asio::co_spawn(loops_[0]->io, Accept(), asio::detached);
     for (auto& l : loops_) {
       Loop* lp = l.get();
@@ -135,6 +151,7 @@ class Proxy final : public RespProxy {
 
   uint16_t port() const override { return port_; }
   uint64_t commands() const override { return commands_.commands(); }
+  uint64_t tls_failures() const override { return tls_failures_.load(std::memory_order_relaxed); }
 
   void Stop() override {
     if (stopped_.exchange(true)) return;
@@ -143,7 +160,8 @@ class Proxy final : public RespProxy {
       asio::post(lp->io, [this, lp, first = i == 0] {
         boost::system::error_code ec;
         if (first) acceptor_->close(ec);
-        if (lp->engine) lp->engine->Stop();
+        for (auto& e : lp->engines)
+          if (e) e->Stop();
         for (tcp::socket* s : lp->conns) s->close(ec);
         lp->io.stop();
       });
@@ -157,7 +175,9 @@ class Proxy final : public RespProxy {
   struct Loop {
     asio::io_context io{1};
     std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
-    std::unique_ptr<RespEngine> engine;  // destroyed before io (it posts nothing once stopped)
+    // By identity: [0] the cluster's, [i] tenant i's, made at its first use.
+    // Destroyed before io (they post nothing once stopped).
+    std::vector<std::unique_ptr<RespEngine>> engines;
     std::list<tcp::socket*> conns;       // open client connections (closed by Stop)
     std::thread thread;
   };
@@ -172,6 +192,23 @@ class Proxy final : public RespProxy {
     return f;
   }
 
+  // The engine for `identity` on `loop`: made at first use, its node links
+  // saying HELLO as that tenant.
+  RespEngine& EngineFor(Loop& loop, uint32_t identity) {
+    if (identity >= loop.engines.size()) loop.engines.resize(identity + 1);
+    std::unique_ptr<RespEngine>& e = loop.engines[identity];
+    if (!e) {
+      RespEngineOptions eo = engine_options_;
+      if (identity > 0 && identity <= o_.tenants.size()) {
+        eo.link.tenant = o_.tenants[identity - 1].name;
+        eo.link.token = o_.tenants[identity - 1].token;
+        eo.stats = nullptr;  // the cluster's totals are not a tenant's
+      }
+      e = std::make_unique<RespEngine>(loop.io, helpers_, eo);
+    }
+    return *e;
+  }
+
   asio::awaitable<void> Accept() {
     size_t next = 0;
     for (;;) {
@@ -182,16 +219,40 @@ class Proxy final : public RespProxy {
         if (!acceptor_->is_open()) co_return;
         continue;
       }
-      asio::co_spawn(l.io, Serve(l, std::move(s)), asio::detached);
+      asio::co_spawn(l.io, Connection(l, std::move(s)), asio::detached);
     }
   }
 
-  // One client connection, on its loop.
-  asio::awaitable<void> Serve(Loop& loop, tcp::socket s) {
+  // One client connection, on its loop: plain, or TLS after its handshake.
+  asio::awaitable<void> Connection(Loop& loop, tcp::socket s) {
     boost::system::error_code ec;
     s.set_option(tcp::no_delay(true), ec);
-    s.non_blocking(true, ec);  // WriteReply writes at once when it can
     auto reg = loop.conns.insert(loop.conns.end(), &s);
+    if (!tls_) {
+      s.non_blocking(true, ec);  // WriteReply writes at once when it can
+      co_await Serve(loop, s);
+    } else {
+      asio::ssl::stream<tcp::socket&> tls(s, *tls_);
+      // A client that never finishes its handshake is dropped after 10 s.
+      asio::steady_timer timer(s.get_executor());
+      timer.expires_after(std::chrono::seconds(10));
+      timer.async_wait([&s](boost::system::error_code e) {
+        if (!e) s.cancel();
+      });
+      co_await tls.async_handshake(asio::ssl::stream_base::server, asio::redirect_error(asio::use_awaitable, ec));
+      timer.cancel();
+      if (ec) tls_failures_.fetch_add(1, std::memory_order_relaxed);
+      else co_await Serve(loop, tls);
+    }
+    loop.conns.erase(reg);
+    s.shutdown(tcp::socket::shutdown_both, ec);
+    s.close(ec);
+  }
+
+  // The commands of one client connection.
+  template <typename Stream>
+  asio::awaitable<void> Serve(Loop& loop, Stream& s) {
+    boost::system::error_code ec;
     const uint64_t max_bulk = RespMaxBulk(o_.max_value_bytes);
     const size_t max_buf = max_bulk + kRespMaxInline + 64;
     std::vector<char> buf(kFirstReadBytes);
@@ -240,14 +301,16 @@ class Proxy final : public RespProxy {
       while (i < n && !quit) {
         ops.clear();
         seg.Clear();
-        while (i < n && !quit && (ops.empty() || !seg.Conflicts(cmds[i]))) {
+        // A segment runs as one identity: an AUTH that changes it ends the segment.
+        const uint32_t identity = state.identity;
+        while (i < n && !quit && (ops.empty() || !seg.Conflicts(cmds[i])) && state.identity == identity) {
           seg.Add(cmds[i]);
           ops.push_back(commands_.Compile(cmds[i], &state, &quit));
           ++i;
         }
         raw.clear();
         for (auto& op : ops) raw.push_back(op.get());
-        co_await AsyncRun(*loop.engine, raw, commands_.Env(), asio::use_awaitable);
+        co_await AsyncRun(EngineFor(loop, identity), raw, commands_.Env(), asio::use_awaitable);
         for (auto& op : ops) op->Answer(&out);
         ops.clear();  // the answers keep what they borrow
         if (out.bytes() > kFlushBytes && i < n) {
@@ -270,9 +333,6 @@ class Proxy final : public RespProxy {
       std::memmove(buf.data(), buf.data() + used, filled - used);
       filled -= used;
     }
-    loop.conns.erase(reg);
-    s.shutdown(tcp::socket::shutdown_both, ec);
-    s.close(ec);
   }
 
   RespProxyOptions o_;
@@ -280,6 +340,9 @@ class Proxy final : public RespProxy {
   asio::thread_pool helpers_;
   std::vector<std::unique_ptr<Loop>> loops_;
   std::unique_ptr<tcp::acceptor> acceptor_;  // on loop 0
+  RespEngineOptions engine_options_;          // the cluster identity's; tenants' differ in the HELLO
+  std::shared_ptr<asio::ssl::context> tls_;   // the client port's (null: plain)
+  std::atomic<uint64_t> tls_failures_{0};
   uint16_t port_ = 0;
   std::atomic<bool> stopped_{false};
 };

@@ -29,6 +29,25 @@
 // the loop blocks: map refreshes and INFO's cluster statistics run on a
 // helper thread.
 //
+// Identities (design, docs/resp.md "AUTH and tenants"): a connection that
+// logged in as tenant i (RespAuth, MakeClusterAuth over $.auth: AUTH user
+// password) has its commands run by its loop's engine for that tenant, whose
+// node links say HELLO with the tenant's name and token (tenants[i-1]): so
+// the node scopes every key to the tenant's namespace and counts its quota,
+// and the proxy never scopes keys itself. An engine (and its links) is made
+// the first time a tenant's connection on that loop runs a command, and
+// shared by every connection of that tenant on the loop. The cluster
+// identity (the "default" user) uses the links with `tenant`/`token`.
+//
+// TLS: with tls.enabled() the node links speak TLS to the nodes' data ports,
+// verifying them against tls.ca and presenting tls.cert (mutual TLS), and,
+// unless client_tls is false, the client port speaks TLS only (client
+// certificates required when client_auth is "all").
+//
+// INFO and DBSIZE show the cluster's figures (`stats`) to the cluster
+// identity only; a tenant's DBSIZE answers 0 and its INFO has no keyspace
+// figures (the coordinator's totals are every tenant's).
+//
 // Failure behaviour: a key whose node cannot be reached reads nil (GET/MGET),
 // counts as absent (EXISTS/DEL) and a SET to it answers "-ERR Unavailable...";
 // a value over max_value_bytes answers "-ERR ResourceExhausted: ..." and
@@ -42,6 +61,9 @@
 #include <memory>
 #include <string>
 
+#include <vector>
+
+#include "kvmesh/config.h"
 #include "kvmesh/status.h"
 #include "transport/resp/resp_value.h"
 
@@ -70,6 +92,10 @@ struct RespProxyOptions {
   std::string token;                      // $.auth.token
   RespKeyRules rules;                     // $.resp groups
   std::shared_ptr<const RespAuth> auth;   // who may use the proxy (null: anyone)
+  // Identity i (1..n) of `auth` reaches the nodes as tenants[i-1] ($.auth.tenants).
+  std::vector<TenantConfig> tenants;
+  TlsConfig tls;                          // $.tls: the node links, and the client port with client_tls
+  bool client_tls = true;                 // $.resp.tls
   // The shard map to place keys with (called on the loops: cheap, never
   // blocking). Required.
   std::function<std::shared_ptr<const ShardMap>()> map;
@@ -94,6 +120,7 @@ class RespProxy {
   // Idempotent.
   virtual void Stop() = 0;
   virtual uint64_t commands() const = 0;
+  virtual uint64_t tls_failures() const = 0;  // client handshakes that failed
 };
 
 }  // namespace kvmesh

@@ -95,7 +95,8 @@ class Daemon final : public NodeDaemon {
       r.max_value_bytes = config_.resp.max_value_bytes;
       r.rules.hash_tags = config_.resp.hash_tags;
       r.rules.group_suffixes = config_.resp.group_suffixes;
-      r.auth = MakeTokenAuth(config_.auth.token);
+      r.auth = MakeClusterAuth(config_.auth);  // identities in config order, as the node's TenantRegistry
+      if (config_.resp.tls) r.tls = config_.tls;
       KVMESH_ASSIGN_OR_RETURN(resp_, RespServer::Start(node_.get(), r));
     }
     KVMESH_ASSIGN_OR_RETURN(http_, HttpServer::Start(nc->host, nc->ports.http,

@@ -1,42 +1,49 @@
 #include "shard_node/server/resp_server.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "shard_node/shard_node.h"
+#include "shard_node/tenant_view.h"
+#include "shard_node/tenants.h"
 #include "transport/asio_listener.h"
 #include "transport/resp/resp_session.h"
+#include "transport/tls_server.h"
 
 namespace kvmesh {
 namespace {
 
 using boost::asio::ip::tcp;
 
-// This node's store, answering each step at once.
+// This node's store as the connection's identity sees it (a TenantView:
+// a tenant's keys live in its namespace and count against its quota),
+// answering each step at once.
 class NodeBackend final : public RespSyncBackend {
  public:
   explicit NodeBackend(ShardNode* node) : node_(node) {}
 
-  void Run(std::span<BlockIo> ios) override {
+  void Run(uint32_t identity, std::span<BlockIo> ios) override {
+    TenantView v(node_, identity);
     for (BlockIo& io : ios) {  // reads first (resp_ops.h)
       switch (io.kind) {
-        case BlockIo::Kind::kGet: Get(io); break;
+        case BlockIo::Kind::kGet: Get(v, io); break;
         case BlockIo::Kind::kExists:
-          io.found = node_->Exists(io.key, /*touch=*/true);
+          io.found = v.Exists(io.key, /*touch=*/true);
           io.status = Status::Ok();
           break;
-        case BlockIo::Kind::kStats: Stats(io); break;
+        case BlockIo::Kind::kStats: Stats(identity, io); break;
         default: break;
       }
     }
     for (BlockIo& io : ios) {  // then writes, in order
-      if (io.kind == BlockIo::Kind::kPut) Put(io);
-      else if (io.kind == BlockIo::Kind::kErase) io.status = node_->Erase(io.key);
+      if (io.kind == BlockIo::Kind::kPut) Put(v, io);
+      else if (io.kind == BlockIo::Kind::kErase) io.status = v.Erase(io.key);
     }
   }
 
  private:
-  void Get(BlockIo& io) {
-    Result<BlockRef> r = node_->Get(io.key);
+  void Get(TenantView& v, BlockIo& io) {
+    Result<BlockRef> r = v.Get(io.key);
     if (!r.ok()) {  // a miss, or a corrupt block (erased): a miss either way
       io.status = r.status();
       return;
@@ -53,7 +60,7 @@ class NodeBackend final : public RespSyncBackend {
     if (r->meta().codec != 0) {  // stored encoded (config.codec): the decoded bytes
       copy->resize(r->meta().logical_size);
       r->Release();
-      Result<size_t> n = node_->GetInto(io.key, std::as_writable_bytes(std::span<char>(*copy)));
+      Result<size_t> n = v.GetInto(io.key, std::as_writable_bytes(std::span<char>(*copy)));
       if (!n.ok()) {
         io.status = n.status();
         return;
@@ -67,7 +74,7 @@ class NodeBackend final : public RespSyncBackend {
     io.keep = std::move(copy);
   }
 
-  void Put(BlockIo& io) {
+  void Put(TenantView& v, BlockIo& io) {
     PutOptions po;
     po.replace = io.replace;
     std::span<const char> block = io.data;
@@ -79,10 +86,11 @@ class NodeBackend final : public RespSyncBackend {
     } else if (!io.head.empty()) {
       block = io.head;
     }
-    io.status = node_->Put(io.key, std::as_bytes(block), po);
+    io.status = v.Put(io.key, std::as_bytes(block), po);
   }
 
-  void Stats(BlockIo& io) {
+  void Stats(uint32_t identity, BlockIo& io) {
+    if (identity != kClusterTenant) return TenantStatsOf(identity, io);
     NodeStats st = node_->Stats();
     const StoreStats& s = st.store;
     auto text = std::make_shared<std::string>("role:node\r\nnode_id:" + st.node_id + "\r\n# Stats\r\n");
@@ -102,6 +110,25 @@ class NodeBackend final : public RespSyncBackend {
     io.status = Status::Ok();
   }
 
+  // A tenant sees its own figures only.
+  void TenantStatsOf(uint32_t identity, BlockIo& io) {
+    const TenantStats t = node_->tenants().Stats(identity);
+    auto text = std::make_shared<std::string>("role:node\r\ntenant:" + t.name + "\r\n# Stats\r\n");
+    auto kv = [&](const char* k, uint64_t v) { *text += std::string(k) + ":" + std::to_string(v) + "\r\n"; };
+    kv("keyspace_hits", t.hits);
+    kv("keyspace_misses", t.misses);
+    kv("evicted_keys", t.quota_evictions);
+    *text += "# Memory\r\n";
+    kv("used_memory", t.bytes);
+    kv("maxmemory", t.quota_bytes);
+    *text += "# Keyspace\r\n";
+    *text += "db0:keys=" + std::to_string(t.blocks) + ",expires=0,avg_ttl=0\r\n";
+    io.count = t.blocks;
+    io.value = std::span<const char>(*text);
+    io.keep = std::move(text);
+    io.status = Status::Ok();
+  }
+
   ShardNode* node_;
   std::vector<char> scratch_;  // the I/O thread's (one listener thread)
 };
@@ -113,6 +140,10 @@ class Server final : public RespServer {
 
   Status Bind() {
     conn_.max_bulk_bytes = RespMaxBulk(o_.max_value_bytes);
+    if (o_.tls.enabled()) {
+      KVMESH_ASSIGN_OR_RETURN(conn_.tls, MakeTlsServerContext(o_.tls, o_.tls.client_auth == "all"));
+      conn_.tls_failures = &tls_failures_;
+    }
     AsioListenerOptions l;
     l.host = o_.host;
     l.port = o_.port;
@@ -124,6 +155,7 @@ class Server final : public RespServer {
   }
   uint16_t port() const override { return listener_->port(); }
   uint64_t commands() const override { return commands_.commands(); }
+  uint64_t tls_failures() const override { return tls_failures_.load(std::memory_order_relaxed); }
   void Stop() override {
     if (listener_) listener_->Stop();
   }
@@ -143,6 +175,7 @@ class Server final : public RespServer {
   NodeBackend backend_;
   RespCommands commands_;
   RespConnectionOptions conn_;
+  std::atomic<uint64_t> tls_failures_{0};
   std::unique_ptr<AsioListener> listener_;  // last: its sessions use the members above
 };
 

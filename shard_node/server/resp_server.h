@@ -10,12 +10,21 @@
 // Commands run inline on the front's one I/O thread (store calls never
 // block); pipelined commands are answered in one gathered write, GET answers
 // straight from pool memory (the blocks stay pinned until written).
+//
+// Identities: a connection that logged in as a tenant (AUTH user password,
+// with `auth` from MakeClusterAuth over the node's $.auth, so its identities
+// are the node's TenantRegistry indices) reaches the store through a
+// TenantView of that tenant (its namespace, its quota; INFO and DBSIZE show
+// its own figures); the cluster identity sees the node's own store. With
+// `tls` set the port speaks TLS only ($.tls; client certificates required
+// when client_auth is "all").
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "kvmesh/config.h"
 #include "kvmesh/status.h"
 #include "transport/resp/resp_value.h"
 
@@ -30,6 +39,7 @@ struct RespServerOptions {
   uint64_t max_value_bytes = 64u << 20;  // $.resp.max_value_bytes: larger SETs are answered an error
   RespKeyRules rules;                    // $.resp groups
   std::shared_ptr<const RespAuth> auth;  // null: no AUTH needed
+  TlsConfig tls;                         // $.tls: enabled() makes the port TLS only
 };
 
 class RespServer {
@@ -40,6 +50,7 @@ class RespServer {
   virtual uint16_t port() const = 0;
   virtual void Stop() = 0;
   virtual uint64_t commands() const = 0;
+  virtual uint64_t tls_failures() const = 0;  // handshakes that failed
 };
 
 }  // namespace kvmesh

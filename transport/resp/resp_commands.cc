@@ -36,27 +36,45 @@ std::string Arity(std::string_view cmd) {
 constexpr const char* kNoAuth = "-NOAUTH Authentication required.\r\n";
 constexpr const char* kWrongPass = "-WRONGPASS invalid username-password pair or user is disabled.\r\n";
 
-class TokenAuth final : public RespAuth {
+bool SecretEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;  // the length is no secret
+  unsigned diff = 0;                       // constant time in the bytes
+  for (size_t i = 0; i < a.size(); ++i)
+    diff |= static_cast<unsigned>(static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i]));
+  return diff == 0;
+}
+
+class ClusterAuth final : public RespAuth {
  public:
-  explicit TokenAuth(std::string token) : token_(std::move(token)) {}
-  bool required() const override { return !token_.empty(); }
-  bool Check(std::string_view user, std::string_view password) const override {
-    if (user != "default" || password.size() != token_.size()) return false;  // the length is no secret
-    unsigned diff = 0;  // constant time in the bytes
-    for (size_t i = 0; i < password.size(); ++i)
-      diff |= static_cast<unsigned>(static_cast<unsigned char>(password[i]) ^ static_cast<unsigned char>(token_[i]));
-    return diff == 0;
+  explicit ClusterAuth(AuthConfig auth) : auth_(std::move(auth)) {}
+  bool required() const override { return !auth_.token.empty(); }
+  std::optional<uint32_t> Login(std::string_view user, std::string_view password) const override {
+    std::optional<uint32_t> found;
+    if (user == "default" && SecretEquals(password, auth_.token)) found = 0;
+    // Every tenant's name and secret are compared, found or not.
+    for (size_t i = 0; i < auth_.tenants.size(); ++i) {
+      const bool name = SecretEquals(user, auth_.tenants[i].name);
+      const bool secret = SecretEquals(password, auth_.tenants[i].token);
+      if (name && secret && !found) found = static_cast<uint32_t>(i + 1);
+    }
+    return found;
   }
 
  private:
-  std::string token_;
+  AuthConfig auth_;
 };
 
 }  // namespace
 
+std::shared_ptr<const RespAuth> MakeClusterAuth(const AuthConfig& auth) {
+  if (auth.token.empty()) return nullptr;
+  return std::make_shared<ClusterAuth>(auth);
+}
+
 std::shared_ptr<const RespAuth> MakeTokenAuth(std::string token) {
-  if (token.empty()) return nullptr;
-  return std::make_shared<TokenAuth>(std::move(token));
+  AuthConfig a;
+  a.token = std::move(token);
+  return MakeClusterAuth(a);
 }
 
 RespCommands::RespCommands(RespFrontOptions o) : o_(std::move(o)) {}
@@ -101,8 +119,10 @@ std::unique_ptr<RespOp> RespCommands::Compile(const RespCommand& a, RespSessionS
                             "Are you sure your configuration is correct?"));
       return answer(kWrongPass);
     }
-    if (!o_.auth->Check(argc == 2 ? "default" : a[1], a[argc - 1])) return answer(kWrongPass);
+    const std::optional<uint32_t> id = o_.auth->Login(argc == 2 ? "default" : a[1], a[argc - 1]);
+    if (!id) return answer(kWrongPass);
     s->authenticated = true;
+    s->identity = *id;
     return answer("+OK\r\n");
   }
   if (Eq(cmd, "HELLO")) return answer(Hello(a, s));
@@ -245,8 +265,11 @@ std::string RespCommands::Hello(const RespCommand& a, RespSessionState* s) const
   bool set_name = false;
   for (size_t i = 2; i < argc; ++i) {
     if (Eq(a[i], "AUTH") && i + 2 < argc) {
-      if (!o_.auth || !o_.auth->required() || !o_.auth->Check(a[i + 1], a[i + 2])) return kWrongPass;
+      const std::optional<uint32_t> id =
+          o_.auth && o_.auth->required() ? o_.auth->Login(a[i + 1], a[i + 2]) : std::nullopt;
+      if (!id) return kWrongPass;
       s->authenticated = true;
+      s->identity = *id;
       i += 2;
     } else if (Eq(a[i], "SETNAME") && i + 1 < argc) {
       name = std::string(a[++i]);

@@ -10,7 +10,12 @@
 //
 // Authentication: when the front has a RespAuth that requires it, every
 // command but AUTH, HELLO and QUIT is answered "-NOAUTH Authentication
-// required." until AUTH (or HELLO ... AUTH) succeeds on the connection.
+// required." until AUTH (or HELLO ... AUTH) succeeds on the connection. The
+// identity it proves (RespSessionState::identity) decides whose blocks the
+// connection's commands reach: 0 is the cluster's own ("default", the
+// cluster secret), 1..n the tenants of $.auth.tenants in config order. A
+// later AUTH switches the identity from that command on; a failed one keeps
+// the identity the connection had.
 //
 // Thread-safety: RespCommands is immutable after construction and may be
 // shared by every connection; a RespSessionState belongs to one connection.
@@ -19,34 +24,44 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
+#include "kvmesh/config.h"
 #include "transport/resp/resp_ops.h"
 #include "transport/resp/resp_protocol.h"
 #include "transport/resp/resp_value.h"
 
 namespace kvmesh {
 
-// Who may use a front: a small interface so that per-tenant users can plug
-// in next to the shared secret. Thread-safe.
+// Who may use a front, and as whom. Thread-safe.
 class RespAuth {
  public:
   virtual ~RespAuth() = default;
   // True when commands need an AUTH first.
   virtual bool required() const = 0;
-  // True when `user` ("default" for AUTH <password>) may log in with `password`.
-  virtual bool Check(std::string_view user, std::string_view password) const = 0;
+  // The identity `user` ("default" for AUTH <password>) logs in as with
+  // `password` (0: the cluster's own, 1..n: a tenant), or nullopt. The
+  // answer and its time say nothing about which part was wrong.
+  virtual std::optional<uint32_t> Login(std::string_view user, std::string_view password) const = 0;
 };
 
 // The cluster's shared secret ($.auth.token) as the password of the
-// "default" user, as Redis's requirepass. An empty token requires nothing.
-// Compared in constant time.
+// "default" user (identity 0), as Redis's requirepass, and each tenant of
+// $.auth.tenants as a user of its name with its token (identity 1..n, config
+// order; a tenant called "default" is reached only through the secret's user
+// when the password is not the secret). No token: null (no AUTH needed).
+// Secrets are compared in constant time, and every tenant's, so the time
+// does not say which names exist.
+std::shared_ptr<const RespAuth> MakeClusterAuth(const AuthConfig& auth);
+// The same with the secret alone (no tenants).
 std::shared_ptr<const RespAuth> MakeTokenAuth(std::string token);
 
 // One connection's state.
 struct RespSessionState {
   bool authenticated = false;
+  uint32_t identity = 0;    // RespAuth::Login's answer (0 until then)
   uint64_t id = 0;          // CLIENT ID
   std::string name;         // CLIENT SETNAME
 };

@@ -1,6 +1,7 @@
 #include "transport/resp/resp_session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -19,12 +20,11 @@ std::vector<asio::const_buffer> Buffers(const RespReply& r) {
   return b;
 }
 
-}  // namespace
-
-asio::awaitable<void> ServeRespConnection(tcp::socket s, const RespCommands* commands, RespSyncBackend* backend,
-                                          RespConnectionOptions o) {
+// The commands of one connection over a plain or a TLS stream.
+template <typename Stream>
+asio::awaitable<void> Serve(Stream& s, const RespCommands* commands, RespSyncBackend* backend,
+                            const RespConnectionOptions& o) {
   boost::system::error_code ec;
-  s.set_option(tcp::no_delay(true), ec);
   const size_t max_buf = o.max_bulk_bytes + kRespMaxInline + 64;
   std::vector<char> buf(64 << 10);
   size_t filled = 0;
@@ -33,7 +33,7 @@ asio::awaitable<void> ServeRespConnection(tcp::socket s, const RespCommands* com
   RespCommand args;
   bool quit = false;
   bool need_read = true;
-  auto run_io = [backend](std::span<BlockIo> ios) { backend->Run(ios); };
+  auto run_io = [backend, &state](std::span<BlockIo> ios) { backend->Run(state.identity, ios); };
   while (!quit) {
     if (need_read) {
       if (filled == buf.size()) {
@@ -80,6 +80,32 @@ asio::awaitable<void> ServeRespConnection(tcp::socket s, const RespCommands* com
     // Keep the unparsed tail (the answers, which may borrow from it, are written).
     std::memmove(buf.data(), buf.data() + pos, filled - pos);
     filled -= pos;
+  }
+}
+
+}  // namespace
+
+asio::awaitable<void> ServeRespConnection(tcp::socket s, const RespCommands* commands, RespSyncBackend* backend,
+                                          RespConnectionOptions o) {
+  boost::system::error_code ec;
+  s.set_option(tcp::no_delay(true), ec);
+  if (!o.tls) {
+    co_await Serve(s, commands, backend, o);
+  } else {
+    asio::ssl::stream<tcp::socket&> tls(s, *o.tls);
+    // A client that never finishes its handshake is dropped after 10 s.
+    asio::steady_timer timer(s.get_executor());
+    timer.expires_after(std::chrono::seconds(10));
+    timer.async_wait([&s](boost::system::error_code e) {
+      if (!e) s.cancel();
+    });
+    co_await tls.async_handshake(asio::ssl::stream_base::server, asio::redirect_error(asio::use_awaitable, ec));
+    timer.cancel();
+    if (ec) {
+      if (o.tls_failures) o.tls_failures->fetch_add(1, std::memory_order_relaxed);
+    } else {
+      co_await Serve(tls, commands, backend, o);
+    }
   }
   s.shutdown(tcp::socket::shutdown_both, ec);
   s.close(ec);

@@ -8,13 +8,20 @@
 //
 // A connection reads nothing more until its run is answered (at most 8 MiB
 // of answers are held before they are written). A protocol error is answered
-// and closes only its own connection.
+// and closes only its own connection. With a TLS context the connection
+// speaks TLS (a client that does not, or does not finish its handshake within
+// 10 s, is dropped); each command's I/O runs as the identity the connection
+// has proved (resp_commands.h).
 //
 // Asio appears in this header: include it from .cc files only.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <span>
+
+#include <boost/asio/ssl.hpp>
 
 #include "transport/asio.h"
 #include "transport/resp/resp_commands.h"
@@ -26,12 +33,17 @@ class RespSyncBackend {
  public:
   virtual ~RespSyncBackend() = default;
   // Runs one step's I/Os (resp_ops.h executor contract: reads first, then
-  // writes in order) and fills in their results.
-  virtual void Run(std::span<BlockIo> ios) = 0;
+  // writes in order) as `identity` (RespSessionState::identity) and fills in
+  // their results.
+  virtual void Run(uint32_t identity, std::span<BlockIo> ios) = 0;
 };
 
 struct RespConnectionOptions {
   uint64_t max_bulk_bytes = 64u << 20;  // longest bulk string the parser accepts
+  // Non-null: the connection speaks TLS with this server context.
+  std::shared_ptr<boost::asio::ssl::context> tls;
+  // Counts handshakes that failed (may be null).
+  std::atomic<uint64_t>* tls_failures = nullptr;
 };
 
 // REQUIRES: commands and backend outlive the coroutine.
