@@ -88,7 +88,7 @@ Status WriteAllV(int fd, std::vector<iovec>& iov, Clock::time_point deadline) {
     msghdr msg{};
     msg.msg_iov = &iov[first];
     msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
-    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);  // never blocks, whatever the socket mode
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) return Unavailable(std::string("send: ") + std::strerror(errno));

@@ -76,8 +76,6 @@ Result<UniqueFd> ConnectTcp(const std::string& host, uint16_t port, std::chrono:
 Result<UniqueFd> ListenTcp(sockaddr_in* addr, int backlog);
 
 // Writes every byte of iov (modified in place) before the deadline.
-// Sends with MSG_DONTWAIT, so it never blocks past `deadline` whether or not
-// fd is in non-blocking mode.
 Status WriteAllV(int fd, std::vector<iovec>& iov, std::chrono::steady_clock::time_point deadline);
 Status WriteAll(int fd, const void* data, size_t n, std::chrono::steady_clock::time_point deadline);
 

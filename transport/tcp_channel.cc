@@ -50,20 +50,8 @@ struct Pending {
 class Connection {
  public:
   // tls: the connection's TLS session over fd (nullptr: plain TCP).
-  // A plain connection's socket blocks in reads, in slices of kReadSliceMs
-  // (SO_RCVTIMEO): a body read is one recv(MSG_WAITALL) that wakes when all
-  // of it is in, not a poll and a recv for every segment that arrives. Writes
-  // stay non-blocking (WriteAllV sends with MSG_DONTWAIT). TLS keeps its
-  // non-blocking socket (OpenSSL's reads rely on it).
   Connection(int fd, std::unique_ptr<TlsConn> tls, int64_t stall_timeout_ms, ProtocolLimits limits)
-      : fd_(fd), tls_(std::move(tls)), stall_ms_(stall_timeout_ms), limits_(limits) {
-    if (tls_ == nullptr) {
-      const timeval tv{0, kReadSliceMs * 1000};
-      const int flags = ::fcntl(fd_.get(), F_GETFL);
-      blocking_reads_ = flags >= 0 && ::setsockopt(fd_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0 &&
-                        ::fcntl(fd_.get(), F_SETFL, flags & ~O_NONBLOCK) == 0;
-    }
-  }
+      : fd_(fd), tls_(std::move(tls)), stall_ms_(stall_timeout_ms), limits_(limits) {}
   ~Connection() { ::shutdown(fd_.get(), SHUT_RDWR); }
   bool broken() const { return broken_.load(std::memory_order_acquire); }
   // No call in flight (a hint for choosing a connection; it may change at once).
@@ -173,25 +161,7 @@ class Connection {
 
   // Reads n bytes of a frame already under way (the peer may stall at most stall_ms_).
   Status Read(void* dst, size_t n) {
-    if (tls_) return tls_->ReadFull(dst, n, stall_ms_);
-    if (!blocking_reads_) return ReadFull(fd_.get(), dst, n, stall_ms_, {});
-    char* p = static_cast<char*>(dst);
-    size_t got = 0;
-    int64_t stalled_ms = 0;
-    while (got < n) {
-      const ssize_t r = ::recv(fd_.get(), p + got, n - got, MSG_WAITALL);
-      if (r > 0) {
-        got += static_cast<size_t>(r);
-        stalled_ms = 0;
-        continue;
-      }
-      if (r == 0) return Unavailable("connection closed by peer");
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return Unavailable(std::string("recv: ") + std::strerror(errno));
-      stalled_ms += kReadSliceMs;  // a whole slice without a byte
-      if (stall_ms_ >= 0 && stalled_ms >= stall_ms_) return DeadlineExceeded("peer stalled mid-frame");
-    }
-    return Status::Ok();
+    return tls_ ? tls_->ReadFull(dst, n, stall_ms_) : ReadFull(fd_.get(), dst, n, stall_ms_, {});
   }
 
   // Reads one answer frame and completes its waiter. DeadlineExceeded when no
@@ -277,10 +247,8 @@ class Connection {
     return Status::Ok();
   }
 
-  static constexpr long kReadSliceMs = 100;
   UniqueFd fd_;
   std::unique_ptr<TlsConn> tls_;  // over fd_: destroyed first
-  bool blocking_reads_ = false;   // plain socket in blocking mode with SO_RCVTIMEO
   const int64_t stall_ms_;
   const ProtocolLimits limits_;
   std::mutex write_mu_;
