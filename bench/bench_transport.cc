@@ -14,16 +14,21 @@
 // ucx_perftest (ucp_am_lat per size: what one UCX message costs between two
 // processes with the same UCX_TLS; ucp_am_bw for 64 KiB), raw loopback TCP
 // request/ack of the same size (what a perfect store over one TCP round trip
-// could reach) and redis-server. Batch rows: one GetInto / PutFrom of
+// could reach; "req/ack" is PUT-shaped, "get" sends a 1-byte request and
+// reads the block back, the GET shape) and redis-server. Every cell also
+// reports CPU us per operation (user + system of this process and of the
+// server process: the node, redis-server; the raw server's threads live in
+// this process), a cost that holds whatever else the cores are doing. Batch rows: one GetInto / PutFrom of
 // 64 x 64 KiB blocks against ucp_am_bw. Progress goes to stderr.
 //
 //   build/bin/bench_transport [--seconds 1] [--reps 3] [--sizes 65536,262144,1048576] [--clients 1,8]
 //                             [--tables transport,resp] [--resp-sizes 16384] [--resp-clients 1,8]
 //                             [--resp-pipeline 1,16] [--redis-benchmark /usr/bin/redis-benchmark]
 //                             [--ucx-progress poll|event|hybrid] [--ucx-memory allocated|malloc] [--json]
+//                             [--backends tcp,ucx,redis,raw]   (which single-block cells run: to profile one path)
 //
 // --json prints one object, {"rows": [{backend, op, block_bytes, clients,
-// batch, gbps, ops, p50_us, p99_us}, ...]}, backends tcp, ucx, redis, raw,
+// batch, gbps, ops, p50_us, p99_us, cpu_us}, ...]}, backends tcp, ucx, redis, raw (op req/ack or get),
 // ucx_perftest, instead of the tables.
 //
 // The RESP table (docs/resp.md): redis-benchmark-style SET and GET (one
@@ -86,9 +91,14 @@ constexpr bool KVMESH_UCX_ON = false;
 
 struct Cell {
   double gbps = 0, ops = 0, p50_us = 0, p99_us = 0;
+  // CPU (user + system) per operation of this process (the clients, and the
+  // raw server's threads) plus the server process, when one was given: what
+  // an operation costs whatever else the cores are doing.
+  double cpu_us = 0;
 };
 
 Cell Median(std::vector<Cell> v) {
+  if (v.empty()) return Cell{};  // a cell that did not run (--backends)
   auto med = [&](auto f) {
     std::vector<double> x;
     for (auto& c : v) x.push_back(f(c));
@@ -96,7 +106,8 @@ Cell Median(std::vector<Cell> v) {
     return x[x.size() / 2];
   };
   return Cell{med([](const Cell& c) { return c.gbps; }), med([](const Cell& c) { return c.ops; }),
-              med([](const Cell& c) { return c.p50_us; }), med([](const Cell& c) { return c.p99_us; })};
+              med([](const Cell& c) { return c.p50_us; }), med([](const Cell& c) { return c.p99_us; }),
+              med([](const Cell& c) { return c.cpu_us; })};
 }
 
 uint16_t FreePort();
@@ -169,7 +180,13 @@ Cell Perftest(const std::string& test, size_t size) {
 double P50Gbps(const Cell& c, size_t size) { return c.p50_us > 0 ? double(size) / c.p50_us / 1e3 : 0; }
 
 // Runs `clients` threads of op(thread, iteration) for `seconds`; returns throughput and latency.
-Cell RunClients(int clients, double seconds, size_t bytes_per_op, const std::function<bool(int, uint64_t)>& op) {
+double CpuSeconds(pid_t pid);
+
+// server: the process serving the operations (0: none, or this one).
+Cell RunClients(int clients, double seconds, size_t bytes_per_op, const std::function<bool(int, uint64_t)>& op,
+                pid_t server = 0) {
+  auto cpu = [server] { return CpuSeconds(::getpid()) + (server > 0 ? CpuSeconds(server) : 0.0); };
+  const double cpu0 = cpu();
   std::vector<LatencyHistogram> hist(clients);
   std::vector<uint64_t> done(clients, 0);
   std::atomic<bool> failed{false};
@@ -192,6 +209,7 @@ Cell RunClients(int clients, double seconds, size_t bytes_per_op, const std::fun
   }
   for (auto& t : ts) t.join();
   const double dt = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  const double cpu_s = cpu() - cpu0;
   if (failed) std::fprintf(stderr, "bench: an operation failed\n");
   LatencyHistogram all;
   uint64_t n = 0;
@@ -200,7 +218,7 @@ Cell RunClients(int clients, double seconds, size_t bytes_per_op, const std::fun
     n += done[c];
   }
   return Cell{double(n) * double(bytes_per_op) / dt / 1e9, double(n) / dt, all.Percentile(0.5) / 1e3,
-              all.Percentile(0.99) / 1e3};
+              all.Percentile(0.99) / 1e3, n > 0 ? cpu_s * 1e6 / double(n) : 0.0};
 }
 
 uint16_t FreePort() {
@@ -355,6 +373,12 @@ class RawServer {
           char mode;
           if (::recv(fd, &mode, 1, MSG_WAITALL) != 1) return (void)::close(fd);
           for (;;) {
+            if (mode == 'g') {  // GET-shaped: a 1-byte request, msg_ bytes back
+              char k;
+              if (::recv(fd, &k, 1, MSG_WAITALL) != 1) break;
+              if (::send(fd, buf.data(), buf.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(buf.size())) break;
+              continue;
+            }
             if (::recv(fd, buf.data(), buf.size(), MSG_WAITALL) != static_cast<ssize_t>(buf.size())) break;
             if (mode == 'a' && ::send(fd, "k", 1, MSG_NOSIGNAL) != 1) break;
           }
@@ -594,6 +618,7 @@ int main(int argc, char** argv) {
   std::string rb_bin = "/usr/bin/redis-benchmark";
   std::string ucx_progress = "hybrid";
   std::string ucx_memory = "allocated";  // the clients' registered memory: UcxContext::Allocate, or malloc
+  std::string backends = "tcp,ucx,redis,raw";  // which single-block cells run (a profile of one path)
   bool json = false;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--json") json = true;
@@ -614,6 +639,7 @@ int main(int argc, char** argv) {
     else if (k == "--resp-clients") resp_clients_arg = v;
     else if (k == "--ucx-progress") ucx_progress = v;
     else if (k == "--ucx-memory") ucx_memory = v;
+    else if (k == "--backends") backends = "," + v + ",";
     else if (k == "--resp-pipeline") resp_pipeline_arg = v;
     else if (k == "--redis-benchmark") rb_bin = v;
     else {
@@ -747,8 +773,8 @@ int main(int argc, char** argv) {
     // (request, transfer, answer). GB/s columns are throughput (bytes / time).
     std::printf("| op | block | clients | kvmesh TCP GB/s | TCP p50/p99 us | kvmesh UCX GB/s | UCX p50/p99 us | "
                 "UCX p50 GB/s | ucp_am_lat GB/s (one-way us) | redis GB/s | raw req/ack GB/s | UCX/am_lat (p50) | "
-                "UCX/TCP | TCP/raw | TCP/redis |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "UCX/TCP | TCP/raw | TCP/redis | raw same-shape GB/s | TCP/raw same-shape | CPU us/op TCP / UCX / redis / raw |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   }
   for (size_t size : sizes) {
     // The same random bytes as every other table, in each client's registered payload.
@@ -778,40 +804,49 @@ int main(int argc, char** argv) {
       std::map<std::string, std::vector<Cell>> cells;
       for (int r = 0; r < reps; ++r) {
         Progress("%s, %zu clients, rep %d/%d", SizeName(size).c_str(), clients, r + 1, reps);
-        cells["kv_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+        auto want = [&](const char* b) { return ("," + backends + ",").find("," + std::string(b) + ",") != std::string::npos; };
+        if (want("tcp")) cells["kv_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
           PutItem it{key(c, i), src_of(c, size), {}};
           Status s = ch[c]->Put(std::span<PutItem>(&it, 1), {});
           return s.ok() && it.status.ok();
-        }));
-        cells["kv_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+        }, node.pid()));
+        if (want("tcp")) cells["kv_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
           GetItem it{key(c, i), dst_of(c, i % keys_per_client, size), 0, {}};
           Status s = ch[c]->Get(std::span<GetItem>(&it, 1), {});
           return s.ok() && it.status.ok() && it.size == size;
-        }));
-        if (!ux.empty()) {
+        }, node.pid()));
+        if (!ux.empty() && want("ucx")) {
           cells["ux_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
             PutItem it{key(c, i), src_of(c, size), {}};
             return ux[c]->Put(std::span<PutItem>(&it, 1), {}).ok() && it.status.ok();
-          }));
+          }, node.pid()));
           cells["ux_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
             GetItem it{key(c, i), dst_of(c, i % keys_per_client, size), 0, {}};
             return ux[c]->Get(std::span<GetItem>(&it, 1), {}).ok() && it.status.ok() && it.size == size;
-          }));
+          }, node.pid()));
         }
-        if (have_redis) {
+        if (have_redis && want("redis")) {
           cells["rd_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
             return rc[c].Set("k" + std::to_string(c) + ":" + std::to_string(i % keys_per_client) + ":" + std::to_string(size), payload[c]);
-          }));
+          }, redis.pid()));
           cells["rd_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
             return rc[c].Get("k" + std::to_string(c) + ":" + std::to_string(i % keys_per_client) + ":" + std::to_string(size), &rdst[c]);
-          }));
+          }, redis.pid()));
         }
+        if (!want("raw")) continue;
         std::vector<int> fds;
         for (size_t c = 0; c < clients; ++c) fds.push_back(RawClient(raw.port(), 'a'));
         cells["raw_req"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t) {
           char k;
           return ::send(fds[c], payload[c].data(), size, MSG_NOSIGNAL) == ssize_t(size) &&
                  ::recv(fds[c], &k, 1, MSG_WAITALL) == 1;
+        }));
+        for (int fd : fds) ::close(fd);
+        fds.clear();
+        for (size_t c = 0; c < clients; ++c) fds.push_back(RawClient(raw.port(), 'g'));
+        cells["raw_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t) {
+          return ::send(fds[c], "g", 1, MSG_NOSIGNAL) == 1 &&
+                 ::recv(fds[c], rdst[c].data(), size, MSG_WAITALL) == ssize_t(size);
         }));
         for (int fd : fds) ::close(fd);
       }
@@ -826,6 +861,8 @@ int main(int argc, char** argv) {
         }
       const Cell raw_req = Median(cells["raw_req"]);
       add("raw", "req/ack", size, clients, 1, raw_req);
+      const Cell raw_get = Median(cells["raw_get"]);
+      add("raw", "get", size, clients, 1, raw_get);
       for (const char* op : {"put", "get"}) {
         const std::string OP = std::string(op) == "put" ? "PUT" : "GET";
         const Cell kv = Median(cells[std::string("kv_") + op]);
@@ -835,13 +872,17 @@ int main(int argc, char** argv) {
         add("ucx", OP.c_str(), size, clients, 1, uc);
         add("redis", OP.c_str(), size, clients, 1, rd);
         auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
-        if (!json)
+        if (!json) {
+          // The raw baseline of the same shape: req/ack for PUT, a 1-byte request and the block back for GET.
+          const Cell& raw_same = OP == "GET" ? raw_get : raw_req;
           std::printf("| %s | %s | %zu | %.2f | %.0f / %.0f | %.2f | %.0f / %.0f | %.2f | %.2f (%.1f) | %.2f | %.2f | "
-                      "%.2fx | %.2fx | %.2fx | %.2fx |\n",
+                      "%.2fx | %.2fx | %.2fx | %.2fx | %.2f | %.2fx | %.0f / %.0f / %.0f / %.0f |\n",
                       OP.c_str(), SizeName(size).c_str(), clients, kv.gbps, kv.p50_us, kv.p99_us, uc.gbps, uc.p50_us,
                       uc.p99_us, P50Gbps(uc, size), am_lat.gbps, am_lat.p50_us, rd.gbps, raw_req.gbps,
                       ratio(P50Gbps(uc, size), am_lat.gbps), ratio(uc.gbps, kv.gbps), ratio(kv.gbps, raw_req.gbps),
-                      ratio(kv.gbps, rd.gbps));
+                      ratio(kv.gbps, rd.gbps), raw_same.gbps, ratio(kv.gbps, raw_same.gbps), kv.cpu_us, uc.cpu_us,
+                      rd.cpu_us, raw_same.cpu_us);
+        }
         std::fflush(stdout);
       }
     }
@@ -916,7 +957,7 @@ int main(int argc, char** argv) {
     for (const Row& r : rows)
       out["rows"].push_back({{"backend", r.backend}, {"op", r.op}, {"block_bytes", r.block_bytes}, {"clients", r.clients},
                              {"batch", r.batch}, {"gbps", r.c.gbps}, {"ops", r.c.ops}, {"p50_us", r.c.p50_us},
-                             {"p99_us", r.c.p99_us}});
+                             {"p99_us", r.c.p99_us}, {"cpu_us", r.c.cpu_us}});
     std::printf("%s\n", out.dump().c_str());
   }
   if (want_resp)
