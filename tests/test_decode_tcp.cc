@@ -753,17 +753,30 @@ TEST_CASE("kvmesh decode over TCP: a killed or stopped rank fails the others wit
     std::this_thread::sleep_for(milliseconds(300));
     ::kill(ps[victim]->pid(), sig);
     const auto t0 = SClock::now();
+    const auto bound = TimeBound(milliseconds(1500 + 500 + 5000));  // the step timeout, slack, exit
     for (int r = 0; r < world; ++r) {
       if (r == victim) continue;
       INFO("rank " << r);
-      const std::string out = ReadAll(*ps[r], milliseconds(1500 + 500 + 5000));  // until it exits
-      const int code = ExitCode(*ps[r], milliseconds(1000));
+      const std::string out = ReadAll(*ps[r], bound);  // until it exits
+      const int code = ExitCode(*ps[r], TimeBound(milliseconds(1000)));
       INFO(out);
       CHECK(code == 1);
-      CHECK_THAT(out, Catch::Contains(sig == SIGKILL ? "Unavailable" : "DeadlineExceeded"));
-      CHECK_THAT(out, Catch::Contains("rank " + std::to_string(victim)));
+      if (sig == SIGKILL) {
+        CHECK_THAT(out, Catch::Contains("Unavailable"));
+        CHECK_THAT(out, Catch::Contains("rank " + std::to_string(victim)));
+      } else {
+        // A stopped rank: a survivor times out on it (DeadlineExceeded naming
+        // it), or, when the other survivor timed out first and exited, sees
+        // that survivor close its connection (Unavailable naming it). Either
+        // is a clear error in time; which comes first is the scheduler's.
+        const bool timed_out = out.find("DeadlineExceeded") != std::string::npos &&
+                               out.find("rank " + std::to_string(victim)) != std::string::npos;
+        const bool peer_left = out.find("Unavailable") != std::string::npos &&
+                               out.find("closed the connection") != std::string::npos;
+        CHECK((timed_out || peer_left));
+      }
     }
-    CHECK(SClock::now() - t0 < milliseconds(1500 + 500 + 5000));
+    CHECK(SClock::now() - t0 < bound);
     ps[victim]->Kill(SIGKILL);  // a stopped process takes SIGKILL too
   }
 }
