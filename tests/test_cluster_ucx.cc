@@ -14,6 +14,7 @@
 #include "shard_node/server/ucx_server.h"
 #include "shard_node/shard_node.h"
 #include "transport/ucx_channel.h"
+#include "tests/test_time.h"
 
 using namespace kvmesh;
 
@@ -41,7 +42,7 @@ struct Fixture {
     UcxChannelOptions o;
     o.node_address = server->address();
     o.token = std::move(token);
-    o.timeout_ms = 5000;
+    o.timeout_ms = kvmesh::testing::TimeBound(std::chrono::milliseconds(5000)).count();  // grows under sanitizers
     o.limits.max_body_bytes = 16 << 20;
     o.limits.max_block_bytes = 2 << 20;
     return UcxChannel::Connect(o);
@@ -210,6 +211,7 @@ TEST_CASE("UCX: clients that vanish with requests in flight never take the node 
   std::vector<std::vector<std::byte>> dst(8, std::vector<std::byte>(1 << 20));
   for (int round = 0; round < 20; ++round) {
     auto ch = f.Channel();
+    INFO("round " << round << ": " << ch.status().ToString());
     REQUIRE(ch.ok());
     std::vector<std::vector<GetItem>> items(16);
     std::vector<ChannelCall> calls(16);
