@@ -11,24 +11,16 @@
 #include <cerrno>
 #include <cstring>
 
+#include "transport/openssl_util.h"
 #include "transport/socket_util.h"
 
 namespace kvmesh {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using tls_util::IsIpAddress;
+using tls_util::OpensslError;
 
-// OpenSSL's reason for the last failure (and clears its queue).
-std::string OpensslError() {
-  std::string out;
-  while (unsigned long e = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof buf);
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out.empty() ? "unknown TLS error" : out;
-}
+using Clock = std::chrono::steady_clock;
 
 // A socket BIO that sends with MSG_NOSIGNAL: a peer that went away must be an
 // error, never a SIGPIPE in the embedding process (OpenSSL's own uses write()).
@@ -73,11 +65,6 @@ const BIO_METHOD* SocketMethod() {
     return x;
   }();
   return m;
-}
-
-bool IsIpAddress(const std::string& host) {
-  unsigned char buf[16];
-  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
 }
 
 // Waits for `events` on fd until `deadline`; false when it passed.

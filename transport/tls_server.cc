@@ -7,24 +7,13 @@
 
 #include <cstring>
 
+#include "transport/openssl_util.h"
+
 namespace kvmesh {
 namespace {
 
-std::string OpensslError() {
-  std::string out;
-  while (unsigned long e = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof buf);
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out.empty() ? "unknown TLS error" : out;
-}
-
-bool IsIpAddress(const std::string& host) {
-  unsigned char buf[16];
-  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
-}
+using tls_util::IsIpAddress;
+using tls_util::OpensslError;
 
 constexpr size_t kSmallPiece = 16u << 10;
 
