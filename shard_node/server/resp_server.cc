@@ -90,40 +90,31 @@ class NodeBackend final : public RespSyncBackend {
   }
 
   void Stats(uint32_t identity, BlockIo& io) {
-    if (identity != kClusterTenant) return TenantStatsOf(identity, io);
+    if (identity != kClusterTenant) {  // a tenant sees its own figures only
+      const TenantStats t = node_->tenants().Stats(identity);
+      return Info("tenant:" + t.name, t.hits, t.misses, t.quota_evictions, t.bytes, t.quota_bytes, 0, t.blocks, io);
+    }
     NodeStats st = node_->Stats();
     const StoreStats& s = st.store;
-    auto text = std::make_shared<std::string>("role:node\r\nnode_id:" + st.node_id + "\r\n# Stats\r\n");
-    auto kv = [&](const char* k, uint64_t v) { *text += std::string(k) + ":" + std::to_string(v) + "\r\n"; };
-    kv("keyspace_hits", s.hits);
-    kv("keyspace_misses", s.misses);
-    kv("evicted_keys", s.evictions);
-    *text += "# Memory\r\n";
-    kv("used_memory", s.bytes_stored);
-    kv("maxmemory", s.capacity_bytes);
-    kv("slot_bytes", s.slot_bytes);
-    *text += "# Keyspace\r\n";
-    *text += "db0:keys=" + std::to_string(s.blocks) + ",expires=0,avg_ttl=0\r\n";
-    io.count = s.blocks;
-    io.value = std::span<const char>(*text);
-    io.keep = std::move(text);
-    io.status = Status::Ok();
+    Info("node_id:" + st.node_id, s.hits, s.misses, s.evictions, s.bytes_stored, s.capacity_bytes, s.slot_bytes,
+         s.blocks, io);
   }
 
-  // A tenant sees its own figures only.
-  void TenantStatsOf(uint32_t identity, BlockIo& io) {
-    const TenantStats t = node_->tenants().Stats(identity);
-    auto text = std::make_shared<std::string>("role:node\r\ntenant:" + t.name + "\r\n# Stats\r\n");
+  // INFO's text for `who` (slot_bytes 0: no slot_bytes line), kept alive by io.
+  static void Info(const std::string& who, uint64_t hits, uint64_t misses, uint64_t evicted, uint64_t used,
+                   uint64_t max, uint64_t slot_bytes, uint64_t keys, BlockIo& io) {
+    auto text = std::make_shared<std::string>("role:node\r\n" + who + "\r\n# Stats\r\n");
     auto kv = [&](const char* k, uint64_t v) { *text += std::string(k) + ":" + std::to_string(v) + "\r\n"; };
-    kv("keyspace_hits", t.hits);
-    kv("keyspace_misses", t.misses);
-    kv("evicted_keys", t.quota_evictions);
+    kv("keyspace_hits", hits);
+    kv("keyspace_misses", misses);
+    kv("evicted_keys", evicted);
     *text += "# Memory\r\n";
-    kv("used_memory", t.bytes);
-    kv("maxmemory", t.quota_bytes);
+    kv("used_memory", used);
+    kv("maxmemory", max);
+    if (slot_bytes != 0) kv("slot_bytes", slot_bytes);
     *text += "# Keyspace\r\n";
-    *text += "db0:keys=" + std::to_string(t.blocks) + ",expires=0,avg_ttl=0\r\n";
-    io.count = t.blocks;
+    *text += "db0:keys=" + std::to_string(keys) + ",expires=0,avg_ttl=0\r\n";
+    io.count = keys;
     io.value = std::span<const char>(*text);
     io.keep = std::move(text);
     io.status = Status::Ok();
