@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "transport/asio_write.h"
 #include "transport/tls_server.h"
 
 namespace kvmesh {
@@ -189,14 +190,9 @@ void NodeLink::Pump() {
   // At once when the socket takes it all (no loop turn for the completion),
   // else the rest asynchronously.
   boost::system::error_code ec;
-  size_t n = c->socket.write_some(wbufs_, ec);  // non-blocking: would_block when full
-  if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {}, n = 0;
+  const bool all = WriteNow(c->socket, wbufs_, ec);  // a non-blocking socket
   if (ec) return Close(Unavailable("write to node " + o_.host + ":" + std::to_string(o_.port) + ": " + ec.message()));
-  size_t i = 0;
-  while (i < wbufs_.size() && n >= wbufs_[i].size()) n -= wbufs_[i++].size();
-  if (i == wbufs_.size()) return Pump();  // all written (more may have been queued meanwhile: none here)
-  wbufs_.erase(wbufs_.begin(), wbufs_.begin() + static_cast<std::ptrdiff_t>(i));
-  wbufs_[0] += n;
+  if (all) return Pump();  // all written (more may have been queued meanwhile: none here)
   writing_ = true;
   asio::async_write(c->socket, wbufs_, std::move(written));
 }

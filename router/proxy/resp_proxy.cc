@@ -10,6 +10,7 @@
 #include "kvmesh/router.h"
 #include "router/proxy/resp_engine.h"
 #include "transport/asio.h"
+#include "transport/asio_write.h"
 #include "transport/resp/resp_commands.h"
 #include "transport/resp/resp_session.h"
 #include "transport/tls_server.h"
@@ -54,15 +55,7 @@ asio::awaitable<void> WriteReply(asio::ssl::stream<tcp::socket&>& s, const RespR
 // turn for the completion), else the rest asynchronously.
 asio::awaitable<void> WriteReply(tcp::socket& s, const RespReply& r, boost::system::error_code& ec) {
   std::vector<asio::const_buffer> bufs = Buffers(r);
-  size_t n = s.write_some(bufs, ec);  // non-blocking socket: would_block when full
-  if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {}, n = 0;
-  if (ec) co_return;
-  size_t i = 0;
-  while (i < bufs.size() && n >= bufs[i].size()) n -= bufs[i++].size();
-  if (i == bufs.size()) co_return;
-  bufs.erase(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(i));
-  bufs[0] += n;
-  co_await asio::async_write(s, bufs, asio::redirect_error(asio::use_awaitable, ec));
+  co_await WriteNowThenAsync(s, bufs, ec);  // non-blocking socket
 }
 
 // The keys a segment of side-by-side commands touches: a command that reads

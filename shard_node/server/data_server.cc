@@ -15,6 +15,7 @@
 #include "common/histogram.h"
 #include "shard_node/shard_node.h"
 #include "transport/asio_listener.h"
+#include "transport/asio_write.h"
 #include "transport/tls_server.h"
 
 namespace kvmesh {
@@ -99,16 +100,10 @@ class FrameReader {
 template <typename Stream>
 asio::awaitable<void> WriteAll(Stream& s, std::vector<asio::const_buffer>& bufs, boost::system::error_code& ec) {
   if constexpr (std::is_same_v<Stream, tcp::socket>) {
-    size_t n = s.write_some(bufs, ec);
-    if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {}, n = 0;
-    if (ec) co_return;
-    size_t i = 0;
-    while (i < bufs.size() && n >= bufs[i].size()) n -= bufs[i++].size();
-    if (i == bufs.size()) co_return;
-    bufs.erase(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(i));
-    bufs[0] += n;
+    co_await WriteNowThenAsync(s, bufs, ec);
+  } else {
+    co_await asio::async_write(s, bufs, asio::redirect_error(asio::use_awaitable, ec));
   }
-  co_await asio::async_write(s, bufs, asio::redirect_error(asio::use_awaitable, ec));
 }
 
 struct OpStats {
