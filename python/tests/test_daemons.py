@@ -85,26 +85,40 @@ def test_gil_is_released_while_a_get_waits_on_a_stalled_node(daemons):
 
 def test_unregister_waits_for_a_call_in_flight(daemons):
     import torch
-    with kvmesh.Client(daemons.address, tenant="unregister", timeout_ms=600, refresh_ms=0) as c:
+    # The get waits on the stopped n0 for its whole timeout (1.5 s); unregister
+    # is called once the router has counted the get, and must not return
+    # before the get has.
+    with kvmesh.Client(daemons.address, tenant="unregister", timeout_ms=1500, refresh_ms=0) as c:
         keys, data = fill(c, 24, seed=5, base=3000)
         bb = c.block_bytes
         pool = torch.zeros(len(keys), bb, dtype=torch.uint8)
         region = c.register(pool)
-        results = []
+        ptrs = [pool[i].data_ptr() for i in range(len(keys))]
+        results, calling = [], threading.Event()
+
+        def getter():
+            calling.set()
+            g0 = time.monotonic()
+            st = c.get_into_ptrs(keys, ptrs, bb)
+            results.append((st, g0, time.monotonic()))
+
+        gets = c.stats()["gets"]
         daemons.signal("n0", signal.SIGSTOP)
         try:
-            th = threading.Thread(target=lambda: results.append(
-                c.get_into_ptrs(keys, [pool[i].data_ptr() for i in range(len(keys))], bb)))
+            th = threading.Thread(target=getter)
             th.start()
-            time.sleep(0.1)  # the get is waiting on n0
-            t0 = time.monotonic()
+            assert calling.wait(10)
+            deadline = time.monotonic() + 5
+            while c.stats()["gets"] == gets and time.monotonic() < deadline:
+                time.sleep(0.005)  # until the get is in the router (then waiting on n0)
             c.unregister(region)
-            waited = time.monotonic() - t0
+            unregistered = time.monotonic()
             th.join()
         finally:
             daemons.signal("n0", signal.SIGCONT)
-        assert waited >= 0.3  # held until the get returned
-        st = results[0]
+        st, g0, g1 = results[0]
+        assert g1 - g0 >= 1.0  # the get did wait on n0 ...
+        assert unregistered - g0 >= 1.0  # ... and unregister was held until it returned
         assert any(s.ok for s in st) and any(s.miss for s in st)
         assert all(bytes(pool[i].numpy()) == data[i].tobytes() for i, s in enumerate(st) if s.ok)
         assert not region.registered and c.regions == []
