@@ -137,7 +137,8 @@ mt_stop_serve() {
   wait "$MT_SERVE_PID" 2> /dev/null || true
   local stopped
   stopped=$(grep -c '"event":"stopped"' "$log.out" || true)
-  ((stopped == MT_NODES + 1)) || mt_fail "$stopped of $((MT_NODES + 1)) ranks printed stopped after SIGTERM"
+  ((stopped == MT_NODES + 1)) ||
+    mt_fail "$stopped of $((MT_NODES + 1)) ranks printed stopped after SIGTERM ($log.err: $(tail -3 "$log.err" | tr '\n' ' '))"
 }
 
 mt_proxy() {

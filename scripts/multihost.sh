@@ -227,6 +227,9 @@ mh_mpirun_argv() {
   shift
   local launch
   launch=$(mh_launch_host "$id")
+  # odls_base_sigkill_timeout: after SIGTERM a rank gets 10 s (not Open MPI's
+  # 1 s) to stop before SIGKILL; a node that says goodbye to a coordinator
+  # stopping at the same time, on loaded cores, can need more than 1 s.
   # ASAN_OPTIONS: an ASan build's ranks unwind leak stacks in full, so they
   # reach Open MPI's libraries (scripts/lsan.supp); ignored by other builds.
   mh_exec_argv "$id" "$launch" env \
@@ -236,7 +239,7 @@ mh_mpirun_argv() {
     --hostfile "$MH_STATE/$id/hostfile" \
     --mca plm_rsh_agent "$MH_ROOT/scripts/multihost-rsh.sh" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include "$MH_SUBNET.0/$MH_MASK" --mca btl_tcp_if_include "$MH_SUBNET.0/$MH_MASK" \
-    --mca btl tcp,vader,self -x UCX_TLS "$@"
+    --mca btl tcp,vader,self --mca odls_base_sigkill_timeout 10 -x UCX_TLS "$@"
 }
 mh_mpirun() {
   mh_mpirun_argv "$@"
