@@ -15,7 +15,11 @@
 // processes with the same UCX_TLS; ucp_am_bw for 64 KiB), raw loopback TCP
 // request/ack of the same size (what a perfect store over one TCP round trip
 // could reach; "req/ack" is PUT-shaped, "get" sends a 1-byte request and
-// reads the block back, the GET shape) and redis-server. Every cell also
+// reads the block back, the GET shape; both from one cache-hot buffer per
+// connection, and again over the store's footprint: the raw server rotates
+// through as many buffers per client as the node holds blocks for it, and
+// raw GETs land in as many destinations, so neither end is cache-hot) and
+// redis-server. Every cell also
 // reports CPU us per operation (user + system of this process and of the
 // server process: the node, redis-server; the raw server's threads live in
 // this process), a cost that holds whatever else the cores are doing. Batch rows: one GetInto / PutFrom of
@@ -29,7 +33,7 @@
 //
 // --json prints one object, {"rows": [{backend, op, block_bytes, clients,
 // batch, gbps, ops, p50_us, p99_us, cpu_us}, ...]}, backends tcp, ucx, redis, raw (op req/ack or get),
-// ucx_perftest, instead of the tables.
+// ucx_perftest, instead of the tables (raw ops: req/ack, get, req/ack-footprint, get-footprint).
 //
 // The RESP table (docs/resp.md): redis-benchmark-style SET and GET (one
 // blocking request per client at a time) of --resp-sizes values against
@@ -350,7 +354,10 @@ std::map<std::string, double> RedisBenchmark(const std::string& bin, uint16_t po
 // ---- raw loopback TCP: a sink that acks each message ----------------------------
 class RawServer {
  public:
-  explicit RawServer(size_t msg) : msg_(msg) {
+  // `footprint`: how many msg-sized buffers each connection rotates through
+  // in the 'A'/'G' modes (the store's working set per client), against one
+  // cache-hot buffer in 'a'/'g'.
+  RawServer(size_t msg, size_t footprint) : msg_(msg), footprint_(footprint) {
     lfd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
     ::setsockopt(lfd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -369,18 +376,21 @@ class RawServer {
         conns_.emplace_back([this, fd] {
           int one = 1;
           ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-          std::vector<char> buf(msg_);
           char mode;
           if (::recv(fd, &mode, 1, MSG_WAITALL) != 1) return (void)::close(fd);
-          for (;;) {
-            if (mode == 'g') {  // GET-shaped: a 1-byte request, msg_ bytes back
+          const bool pooled = mode == 'A' || mode == 'G';
+          const size_t n = pooled ? footprint_ : 1;
+          std::vector<char> mem(msg_ * n, 'r');  // touched: no page faults in the timed loop
+          for (size_t i = 0;; i = (i + 1) % n) {
+            char* buf = mem.data() + i * msg_;
+            if (mode == 'g' || mode == 'G') {  // GET-shaped: a 1-byte request, msg_ bytes back
               char k;
               if (::recv(fd, &k, 1, MSG_WAITALL) != 1) break;
-              if (::send(fd, buf.data(), buf.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(buf.size())) break;
+              if (::send(fd, buf, msg_, MSG_NOSIGNAL) != static_cast<ssize_t>(msg_)) break;
               continue;
             }
-            if (::recv(fd, buf.data(), buf.size(), MSG_WAITALL) != static_cast<ssize_t>(buf.size())) break;
-            if (mode == 'a' && ::send(fd, "k", 1, MSG_NOSIGNAL) != 1) break;
+            if (::recv(fd, buf, msg_, MSG_WAITALL) != static_cast<ssize_t>(msg_)) break;
+            if (::send(fd, "k", 1, MSG_NOSIGNAL) != 1) break;
           }
           ::close(fd);
         });
@@ -397,6 +407,7 @@ class RawServer {
 
  private:
   size_t msg_;
+  size_t footprint_;
   int lfd_;
   uint16_t port_ = 0;
   std::thread acceptor_;
@@ -773,8 +784,9 @@ int main(int argc, char** argv) {
     // (request, transfer, answer). GB/s columns are throughput (bytes / time).
     std::printf("| op | block | clients | kvmesh TCP GB/s | TCP p50/p99 us | kvmesh UCX GB/s | UCX p50/p99 us | "
                 "UCX p50 GB/s | ucp_am_lat GB/s (one-way us) | redis GB/s | raw req/ack GB/s | UCX/am_lat (p50) | "
-                "UCX/TCP | TCP/raw | TCP/redis | raw same-shape GB/s | TCP/raw same-shape | CPU us/op TCP / UCX / redis / raw |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "UCX/TCP | TCP/raw | TCP/redis | raw same-shape GB/s | TCP/raw same-shape | raw same footprint GB/s | "
+                "TCP/raw footprint | CPU us/op TCP / UCX / redis / raw / raw footprint |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   }
   for (size_t size : sizes) {
     // The same random bytes as every other table, in each client's registered payload.
@@ -799,7 +811,9 @@ int main(int argc, char** argv) {
     for (int r = 0; r < reps; ++r) lat_cells.push_back(Perftest("ucp_am_lat", size));
     const Cell am_lat = Median(lat_cells);
     add("ucx_perftest", "ucp_am_lat", size, 1, 1, am_lat);
-    RawServer raw(size);
+    RawServer raw(size, keys_per_client);
+    // The raw GETs' destinations over the store's footprint (as many blocks per client as dst_of has).
+    std::vector<std::byte> raw_fp_dst(max_clients * keys_per_client * size, std::byte{1});
     for (size_t clients : client_counts) {
       std::map<std::string, std::vector<Cell>> cells;
       for (int r = 0; r < reps; ++r) {
@@ -849,6 +863,25 @@ int main(int argc, char** argv) {
                  ::recv(fds[c], rdst[c].data(), size, MSG_WAITALL) == ssize_t(size);
         }));
         for (int fd : fds) ::close(fd);
+        // The same two shapes over the store's footprint: the server rotates
+        // through keys_per_client buffers per connection (as the node holds
+        // keys_per_client blocks per client) and GETs land in as many
+        // destinations per client as kvmesh's, so neither end is cache-hot.
+        fds.clear();
+        for (size_t c = 0; c < clients; ++c) fds.push_back(RawClient(raw.port(), 'A'));
+        cells["raw_req_fp"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t) {
+          char k;
+          return ::send(fds[c], src_of(c, size).data(), size, MSG_NOSIGNAL) == ssize_t(size) &&
+                 ::recv(fds[c], &k, 1, MSG_WAITALL) == 1;
+        }));
+        for (int fd : fds) ::close(fd);
+        fds.clear();
+        for (size_t c = 0; c < clients; ++c) fds.push_back(RawClient(raw.port(), 'G'));
+        cells["raw_get_fp"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+          std::byte* d = raw_fp_dst.data() + (c * keys_per_client + i % keys_per_client) * size;
+          return ::send(fds[c], "g", 1, MSG_NOSIGNAL) == 1 && ::recv(fds[c], d, size, MSG_WAITALL) == ssize_t(size);
+        }));
+        for (int fd : fds) ::close(fd);
       }
       // Every GET compared against what was put (after timing: the check is not timed).
       for (size_t c = 0; c < clients; ++c)
@@ -863,6 +896,10 @@ int main(int argc, char** argv) {
       add("raw", "req/ack", size, clients, 1, raw_req);
       const Cell raw_get = Median(cells["raw_get"]);
       add("raw", "get", size, clients, 1, raw_get);
+      const Cell raw_req_fp = Median(cells["raw_req_fp"]);
+      add("raw", "req/ack-footprint", size, clients, 1, raw_req_fp);
+      const Cell raw_get_fp = Median(cells["raw_get_fp"]);
+      add("raw", "get-footprint", size, clients, 1, raw_get_fp);
       for (const char* op : {"put", "get"}) {
         const std::string OP = std::string(op) == "put" ? "PUT" : "GET";
         const Cell kv = Median(cells[std::string("kv_") + op]);
@@ -875,13 +912,14 @@ int main(int argc, char** argv) {
         if (!json) {
           // The raw baseline of the same shape: req/ack for PUT, a 1-byte request and the block back for GET.
           const Cell& raw_same = OP == "GET" ? raw_get : raw_req;
+          const Cell& raw_fp = OP == "GET" ? raw_get_fp : raw_req_fp;
           std::printf("| %s | %s | %zu | %.2f | %.0f / %.0f | %.2f | %.0f / %.0f | %.2f | %.2f (%.1f) | %.2f | %.2f | "
-                      "%.2fx | %.2fx | %.2fx | %.2fx | %.2f | %.2fx | %.0f / %.0f / %.0f / %.0f |\n",
+                      "%.2fx | %.2fx | %.2fx | %.2fx | %.2f | %.2fx | %.2f | %.2fx | %.0f / %.0f / %.0f / %.0f / %.0f |\n",
                       OP.c_str(), SizeName(size).c_str(), clients, kv.gbps, kv.p50_us, kv.p99_us, uc.gbps, uc.p50_us,
                       uc.p99_us, P50Gbps(uc, size), am_lat.gbps, am_lat.p50_us, rd.gbps, raw_req.gbps,
                       ratio(P50Gbps(uc, size), am_lat.gbps), ratio(uc.gbps, kv.gbps), ratio(kv.gbps, raw_req.gbps),
-                      ratio(kv.gbps, rd.gbps), raw_same.gbps, ratio(kv.gbps, raw_same.gbps), kv.cpu_us, uc.cpu_us,
-                      rd.cpu_us, raw_same.cpu_us);
+                      ratio(kv.gbps, rd.gbps), raw_same.gbps, ratio(kv.gbps, raw_same.gbps), raw_fp.gbps,
+                      ratio(kv.gbps, raw_fp.gbps), kv.cpu_us, uc.cpu_us, rd.cpu_us, raw_same.cpu_us, raw_fp.cpu_us);
         }
         std::fflush(stdout);
       }
