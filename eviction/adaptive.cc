@@ -12,13 +12,13 @@
 // store runs alone), built with PolicyOptions::leaf_first: a block accessed
 // after its parent goes right behind it in the expert's recency order, so an
 // expert evicts a chain's deepest block first instead of a parent whose
-// cached children its eviction would strand. Every access the owner reports (Touch on a hit,
-// Admit on a miss, an Insert that no Admit announced, such as a block store's
-// re-insert after the last unpin of a read) is replayed into every expert as
-// if it alone managed a cache of c entries: a hit is Touched, a miss evicts
-// the expert's own victims until there is room and is Inserted. Experts key
-// entries by GhostId (the key hash), so they remember blocks the real cache no
-// longer holds. Each expert scores the hits it would have had, decayed by
+// cached children its eviction would strand. Every access the owner reports
+// (Touch on a hit, Admit on a miss, an Insert that no Admit announced, such
+// as a block store's re-insert after the last unpin of a read) is replayed
+// into every expert as if it alone managed a cache of c entries: a hit is
+// Touched, a miss evicts the expert's own victims until there is room and is
+// Inserted. Experts key entries by GhostId (the key hash), so they remember
+// blocks the real cache no longer holds. Each expert scores the hits it would have had, decayed by
 // 1 - 1/W per access (W = max(4096, 4c) accesses). Only prefix hits count:
 // AccessInfo::depth == 0 starts a request's chain and a miss breaks the rest
 // of it (an owner that passes no depth, like a block store, gets block hits;
@@ -307,9 +307,9 @@ class AdaptivePolicy final : public EvictionPolicy {
 // traffic. ARC was dropped: on the tuning traces it never added hits over
 // these (and each expert costs every access).
 const std::vector<ExpertMaker>& Experts() {
-  static const std::vector<ExpertMaker> kExperts{&MakeLruPriority,        &MakeS3Fifo, &MakeTurnoverPriority,
-                                                 &MakeFreqClass,          &MakeFreqClassTurnover,
-                                                 &MakeLru,                &MakeTurnoverFreq};
+  static const std::vector<ExpertMaker> kExperts{&MakeLruPriority, &MakeS3Fifo,            &MakeTurnoverPriority,
+                                                 &MakeFreqClass,   &MakeFreqClassTurnover, &MakeLru,
+                                                 &MakeTurnoverFreq};
   return kExperts;
 }
 

@@ -127,7 +127,8 @@ class TurnoverPriorityPolicy final : public EvictionPolicy {
     n.last_ns = clock_->NowNanos();
     if (freq_bonus_ > 0) {
       ++n.freq;
-      n.list = static_cast<uint8_t>(std::min<int>(kBuckets - 1, static_cast<int>(std::log2(static_cast<double>(n.freq)))));
+      const int lg = static_cast<int>(std::log2(static_cast<double>(n.freq)));
+      n.list = static_cast<uint8_t>(std::min(kBuckets - 1, lg));
     } else {
       n.list = 0;
     }
