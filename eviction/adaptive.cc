@@ -8,14 +8,17 @@
 // adapt one knob between recency and frequency; this generalises the ghost
 // list to whole policies and adapts the choice of policy.
 //
-// Shadows. The policy holds E expert policies built by the factory (the same
-// code a store runs alone). Every access the owner reports (Touch on a hit,
-// Admit on a miss, an Insert that no Admit announced, such as a block store's
-// re-insert after the last unpin of a read) is replayed into every expert as
-// if it alone managed a cache of c entries: a hit is Touched, a miss evicts
-// the expert's own victims until there is room and is Inserted. Experts key
-// entries by GhostId (the key hash), so they remember blocks the real cache no
-// longer holds. Each expert scores the hits it would have had, decayed by
+// Shadows. The policy holds E expert policies (the factory's code, the same a
+// store runs alone), built with PolicyOptions::leaf_first: a block accessed
+// after its parent goes right behind it in the expert's recency order, so an
+// expert evicts a chain's deepest block first instead of a parent whose
+// cached children its eviction would strand. Every access the owner reports
+// (Touch on a hit, Admit on a miss, an Insert that no Admit announced, such
+// as a block store's re-insert after the last unpin of a read) is replayed
+// into every expert as if it alone managed a cache of c entries: a hit is
+// Touched, a miss evicts the expert's own victims until there is room and is
+// Inserted. Experts key entries by GhostId (the key hash), so they remember
+// blocks the real cache no longer holds. Each expert scores the hits it would have had, decayed by
 // 1 - 1/W per access (W = max(4096, 4c) accesses). Only prefix hits count:
 // AccessInfo::depth == 0 starts a request's chain and a miss breaks the rest
 // of it (an owner that passes no depth, like a block store, gets block hits;
@@ -41,7 +44,7 @@
 // that need no room).
 //
 // c is PolicyOptions::capacity_hint, or the largest resident count seen.
-// Cost: O(E) per access, E = 6 experts, each O(1); memory: E + 1 entry pools
+// Cost: O(E) per access, E = 7 experts, each O(1); memory: E + 1 entry pools
 // of c entries. EffectiveClass is the leader's for entries it holds, the
 // latest AccessInfo::priority for the others. Thread-safety: none (the
 // owner's lock).
@@ -60,14 +63,16 @@ namespace kvmesh::eviction_internal {
 namespace {
 
 constexpr size_t kMaxExperts = 8;
+using ExpertMaker = std::unique_ptr<EvictionPolicy> (*)(const PolicyOptions&);
 
 class AdaptivePolicy final : public EvictionPolicy {
  public:
-  AdaptivePolicy(const PolicyOptions& o, const std::vector<std::string>& experts, bool cost_aware)
+  AdaptivePolicy(const PolicyOptions& o, const std::vector<ExpertMaker>& experts, bool cost_aware)
       : c_(o.capacity_hint), cost_aware_(cost_aware) {
-    for (const std::string& name : experts) {
-      auto p = MakeEvictionPolicy(name, o);
-      if (p.ok()) experts_.push_back(Expert{std::move(p).value()});
+    PolicyOptions xo = o;
+    xo.leaf_first = true;  // chains leave deepest block first in every list-based expert
+    for (const ExpertMaker make : experts) {
+      experts_.push_back(Expert{make(xo)});
       if (experts_.size() == kMaxExperts) break;
     }
     nodes_.reserve(o.capacity_hint);
@@ -295,13 +300,16 @@ class AdaptivePolicy final : public EvictionPolicy {
 // lru-priority is the configured class policy, s3-fifo adapts recency and
 // frequency with a ghost list, turnover-priority ages classes by the cache's
 // own turnover, freq-class and freq-class-turnover rank by class, then by
-// accumulated request sharing, and lru keeps the cache near LRU where every
-// class rule loses (large caches: the 20% point of docs/img/replay_heldout_mix.png).
-// ARC was dropped: on the tuning traces it never added hits over these (and
-// each expert costs every access).
-const std::vector<std::string>& Experts() {
-  static const std::vector<std::string> kExperts{"lru-priority", "s3-fifo", "turnover-priority", "freq-class",
-                                                 "freq-class-turnover", "lru"};
+// accumulated request sharing, lru keeps the cache near LRU where every class
+// rule loses (large caches: the 20% point of docs/img/replay_heldout_mix.png),
+// and turnover-freq (turnover-priority plus two classes per doubling of a
+// block's accesses; not a factory policy) keeps re-read blocks of mixed
+// traffic. ARC was dropped: on the tuning traces it never added hits over
+// these (and each expert costs every access).
+const std::vector<ExpertMaker>& Experts() {
+  static const std::vector<ExpertMaker> kExperts{&MakeLruPriority, &MakeS3Fifo,            &MakeTurnoverPriority,
+                                                 &MakeFreqClass,   &MakeFreqClassTurnover, &MakeLru,
+                                                 &MakeTurnoverFreq};
   return kExperts;
 }
 

@@ -61,6 +61,10 @@ struct PolicyOptions {
   size_t capacity_hint = 0;           // the cache's capacity in entries (reserves memory; arc,
                                       // s3-fifo and tinylfu size their lists/sketch by it; 0 = learn)
   Clock* clock = nullptr;             // nullptr: SystemClock()
+  bool leaf_first = false;            // lru, lru-priority, turnover-priority, freq-class*: a block
+                                      // accessed after its parent in the same request (depth > 0)
+                                      // goes right behind it in recency, so chains are evicted
+                                      // deepest block first ("adaptive" sets it for its experts)
 };
 
 class EvictionPolicy {

@@ -95,12 +95,46 @@ struct DList {
     if (head == kNil) head = i;
     ++size;
   }
+  // Links `i` right behind `after` (one step older). REQUIRES: after is on this list.
+  void InsertAfter(NodePool& p, uint32_t after, uint32_t i) {
+    Node& a = p[after];
+    p[i].prev = after;
+    p[i].next = a.next;
+    if (a.next != kNil) p[a.next].prev = i; else tail = i;
+    a.next = i;
+    ++size;
+  }
   void Unlink(NodePool& p, uint32_t i) {
     Node& n = p[i];
     if (n.prev != kNil) p[n.prev].next = n.next; else head = n.next;
     if (n.next != kNil) p[n.next].prev = n.prev; else tail = n.prev;
     n.prev = n.next = kNil;
     --size;
+  }
+};
+
+// Leaf-first placement of a request's chain (PolicyOptions::leaf_first). A
+// policy that places every accessed entry at the front of a recency list
+// calls Place instead of DList::PushFront. An access with AccessInfo::depth > 0
+// that lands on the same list as the previous access of its request is linked
+// right behind it, so a request's blocks end up ordered parent before child
+// from the front: the list evicts a chain's deepest block first, never a
+// parent whose cached children its eviction would make unreachable by prefix.
+// Off (or depth 0, as from a block store): plain PushFront. O(1).
+struct ChainPlacer {
+  bool enabled = false;
+  uint32_t last = kNil;        // the node placed by the previous access
+  const DList* list = nullptr;  // ... and its list
+
+  void Place(DList& l, NodePool& p, uint32_t i, const AccessInfo& info) {
+    if (enabled && info.depth > 0 && last != kNil && last != i && list == &l) l.InsertAfter(p, last, i);
+    else l.PushFront(p, i);
+    last = i;
+    list = &l;
+  }
+  // Call when node `i` leaves its list for good (Remove, before NodePool::Free).
+  void Forget(uint32_t i) {
+    if (last == i) last = kNil;
   }
 };
 

@@ -10,19 +10,23 @@ namespace {
 
 class LruPolicy final : public EvictionPolicy {
  public:
-  explicit LruPolicy(const PolicyOptions& o) { pool_.Reserve(o.capacity_hint); }
+  explicit LruPolicy(const PolicyOptions& o) {
+    pool_.Reserve(o.capacity_hint);
+    chain_.enabled = o.leaf_first;
+  }
   std::string_view name() const override { return "lru"; }
-  void Insert(EntryId id, const AccessInfo&) override { list_.PushFront(pool_, pool_.Alloc(id)); }
-  void Touch(EntryId id, const AccessInfo&) override {
+  void Insert(EntryId id, const AccessInfo& info) override { chain_.Place(list_, pool_, pool_.Alloc(id), info); }
+  void Touch(EntryId id, const AccessInfo& info) override {
     uint32_t i = pool_.Find(id);
     if (i == kNil) return;
     list_.Unlink(pool_, i);
-    list_.PushFront(pool_, i);
+    chain_.Place(list_, pool_, i, info);
   }
   void Remove(EntryId id, RemoveReason) override {
     uint32_t i = pool_.Find(id);
     if (i == kNil) return;
     list_.Unlink(pool_, i);
+    chain_.Forget(i);
     pool_.Free(i);
   }
   std::optional<EntryId> Victim() override {
@@ -35,6 +39,7 @@ class LruPolicy final : public EvictionPolicy {
  private:
   NodePool pool_;
   DList list_;
+  ChainPlacer chain_;
 };
 
 // LRU-with-priority: one LRU list per class. The victim is the least recently
@@ -51,6 +56,7 @@ class LruPriorityPolicy final : public EvictionPolicy {
         aging_ns_(o.aging_ns),
         clock_(o.clock ? o.clock : SystemClock()) {
     pool_.Reserve(o.capacity_hint);
+    chain_.enabled = o.leaf_first;
   }
   std::string_view name() const override { return "lru-priority"; }
 
@@ -59,7 +65,7 @@ class LruPriorityPolicy final : public EvictionPolicy {
     Node& n = pool_[i];
     n.cls = Clamp(info.priority);
     n.last_ns = clock_->NowNanos();
-    lists_[n.cls].PushFront(pool_, i);
+    chain_.Place(lists_[n.cls], pool_, i, info);
   }
   void Touch(EntryId id, const AccessInfo& info) override {
     uint32_t i = pool_.Find(id);
@@ -68,12 +74,13 @@ class LruPriorityPolicy final : public EvictionPolicy {
     lists_[n.cls].Unlink(pool_, i);
     n.cls = Clamp(info.priority);
     n.last_ns = clock_->NowNanos();
-    lists_[n.cls].PushFront(pool_, i);
+    chain_.Place(lists_[n.cls], pool_, i, info);
   }
   void Remove(EntryId id, RemoveReason) override {
     uint32_t i = pool_.Find(id);
     if (i == kNil) return;
     lists_[pool_[i].cls].Unlink(pool_, i);
+    chain_.Forget(i);
     pool_.Free(i);
   }
   std::optional<EntryId> Victim() override {
@@ -113,6 +120,7 @@ class LruPriorityPolicy final : public EvictionPolicy {
   Clock* clock_;
   NodePool pool_;
   DList lists_[kMaxPriorityClasses];
+  ChainPlacer chain_;
 };
 
 }  // namespace

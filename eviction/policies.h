@@ -18,6 +18,9 @@ std::unique_ptr<EvictionPolicy> MakeScore(const PolicyOptions& o);
 std::unique_ptr<EvictionPolicy> MakeTurnoverPriority(const PolicyOptions& o);
 std::unique_ptr<EvictionPolicy> MakeFreqClass(const PolicyOptions& o);
 std::unique_ptr<EvictionPolicy> MakeFreqClassTurnover(const PolicyOptions& o);
+// turnover-priority whose effective class also rises by two per doubling of
+// the block's access count (an expert of "adaptive" only, not in the factory).
+std::unique_ptr<EvictionPolicy> MakeTurnoverFreq(const PolicyOptions& o);
 // Follows the best of the experts above on shadow caches (adaptive.cc); the
 // -cost variant ranks them by prefill FLOPs saved instead of prefix hits.
 std::unique_ptr<EvictionPolicy> MakeAdaptive(const PolicyOptions& o);

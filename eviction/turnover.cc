@@ -15,6 +15,11 @@
 // the class list whose tail has the lowest eff; comparing the K <= 8 tails is
 // exact because within a list eff falls with idleness. Ties: the older entry.
 //
+// "turnover-freq" (an expert of "adaptive", not in the factory): the same
+// with a frequency bonus, eff = class + 2 log2(accesses) - idle / T, the log2
+// floored and capped at 7. One list per (class, log2 bucket); the K x 8 tails
+// are compared, exact for the same reason.
+//
 // "freq-class" / "freq-class-turnover": strict priority class first (like
 // "score"), then accumulated importance, then LRU. Importance is the sum of the
 // AccessInfo::score hints of an entry's accesses (the replay passes 1 + the
@@ -54,26 +59,35 @@ uint8_t ClassCount(const PolicyOptions& o) {
   return static_cast<uint8_t>(std::clamp<uint32_t>(o.priority_classes, 1, kMaxPriorityClasses));
 }
 
+constexpr double kFreqBonus = 2.0;  // turnover-freq: classes per doubling of accesses
+
 class TurnoverPriorityPolicy final : public EvictionPolicy {
  public:
-  explicit TurnoverPriorityPolicy(const PolicyOptions& o)
-      : classes_(ClassCount(o)), clock_(o.clock ? o.clock : SystemClock()) {
+  static constexpr int kBuckets = 8;  // log2 access-count buckets (turnover-freq)
+  TurnoverPriorityPolicy(const PolicyOptions& o, double freq_bonus)
+      : classes_(ClassCount(o)), freq_bonus_(freq_bonus), clock_(o.clock ? o.clock : SystemClock()) {
     pool_.Reserve(o.capacity_hint);
+    chain_.enabled = o.leaf_first;
   }
-  std::string_view name() const override { return "turnover-priority"; }
+  std::string_view name() const override { return freq_bonus_ > 0 ? "turnover-freq" : "turnover-priority"; }
 
-  void Insert(EntryId id, const AccessInfo& info) override { Place(pool_.Alloc(id), info); }
+  void Insert(EntryId id, const AccessInfo& info) override {
+    const uint32_t i = pool_.Alloc(id);
+    pool_[i].freq = 0;
+    Place(i, info);
+  }
   void Touch(EntryId id, const AccessInfo& info) override {
     const uint32_t i = pool_.Find(id);
     if (i == kNil) return;
-    lists_[pool_[i].cls].Unlink(pool_, i);
+    ListOf(pool_[i]).Unlink(pool_, i);
     Place(i, info);
   }
   void Remove(EntryId id, RemoveReason reason) override {
     const uint32_t i = pool_.Find(id);
     if (i == kNil) return;
     if (reason == RemoveReason::kEvicted) turnover_.Evicted(clock_->NowNanos() - pool_[i].last_ns);
-    lists_[pool_[i].cls].Unlink(pool_, i);
+    ListOf(pool_[i]).Unlink(pool_, i);
+    chain_.Forget(i);
     pool_.Free(i);
   }
   std::optional<EntryId> Victim() override {
@@ -81,12 +95,15 @@ class TurnoverPriorityPolicy final : public EvictionPolicy {
     uint32_t best = kNil;
     double best_eff = 0;
     for (uint8_t c = 0; c < classes_; ++c) {
-      if (lists_[c].empty()) continue;
-      const uint32_t t = lists_[c].tail;
-      const double eff = Effective(pool_[t], now);
-      if (best == kNil || eff < best_eff || (eff == best_eff && pool_[t].last_ns < pool_[best].last_ns)) {
-        best = t;
-        best_eff = eff;
+      for (int b = 0; b < (freq_bonus_ > 0 ? kBuckets : 1); ++b) {
+        const DList& l = lists_[c][b];
+        if (l.empty()) continue;
+        const uint32_t t = l.tail;
+        const double eff = Effective(pool_[t], now);
+        if (best == kNil || eff < best_eff || (eff == best_eff && pool_[t].last_ns < pool_[best].last_ns)) {
+          best = t;
+          best_eff = eff;
+        }
       }
     }
     if (best == kNil) return std::nullopt;
@@ -95,29 +112,42 @@ class TurnoverPriorityPolicy final : public EvictionPolicy {
   Priority EffectiveClass(EntryId id) const override {
     const uint32_t i = pool_.Find(id);
     if (i == kNil) return 0;
-    return static_cast<Priority>(std::max(0.0, std::ceil(Effective(pool_[i], clock_->NowNanos()))));
+    const Node& n = pool_[i];
+    const double eff = std::min<double>(n.cls, Effective(n, clock_->NowNanos()));
+    return static_cast<Priority>(std::max(0.0, std::ceil(eff)));
   }
   bool Contains(EntryId id) const override { return pool_.Find(id) != kNil; }
   size_t size() const override { return pool_.size(); }
 
  private:
+  DList& ListOf(const Node& n) { return lists_[n.cls][n.list]; }
   void Place(uint32_t i, const AccessInfo& info) {
     Node& n = pool_[i];
     n.cls = info.priority < classes_ ? info.priority : static_cast<uint8_t>(classes_ - 1);
     n.last_ns = clock_->NowNanos();
-    lists_[n.cls].PushFront(pool_, i);
+    if (freq_bonus_ > 0) {
+      ++n.freq;
+      const int lg = static_cast<int>(std::log2(static_cast<double>(n.freq)));
+      n.list = static_cast<uint8_t>(std::min(kBuckets - 1, lg));
+    } else {
+      n.list = 0;
+    }
+    chain_.Place(ListOf(n), pool_, i, info);
   }
   double Effective(const Node& n, int64_t now) const {
     const double t = turnover_.mean();
-    if (t <= 0) return n.cls;
-    return n.cls - static_cast<double>(now - n.last_ns) / t;
+    const double base = n.cls + freq_bonus_ * n.list;
+    if (t <= 0) return base;
+    return base - static_cast<double>(now - n.last_ns) / t;
   }
 
   uint8_t classes_;
+  double freq_bonus_;
   Clock* clock_;
   Turnover turnover_;
   NodePool pool_;
-  DList lists_[kMaxPriorityClasses];
+  DList lists_[kMaxPriorityClasses][kBuckets];
+  ChainPlacer chain_;
 };
 
 class FreqClassPolicy final : public EvictionPolicy {
@@ -129,6 +159,7 @@ class FreqClassPolicy final : public EvictionPolicy {
       : classes_(ClassCount(o)), aging_ns_(o.aging_ns), turnover_aging_(turnover),
         clock_(o.clock ? o.clock : SystemClock()) {
     pool_.Reserve(o.capacity_hint);
+    chain_.enabled = o.leaf_first;
   }
   std::string_view name() const override { return turnover_aging_ ? "freq-class-turnover" : "freq-class"; }
 
@@ -148,6 +179,7 @@ class FreqClassPolicy final : public EvictionPolicy {
     if (i == kNil) return;
     if (reason == RemoveReason::kEvicted) turnover_.Evicted(clock_->NowNanos() - pool_[i].last_ns);
     ListOf(pool_[i]).Unlink(pool_, i);
+    chain_.Forget(i);
     pool_.Free(i);
   }
   std::optional<EntryId> Victim() override {
@@ -195,7 +227,7 @@ class FreqClassPolicy final : public EvictionPolicy {
     n.cls = info.priority < classes_ ? info.priority : static_cast<uint8_t>(classes_ - 1);
     n.list = static_cast<uint8_t>(std::clamp(static_cast<int>(std::log2(1.0 + imp)), 0, kBuckets - 1));
     n.last_ns = now;
-    ListOf(n).PushFront(pool_, i);
+    chain_.Place(ListOf(n), pool_, i, info);
   }
 
   uint8_t classes_;
@@ -205,12 +237,16 @@ class FreqClassPolicy final : public EvictionPolicy {
   Turnover turnover_;
   NodePool pool_;
   DList lists_[kMaxPriorityClasses][kBuckets];
+  ChainPlacer chain_;
 };
 
 }  // namespace
 
 std::unique_ptr<EvictionPolicy> MakeTurnoverPriority(const PolicyOptions& o) {
-  return std::make_unique<TurnoverPriorityPolicy>(o);
+  return std::make_unique<TurnoverPriorityPolicy>(o, 0.0);
+}
+std::unique_ptr<EvictionPolicy> MakeTurnoverFreq(const PolicyOptions& o) {
+  return std::make_unique<TurnoverPriorityPolicy>(o, kFreqBonus);
 }
 std::unique_ptr<EvictionPolicy> MakeFreqClass(const PolicyOptions& o) {
   return std::make_unique<FreqClassPolicy>(o, /*turnover=*/false);

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "eviction/eviction_policy.h"
+#include "eviction/policies.h"
 
 using namespace kvmesh;
 
@@ -22,11 +23,32 @@ std::unique_ptr<EvictionPolicy> Make(const std::string& name, size_t capacity, C
   return std::move(r).value();
 }
 
-AccessInfo Info(Priority pr, float score = 0.0f) {
+AccessInfo Info(Priority pr, float score = 0.0f, uint32_t depth = 0) {
   AccessInfo i;
   i.priority = pr;
   i.score = score;
+  i.depth = depth;
   return i;
+}
+
+std::unique_ptr<EvictionPolicy> MakeLeafFirst(const std::string& name, size_t capacity, bool leaf_first) {
+  PolicyOptions o;
+  o.capacity_hint = capacity;
+  o.aging_ns = 0;
+  o.leaf_first = leaf_first;
+  auto r = MakeEvictionPolicy(name, o);
+  REQUIRE(r.ok());
+  return std::move(r).value();
+}
+
+// Evicts everything; returns the order.
+std::vector<EntryId> Drain(EvictionPolicy& p) {
+  std::vector<EntryId> order;
+  while (auto v = p.Victim()) {
+    order.push_back(*v);
+    p.Remove(*v, RemoveReason::kEvicted);
+  }
+  return order;
 }
 
 // The owner's protocol: a hit Touches; a miss asks Admit, evicts Victims until
@@ -194,4 +216,86 @@ TEST_CASE("adaptive: pinned entries leave and return, erased ones leave the expe
   p->Remove(2, RemoveReason::kErased);
   CHECK(p->size() == 3);
   CHECK_FALSE(Access(*p, 2, 4));  // gone for the experts as well: a miss, not a ghost hit
+}
+
+TEST_CASE("leaf_first: a request's chain leaves deepest block first; without it, its parent first",
+          "[eviction]") {
+  // Request A reads chain 1 -> 2 -> 3, request B reads 1 (a hit) -> 4 -> 5.
+  const std::vector<std::pair<EntryId, uint32_t>> accesses{{1, 0}, {2, 1}, {3, 2}, {1, 0}, {4, 1}, {5, 2}};
+  for (const std::string name : {"lru", "lru-priority", "turnover-priority", "freq-class"}) {
+    INFO(name);
+    auto on = MakeLeafFirst(name, 8, true);
+    auto off = MakeLeafFirst(name, 8, false);
+    for (auto [id, depth] : accesses) {
+      Access(*on, id, 8, Info(1, 1.0f, depth));
+      Access(*off, id, 8, Info(1, 1.0f, depth));
+    }
+    // Oldest request first, deepest block first inside it; the shared root last.
+    CHECK(Drain(*on) == std::vector<EntryId>{3, 2, 5, 4, 1});
+    CHECK(Drain(*off) == std::vector<EntryId>{2, 3, 1, 4, 5});
+  }
+}
+
+TEST_CASE("leaf_first: without chain positions (a block store) the order is plain recency", "[eviction]") {
+  auto on = MakeLeafFirst("lru", 8, true);
+  for (EntryId id = 1; id <= 4; ++id) Access(*on, id, 8, Info(1));
+  Access(*on, 2, 8, Info(1));
+  CHECK(Drain(*on) == std::vector<EntryId>{1, 3, 4, 2});
+  // A chain placed across classes keeps each class's own recency.
+  auto pr = MakeLeafFirst("lru-priority", 8, true);
+  Access(*pr, 1, 8, Info(3, 0, 0));
+  Access(*pr, 2, 8, Info(1, 0, 1));
+  Access(*pr, 3, 8, Info(3, 0, 2));  // its parent is on another list: front of class 3
+  CHECK(Drain(*pr) == std::vector<EntryId>{2, 1, 3});
+}
+
+TEST_CASE("adaptive: with no hits yet it evicts chains as leaf-first lru-priority does", "[eviction]") {
+  ManualClock clock(0);
+  PolicyOptions o;
+  o.capacity_hint = 6;
+  o.clock = &clock;
+  o.aging_ns = 60'000'000'000;
+  auto a = MakeEvictionPolicy("adaptive", o).value();
+  o.leaf_first = true;
+  auto l = MakeEvictionPolicy("lru-priority", o).value();
+  std::mt19937_64 rng(7);
+  std::vector<EntryId> ea, el;
+  EntryId id = 1;
+  for (int request = 0; request < 12; ++request) {  // chains of 1-4 new blocks: every access a miss
+    clock.AdvanceSeconds(1);
+    const uint32_t len = 1 + static_cast<uint32_t>(rng() % 4);
+    for (uint32_t d = 0; d < len; ++d, ++id) {
+      const AccessInfo info = Info(static_cast<Priority>(rng() % 4), 0.0f, d);
+      Access(*a, id, 6, info, &ea);
+      Access(*l, id, 6, info, &el);
+    }
+  }
+  CHECK(a->following() == "lru-priority");
+  CHECK(ea.size() == id - 1 - 6);
+  CHECK(ea == el);
+}
+
+TEST_CASE("turnover-freq: two classes per doubling of a block's accesses", "[eviction]") {
+  ManualClock clock(0);
+  PolicyOptions o;
+  o.capacity_hint = 8;
+  o.clock = &clock;
+  auto p = eviction_internal::MakeTurnoverFreq(o);
+  CHECK(p->name() == "turnover-freq");
+  p->Insert(1, Info(1));
+  for (int i = 0; i < 3; ++i) p->Touch(1, Info(1));  // 4 accesses: class 1 + 2 x log2(4) = 5
+  p->Insert(2, Info(3));                              // 1 access: class 3
+  clock.AdvanceSeconds(1);
+  p->Insert(3, Info(1));
+  p->Touch(3, Info(1));                               // 2 accesses: class 1 + 2 = 3, newer than 2
+  CHECK(p->EffectiveClass(1) == 1);                   // never above the client's class
+  CHECK(Drain(*p) == std::vector<EntryId>{2, 3, 1});  // evictions idle 1, 0 and 1 s: T is about 1 s
+  // The bonus ages like a class: one per T of idleness.
+  p->Insert(4, Info(1));
+  for (int i = 0; i < 3; ++i) p->Touch(4, Info(1));   // 5
+  p->Insert(5, Info(3));                              // 3
+  clock.AdvanceSeconds(3);
+  CHECK(*p->Victim() == 5);                           // both idle 3 s: about 2 and 0
+  p->Touch(5, Info(3));
+  CHECK(*p->Victim() == 4);                           // 5 is back at 3
 }

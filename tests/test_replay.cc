@@ -242,7 +242,9 @@ TEST_CASE("Mooncake trace: the default policy's prefix hit rate is at least LRU'
 // The held-out generated traces (tests/data/traces/README.md): the default
 // policy was not tuned on them. At 1, 2, 5 and 10% of the distinct blocks it
 // must reach LRU's prefix hit rate and come within 0.01 of the best other
-// policy of the factory.
+// policy of the factory. On chat, agent and mix it must also close, on
+// average over the four capacities, a quarter of the gap from LRU to Belady
+// (it closes 39-47%; RAG, at 11%, is not held to it: docs/eviction.md).
 TEST_CASE("Held-out traces: the default policy is at least LRU and within 0.01 of the best other policy",
           "[replay][trace]") {
   std::vector<std::string> paths;
@@ -257,6 +259,7 @@ TEST_CASE("Held-out traces: the default policy is at least LRU and within 0.01 o
   for (const std::string& path : paths) {
     auto t = LoadMooncakeTrace(path);
     REQUIRE(t.ok());
+    double gap_sum = 0;
     for (double f : {0.01, 0.02, 0.05, 0.1}) {
       INFO(path << " at capacity fraction " << f);
       const size_t cap = static_cast<size_t>(f * static_cast<double>(t->distinct));
@@ -267,7 +270,12 @@ TEST_CASE("Held-out traces: the default policy is at least LRU and within 0.01 o
       for (const std::string& n : others) {
         auto r = ReplayPolicy(*t, n, cap);
         REQUIRE(r.ok());
-        if (n == "lru") CHECK(def->prefix_hit_rate() >= r->prefix_hit_rate());
+        if (n == "lru") {
+          CHECK(def->prefix_hit_rate() >= r->prefix_hit_rate());
+          const double opt = ReplayBelady(*t, cap).prefix_hit_rate();
+          REQUIRE(opt > r->prefix_hit_rate());
+          gap_sum += (def->prefix_hit_rate() - r->prefix_hit_rate()) / (opt - r->prefix_hit_rate());
+        }
         if (r->prefix_hit_rate() > best) {
           best = r->prefix_hit_rate();
           best_name = n;
@@ -276,5 +284,7 @@ TEST_CASE("Held-out traces: the default policy is at least LRU and within 0.01 o
       INFO("best other: " << best_name << " " << best << ", default " << def->prefix_hit_rate());
       CHECK(def->prefix_hit_rate() >= best - 0.01);
     }
+    INFO(path << ": mean share of the LRU-to-Belady gap closed " << gap_sum / 4);
+    if (path.find("heldout-rag-") == std::string::npos) CHECK(gap_sum / 4 >= 0.25);
   }
 }
