@@ -14,6 +14,7 @@
 #include "common/checksum.h"
 #include "kvmesh/config.h"
 #include "shard_node/server/data_server.h"
+#include "shard_node/server/frame_handler.h"
 #include "shard_node/shard_node.h"
 #include "transport/protocol.h"
 #include "transport/socket_util.h"
@@ -405,4 +406,27 @@ TEST_CASE("TCP: a node that stores blocks encoded answers GET with the decoded b
   REQUIRE(gets[0].status.ok());
   CHECK(gets[0].size == block);
   CHECK(out == data);
+}
+
+TEST_CASE("A moved FrameReply sends its own header and body, never the moved-from object's", "[cluster][tcp]") {
+  for (const std::string body : {std::string("short"), std::string(300, 'x'), std::string()}) {
+    auto from = std::make_unique<FrameReply>();
+    from->header.fill(std::byte{0x5A});
+    from->body = body;
+    from->SetHeaderAndBody();
+    static const std::byte kPayload[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+    from->pieces.push_back(kPayload);  // a payload elsewhere (a pinned block) stays where it is
+    FrameReply to = std::move(*from);
+    from.reset();  // as the UCX completion drops its reply once handed on
+    REQUIRE(to.pieces.size() == 3);
+    CHECK(to.pieces[0].data() == reinterpret_cast<const std::byte*>(to.header.data()));
+    CHECK(to.pieces[0].size() == to.header.size());
+    CHECK(to.pieces[1].data() == reinterpret_cast<const std::byte*>(to.body.data()));
+    CHECK(std::string(reinterpret_cast<const char*>(to.pieces[1].data()), to.pieces[1].size()) == body);
+    CHECK(to.pieces[2].data() == kPayload);
+    FrameReply again;
+    again = std::move(to);
+    CHECK(again.pieces[0].data() == reinterpret_cast<const std::byte*>(again.header.data()));
+    CHECK(again.pieces[1].data() == reinterpret_cast<const std::byte*>(again.body.data()));
+  }
 }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,6 +25,10 @@ namespace kvmesh {
 
 class ShardNode;
 
+// One answer frame, ready to send. `pieces` may point into the reply's own
+// `header` and `body` (a short body lives inside the string object): a move
+// re-points them into the new object, so a reply handed on (UcxRma's
+// completion, a queued send) never sends the bytes of a destroyed one.
 struct FrameReply {
   proto::HeaderBytes header;
   std::string body;
@@ -31,6 +36,40 @@ struct FrameReply {
   std::vector<std::string> copies;  // device-memory blocks copied out
   std::vector<std::vector<std::byte>> buffers;  // SEQ_READ K and V
   std::vector<std::span<const std::byte>> pieces;  // what to send, in order
+
+  FrameReply() = default;
+  FrameReply(FrameReply&& o) noexcept { *this = std::move(o); }
+  FrameReply& operator=(FrameReply&& o) noexcept {
+    if (this == &o) return *this;
+    const auto* oh = reinterpret_cast<const std::byte*>(o.header.data());
+    const auto* ob = reinterpret_cast<const std::byte*>(o.body.data());
+    const size_t obn = o.body.size();
+    header = o.header;
+    body = std::move(o.body);
+    refs = std::move(o.refs);
+    copies = std::move(o.copies);  // the strings' bytes stay where they are
+    buffers = std::move(o.buffers);
+    pieces = std::move(o.pieces);
+    const auto* nh = reinterpret_cast<const std::byte*>(header.data());
+    const auto* nb = reinterpret_cast<const std::byte*>(body.data());
+    // Addresses compared as integers: the pieces may point anywhere.
+    auto inside = [](const std::byte* p, size_t n, const std::byte* base, size_t len) {
+      const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(base);
+      return a >= b && a + n <= b + len;
+    };
+    for (auto& p : pieces) {
+      if (inside(p.data(), p.size(), oh, header.size())) {
+        p = std::span<const std::byte>(nh + (p.data() - oh), p.size());
+      } else if (inside(p.data(), p.size(), ob, obn)) {
+        p = std::span<const std::byte>(nb + (p.data() - ob), p.size());
+      }
+    }
+    o.pieces.clear();
+    return *this;
+  }
+  FrameReply(const FrameReply&) = delete;
+  FrameReply& operator=(const FrameReply&) = delete;
+
   void SetHeaderAndBody() {
     pieces = {std::as_bytes(std::span(header)), std::as_bytes(std::span<const char>(body.data(), body.size()))};
   }
