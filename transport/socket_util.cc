@@ -114,10 +114,41 @@ Status WriteAll(int fd, const void* data, size_t n, Clock::time_point deadline) 
   return WriteAllV(fd, iov, deadline);
 }
 
+namespace {
+
+// While a large read waits, the socket's SO_RCVLOWAT is what is still
+// missing, so the kernel wakes the reader once when the rest has arrived
+// instead of once per segment (on loopback a 256 KiB body is several
+// wake-ups, each a context switch). The kernel caps the value at half its
+// largest receive buffer and grows the buffer to fit, so it cannot stall the
+// stream. Restored to 1 when the read ends: the next frame's header wakes at once.
+constexpr size_t kLowatFrom = 32 * 1024;
+
+class RcvLowat {
+ public:
+  explicit RcvLowat(int fd) : fd_(fd) {}
+  ~RcvLowat() {
+    if (set_) Set(1);
+  }
+  void Want(size_t missing) {
+    if (missing < kLowatFrom) return;
+    Set(static_cast<int>(std::min<size_t>(missing, INT32_MAX / 2)));
+    set_ = true;
+  }
+
+ private:
+  void Set(int v) { ::setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v)); }
+  int fd_;
+  bool set_ = false;
+};
+
+}  // namespace
+
 Status ReadFull(int fd, void* dst, size_t n, int64_t stall_ms, const std::function<bool()>& stop) {
   char* p = static_cast<char*>(dst);
   size_t got = 0;
   int64_t waited = 0;
+  RcvLowat lowat(fd);
   while (got < n) {
     ssize_t r = ::recv(fd, p + got, n - got, 0);
     if (r > 0) {
@@ -129,6 +160,7 @@ Status ReadFull(int fd, void* dst, size_t n, int64_t stall_ms, const std::functi
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return Unavailable(std::string("recv: ") + std::strerror(errno));
     if (stop && stop()) return Unavailable("connection closed");
+    lowat.Want(n - got);
     pollfd pf{fd, POLLIN, 0};
     const int slice = stall_ms >= 0 ? static_cast<int>(std::min<int64_t>(100, std::max<int64_t>(1, stall_ms - waited))) : 100;
     int pr = ::poll(&pf, 1, slice);
