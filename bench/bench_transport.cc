@@ -627,7 +627,7 @@ int main(int argc, char** argv) {
   std::string kvmesh_bin = KVMESH_BIN, redis_bin = KVMESH_REDIS_SERVER;
   std::string tables = "transport,resp", resp_sizes_arg = "16384", resp_clients_arg = "1,8", resp_pipeline_arg = "1,16";
   std::string rb_bin = "/usr/bin/redis-benchmark";
-  std::string ucx_progress = "hybrid";
+  std::string ucx_progress = "event";  // the config's default
   std::string ucx_memory = "allocated";  // the clients' registered memory: UcxContext::Allocate, or malloc
   std::string backends = "tcp,ucx,redis,raw";  // which single-block cells run (a profile of one path)
   bool json = false;

@@ -105,8 +105,9 @@ struct TransportConfig {
   // $.transport.ucx: how a thread waiting on a UCX worker makes progress:
   // "poll" (spin: lowest latency, a core per waiting thread), "event" (sleep
   // on the worker's wakeup fd) or "hybrid" (spin ucx_spin_us after the last
-  // event, then sleep).
-  std::string ucx_progress = "hybrid";
+  // event, then sleep). "event" by default: a spinning thread takes the core
+  // its peer needs whenever threads outnumber cores (bench_transport, docs/config.md).
+  std::string ucx_progress = "event";
   int64_t ucx_spin_us = 100;
 };
 

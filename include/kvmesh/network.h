@@ -51,7 +51,7 @@ struct NetworkClientOptions {
   // UCX channels (a cluster with "transport": {"backend": "ucx"}): how a
   // waiting caller progresses the worker, "poll" | "event" | "hybrid" (spin
   // ucx_spin_us after the last event, then sleep), as $.transport.ucx.
-  std::string ucx_progress = "hybrid";
+  std::string ucx_progress = "event";
   int64_t ucx_spin_us = 100;
 };
 
