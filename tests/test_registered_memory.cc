@@ -392,7 +392,7 @@ TEST_CASE("Router::AllocateMemory with an owner: the memory outlives UnregisterM
   CHECK(owner2.get()[4095] == std::byte{0x22});
 }
 
-TEST_CASE("Registered memory over UCX_TLS=tcp: the same", "[cluster][ucx][zerocopy]") {
+TEST_CASE("Registered memory over UCX_TLS=tcp: byte for byte, two-sided (no software RMA)", "[cluster][ucx][zerocopy]") {
   const char* old = std::getenv("UCX_TLS");
   std::string saved = old ? old : "";
   ::setenv("UCX_TLS", "tcp", 1);
@@ -400,7 +400,9 @@ TEST_CASE("Registered memory over UCX_TLS=tcp: the same", "[cluster][ucx][zeroco
     Served s;
     auto r = s.RouterOver(s.Ucx());
     RegisteredRoundTrip(*r, *s.node);
-    CHECK(s.ucx->one_sided_bytes() >= 2 * (64 + 4096 + 65536 + 262144 + (1 << 20) + (2 << 20)));
+    // Over tcp alone UCX would emulate gets and puts with messages, which
+    // UCX 1.13 cannot survive a cut link with (UcxContext::software_rma_only).
+    CHECK(s.ucx->one_sided_bytes() == 0);
   }
   if (old) ::setenv("UCX_TLS", saved.c_str(), 1);
   else ::unsetenv("UCX_TLS");

@@ -178,7 +178,11 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   }
 
   // ---- registered memory (docs/protocol.md "Registered memory") ---------------
+  // Over software RMA (UcxContext::software_rma_only) nothing is registered
+  // with the node: batches go two-sided (the bounce path), as for memory
+  // that was never registered.
   Status RegisterMemory(const MemoryRegion& r) override {
+    if (worker_->context()->software_rma_only()) return Status::Ok();
     {
       std::shared_lock<std::shared_mutex> lock(regions_mu_);
       for (const Registered& g : regions_)

@@ -8,8 +8,29 @@ Status UcxStatus(ucs_status_t s, const char* what, const char* file, int line) {
   return Unavailable(std::string(file) + ":" + std::to_string(line) + ": " + what + ": " + ucs_status_string(s));
 }
 
+namespace {
+
+// UCX_TLS lists transports (or, after '^', the ones to leave out): true when
+// it lists nothing that moves memory one-sidedly (tcp and self only).
+bool SoftwareRmaOnly(const char* tls) {
+  if (tls == nullptr || *tls == '\0' || *tls == '^') return false;
+  std::string s(tls);
+  size_t at = 0;
+  while (at <= s.size()) {
+    size_t comma = s.find(',', at);
+    if (comma == std::string::npos) comma = s.size();
+    const std::string t = s.substr(at, comma - at);
+    if (!t.empty() && t != "tcp" && t != "self") return false;
+    at = comma + 1;
+  }
+  return true;
+}
+
+}  // namespace
+
 Result<std::shared_ptr<UcxContext>> UcxContext::Create(bool mt_workers) {
   std::shared_ptr<UcxContext> c(new UcxContext());
+  c->software_rma_only_ = SoftwareRmaOnly(std::getenv("UCX_TLS"));
   ucp_config_t* cfg = nullptr;
   KVMESH_UCX_RETURN(ucp_config_read(nullptr, nullptr, &cfg));  // reads UCX_TLS etc.
   // UCX's keepalive rounds off unless the user sets them: in UCX 1.13 a

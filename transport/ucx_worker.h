@@ -68,6 +68,12 @@ class UcxContext : public std::enable_shared_from_this<UcxContext> {
   UcxContext(const UcxContext&) = delete;
   UcxContext& operator=(const UcxContext&) = delete;
   ucp_context_h get() const { return context_; }
+  // UCX_TLS names only tcp (and self): UCX then runs gets and puts between
+  // processes as active messages (software RMA), and UCX 1.13 aborts the
+  // process when such a get's answer arrives after its endpoint failed (a
+  // link cut and restored: ucp_get_rep_handler, `worker->flush_ops_count >
+  // 0`). Channels of such a context move registered memory two-sided.
+  bool software_rma_only() const { return software_rma_only_; }
   // Maps (registers) [base, base + length) for one-sided operations.
   Result<std::unique_ptr<UcxMemory>> Map(void* base, size_t length) const;
   // A caller region (Router::RegisterMemory id) mapped once for every worker
@@ -92,6 +98,7 @@ class UcxContext : public std::enable_shared_from_this<UcxContext> {
     size_t length = 0;
   };
   ucp_context_h context_ = nullptr;
+  bool software_rma_only_ = false;
   std::mutex regions_mu_;
   std::map<uint64_t, Mapped> regions_;                 // guarded by regions_mu_
   std::vector<std::weak_ptr<UcxMemory>> allocations_;  // guarded by regions_mu_
