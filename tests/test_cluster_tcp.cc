@@ -409,7 +409,7 @@ TEST_CASE("TCP: a node that stores blocks encoded answers GET with the decoded b
 }
 
 TEST_CASE("A moved FrameReply sends its own header and body, never the moved-from object's", "[cluster][tcp]") {
-  for (const std::string body : {std::string("short"), std::string(300, 'x'), std::string()}) {
+  for (const std::string& body : {std::string("short"), std::string(300, 'x'), std::string()}) {
     auto from = std::make_unique<FrameReply>();
     from->header.fill(std::byte{0x5A});
     from->body = body;
