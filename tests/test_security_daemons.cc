@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cluster_process.h"
+#include "test_time.h"
 #include "common/credentials.h"
 #include "kvmesh/kvmesh.h"
 #include "kvmesh/network.h"
@@ -20,6 +21,7 @@
 
 using namespace kvmesh;
 using kvmesh::testing::Process;
+using kvmesh::testing::TimeBound;
 using namespace std::chrono_literals;
 
 namespace {
@@ -56,7 +58,7 @@ struct Daemons {
   std::string addr() const { return "127.0.0.1:" + std::to_string(port); }
   void StartCoordinator() {
     REQUIRE(coord.Start({kBin, "coordinator", "--config", cfg.path, "--port", "0"}, /*merge_stderr=*/true));
-    auto j = coord.WaitEvent("listening", 10s);
+    auto j = coord.WaitEvent("listening", TimeBound(10s));
     REQUIRE(j);
     port = (*j)["ports"]["http"].get<uint16_t>();
   }
@@ -65,7 +67,7 @@ struct Daemons {
     std::vector<std::string> argv{kBin, "node", "--config", cfg.path, "--id", id, "--coordinator", addr(), "--no-resp"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     REQUIRE(p->Start(argv, /*merge_stderr=*/true));
-    REQUIRE(p->WaitEvent("listening", 10s));
+    REQUIRE(p->WaitEvent("listening", TimeBound(10s)));
     nodes.push_back(std::move(p));
     return *nodes.back();
   }
@@ -148,13 +150,13 @@ TEST_CASE("Control plane: register, heartbeat and leave without the cluster secr
   CHECK(sj["auth_refused"].get<uint64_t>() == tries.size() + 3);
 
   // Each refusal is a JSON event on the coordinator's stderr, naming the path, the status and the peer.
-  auto ev = d.coord.WaitEvent("auth_refused", 5s);
+  auto ev = d.coord.WaitEvent("auth_refused", TimeBound(5s));
   REQUIRE(ev);
   CHECK((*ev)["path"] == "/register");
   CHECK((*ev)["status"] == 401);
   CHECK((*ev)["reason"] == "missing credentials");
   CHECK((*ev)["peer"].get<std::string>().rfind("127.0.0.1:", 0) == 0);
-  ev = d.coord.WaitEvent("auth_refused", 5s);
+  ev = d.coord.WaitEvent("auth_refused", TimeBound(5s));
   REQUIRE(ev);
   CHECK((*ev)["status"] == 403);
   CHECK((*ev)["reason"] == "wrong cluster secret");
@@ -175,10 +177,10 @@ TEST_CASE("Control plane: a node with a wrong secret never joins, and the map an
   Daemons d;
   d.StartCoordinator();
   Process& bad = d.StartNode("n1", {"--token", "not-the-secret"});
-  auto refused = bad.WaitEvent("coordinator_refused", 5s);
+  auto refused = bad.WaitEvent("coordinator_refused", TimeBound(5s));
   REQUIRE(refused);
   CHECK_THAT((*refused)["error"].get<std::string>(), Catch::Contains("HTTP 403"));
-  auto ev = d.coord.WaitEvent("auth_refused", 5s);
+  auto ev = d.coord.WaitEvent("auth_refused", TimeBound(5s));
   REQUIRE(ev);
   CHECK((*ev)["path"] == "/register");
   CHECK(d.Nodes()["nodes"].empty());
