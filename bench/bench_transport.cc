@@ -28,7 +28,7 @@
 //   build/bin/bench_transport [--seconds 1] [--reps 3] [--sizes 65536,262144,1048576] [--clients 1,8]
 //                             [--tables transport,resp] [--resp-sizes 16384] [--resp-clients 1,8]
 //                             [--resp-pipeline 1,16] [--redis-benchmark /usr/bin/redis-benchmark]
-//                             [--ucx-progress poll|event|hybrid] [--ucx-memory allocated|malloc] [--json]
+//                             [--ucx-progress poll|event|hybrid|adaptive] [--ucx-memory allocated|malloc] [--json]
 //                             [--backends tcp,ucx,redis,raw]   (which single-block cells run: to profile one path)
 //
 // --json prints one object, {"rows": [{backend, op, block_bytes, clients,
@@ -627,7 +627,7 @@ int main(int argc, char** argv) {
   std::string kvmesh_bin = KVMESH_BIN, redis_bin = KVMESH_REDIS_SERVER;
   std::string tables = "transport,resp", resp_sizes_arg = "16384", resp_clients_arg = "1,8", resp_pipeline_arg = "1,16";
   std::string rb_bin = "/usr/bin/redis-benchmark";
-  std::string ucx_progress = "event";  // the config's default
+  std::string ucx_progress = "adaptive";  // the config's default
   std::string ucx_memory = "allocated";  // the clients' registered memory: UcxContext::Allocate, or malloc
   std::string backends = "tcp,ucx,redis,raw";  // which single-block cells run (a profile of one path)
   bool json = false;
@@ -734,7 +734,7 @@ int main(int argc, char** argv) {
       uo.timeout_ms = 10000;
       uo.limits.max_body_bytes = 64 << 20;
       uo.context = *ctx;
-      uo.progress = ParseUcxProgress(ucx_progress).value_or(UcxProgress::kHybrid);
+      uo.progress = ParseUcxProgress(ucx_progress).value_or(UcxProgress::kAdaptive);
       auto u = UcxChannel::Connect(uo);
       Status reg = u.ok() ? (*u)->RegisterMemory(MemoryRegion{c + 1, pool[c].get(), per_client, MemoryKind::kHost})
                           : u.status();

@@ -158,8 +158,9 @@ Status ReadTransport(const json& j, TransportConfig* t) {
     ObjectReader ur(*u, "$.transport.ucx");
     ur.Optional("progress", &t->ucx_progress).Optional("spin_us", &t->ucx_spin_us);
     KVMESH_RETURN_IF_ERROR(ur.Finish());
-    if (t->ucx_progress != "poll" && t->ucx_progress != "event" && t->ucx_progress != "hybrid")
-      return InvalidArgument("$.transport.ucx.progress: expected \"poll\", \"event\" or \"hybrid\", got \"" +
+    if (t->ucx_progress != "poll" && t->ucx_progress != "event" && t->ucx_progress != "hybrid" &&
+        t->ucx_progress != "adaptive")
+      return InvalidArgument("$.transport.ucx.progress: expected \"poll\", \"event\", \"hybrid\" or \"adaptive\", got \"" +
                              t->ucx_progress + "\"");
     if (t->ucx_spin_us < 0 || t->ucx_spin_us > 1000000)
       return InvalidArgument("$.transport.ucx.spin_us: must be in 0..1000000");

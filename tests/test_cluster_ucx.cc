@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <random>
+#include <thread>
+#include <vector>
 
 #include "kvmesh/config.h"
 #include "kvmesh/router.h"
@@ -21,7 +23,8 @@ using namespace kvmesh;
 namespace {
 
 struct Fixture {
-  explicit Fixture(std::string token = "", uint64_t epoch = 0) : epoch_(epoch) {
+  explicit Fixture(std::string token = "", uint64_t epoch = 0, UcxProgress progress = UcxProgress::kHybrid)
+      : epoch_(epoch), progress_(progress) {
     auto c = ParseConfig(R"({
       "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
       "nodes": [{"id": "u0", "memory": {"host": "64MiB"}}],
@@ -34,6 +37,7 @@ struct Fixture {
     o.token = std::move(token);
     o.limits.max_block_bytes = 2 << 20;
     o.limits.max_body_bytes = 16 << 20;
+    o.progress = progress;
     auto s = UcxServer::Start(node.get(), o, &epoch_);
     REQUIRE(s.ok());
     server = std::move(*s);
@@ -45,17 +49,19 @@ struct Fixture {
     o.timeout_ms = kvmesh::testing::TimeBound(std::chrono::milliseconds(5000)).count();  // grows under sanitizers
     o.limits.max_body_bytes = 16 << 20;
     o.limits.max_block_bytes = 2 << 20;
+    o.progress = progress_;
     return UcxChannel::Connect(o);
   }
   std::atomic<uint64_t> epoch_;
+  UcxProgress progress_;
   std::unique_ptr<ShardNode> node;
   std::unique_ptr<UcxServer> server;
 };
 
 BlockKey Key(uint64_t i) { return BlockKey{i * 0x9E3779B97F4A7C15ull, i}; }
 
-void RoundTrip() {
-  Fixture f;
+void RoundTrip(UcxProgress progress = UcxProgress::kHybrid) {
+  Fixture f("", 0, progress);
   auto ch = f.Channel();
   REQUIRE(ch.ok());
   std::mt19937_64 rng(9);
@@ -90,6 +96,57 @@ void RoundTrip() {
 
 TEST_CASE("UCX: put/get eager and rendezvous blocks byte-for-byte (default UCX_TLS)", "[cluster][ucx]") {
   RoundTrip();
+}
+
+TEST_CASE("UCX: every progress mode moves blocks byte-for-byte, one caller and several", "[cluster][ucx]") {
+  for (const char* name : {"poll", "event", "hybrid", "adaptive"}) {
+    INFO("progress " << name);
+    auto mode = ParseUcxProgress(name);
+    REQUIRE(mode.ok());
+    RoundTrip(*mode);
+    // Several threads on one channel: one progresses the worker, the others
+    // wait their turn.
+    Fixture f("", 0, *mode);
+    auto ch = f.Channel();
+    REQUIRE(ch.ok());
+    std::atomic<int> wrong{0}, failed{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        std::vector<std::byte> v(256 << 10), got(256 << 10);
+        for (int i = 0; i < 40; ++i) {
+          for (size_t j = 0; j < v.size(); j += 4096) v[j] = static_cast<std::byte>(t * 41 + i + j / 4096);
+          std::vector<PutItem> p = {PutItem{Key(1000 + t * 100 + i), v, {}}};
+          std::vector<GetItem> g = {GetItem{Key(1000 + t * 100 + i), got, 0, {}}};
+          if (!(*ch)->Put(p, {}).ok() || !p[0].status.ok() || !(*ch)->Get(g, {}).ok() || !g[0].status.ok()) {
+            ++failed;
+            continue;
+          }
+          if (g[0].size != v.size() || !std::equal(v.begin(), v.end(), got.begin())) ++wrong;
+        }
+      });
+    for (auto& th : threads) th.join();
+    CHECK(failed == 0);
+    CHECK(wrong == 0);
+  }
+  CHECK(!ParseUcxProgress("spin").ok());
+}
+
+TEST_CASE("UCX adaptive progress: the spin budget follows the waits", "[ucx]") {
+  using std::chrono::microseconds;
+  SpinBudget b(100);
+  CHECK(b.budget() == microseconds(100));  // starts as hybrid
+  for (int i = 0; i < 12; ++i) b.Waited(microseconds(400));  // answers queue: longer than a spin
+  CHECK(b.budget().count() == 0);                             // sleeps at once, as event
+  b.Waited(microseconds(20));                                 // a short wait: spinning would have caught it
+  CHECK(b.budget() == microseconds(1));
+  for (int i = 0; i < 10; ++i) b.Waited(microseconds(20));
+  CHECK(b.budget() == microseconds(100));  // never above spin_us
+  b.Waited(microseconds(101));
+  CHECK(b.budget() == microseconds(50));
+  SpinBudget never(0);
+  never.Waited(microseconds(0));
+  CHECK(never.budget().count() == 0);
 }
 
 TEST_CASE("UCX: the same over UCX_TLS=tcp", "[cluster][ucx]") {

@@ -73,6 +73,9 @@ TEST_CASE("Bad configs name the JSON path and the reason", "[config]") {
       {"priority classes", [](json& j) { j["eviction"]["priority_classes"] = 99; }, "$.eviction.priority_classes: must be in 1..8"},
       {"zero weight", [](json& j) { j["nodes"][0]["weight"] = 0; }, "$.nodes[0].weight: must be > 0"},
       {"replicas 0", [](json& j) { j["placement"]["replicas"] = 0; }, "$.placement.replicas: must be >= 1"},
+      {"ucx progress", [](json& j) { j["transport"] = {{"ucx", {{"progress", "spin"}}}}; },
+       "$.transport.ucx.progress: expected \"poll\", \"event\", \"hybrid\" or \"adaptive\", got \"spin\""},
+      {"ucx spin", [](json& j) { j["transport"] = {{"ucx", {{"spin_us", -1}}}}; }, "$.transport.ucx.spin_us: must"},
   };
   for (const Case& c : cases) {
     INFO(c.what);
@@ -81,6 +84,22 @@ TEST_CASE("Bad configs name the JSON path and the reason", "[config]") {
     std::string err = Error(j);
     INFO(err);
     CHECK(err.find(c.expect) != std::string::npos);
+  }
+}
+
+TEST_CASE("$.transport.ucx.progress: adaptive by default, every mode accepted", "[config]") {
+  auto d = ParseConfig(Base().dump());
+  REQUIRE(d.ok());
+  CHECK(d->transport.ucx_progress == "adaptive");
+  CHECK(d->transport.ucx_spin_us == 100);
+  for (const char* mode : {"poll", "event", "hybrid", "adaptive"}) {
+    json j = Base();
+    j["transport"] = {{"ucx", {{"progress", mode}, {"spin_us", 40}}}};
+    auto r = ParseConfig(j.dump());
+    INFO(mode);
+    REQUIRE(r.ok());
+    CHECK(r->transport.ucx_progress == mode);
+    CHECK(r->transport.ucx_spin_us == 40);
   }
 }
 

@@ -437,14 +437,23 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   template <typename Pred>
   bool Progress(Pred pred, Clock::time_point deadline) {
     // kHybrid spins up to spin_us after the last event before sleeping; kPoll
-    // never sleeps; kEvent sleeps whenever a progress call found nothing.
+    // never sleeps; kEvent sleeps whenever a progress call found nothing;
+    // kAdaptive spins for spin_budget_'s
+    // budget from the start of this wait, then sleeps, and reports how long
+    // the wait took.
+    const bool adaptive = o_.progress == UcxProgress::kAdaptive;
     const auto spin = o_.progress == UcxProgress::kPoll    ? Clock::duration::max()
                       : o_.progress == UcxProgress::kEvent ? Clock::duration::zero()
-                                                           : std::chrono::duration_cast<Clock::duration>(
-                                                                 std::chrono::microseconds(o_.spin_us));
-    auto last_event = Clock::now();
+                      : adaptive ? std::chrono::duration_cast<Clock::duration>(spin_budget_.budget())
+                                 : std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(o_.spin_us));
+    const auto start = Clock::now();
+    auto last_event = start;
+    auto done = [&] {
+      if (adaptive) spin_budget_.Waited(Clock::now() - start);
+      return true;
+    };
     for (;;) {
-      if (pred()) return true;
+      if (pred()) return done();
       const auto now = Clock::now();
       if (now >= deadline) return false;
       std::unique_lock<std::mutex> plk(progress_mu_, std::try_to_lock);
@@ -455,17 +464,18 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       }
       if (ucp_worker_progress(worker_->get()) != 0) {
         StartRendezvous();
-        last_event = Clock::now();
+        if (!adaptive) last_event = Clock::now();
         continue;
       }
       StartRendezvous();
-      if (pred()) return true;
+      if (pred()) return done();
       if (spin == Clock::duration::max() || now - last_event < spin) continue;
       if (ucp_worker_arm(worker_->get()) != UCS_OK) continue;  // events pending
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
       pollfd pf{worker_->efd(), POLLIN, 0};
       ::poll(&pf, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 1)));
-      last_event = Clock::now();
+      if (!adaptive) last_event = Clock::now();
+      else last_event = start - spin;  // slept: no more spinning in this wait
       plk.unlock();
       idle_cv_.notify_all();
     }
@@ -592,6 +602,7 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   std::vector<Registered> regions_;  // sorted by base; guarded by regions_mu_
 
   UcxChannelOptions o_;
+  SpinBudget spin_budget_{o_.spin_us};  // kAdaptive: every waiting caller reports to it
   std::unique_ptr<UcxWorker> worker_;
   ucp_ep_h ep_ = nullptr;     // data: every frame but the HELLO, no peer error handling
   ucp_ep_h watch_ = nullptr;  // the HELLO, then only the node's death (peer error handling)

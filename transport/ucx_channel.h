@@ -37,9 +37,9 @@ struct UcxChannelOptions {
   // The client's UCP context, shared by its channels so registered memory is
   // mapped once (NetworkClient shares one); null: a context of its own.
   std::shared_ptr<UcxContext> context;
-  // How a waiting caller progresses the worker, and for how long it spins
-  // after the last event before sleeping on the wakeup fd (kHybrid).
-  UcxProgress progress = UcxProgress::kHybrid;
+  // How a waiting caller progresses the worker, and the longest it spins
+  // before sleeping on the wakeup fd (kHybrid, kAdaptive).
+  UcxProgress progress = UcxProgress::kAdaptive;
   int64_t spin_us = 100;
 };
 

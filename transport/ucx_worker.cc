@@ -127,7 +127,8 @@ Result<UcxProgress> ParseUcxProgress(std::string_view name) {
   if (name == "poll") return UcxProgress::kPoll;
   if (name == "event") return UcxProgress::kEvent;
   if (name == "hybrid") return UcxProgress::kHybrid;
-  return InvalidArgument("UCX progress mode must be poll, event or hybrid, not \"" + std::string(name) + "\"");
+  if (name == "adaptive") return UcxProgress::kAdaptive;
+  return InvalidArgument("UCX progress mode must be poll, event, hybrid or adaptive, not \"" + std::string(name) + "\"");
 }
 
 UcxMemory::~UcxMemory() {

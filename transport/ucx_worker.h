@@ -10,7 +10,11 @@
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -109,9 +113,41 @@ enum class UcxProgress : uint8_t {
   kPoll,    // spin on ucp_worker_progress: lowest latency, a core per waiting thread
   kEvent,   // sleep on the wakeup fd whenever there is nothing to do
   kHybrid,  // spin up to spin_us after the last event, then sleep on the fd
+  // Spin for a budget that follows the waits this thread sees (SpinBudget),
+  // then sleep on the fd.
+  kAdaptive,
 };
-// "poll" | "event" | "hybrid"; InvalidArgument otherwise.
+// "poll" | "event" | "hybrid" | "adaptive"; InvalidArgument otherwise.
 Result<UcxProgress> ParseUcxProgress(std::string_view name);
+
+// The spin budget of UcxProgress::kAdaptive. A thread waiting for a UCX event
+// spins for budget(), then sleeps on the worker's wakeup fd. After each wait it reports how long the wait lasted: a wait that
+// spinning for max_us would have covered doubles the budget (from 1 us, up to
+// max_us), a longer one halves it (below 1 us it is 0: the thread sleeps at
+// once, as kEvent). So a lone client whose answers come in tens of
+// microseconds spins as kHybrid does and skips the wake-up, while threads
+// whose answers queue behind others' (more waiting threads than cores) stop
+// spinning and leave the cores to the threads they wait for.
+// Thread-safety: any thread (relaxed atomics: the budget is a hint).
+class SpinBudget {
+ public:
+  explicit SpinBudget(int64_t max_us) : max_ns_(std::max<int64_t>(0, max_us) * 1000), budget_ns_(max_ns_) {}
+  std::chrono::nanoseconds budget() const { return std::chrono::nanoseconds(budget_ns_.load(std::memory_order_relaxed)); }
+  void Waited(std::chrono::nanoseconds waited) {
+    const int64_t b = budget_ns_.load(std::memory_order_relaxed);
+    int64_t next;
+    if (waited.count() <= max_ns_)
+      next = std::min<int64_t>(max_ns_, std::max<int64_t>(2 * b, kFloorNs));
+    else
+      next = b / 2 < kFloorNs ? 0 : b / 2;
+    budget_ns_.store(next, std::memory_order_relaxed);
+  }
+
+ private:
+  static constexpr int64_t kFloorNs = 1000;
+  const int64_t max_ns_;
+  std::atomic<int64_t> budget_ns_;
+};
 
 class UcxWorker {
  public:

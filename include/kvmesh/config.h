@@ -104,10 +104,13 @@ struct TransportConfig {
   int64_t connect_timeout_ms = 1000;
   // $.transport.ucx: how a thread waiting on a UCX worker makes progress:
   // "poll" (spin: lowest latency, a core per waiting thread), "event" (sleep
-  // on the worker's wakeup fd) or "hybrid" (spin ucx_spin_us after the last
-  // event, then sleep). "event" by default: a spinning thread takes the core
-  // its peer needs whenever threads outnumber cores (bench_transport, docs/config.md).
-  std::string ucx_progress = "event";
+  // on the worker's wakeup fd), "hybrid" (spin ucx_spin_us after the last
+  // event, then sleep) or "adaptive" (spin for a budget of up to ucx_spin_us
+  // that grows while waits are short and shrinks to 0 while they are long,
+  // then sleep). "adaptive" by default: a lone caller spins as "hybrid" does,
+  // callers whose answers queue behind others' sleep as "event" does
+  // (bench_transport, docs/config.md).
+  std::string ucx_progress = "adaptive";
   int64_t ucx_spin_us = 100;
 };
 

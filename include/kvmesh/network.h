@@ -50,8 +50,9 @@ struct NetworkClientOptions {
   int64_t refresh_ms = 1000;  // background map refresh period (0: only on stale epoch)
   // UCX channels (a cluster with "transport": {"backend": "ucx"}): how a
   // waiting caller progresses the worker, "poll" | "event" | "hybrid" (spin
-  // ucx_spin_us after the last event, then sleep), as $.transport.ucx.
-  std::string ucx_progress = "event";
+  // ucx_spin_us after the last event, then sleep) | "adaptive" (spin up to
+  // ucx_spin_us while waits are short, then sleep), as $.transport.ucx.
+  std::string ucx_progress = "adaptive";
   int64_t ucx_spin_us = 100;
 };
 

@@ -112,25 +112,38 @@ class Server final : public UcxServer {
   // The Asio loop: progress, handle what arrived, arm, sleep on the efd.
   asio::awaitable<void> Loop() {
     using Clock = std::chrono::steady_clock;
-    const auto spin = o_.progress == UcxProgress::kPoll    ? Clock::duration::max()
-                      : o_.progress == UcxProgress::kEvent ? Clock::duration::zero()
-                                                           : std::chrono::duration_cast<Clock::duration>(
-                                                                 std::chrono::microseconds(o_.spin_us));
+    // kAdaptive: spin for the budget while idle, and
+    // report each idle gap's length to it (SpinBudget).
+    const bool adaptive = o_.progress == UcxProgress::kAdaptive;
+    SpinBudget budget(o_.spin_us);
+    const auto fixed_spin = o_.progress == UcxProgress::kPoll    ? Clock::duration::max()
+                            : o_.progress == UcxProgress::kEvent ? Clock::duration::zero()
+                                                                 : std::chrono::duration_cast<Clock::duration>(
+                                                                       std::chrono::microseconds(o_.spin_us));
     auto last_activity = Clock::now();
+    bool idle = false;  // adaptive: an idle gap began at last_activity
+    auto active = [&] {
+      const auto now = Clock::now();
+      if (adaptive && idle) budget.Waited(now - last_activity);
+      idle = false;
+      last_activity = now;
+    };
     for (;;) {
       if (ucp_worker_progress(worker_->get()) != 0) {
         worker_->ProgressAll();
-        last_activity = Clock::now();
+        active();
       }
       CloseFailed();
       ReapCloses();
       StartRendezvous();
       if (!ready_.empty()) {
         HandleReady();
-        last_activity = Clock::now();
+        active();
         continue;
       }
       const bool busy = !inflight_.empty() || !receiving_.empty() || !closing_.empty() || rma_->in_flight() > 0;
+      if (adaptive && !busy) idle = true;
+      const auto spin = adaptive ? std::chrono::duration_cast<Clock::duration>(budget.budget()) : fixed_spin;
       if (spin == Clock::duration::max() || (spin > Clock::duration::zero() && Clock::now() - last_activity < spin)) {
         // Spinning: the next request is served without a wakeup. Yield to the
         // io_context between rounds so Stop's cancel gets in.
@@ -155,7 +168,7 @@ class Server final : public UcxServer {
       boost::system::error_code ec;
       co_await sd_.async_wait(asio::posix::descriptor_base::wait_read, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) co_return;
-      last_activity = Clock::now();
+      if (!adaptive) last_activity = Clock::now();
     }
   }
 

@@ -30,9 +30,9 @@ class ShardNode;
 struct UcxServerOptions {
   proto::ProtocolLimits limits;
   std::string token;  // the cluster secret a HELLO without a tenant name must carry (empty: none)
-  // How the loop waits for work ($.transport.ucx): kHybrid spins spin_us
-  // after the last request before sleeping on the worker's wakeup fd.
-  UcxProgress progress = UcxProgress::kHybrid;
+  // How the loop waits for work ($.transport.ucx): kAdaptive spins up to
+  // spin_us (SpinBudget) while idle before sleeping on the worker's wakeup fd.
+  UcxProgress progress = UcxProgress::kAdaptive;
   int64_t spin_us = 100;
 };
 
