@@ -12,6 +12,7 @@ one get_into call of --batch blocks, and the ratio is register / allocate.
 """
 
 import argparse
+import ctypes
 import json
 import os
 import select
@@ -33,7 +34,10 @@ SOURCE_DIR = os.path.dirname(HERE)
 
 def start(binary, args, timeout_s=15.0):
     """Starts a daemon; returns (process, its 'listening' event)."""
-    p = subprocess.Popen([binary] + args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    # PR_SET_PDEATHSIG (1): the daemon gets SIGKILL if this script dies first.
+    die_with_parent = lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # noqa: E731
+    p = subprocess.Popen([binary] + args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+                         preexec_fn=die_with_parent)
     end, buf = time.monotonic() + timeout_s, b""
     while time.monotonic() < end and p.poll() is None:
         if not select.select([p.stdout], [], [], 0.2)[0]:

@@ -5,6 +5,7 @@ on 127.0.0.1, ports chosen at run time), always killed at the end.
 ctest sets PYTHONPATH (build/python), KVMESH_BIN and KVMESH_SOURCE_DIR.
 """
 
+import ctypes
 import json
 import os
 import select
@@ -36,8 +37,19 @@ def embedded_config(nodes=3, memory="64MiB", **extra):
     return cfg
 
 
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent():
+    """In the child before exec: SIGKILL when the test process dies, so a
+    pytest killed by ctest's timeout (no fixture teardown) leaves no daemon."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 class Daemons:
-    """A coordinator and nodes as child processes (each in its own process group)."""
+    """A coordinator and nodes as child processes (each in its own process
+    group, killed with the test process if it dies first)."""
 
     def __init__(self, config=DAEMONS_CONFIG, nodes=("n0", "n1", "n2"), timeout_s=15.0, secret=None):
         self.config, self.node_ids, self.timeout_s = config, nodes, timeout_s
@@ -49,7 +61,8 @@ class Daemons:
 
     def _start(self, name, args):
         log = tempfile.TemporaryFile()
-        p = subprocess.Popen([KVMESH_BIN] + args, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+        p = subprocess.Popen([KVMESH_BIN] + args, stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+                             preexec_fn=_die_with_parent)
         self.procs[name], self.logs[name] = p, log
         end = time.monotonic() + self.timeout_s
         buf = b""
