@@ -2,7 +2,8 @@
 (`kvmesh coordinator` + three `kvmesh node`s from cluster_configs/daemons-local.json
 on 127.0.0.1, ports chosen at run time), always killed at the end.
 
-ctest sets PYTHONPATH (build/python), KVMESH_BIN and KVMESH_SOURCE_DIR.
+ctest sets PYTHONPATH (build/python), KVMESH_BIN, KVMESH_SOURCE_DIR and
+KVMESH_TEST_TIME_SCALE (python/CMakeLists.txt).
 """
 
 import json
@@ -23,6 +24,18 @@ SOURCE_DIR = os.environ.get("KVMESH_SOURCE_DIR",
 KVMESH_BIN = os.environ.get("KVMESH_BIN", os.path.join(SOURCE_DIR, "build", "bin", "kvmesh"))
 DAEMONS_CONFIG = os.path.join(SOURCE_DIR, "cluster_configs", "daemons-local.json")
 
+# The build's slowdown factor (cmake/KvmeshHelpers.cmake: 1, or 4 with a
+# sanitizer), as tests/test_time.h's TimeBound has it for the C++ tests.
+TIME_SCALE = int(os.environ.get("KVMESH_TEST_TIME_SCALE", "1"))
+
+
+def scaled(t):
+    """A time bound grown with the build: one that only keeps a broken test
+    from hanging (a daemon's start, a child's run), or a client timeout the
+    running nodes must answer within (together with the bounds derived from
+    it). A bound that is itself the behaviour under test stays as it is."""
+    return t * TIME_SCALE
+
 # The model of daemons-local.json, for embedded clusters the tests compare with it.
 MODEL = {"model_id": "kvmesh-demo-1b", "num_layers": 4, "num_kv_heads": 4, "head_dim": 64,
          "dtype": "fp16", "block_tokens": 16}
@@ -40,7 +53,7 @@ class Daemons:
     """A coordinator and nodes as child processes (each in its own process group)."""
 
     def __init__(self, config=DAEMONS_CONFIG, nodes=("n0", "n1", "n2"), timeout_s=15.0, secret=None):
-        self.config, self.node_ids, self.timeout_s = config, nodes, timeout_s
+        self.config, self.node_ids, self.timeout_s = config, nodes, scaled(timeout_s)
         self.secret = secret  # the config's $.auth.token, for the coordinator's /nodes
         self.procs = {}
         self.logs = {}
@@ -111,7 +124,7 @@ class Daemons:
                     pass
         for p in self.procs.values():
             try:
-                p.wait(timeout=5)
+                p.wait(timeout=scaled(5))
             except subprocess.TimeoutExpired:
                 pass
             p.stdout.close()
