@@ -3,7 +3,8 @@
 on 127.0.0.1, ports chosen at run time), always stopped at the end.
 
 ctest sets PYTHONPATH (build/python), KVMESH_BIN, KVMESH_SOURCE_DIR and
-KVMESH_TEST_TIME_SCALE (python/CMakeLists.txt).
+KVMESH_TEST_TIME_SCALE (python/CMakeLists.txt; in sanitizer builds also
+LD_PRELOAD and the sanitizer's options).
 """
 
 import json
