@@ -1,13 +1,16 @@
 """Fixtures of the kvmesh Python tests: an embedded cluster, and real daemons
 (`kvmesh coordinator` + three `kvmesh node`s from cluster_configs/daemons-local.json
-on 127.0.0.1, ports chosen at run time), always killed at the end.
+on 127.0.0.1, ports chosen at run time), always stopped at the end.
 
-ctest sets PYTHONPATH (build/python), KVMESH_BIN and KVMESH_SOURCE_DIR.
+ctest sets PYTHONPATH (build/python), KVMESH_BIN, KVMESH_SOURCE_DIR and
+KVMESH_TEST_TIME_SCALE (python/CMakeLists.txt; in sanitizer builds also
+LD_PRELOAD and the sanitizer's options).
 """
 
 import ctypes
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -23,6 +26,22 @@ SOURCE_DIR = os.environ.get("KVMESH_SOURCE_DIR",
                             os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 KVMESH_BIN = os.environ.get("KVMESH_BIN", os.path.join(SOURCE_DIR, "build", "bin", "kvmesh"))
 DAEMONS_CONFIG = os.path.join(SOURCE_DIR, "cluster_configs", "daemons-local.json")
+
+# The build's slowdown factor (cmake/KvmeshHelpers.cmake: 1, or 4 with a
+# sanitizer), as tests/test_time.h's TimeBound has it for the C++ tests.
+TIME_SCALE = int(os.environ.get("KVMESH_TEST_TIME_SCALE", "1"))
+
+
+def scaled(t):
+    """A time bound grown with the build: one that only keeps a broken test
+    from hanging (a daemon's start, a child's run), or a client timeout the
+    running nodes must answer within (together with the bounds derived from
+    it). A bound that is itself the behaviour under test stays as it is."""
+    return t * TIME_SCALE
+
+# What a sanitizer build's daemon writes to stderr when it finds a bug (ASan,
+# LeakSanitizer, TSan, UBSan).
+SANITIZER_REPORT = re.compile(r"(ERROR|WARNING): (Address|Leak|Thread)Sanitizer|runtime error:|Sanitizer: CHECK failed")
 
 # The model of daemons-local.json, for embedded clusters the tests compare with it.
 MODEL = {"model_id": "kvmesh-demo-1b", "num_layers": 4, "num_kv_heads": 4, "head_dim": 64,
@@ -52,7 +71,7 @@ class Daemons:
     group, killed with the test process if it dies first)."""
 
     def __init__(self, config=DAEMONS_CONFIG, nodes=("n0", "n1", "n2"), timeout_s=15.0, secret=None):
-        self.config, self.node_ids, self.timeout_s = config, nodes, timeout_s
+        self.config, self.node_ids, self.timeout_s = config, nodes, scaled(timeout_s)
         self.secret = secret  # the config's $.auth.token, for the coordinator's /nodes
         self.procs = {}
         self.logs = {}
@@ -116,20 +135,46 @@ class Daemons:
         os.killpg(self.procs[name].pid, sig)
 
     def stop(self):
-        for name, p in self.procs.items():
+        """Stops every daemon still running with SIGTERM (a clean exit, which
+        runs a sanitizer build's leak check), SIGKILL after a bound. Raises
+        AssertionError when one of them did not exit 0 or a daemon's stderr
+        holds a sanitizer report."""
+        running = [p for p in self.procs.values() if p.poll() is None]
+        for p in running:
+            try:
+                os.killpg(p.pid, signal.SIGCONT)  # a test may have left it stopped
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + scaled(5)
+        for p in running:
+            try:
+                p.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in self.procs.values():
             if p.poll() is None:
                 try:
                     os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+                try:
+                    p.wait(timeout=scaled(5))
+                except subprocess.TimeoutExpired:
+                    pass
             p.stdout.close()
-        for f in self.logs.values():
+        reports = {}
+        for name, f in self.logs.items():
+            f.seek(0)
+            text = f.read().decode(errors="replace")
             f.close()
+            m = SANITIZER_REPORT.search(text)
+            if m:
+                reports[name] = text[m.start():m.start() + 4000]
+            elif self.procs[name] in running and self.procs[name].returncode != 0:
+                reports[name] = f"exit status {self.procs[name].returncode} after SIGTERM:\n{text[-2000:]}"
+        assert not reports, "daemons that did not stop cleanly:\n" + "\n".join(
+            f"--- {name}: {r}" for name, r in reports.items())
 
 
 @pytest.fixture(scope="module")

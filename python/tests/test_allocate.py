@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import kvmesh
-from conftest import DAEMONS_CONFIG, Daemons, embedded_config
+from conftest import DAEMONS_CONFIG, Daemons, embedded_config, scaled
 
 BT = 16
 
@@ -171,7 +171,8 @@ def test_an_allocation_keeps_its_client_open():
 def test_dropping_an_allocation_under_a_call_in_flight_waits_for_it(daemons):
     # get_into_ptrs holds the region (and so the memory), not the Python object:
     # the last reference going away mid-call unregisters only after the call.
-    with kvmesh.Client(daemons.address, tenant="drop-in-flight", timeout_ms=600, refresh_ms=0) as c:
+    # The timeout grows with the build: the running nodes must answer within it.
+    with kvmesh.Client(daemons.address, tenant="drop-in-flight", timeout_ms=scaled(600), refresh_ms=0) as c:
         bb, n = c.block_bytes, 24
         keys = c.keys(list(range(3000, 3000 + n * BT)))
         data = blocks(c, n, 21)
@@ -185,7 +186,7 @@ def test_dropping_an_allocation_under_a_call_in_flight_waits_for_it(daemons):
             th = threading.Thread(target=lambda: results.append(
                 c.get_into_ptrs(keys, [base + i * bb for i in range(n)], bb)))
             th.start()
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + scaled(5)
             while c.stats()["gets"] == gets and time.monotonic() < deadline:
                 time.sleep(0.005)  # until the get is in the router (then waiting on n0)
             t0 = time.monotonic()
@@ -195,7 +196,7 @@ def test_dropping_an_allocation_under_a_call_in_flight_waits_for_it(daemons):
             th.join()
         finally:
             daemons.signal("n0", signal.SIGCONT)
-        assert waited >= 0.2  # held until the get returned (its timeout is 600 ms)
+        assert waited >= scaled(0.2)  # held until the get returned (its timeout is 600 ms, scaled)
         assert c.regions == []
         st = results[0]
         assert any(s.ok for s in st) and any(s.miss for s in st)
@@ -234,9 +235,9 @@ def test_the_benchmark_runs_and_checks_its_bytes():
     import os
     import subprocess
     import sys
-    from conftest import KVMESH_BIN, SOURCE_DIR
+    from conftest import KVMESH_BIN, SOURCE_DIR, scaled
     bench = os.path.join(SOURCE_DIR, "bench", "bench_allocate.py")
     p = subprocess.run([sys.executable, bench, "--transport", "tcp", "--kvmesh-bin", KVMESH_BIN, "--blocks", "8",
-                        "--batch", "4", "--rounds", "3"], capture_output=True, text=True, timeout=120)
+                        "--batch", "4", "--rounds", "3"], capture_output=True, text=True, timeout=scaled(120))
     assert p.returncode == 0, p.stdout + p.stderr
     assert re.search(r"^ratio register / allocate \(median time\): [\d.]+x$", p.stdout, re.M), p.stdout

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kvmesh
-from conftest import DAEMONS_CONFIG, Daemons
+from conftest import DAEMONS_CONFIG, Daemons, scaled
 
 BT = 16
 
@@ -50,7 +50,8 @@ def test_unreachable_coordinator_raises():
 
 
 def test_gil_is_released_while_a_get_waits_on_a_stalled_node(daemons):
-    with kvmesh.Client(daemons.address, tenant="gil", timeout_ms=600, refresh_ms=0) as c:
+    # The timeout grows with the build: the two running nodes must answer within it.
+    with kvmesh.Client(daemons.address, tenant="gil", timeout_ms=scaled(600), refresh_ms=0) as c:
         keys, data = fill(c, 48, seed=2, base=1000)  # spread over the three nodes
         outs = [bytearray(c.block_bytes) for _ in keys]
         ticks = [0]
@@ -72,7 +73,7 @@ def test_gil_is_released_while_a_get_waits_on_a_stalled_node(daemons):
             stop.set()
             spinner.join()
             daemons.signal("n1", signal.SIGCONT)
-        assert waited >= 0.4  # the stalled node held the call to its timeout ...
+        assert waited >= scaled(0.4)  # the stalled node held the call to its timeout ...
         assert during > 10000  # ... and Python ran meanwhile
         codes = {s.code for s in st}
         missed = [i for i, s in enumerate(st) if not s.ok]
@@ -85,10 +86,10 @@ def test_gil_is_released_while_a_get_waits_on_a_stalled_node(daemons):
 
 def test_unregister_waits_for_a_call_in_flight(daemons):
     import torch
-    # The get waits on the stopped n0 for its whole timeout (1.5 s); unregister
-    # is called once the router has counted the get, and must not return
-    # before the get has.
-    with kvmesh.Client(daemons.address, tenant="unregister", timeout_ms=1500, refresh_ms=0) as c:
+    # The get waits on the stopped n0 for its whole timeout (1.5 s, grown with
+    # the build); unregister is called once the router has counted the get,
+    # and must not return before the get has.
+    with kvmesh.Client(daemons.address, tenant="unregister", timeout_ms=scaled(1500), refresh_ms=0) as c:
         keys, data = fill(c, 24, seed=5, base=3000)
         bb = c.block_bytes
         pool = torch.zeros(len(keys), bb, dtype=torch.uint8)
@@ -107,8 +108,8 @@ def test_unregister_waits_for_a_call_in_flight(daemons):
         try:
             th = threading.Thread(target=getter)
             th.start()
-            assert calling.wait(10)
-            deadline = time.monotonic() + 5
+            assert calling.wait(scaled(10))
+            deadline = time.monotonic() + scaled(5)
             while c.stats()["gets"] == gets and time.monotonic() < deadline:
                 time.sleep(0.005)  # until the get is in the router (then waiting on n0)
             c.unregister(region)
@@ -117,8 +118,8 @@ def test_unregister_waits_for_a_call_in_flight(daemons):
         finally:
             daemons.signal("n0", signal.SIGCONT)
         st, g0, g1 = results[0]
-        assert g1 - g0 >= 1.0  # the get did wait on n0 ...
-        assert unregistered - g0 >= 1.0  # ... and unregister was held until it returned
+        assert g1 - g0 >= scaled(1.0)  # the get did wait on n0 ...
+        assert unregistered - g0 >= scaled(1.0)  # ... and unregister was held until it returned
         assert any(s.ok for s in st) and any(s.miss for s in st)
         assert all(bytes(pool[i].numpy()) == data[i].tobytes() for i, s in enumerate(st) if s.ok)
         assert not region.registered and c.regions == []
@@ -165,7 +166,7 @@ def test_a_killed_nodes_blocks_are_misses_not_errors():
             assert all(bytes(outs[i]) == data[i].tobytes() for i in hits)
             assert c.match_prefix(list(range(5000, 5000 + 30 * BT))) < 30
             d.wait_nodes(2)
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + scaled(5)
             while c.num_nodes != 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert c.num_nodes == 2

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import SOURCE_DIR
+from conftest import SOURCE_DIR, scaled
 
 EXAMPLE = os.path.join(SOURCE_DIR, "examples", "torch_prefix_reuse.py")
 SMALL = ["--runs", "2", "--prefix-tokens", "256", "--suffix-tokens", "24", "--chunk-tokens", "128",
@@ -17,7 +17,7 @@ SMALL = ["--runs", "2", "--prefix-tokens", "256", "--suffix-tokens", "24", "--ch
 
 
 def run(extra):
-    p = subprocess.run([sys.executable, EXAMPLE] + SMALL + extra, capture_output=True, text=True, timeout=120,
+    p = subprocess.run([sys.executable, EXAMPLE] + SMALL + extra, capture_output=True, text=True, timeout=scaled(120),
                        env=dict(os.environ))
     assert p.returncode == 0, p.stdout + p.stderr
     return p.stdout
