@@ -438,9 +438,8 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   bool Progress(Pred pred, Clock::time_point deadline) {
     // kHybrid spins up to spin_us after the last event before sleeping; kPoll
     // never sleeps; kEvent sleeps whenever a progress call found nothing;
-    // kAdaptive spins for spin_budget_'s
-    // budget from the start of this wait, then sleeps, and reports how long
-    // the wait took.
+    // kAdaptive spins for spin_budget_'s budget from the start of this wait,
+    // then sleeps, and reports how long the wait took.
     const bool adaptive = o_.progress == UcxProgress::kAdaptive;
     const auto spin = o_.progress == UcxProgress::kPoll    ? Clock::duration::max()
                       : o_.progress == UcxProgress::kEvent ? Clock::duration::zero()

@@ -121,10 +121,10 @@ enum class UcxProgress : uint8_t {
 Result<UcxProgress> ParseUcxProgress(std::string_view name);
 
 // The spin budget of UcxProgress::kAdaptive. A thread waiting for a UCX event
-// spins for budget(), then sleeps on the worker's wakeup fd. After each wait it reports how long the wait lasted: a wait that
-// spinning for max_us would have covered doubles the budget (from 1 us, up to
-// max_us), a longer one halves it (below 1 us it is 0: the thread sleeps at
-// once, as kEvent). So a lone client whose answers come in tens of
+// spins for budget(), then sleeps on the worker's wakeup fd. After each wait
+// it reports how long the wait lasted: a wait that spinning for max_us would
+// have covered doubles the budget (from 1 us, up to max_us), a longer one
+// halves it (below 1 us it is 0: the thread sleeps at once, as kEvent). So a lone client whose answers come in tens of
 // microseconds spins as kHybrid does and skips the wake-up, while threads
 // whose answers queue behind others' (more waiting threads than cores) stop
 // spinning and leave the cores to the threads they wait for.

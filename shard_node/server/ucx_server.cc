@@ -112,8 +112,8 @@ class Server final : public UcxServer {
   // The Asio loop: progress, handle what arrived, arm, sleep on the efd.
   asio::awaitable<void> Loop() {
     using Clock = std::chrono::steady_clock;
-    // kAdaptive: spin for the budget while idle, and
-    // report each idle gap's length to it (SpinBudget).
+    // kAdaptive: spin for the budget while idle, and report each idle gap's
+    // length to it (SpinBudget).
     const bool adaptive = o_.progress == UcxProgress::kAdaptive;
     SpinBudget budget(o_.spin_us);
     const auto fixed_spin = o_.progress == UcxProgress::kPoll    ? Clock::duration::max()
