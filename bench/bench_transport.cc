@@ -29,11 +29,14 @@
 //                             [--tables transport,resp] [--resp-sizes 16384] [--resp-clients 1,8]
 //                             [--resp-pipeline 1,16] [--redis-benchmark /usr/bin/redis-benchmark]
 //                             [--ucx-progress poll|event|hybrid|adaptive] [--ucx-memory allocated|malloc] [--json]
-//                             [--backends tcp,ucx,redis,raw]   (which single-block cells run: to profile one path)
+//                             [--backends tcp,ucx,redis,raw,batch]   (which cells run, batch = the batch rows: to profile one path)
+//                             [--ops GET,PUT]   (which operations of those cells run)
 //
 // --json prints one object, {"rows": [{backend, op, block_bytes, clients,
-// batch, gbps, ops, p50_us, p99_us, cpu_us}, ...]}, backends tcp, ucx, redis, raw (op req/ack or get),
-// ucx_perftest, instead of the tables (raw ops: req/ack, get, req/ack-footprint, get-footprint).
+// batch, gbps, ops, p50_us, p99_us, cpu_us, server_cpu_us}, ...]}, backends tcp, ucx, redis, raw (op req/ack
+// or get), ucx_perftest, instead of the tables (raw ops: req/ack, get, req/ack-footprint, get-footprint).
+// server_cpu_us is the server's part of cpu_us: the node, redis-server, or the
+// raw server's connection threads.
 //
 // The RESP table (docs/resp.md): redis-benchmark-style SET and GET (one
 // blocking request per client at a time) of --resp-sizes values against
@@ -99,6 +102,7 @@ struct Cell {
   // raw server's threads) plus the server process, when one was given: what
   // an operation costs whatever else the cores are doing.
   double cpu_us = 0;
+  double server_cpu_us = 0;  // the server process's part of cpu_us (0 without one)
 };
 
 Cell Median(std::vector<Cell> v) {
@@ -111,7 +115,7 @@ Cell Median(std::vector<Cell> v) {
   };
   return Cell{med([](const Cell& c) { return c.gbps; }), med([](const Cell& c) { return c.ops; }),
               med([](const Cell& c) { return c.p50_us; }), med([](const Cell& c) { return c.p99_us; }),
-              med([](const Cell& c) { return c.cpu_us; })};
+              med([](const Cell& c) { return c.cpu_us; }), med([](const Cell& c) { return c.server_cpu_us; })};
 }
 
 uint16_t FreePort();
@@ -185,12 +189,15 @@ double P50Gbps(const Cell& c, size_t size) { return c.p50_us > 0 ? double(size) 
 
 // Runs `clients` threads of op(thread, iteration) for `seconds`; returns throughput and latency.
 double CpuSeconds(pid_t pid);
+double ThreadCpuSeconds(pid_t tid);
 
 // server: the process serving the operations (0: none, or this one).
+// `server_cpu`: the server's CPU seconds so far (its process, or its threads
+// in this one: they are part of this process's time and not added again).
 Cell RunClients(int clients, double seconds, size_t bytes_per_op, const std::function<bool(int, uint64_t)>& op,
-                pid_t server = 0) {
-  auto cpu = [server] { return CpuSeconds(::getpid()) + (server > 0 ? CpuSeconds(server) : 0.0); };
-  const double cpu0 = cpu();
+                const std::function<double()>& server_cpu, bool server_in_process) {
+  auto cpu = [&] { return CpuSeconds(::getpid()) + (server_in_process ? 0.0 : server_cpu()); };
+  const double cpu0 = cpu(), server0 = server_cpu();
   std::vector<LatencyHistogram> hist(clients);
   std::vector<uint64_t> done(clients, 0);
   std::atomic<bool> failed{false};
@@ -213,7 +220,7 @@ Cell RunClients(int clients, double seconds, size_t bytes_per_op, const std::fun
   }
   for (auto& t : ts) t.join();
   const double dt = std::chrono::duration<double>(SteadyClock::now() - t0).count();
-  const double cpu_s = cpu() - cpu0;
+  const double cpu_s = cpu() - cpu0, server_s = server_cpu() - server0;
   if (failed) std::fprintf(stderr, "bench: an operation failed\n");
   LatencyHistogram all;
   uint64_t n = 0;
@@ -222,7 +229,14 @@ Cell RunClients(int clients, double seconds, size_t bytes_per_op, const std::fun
     n += done[c];
   }
   return Cell{double(n) * double(bytes_per_op) / dt / 1e9, double(n) / dt, all.Percentile(0.5) / 1e3,
-              all.Percentile(0.99) / 1e3, n > 0 ? cpu_s * 1e6 / double(n) : 0.0};
+              all.Percentile(0.99) / 1e3, n > 0 ? cpu_s * 1e6 / double(n) : 0.0,
+              n > 0 ? server_s * 1e6 / double(n) : 0.0};
+}
+
+Cell RunClients(int clients, double seconds, size_t bytes_per_op, const std::function<bool(int, uint64_t)>& op,
+                pid_t server = 0) {
+  return RunClients(clients, seconds, bytes_per_op, op, [server] { return server > 0 ? CpuSeconds(server) : 0.0; },
+                    false);
 }
 
 uint16_t FreePort() {
@@ -305,8 +319,8 @@ uint64_t InfoField(const std::string& info, const std::string& name) {
 }
 
 // CPU seconds (user + system) a process has used so far (0 when it is gone).
-double CpuSeconds(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+double StatCpuSeconds(const std::string& path) {
+  std::ifstream f(path);
   std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   const size_t close = stat.rfind(')');
   if (close == std::string::npos) return 0;
@@ -317,6 +331,9 @@ double CpuSeconds(pid_t pid) {
     if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime
   return ticks / double(::sysconf(_SC_CLK_TCK));
 }
+double CpuSeconds(pid_t pid) { return StatCpuSeconds("/proc/" + std::to_string(pid) + "/stat"); }
+// One thread of this process.
+double ThreadCpuSeconds(pid_t tid) { return StatCpuSeconds("/proc/self/task/" + std::to_string(tid) + "/stat"); }
 
 // CPU seconds of this process's reaped children (redis-benchmark runs).
 double ChildCpuSeconds() {
@@ -374,6 +391,10 @@ class RawServer {
         int fd = ::accept(lfd_, nullptr, nullptr);
         if (fd < 0) return;
         conns_.emplace_back([this, fd] {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            tids_.push_back(::gettid());
+          }
           int one = 1;
           ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
           char mode;
@@ -404,10 +425,24 @@ class RawServer {
     for (auto& t : conns_) t.join();
   }
   uint16_t port() const { return port_; }
+  // How many connection threads have started so far.
+  size_t started() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tids_.size();
+  }
+  // CPU seconds of the connection threads started after the first `from`.
+  double CpuSince(size_t from) {
+    std::lock_guard<std::mutex> lock(mu_);
+    double s = 0;
+    for (size_t i = from; i < tids_.size(); ++i) s += ThreadCpuSeconds(tids_[i]);
+    return s;
+  }
 
  private:
   size_t msg_;
   size_t footprint_;
+  std::mutex mu_;
+  std::vector<pid_t> tids_;  // guarded by mu_
   int lfd_;
   uint16_t port_ = 0;
   std::thread acceptor_;
@@ -629,7 +664,8 @@ int main(int argc, char** argv) {
   std::string rb_bin = "/usr/bin/redis-benchmark";
   std::string ucx_progress = "adaptive";  // the config's default
   std::string ucx_memory = "allocated";  // the clients' registered memory: UcxContext::Allocate, or malloc
-  std::string backends = "tcp,ucx,redis,raw";  // which single-block cells run (a profile of one path)
+  std::string backends = "tcp,ucx,redis,raw,batch";  // which cells run (a profile of one path)
+  std::string ops_arg = "GET,PUT";  // which operations of those cells run
   bool json = false;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--json") json = true;
@@ -651,6 +687,7 @@ int main(int argc, char** argv) {
     else if (k == "--ucx-progress") ucx_progress = v;
     else if (k == "--ucx-memory") ucx_memory = v;
     else if (k == "--backends") backends = "," + v + ",";
+    else if (k == "--ops") ops_arg = v;
     else if (k == "--resp-pipeline") resp_pipeline_arg = v;
     else if (k == "--redis-benchmark") rb_bin = v;
     else {
@@ -819,69 +856,68 @@ int main(int argc, char** argv) {
       for (int r = 0; r < reps; ++r) {
         Progress("%s, %zu clients, rep %d/%d", SizeName(size).c_str(), clients, r + 1, reps);
         auto want = [&](const char* b) { return ("," + backends + ",").find("," + std::string(b) + ",") != std::string::npos; };
-        if (want("tcp")) cells["kv_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+        const bool get = ("," + ops_arg + ",").find(",GET,") != std::string::npos;
+        const bool put = ("," + ops_arg + ",").find(",PUT,") != std::string::npos;
+        if (want("tcp") && put) cells["kv_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
           PutItem it{key(c, i), src_of(c, size), {}};
           Status s = ch[c]->Put(std::span<PutItem>(&it, 1), {});
           return s.ok() && it.status.ok();
         }, node.pid()));
-        if (want("tcp")) cells["kv_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+        if (want("tcp") && get) cells["kv_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
           GetItem it{key(c, i), dst_of(c, i % keys_per_client, size), 0, {}};
           Status s = ch[c]->Get(std::span<GetItem>(&it, 1), {});
           return s.ok() && it.status.ok() && it.size == size;
         }, node.pid()));
         if (!ux.empty() && want("ucx")) {
-          cells["ux_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+          if (put) cells["ux_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
             PutItem it{key(c, i), src_of(c, size), {}};
             return ux[c]->Put(std::span<PutItem>(&it, 1), {}).ok() && it.status.ok();
           }, node.pid()));
-          cells["ux_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+          if (get) cells["ux_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
             GetItem it{key(c, i), dst_of(c, i % keys_per_client, size), 0, {}};
             return ux[c]->Get(std::span<GetItem>(&it, 1), {}).ok() && it.status.ok() && it.size == size;
           }, node.pid()));
         }
         if (have_redis && want("redis")) {
-          cells["rd_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+          if (put) cells["rd_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
             return rc[c].Set("k" + std::to_string(c) + ":" + std::to_string(i % keys_per_client) + ":" + std::to_string(size), payload[c]);
           }, redis.pid()));
-          cells["rd_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+          if (get) cells["rd_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
             return rc[c].Get("k" + std::to_string(c) + ":" + std::to_string(i % keys_per_client) + ":" + std::to_string(size), &rdst[c]);
           }, redis.pid()));
         }
         if (!want("raw")) continue;
-        std::vector<int> fds;
-        for (size_t c = 0; c < clients; ++c) fds.push_back(RawClient(raw.port(), 'a'));
-        cells["raw_req"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t) {
+        // Opens one raw connection of MODE per client, runs the cell, closes them.
+        auto raw_cell = [&](char mode, const char* name, auto&& op) {
+          std::vector<int> fds;
+          const size_t first = raw.started();
+          for (size_t c = 0; c < clients; ++c) fds.push_back(RawClient(raw.port(), mode));
+          while (raw.started() < first + clients) std::this_thread::sleep_for(1ms);
+          cells[name].push_back(RunClients(
+              int(clients), seconds, size, [&](int c, uint64_t i) { return op(fds[c], c, i); },
+              [&] { return raw.CpuSince(first); }, /*server_in_process=*/true));
+          for (int fd : fds) ::close(fd);
+        };
+        if (put) raw_cell('a', "raw_req", [&](int fd, int c, uint64_t) {
           char k;
-          return ::send(fds[c], payload[c].data(), size, MSG_NOSIGNAL) == ssize_t(size) &&
-                 ::recv(fds[c], &k, 1, MSG_WAITALL) == 1;
-        }));
-        for (int fd : fds) ::close(fd);
-        fds.clear();
-        for (size_t c = 0; c < clients; ++c) fds.push_back(RawClient(raw.port(), 'g'));
-        cells["raw_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t) {
-          return ::send(fds[c], "g", 1, MSG_NOSIGNAL) == 1 &&
-                 ::recv(fds[c], rdst[c].data(), size, MSG_WAITALL) == ssize_t(size);
-        }));
-        for (int fd : fds) ::close(fd);
+          return ::send(fd, payload[c].data(), size, MSG_NOSIGNAL) == ssize_t(size) && ::recv(fd, &k, 1, MSG_WAITALL) == 1;
+        });
+        if (get) raw_cell('g', "raw_get", [&](int fd, int c, uint64_t) {
+          return ::send(fd, "g", 1, MSG_NOSIGNAL) == 1 && ::recv(fd, rdst[c].data(), size, MSG_WAITALL) == ssize_t(size);
+        });
         // The same two shapes over the store's footprint: the server rotates
         // through keys_per_client buffers per connection (as the node holds
         // keys_per_client blocks per client) and GETs land in as many
         // destinations per client as kvmesh's, so neither end is cache-hot.
-        fds.clear();
-        for (size_t c = 0; c < clients; ++c) fds.push_back(RawClient(raw.port(), 'A'));
-        cells["raw_req_fp"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t) {
+        if (put) raw_cell('A', "raw_req_fp", [&](int fd, int c, uint64_t) {
           char k;
-          return ::send(fds[c], src_of(c, size).data(), size, MSG_NOSIGNAL) == ssize_t(size) &&
-                 ::recv(fds[c], &k, 1, MSG_WAITALL) == 1;
-        }));
-        for (int fd : fds) ::close(fd);
-        fds.clear();
-        for (size_t c = 0; c < clients; ++c) fds.push_back(RawClient(raw.port(), 'G'));
-        cells["raw_get_fp"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+          return ::send(fd, src_of(c, size).data(), size, MSG_NOSIGNAL) == ssize_t(size) &&
+                 ::recv(fd, &k, 1, MSG_WAITALL) == 1;
+        });
+        if (get) raw_cell('G', "raw_get_fp", [&](int fd, int c, uint64_t i) {
           std::byte* d = raw_fp_dst.data() + (c * keys_per_client + i % keys_per_client) * size;
-          return ::send(fds[c], "g", 1, MSG_NOSIGNAL) == 1 && ::recv(fds[c], d, size, MSG_WAITALL) == ssize_t(size);
-        }));
-        for (int fd : fds) ::close(fd);
+          return ::send(fd, "g", 1, MSG_NOSIGNAL) == 1 && ::recv(fd, d, size, MSG_WAITALL) == ssize_t(size);
+        });
       }
       // Every GET compared against what was put (after timing: the check is not timed).
       for (size_t c = 0; c < clients; ++c)
@@ -927,7 +963,7 @@ int main(int argc, char** argv) {
   }
 
   // The batch rows: one GetInto (and one PutFrom) of 64 blocks of 64 KiB, one client.
-  {
+  if (("," + backends + ",").find(",batch,") != std::string::npos) {
     const std::vector<std::vector<std::byte>> payload = Payloads(1, kBatchBlock);
     auto key = [&](size_t k) { return BlockKey{0xBA7C4000ull + k, k * 0x9E3779B97F4A7C15ull}; };
     std::vector<PutItem> puts(kBatch);
@@ -995,7 +1031,8 @@ int main(int argc, char** argv) {
     for (const Row& r : rows)
       out["rows"].push_back({{"backend", r.backend}, {"op", r.op}, {"block_bytes", r.block_bytes}, {"clients", r.clients},
                              {"batch", r.batch}, {"gbps", r.c.gbps}, {"ops", r.c.ops}, {"p50_us", r.c.p50_us},
-                             {"p99_us", r.c.p99_us}, {"cpu_us", r.c.cpu_us}});
+                             {"p99_us", r.c.p99_us}, {"cpu_us", r.c.cpu_us},
+                             {"server_cpu_us", r.c.server_cpu_us}});
     std::printf("%s\n", out.dump().c_str());
   }
   if (want_resp)
