@@ -134,19 +134,73 @@ TEST_CASE("UCX: every progress mode moves blocks byte-for-byte, one caller and s
 
 TEST_CASE("UCX adaptive progress: the spin budget follows the waits", "[ucx]") {
   using std::chrono::microseconds;
+  using std::chrono::nanoseconds;
   SpinBudget b(100);
   CHECK(b.budget() == microseconds(100));  // starts as hybrid
-  for (int i = 0; i < 12; ++i) b.Waited(microseconds(400));  // answers queue: longer than a spin
-  CHECK(b.budget().count() == 0);                             // sleeps at once, as event
-  b.Waited(microseconds(20));                                 // a short wait: spinning would have caught it
-  CHECK(b.budget() == microseconds(1));
-  for (int i = 0; i < 10; ++i) b.Waited(microseconds(20));
+  for (int i = 0; i < 12; ++i) b.Waited(microseconds(400), true);  // answers queue: longer than a spin
+  CHECK(b.budget().count() == 0);                                   // sleeps at once, as event
+  b.Waited(microseconds(0), false);  // there at once: says nothing about spinning
+  CHECK(b.budget().count() == 0);
+  b.Waited(microseconds(20), true);  // slept, yet a spin of 20 us might have caught it: probe
+  CHECK(b.budget() == microseconds(40));
+  b.Waited(microseconds(15), false);  // the probe caught it: spinning pays
+  CHECK(b.budget() == microseconds(80));
+  b.Waited(microseconds(15), false);
   CHECK(b.budget() == microseconds(100));  // never above spin_us
-  b.Waited(microseconds(101));
+  b.Waited(microseconds(101), true);
   CHECK(b.budget() == microseconds(50));
   SpinBudget never(0);
-  never.Waited(microseconds(0));
+  never.Waited(microseconds(0), true);
   CHECK(never.budget().count() == 0);
+}
+
+namespace {
+
+// A waiter and the thread that answers it, as the budget sees them: on two
+// cores the answer comes `answer` after the wait starts whatever the waiter
+// does (a sleeping waiter wakes `wake` later); on one shared core the
+// answerer runs only once the waiter sleeps, so the answer comes `answer`
+// after the spin ends. Returns the mean spin the waiter burns per wait and
+// the share of waits it slept in, over `waits` waits.
+struct SpinOutcome {
+  double spin_us = 0;
+  double slept = 0;
+};
+SpinOutcome Simulate(SpinBudget& b, bool shared_core, int waits, int64_t answer_us = 15, int64_t wake_us = 30) {
+  using std::chrono::microseconds;
+  double spun = 0, slept = 0;
+  for (int i = 0; i < waits; ++i) {
+    const int64_t budget = std::chrono::duration_cast<microseconds>(b.budget()).count();
+    if (!shared_core && budget >= answer_us) {
+      spun += double(answer_us);
+      b.Waited(microseconds(answer_us), false);
+      continue;
+    }
+    spun += double(budget);
+    slept += 1;
+    b.Waited(microseconds(shared_core ? budget + answer_us : answer_us + wake_us), true);
+  }
+  return {spun / waits, slept / waits};
+}
+
+}  // namespace
+
+TEST_CASE("UCX adaptive progress: spins on two cores, hands over at once on a shared one", "[ucx]") {
+  SpinBudget b(100);
+  SpinOutcome two = Simulate(b, false, 1000);
+  CHECK(two.slept < 0.01);  // the answer is caught while spinning: no wake-ups
+  // Both threads on one core (a busy neighbour, taskset): spinning only
+  // delays the answer, so the waiter learns to sleep at once. A fixed
+  // 100 us spin would burn 100 us per wait here.
+  SpinOutcome shared = Simulate(b, true, 4000);
+  CHECK(shared.spin_us < 3.0);
+  SpinOutcome settled = Simulate(b, true, 4000);
+  CHECK(settled.spin_us < 1.0);
+  // Back on two cores: the next probe catches an answer and spinning resumes.
+  Simulate(b, false, 1100);
+  SpinOutcome again = Simulate(b, false, 1000);
+  CHECK(again.slept < 0.01);
+  CHECK(again.spin_us == Approx(15.0).margin(0.5));
 }
 
 TEST_CASE("UCX: the same over UCX_TLS=tcp", "[cluster][ucx]") {

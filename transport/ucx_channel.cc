@@ -447,8 +447,9 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
                                  : std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(o_.spin_us));
     const auto start = Clock::now();
     auto last_event = start;
+    bool slept = false;  // this wait slept on the wakeup fd
     auto done = [&] {
-      if (adaptive) spin_budget_.Waited(Clock::now() - start);
+      if (adaptive) spin_budget_.Waited(Clock::now() - start, slept);
       return true;
     };
     for (;;) {
@@ -459,6 +460,7 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       if (!plk.owns_lock()) {
         std::unique_lock<std::mutex> w(idle_mu_);
         idle_cv_.wait_for(w, std::chrono::microseconds(200));
+        slept = true;
         continue;
       }
       if (ucp_worker_progress(worker_->get()) != 0) {
@@ -473,6 +475,7 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
       pollfd pf{worker_->efd(), POLLIN, 0};
       ::poll(&pf, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 1)));
+      slept = true;
       if (!adaptive) last_event = Clock::now();
       else last_event = start - spin;  // slept: no more spinning in this wait
       plk.unlock();

@@ -121,32 +121,73 @@ enum class UcxProgress : uint8_t {
 Result<UcxProgress> ParseUcxProgress(std::string_view name);
 
 // The spin budget of UcxProgress::kAdaptive. A thread waiting for a UCX event
-// spins for budget(), then sleeps on the worker's wakeup fd. After each wait
-// it reports how long the wait lasted: a wait that spinning for max_us would
-// have covered doubles the budget (from 1 us, up to max_us), a longer one
-// halves it (below 1 us it is 0: the thread sleeps at once, as kEvent). So a lone client whose answers come in tens of
-// microseconds spins as kHybrid does and skips the wake-up, while threads
-// whose answers queue behind others' (more waiting threads than cores) stop
-// spinning and leave the cores to the threads they wait for.
-// Thread-safety: any thread (relaxed atomics: the budget is a hint).
+// spins for budget(), then sleeps on the worker's wakeup fd; after each wait
+// it reports how long the wait lasted and whether it slept.
+//
+// * Caught while spinning: the budget doubles (from 1 us, up to max_us).
+//   Spinning past the event costs nothing, it stops when the event comes.
+//   (With a budget of 0, an event that was there at once changes nothing.)
+// * Slept, and the wait was longer than max_us: no spin could have caught
+//   it; the budget halves (below 1 us it is 0: the thread sleeps at once, as
+//   kEvent). Answers that queue behind other callers' (more waiting threads
+//   than cores) end here, and the cores go to the threads they wait for.
+// * Slept, the wait shorter than max_us: a spin of about the wait might have
+//   caught it, so the next wait is a probe with twice this wait as budget.
+//   A probe that sleeps again means the event came only after the spin
+//   stopped: the peer that produces it needs this core (it shares it, or the
+//   cores are oversubscribed), and spinning only delays it. Then the budget
+//   is 0 and the next probe waits for `gap` waits, a gap that doubles with
+//   every failed probe (8 up to 1024) and resets when a spin catches one.
+//
+// So a lone client and its node on two cores spin (as kHybrid, no wake-up),
+// while on one shared core they hand over at once, as kEvent (with kHybrid's
+// fixed spin every hand-over there costs the whole spin).
+// Thread-safety: any thread (relaxed atomics: the budget is a hint, and a
+// lost update between two reporting threads costs at most one wait's choice).
 class SpinBudget {
  public:
   explicit SpinBudget(int64_t max_us) : max_ns_(std::max<int64_t>(0, max_us) * 1000), budget_ns_(max_ns_) {}
   std::chrono::nanoseconds budget() const { return std::chrono::nanoseconds(budget_ns_.load(std::memory_order_relaxed)); }
-  void Waited(std::chrono::nanoseconds waited) {
+  void Waited(std::chrono::nanoseconds waited, bool slept) {
     const int64_t b = budget_ns_.load(std::memory_order_relaxed);
-    int64_t next;
-    if (waited.count() <= max_ns_)
-      next = std::min<int64_t>(max_ns_, std::max<int64_t>(2 * b, kFloorNs));
-    else
-      next = b / 2 < kFloorNs ? 0 : b / 2;
-    budget_ns_.store(next, std::memory_order_relaxed);
+    if (!slept) {
+      if (b == 0) return;  // the event was there before any spin: says nothing about spinning
+      budget_ns_.store(std::min<int64_t>(max_ns_, std::max<int64_t>(2 * b, kFloorNs)), std::memory_order_relaxed);
+      probing_.store(false, std::memory_order_relaxed);
+      gap_.store(kMinGap, std::memory_order_relaxed);
+      skip_.store(0, std::memory_order_relaxed);
+      return;
+    }
+    if (probing_.exchange(false, std::memory_order_relaxed)) {
+      const uint32_t gap = std::min<uint32_t>(kMaxGap, 2 * gap_.load(std::memory_order_relaxed));
+      gap_.store(gap, std::memory_order_relaxed);
+      skip_.store(gap, std::memory_order_relaxed);
+      budget_ns_.store(0, std::memory_order_relaxed);
+      return;
+    }
+    const int64_t half = b / 2 < kFloorNs ? 0 : b / 2;
+    if (waited.count() > max_ns_ || max_ns_ == 0) {
+      budget_ns_.store(half, std::memory_order_relaxed);
+      return;
+    }
+    if (const uint32_t skip = skip_.load(std::memory_order_relaxed); skip > 0) {
+      skip_.store(skip - 1, std::memory_order_relaxed);
+      budget_ns_.store(half, std::memory_order_relaxed);
+      return;
+    }
+    budget_ns_.store(std::min<int64_t>(max_ns_, std::max<int64_t>(kFloorNs, 2 * waited.count())),
+                     std::memory_order_relaxed);
+    probing_.store(true, std::memory_order_relaxed);
   }
 
  private:
   static constexpr int64_t kFloorNs = 1000;
+  static constexpr uint32_t kMinGap = 8, kMaxGap = 1024;
   const int64_t max_ns_;
   std::atomic<int64_t> budget_ns_;
+  std::atomic<bool> probing_{false};    // the current budget is a probe
+  std::atomic<uint32_t> gap_{kMinGap};  // waits between probes after the last failed one
+  std::atomic<uint32_t> skip_{0};       // waits left before the next probe
 };
 
 class UcxWorker {

@@ -121,11 +121,13 @@ class Server final : public UcxServer {
                                                                  : std::chrono::duration_cast<Clock::duration>(
                                                                        std::chrono::microseconds(o_.spin_us));
     auto last_activity = Clock::now();
-    bool idle = false;  // adaptive: an idle gap began at last_activity
+    bool idle = false;   // adaptive: an idle gap began at last_activity
+    bool slept = false;  // adaptive: the loop slept on the wakeup fd in this gap
     auto active = [&] {
       const auto now = Clock::now();
-      if (adaptive && idle) budget.Waited(now - last_activity);
+      if (adaptive && idle) budget.Waited(now - last_activity, slept);
       idle = false;
+      slept = false;
       last_activity = now;
     };
     for (;;) {
@@ -165,6 +167,7 @@ class Server final : public UcxServer {
         continue;
       }
       if (!worker_->Arm()) continue;  // events pending: progress again
+      slept = idle;
       boost::system::error_code ec;
       co_await sd_.async_wait(asio::posix::descriptor_base::wait_read, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) co_return;
