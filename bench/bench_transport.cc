@@ -29,6 +29,7 @@
 //                             [--tables transport,resp] [--resp-sizes 16384] [--resp-clients 1,8]
 //                             [--resp-pipeline 1,16] [--redis-benchmark /usr/bin/redis-benchmark]
 //                             [--ucx-progress poll|event|hybrid|adaptive] [--ucx-memory allocated|malloc] [--json]
+//                             [--ucx-workers N]   (the node's $.transport.ucx.workers; 0 = its default)
 //                             [--backends tcp,ucx,redis,raw,batch]   (which cells run, batch = the batch rows: to profile one path)
 //                             [--ops GET,PUT]   (which operations of those cells run)
 //
@@ -663,6 +664,7 @@ int main(int argc, char** argv) {
   std::string tables = "transport,resp", resp_sizes_arg = "16384", resp_clients_arg = "1,8", resp_pipeline_arg = "1,16";
   std::string rb_bin = "/usr/bin/redis-benchmark";
   std::string ucx_progress = "adaptive";  // the config's default
+  int ucx_workers = 0;                   // the node's $.transport.ucx.workers (0: its default)
   std::string ucx_memory = "allocated";  // the clients' registered memory: UcxContext::Allocate, or malloc
   std::string backends = "tcp,ucx,redis,raw,batch";  // which cells run (a profile of one path)
   std::string ops_arg = "GET,PUT";  // which operations of those cells run
@@ -686,6 +688,7 @@ int main(int argc, char** argv) {
     else if (k == "--resp-clients") resp_clients_arg = v;
     else if (k == "--ucx-progress") ucx_progress = v;
     else if (k == "--ucx-memory") ucx_memory = v;
+    else if (k == "--ucx-workers") ucx_workers = std::stoi(v);
     else if (k == "--backends") backends = "," + v + ",";
     else if (k == "--ops") ops_arg = v;
     else if (k == "--resp-pipeline") resp_pipeline_arg = v;
@@ -723,7 +726,7 @@ int main(int argc, char** argv) {
       << (sizes.size() * max_clients * keys_per_client + kBatch * kBatchBlock / (1 << 20) + 160) << R"(MiB"}}],
             "store": {"slot_bytes": "1MiB", "stripes": 8},
             "transport": {"io_threads": 2, "backend": ")" << (KVMESH_UCX_ON ? "ucx" : "tcp")
-      << R"(", "ucx": {"progress": ")" << ucx_progress << R"("}}})";
+      << R"(", "ucx": {"progress": ")" << ucx_progress << R"(", "workers": )" << ucx_workers << R"(}}})";
   }
   testing::Process node;
   if (!node.Start({kvmesh_bin, "node", "--config", cfg_path, "--id", "b0", "--no-resp"})) return 1;
@@ -1025,6 +1028,7 @@ int main(int argc, char** argv) {
     out["ucx_tls"] = tls ? tls : "default";
     out["ucx_progress"] = ucx_progress;
     out["ucx_memory"] = ucx_memory;
+    out["ucx_workers"] = ucx_workers;
     out["seconds"] = seconds;
     out["reps"] = reps;
     out["rows"] = nlohmann::json::array();

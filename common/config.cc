@@ -156,7 +156,7 @@ Status ReadTransport(const json& j, TransportConfig* t) {
       .Optional("connect_timeout_ms", &t->connect_timeout_ms);
   if (const json* u = r.Child("ucx")) {
     ObjectReader ur(*u, "$.transport.ucx");
-    ur.Optional("progress", &t->ucx_progress).Optional("spin_us", &t->ucx_spin_us);
+    ur.Optional("progress", &t->ucx_progress).Optional("spin_us", &t->ucx_spin_us).Optional("workers", &t->ucx_workers);
     KVMESH_RETURN_IF_ERROR(ur.Finish());
     if (t->ucx_progress != "poll" && t->ucx_progress != "event" && t->ucx_progress != "hybrid" &&
         t->ucx_progress != "adaptive")
@@ -164,6 +164,8 @@ Status ReadTransport(const json& j, TransportConfig* t) {
                              t->ucx_progress + "\"");
     if (t->ucx_spin_us < 0 || t->ucx_spin_us > 1000000)
       return InvalidArgument("$.transport.ucx.spin_us: must be in 0..1000000");
+    if (t->ucx_workers < 0 || t->ucx_workers > 64)
+      return InvalidArgument("$.transport.ucx.workers: must be in 0..64 (0: one per 2 cores, up to 4)");
   }
   KVMESH_RETURN_IF_ERROR(r.Finish());
   if (t->backend != "tcp" && t->backend != "ucx")

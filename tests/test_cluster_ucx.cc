@@ -23,7 +23,8 @@ using namespace kvmesh;
 namespace {
 
 struct Fixture {
-  explicit Fixture(std::string token = "", uint64_t epoch = 0, UcxProgress progress = UcxProgress::kHybrid)
+  explicit Fixture(std::string token = "", uint64_t epoch = 0, UcxProgress progress = UcxProgress::kHybrid,
+                   int workers = 1)
       : epoch_(epoch), progress_(progress) {
     auto c = ParseConfig(R"({
       "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
@@ -38,6 +39,7 @@ struct Fixture {
     o.limits.max_block_bytes = 2 << 20;
     o.limits.max_body_bytes = 16 << 20;
     o.progress = progress;
+    o.workers = workers;
     auto s = UcxServer::Start(node.get(), o, &epoch_);
     REQUIRE(s.ok());
     server = std::move(*s);
@@ -201,6 +203,53 @@ TEST_CASE("UCX adaptive progress: spins on two cores, hands over at once on a sh
   SpinOutcome again = Simulate(b, false, 1000);
   CHECK(again.slept < 0.01);
   CHECK(again.spin_us == Approx(15.0).margin(0.5));
+}
+
+TEST_CASE("UCX worker addresses: several packed into one, one left plain, a malformed pack read as plain", "[ucx]") {
+  const std::string a(300, 'a'), b(41, 'b');
+  CHECK(PackWorkerAddresses({a}) == a);
+  const std::string packed = PackWorkerAddresses({a, b});
+  CHECK(UnpackWorkerAddresses(packed) == std::vector<std::string>{a, b});
+  CHECK(UnpackWorkerAddresses(a) == std::vector<std::string>{a});
+  CHECK(UnpackWorkerAddresses(packed.substr(0, packed.size() - 1)) == std::vector<std::string>{packed.substr(0, packed.size() - 1)});
+  CHECK(UnpackWorkerAddresses(packed + "x") == std::vector<std::string>{packed + "x"});
+  CHECK(UnpackWorkerAddresses("KVMW") == std::vector<std::string>{"KVMW"});
+}
+
+TEST_CASE("UCX: a node with two workers serves channels on both, byte-for-byte", "[cluster][ucx]") {
+  Fixture f("", 0, UcxProgress::kAdaptive, /*workers=*/2);
+  CHECK(UnpackWorkerAddresses(f.server->address()).size() == 2);
+  std::vector<std::unique_ptr<UcxChannel>> chs;
+  for (int c = 0; c < 4; ++c) {
+    auto ch = f.Channel();
+    REQUIRE(ch.ok());
+    chs.push_back(std::move(*ch));
+  }
+  std::atomic<int> wrong{0}, failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<std::byte> v(300000), got(300000);  // rendezvous-sized
+      for (int i = 0; i < 30; ++i) {
+        for (size_t j = 0; j < v.size(); j += 4096) v[j] = static_cast<std::byte>(t * 37 + i + j / 4096);
+        // Each block is put through one worker and read through the other.
+        std::vector<PutItem> p = {PutItem{Key(5000 + t * 100 + i), v, {}}};
+        std::vector<GetItem> g = {GetItem{Key(5000 + t * 100 + i), got, 0, {}}};
+        if (!chs[t]->Put(p, {}).ok() || !p[0].status.ok() || !chs[(t + 1) % 4]->Get(g, {}).ok() || !g[0].status.ok()) {
+          ++failed;
+          continue;
+        }
+        if (g[0].size != v.size() || !std::equal(v.begin(), v.end(), got.begin())) ++wrong;
+      }
+    });
+  for (auto& th : threads) th.join();
+  CHECK(failed == 0);
+  CHECK(wrong == 0);
+  const std::vector<uint64_t> per_worker = f.server->worker_requests();
+  REQUIRE(per_worker.size() == 2);
+  CHECK(per_worker[0] >= 2 * 30);  // each worker served two channels' HELLOs, puts and gets
+  CHECK(per_worker[1] >= 2 * 30);
+  CHECK(per_worker[0] + per_worker[1] == f.server->requests());
 }
 
 TEST_CASE("UCX: the same over UCX_TLS=tcp", "[cluster][ucx]") {

@@ -76,6 +76,7 @@ TEST_CASE("Bad configs name the JSON path and the reason", "[config]") {
       {"ucx progress", [](json& j) { j["transport"] = {{"ucx", {{"progress", "spin"}}}}; },
        "$.transport.ucx.progress: expected \"poll\", \"event\", \"hybrid\" or \"adaptive\", got \"spin\""},
       {"ucx spin", [](json& j) { j["transport"] = {{"ucx", {{"spin_us", -1}}}}; }, "$.transport.ucx.spin_us: must"},
+      {"ucx workers", [](json& j) { j["transport"] = {{"ucx", {{"workers", 65}}}}; }, "$.transport.ucx.workers: must"},
   };
   for (const Case& c : cases) {
     INFO(c.what);
@@ -92,14 +93,16 @@ TEST_CASE("$.transport.ucx.progress: adaptive by default, every mode accepted", 
   REQUIRE(d.ok());
   CHECK(d->transport.ucx_progress == "adaptive");
   CHECK(d->transport.ucx_spin_us == 100);
+  CHECK(d->transport.ucx_workers == 0);  // one per 2 cores, up to 4
   for (const char* mode : {"poll", "event", "hybrid", "adaptive"}) {
     json j = Base();
-    j["transport"] = {{"ucx", {{"progress", mode}, {"spin_us", 40}}}};
+    j["transport"] = {{"ucx", {{"progress", mode}, {"spin_us", 40}, {"workers", 2}}}};
     auto r = ParseConfig(j.dump());
     INFO(mode);
     REQUIRE(r.ok());
     CHECK(r->transport.ucx_progress == mode);
     CHECK(r->transport.ucx_spin_us == 40);
+    CHECK(r->transport.ucx_workers == 2);
   }
 }
 

@@ -86,7 +86,11 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     // (so its connection exists) and reports the node's death.
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep.address = reinterpret_cast<const ucp_address_t*>(o_.node_address.data());
+    // A node with several workers: channels of this process take them in turn.
+    const std::vector<std::string> workers = UnpackWorkerAddresses(o_.node_address);
+    static std::atomic<size_t> next_worker{0};
+    const std::string& address = workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()];
+    ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
     ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     KVMESH_UCX_RETURN(ucp_ep_create(worker_->get(), &ep, &ep_));
     ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;

@@ -168,6 +168,40 @@ void UcxWorker::ProgressAll() {
   }
 }
 
+namespace {
+constexpr std::string_view kPackMagic = "KVMW";
+}  // namespace
+
+std::string PackWorkerAddresses(const std::vector<std::string>& addresses) {
+  if (addresses.size() == 1) return addresses[0];
+  std::string out(kPackMagic);
+  out += static_cast<char>(addresses.size());
+  for (const std::string& a : addresses) {
+    const uint32_t n = static_cast<uint32_t>(a.size());
+    for (int i = 0; i < 4; ++i) out += static_cast<char>(n >> (8 * i) & 0xff);
+    out += a;
+  }
+  return out;
+}
+
+std::vector<std::string> UnpackWorkerAddresses(std::string_view address) {
+  auto plain = std::vector<std::string>{std::string(address)};
+  if (address.size() < kPackMagic.size() + 1 || address.substr(0, kPackMagic.size()) != kPackMagic) return plain;
+  const size_t count = static_cast<unsigned char>(address[kPackMagic.size()]);
+  std::vector<std::string> out;
+  size_t at = kPackMagic.size() + 1;
+  for (size_t i = 0; i < count; ++i) {
+    if (address.size() - at < 4) return plain;
+    uint32_t n = 0;
+    for (int b = 0; b < 4; ++b) n |= uint32_t(static_cast<unsigned char>(address[at + b])) << (8 * b);
+    at += 4;
+    if (n == 0 || address.size() - at < n) return plain;
+    out.emplace_back(address.substr(at, n));
+    at += n;
+  }
+  return at == address.size() && count >= 2 ? out : plain;
+}
+
 std::string HexEncode(std::string_view b) {
   static const char* d = "0123456789abcdef";
   std::string out;

@@ -220,6 +220,14 @@ class UcxWorker {
   int efd_ = -1;
 };
 
+// A node with several UCX workers publishes one address for all of them:
+// "KVMW", a count byte, then per worker a 4-byte little-endian length and its
+// worker address. One worker publishes its plain worker address.
+std::string PackWorkerAddresses(const std::vector<std::string>& addresses);
+// The worker addresses inside `address`: the packed ones, or `address` itself
+// when it is not a well-formed pack (a plain worker address).
+std::vector<std::string> UnpackWorkerAddresses(std::string_view address);
+
 std::string HexEncode(std::string_view bytes);
 Result<std::string> HexDecode(std::string_view hex);
 

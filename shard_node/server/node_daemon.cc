@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -82,6 +83,9 @@ class Daemon final : public NodeDaemon {
       u.token = d.token;
       KVMESH_ASSIGN_OR_RETURN(u.progress, ParseUcxProgress(config_.transport.ucx_progress));
       u.spin_us = config_.transport.ucx_spin_us;
+      u.workers = config_.transport.ucx_workers > 0
+                      ? static_cast<int>(config_.transport.ucx_workers)
+                      : static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency() / 2, 1, 4));
       KVMESH_ASSIGN_OR_RETURN(ucx_, UcxServer::Start(node_.get(), u, &epoch_));
       ucx_address_ = HexEncode(ucx_->address());
 #else

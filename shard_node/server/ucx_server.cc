@@ -89,6 +89,7 @@ class Server final : public UcxServer {
 
   const std::string& address() const override { return worker_->address(); }
   uint64_t requests() const override { return requests_.load(); }
+  std::vector<uint64_t> worker_requests() const override { return {requests()}; }
   uint64_t one_sided_bytes() const override { return rma_->bytes_moved(); }
 
   void Stop() override {
@@ -465,13 +466,53 @@ class Server final : public UcxServer {
   uint64_t use_clock_ = 0;
 };
 
+// Several workers over one node: independent Servers, one address for all.
+class Workers final : public UcxServer {
+ public:
+  explicit Workers(std::vector<std::unique_ptr<Server>> servers) : servers_(std::move(servers)) {
+    std::vector<std::string> addresses;
+    for (auto& s : servers_) addresses.push_back(s->address());
+    address_ = PackWorkerAddresses(addresses);
+  }
+  ~Workers() override { Stop(); }
+  const std::string& address() const override { return address_; }
+  uint64_t requests() const override {
+    uint64_t n = 0;
+    for (auto& s : servers_) n += s->requests();
+    return n;
+  }
+  std::vector<uint64_t> worker_requests() const override {
+    std::vector<uint64_t> v;
+    for (auto& s : servers_) v.push_back(s->requests());
+    return v;
+  }
+  uint64_t one_sided_bytes() const override {
+    uint64_t n = 0;
+    for (auto& s : servers_) n += s->one_sided_bytes();
+    return n;
+  }
+  void Stop() override {
+    for (auto& s : servers_) s->Stop();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Server>> servers_;
+  std::string address_;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<UcxServer>> UcxServer::Start(ShardNode* node, UcxServerOptions options,
                                                     const std::atomic<uint64_t>* epoch) {
-  auto s = std::make_unique<Server>(node, std::move(options), epoch);
-  KVMESH_RETURN_IF_ERROR(s->Init());
-  return std::unique_ptr<UcxServer>(std::move(s));
+  if (options.workers < 1 || options.workers > 255) return InvalidArgument("UCX workers must be in 1..255");
+  std::vector<std::unique_ptr<Server>> servers;
+  for (int i = 0; i < options.workers; ++i) {
+    auto s = std::make_unique<Server>(node, options, epoch);
+    KVMESH_RETURN_IF_ERROR(s->Init());
+    servers.push_back(std::move(s));
+  }
+  if (servers.size() == 1) return std::unique_ptr<UcxServer>(std::move(servers[0]));
+  return std::unique_ptr<UcxServer>(std::make_unique<Workers>(std::move(servers)));
 }
 
 }  // namespace kvmesh

@@ -10,7 +10,9 @@
 // nonce, closed when the client's endpoint fails or the client is gone, so a
 // client vanishing with requests queued never leaves a dangling endpoint.
 // Peers reach it by its worker address (address(), published through the
-// coordinator and exchanged over MPI in `kvmesh serve`).
+// coordinator and exchanged over MPI in `kvmesh serve`). With several workers
+// (UcxServerOptions::workers) each is such a server of its own over the same
+// node, and clients spread over them.
 //
 // Thread-safety: Start/Stop from one thread.
 #pragma once
@@ -18,6 +20,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kvmesh/status.h"
 #include "transport/protocol.h"
@@ -34,6 +37,10 @@ struct UcxServerOptions {
   // spin_us (SpinBudget) while idle before sleeping on the worker's wakeup fd.
   UcxProgress progress = UcxProgress::kAdaptive;
   int64_t spin_us = 100;
+  // Worker threads ($.transport.ucx.workers, resolved: >= 1). Each has its
+  // own UCX worker, loop thread and client sessions; a client channel talks
+  // to one of them (address() packs all their addresses).
+  int workers = 1;
 };
 
 class UcxServer {
@@ -41,8 +48,11 @@ class UcxServer {
   static Result<std::unique_ptr<UcxServer>> Start(ShardNode* node, UcxServerOptions options,
                                                   const std::atomic<uint64_t>* epoch);
   virtual ~UcxServer() = default;
-  virtual const std::string& address() const = 0;  // worker address bytes
+  // The worker address bytes (several workers: PackWorkerAddresses).
+  virtual const std::string& address() const = 0;
   virtual uint64_t requests() const = 0;
+  // Requests served by each worker.
+  virtual std::vector<uint64_t> worker_requests() const = 0;
   // Payload bytes moved with one-sided puts and gets (GET_INTO, PUT_FROM).
   virtual uint64_t one_sided_bytes() const = 0;
   virtual void Stop() = 0;
