@@ -158,10 +158,13 @@ Status ReadTransport(const json& j, TransportConfig* t) {
     ObjectReader ur(*u, "$.transport.ucx");
     ur.Optional("progress", &t->ucx_progress).Optional("spin_us", &t->ucx_spin_us).Optional("workers", &t->ucx_workers);
     KVMESH_RETURN_IF_ERROR(ur.Finish());
-    if (t->ucx_progress != "poll" && t->ucx_progress != "event" && t->ucx_progress != "hybrid" &&
-        t->ucx_progress != "adaptive")
-      return InvalidArgument("$.transport.ucx.progress: expected \"poll\", \"event\", \"hybrid\" or \"adaptive\", got \"" +
-                             t->ucx_progress + "\"");
+    if (std::find(kUcxProgressModes.begin(), kUcxProgressModes.end(), t->ucx_progress) == kUcxProgressModes.end()) {
+      std::string expected;
+      for (size_t i = 0; i < kUcxProgressModes.size(); ++i)
+        expected += (i == 0 ? "\"" : i + 1 == kUcxProgressModes.size() ? " or \"" : ", \"") +
+                    std::string(kUcxProgressModes[i]) + "\"";
+      return InvalidArgument("$.transport.ucx.progress: expected " + expected + ", got \"" + t->ucx_progress + "\"");
+    }
     if (t->ucx_spin_us < 0 || t->ucx_spin_us > 1000000)
       return InvalidArgument("$.transport.ucx.spin_us: must be in 0..1000000");
     if (t->ucx_workers < 0 || t->ucx_workers > 64)

@@ -445,10 +445,8 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     // kAdaptive spins for spin_budget_'s budget from the start of this wait,
     // then sleeps, and reports how long the wait took.
     const bool adaptive = o_.progress == UcxProgress::kAdaptive;
-    const auto spin = o_.progress == UcxProgress::kPoll    ? Clock::duration::max()
-                      : o_.progress == UcxProgress::kEvent ? Clock::duration::zero()
-                      : adaptive ? std::chrono::duration_cast<Clock::duration>(spin_budget_.budget())
-                                 : std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(o_.spin_us));
+    const auto spin = std::chrono::duration_cast<Clock::duration>(adaptive ? spin_budget_.budget()
+                                                                              : FixedSpin(o_.progress, o_.spin_us));
     const auto start = Clock::now();
     auto last_event = start;
     bool slept = false;  // this wait slept on the wakeup fd

@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include "kvmesh/config.h"
+
 namespace kvmesh {
 
 Status UcxStatus(ucs_status_t s, const char* what, const char* file, int line) {
@@ -124,10 +126,8 @@ Result<std::shared_ptr<UcxMemory>> UcxContext::Allocate(size_t length) {
 }
 
 Result<UcxProgress> ParseUcxProgress(std::string_view name) {
-  if (name == "poll") return UcxProgress::kPoll;
-  if (name == "event") return UcxProgress::kEvent;
-  if (name == "hybrid") return UcxProgress::kHybrid;
-  if (name == "adaptive") return UcxProgress::kAdaptive;
+  for (size_t i = 0; i < kUcxProgressModes.size(); ++i)
+    if (name == kUcxProgressModes[i]) return static_cast<UcxProgress>(i);
   return InvalidArgument("UCX progress mode must be poll, event, hybrid or adaptive, not \"" + std::string(name) + "\"");
 }
 

@@ -117,8 +117,22 @@ enum class UcxProgress : uint8_t {
   // then sleep on the fd.
   kAdaptive,
 };
-// "poll" | "event" | "hybrid" | "adaptive"; InvalidArgument otherwise.
+// "poll" | "event" | "hybrid" | "adaptive" (kUcxProgressModes, in the enum's
+// order); InvalidArgument otherwise.
 Result<UcxProgress> ParseUcxProgress(std::string_view name);
+// How long a thread of a fixed mode spins after the last event before it
+// sleeps: forever (kPoll), never (kEvent), spin_us (kHybrid). kAdaptive's
+// spin is its SpinBudget's.
+inline std::chrono::nanoseconds FixedSpin(UcxProgress mode, int64_t spin_us) {
+  switch (mode) {
+    case UcxProgress::kPoll:
+      return std::chrono::nanoseconds::max();
+    case UcxProgress::kEvent:
+      return std::chrono::nanoseconds::zero();
+    default:
+      return std::chrono::microseconds(spin_us);
+  }
+}
 
 // The spin budget of UcxProgress::kAdaptive. A thread waiting for a UCX event
 // spins for budget(), then sleeps on the worker's wakeup fd; after each wait

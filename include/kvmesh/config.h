@@ -8,6 +8,7 @@
 //   InvalidArgument: $.nodes[1].id: duplicate node id "n0" (first at $.nodes[0].id)
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -94,6 +95,11 @@ struct PlacementConfig {
 };
 
 // Wire transports (docs/protocol.md, docs/launch.md).
+// The values of $.transport.ucx.progress, in the order of UcxProgress
+// (transport/ucx_worker.h): the config checks names against it, the
+// transport maps them.
+inline constexpr std::array<std::string_view, 4> kUcxProgressModes = {"poll", "event", "hybrid", "adaptive"};
+
 struct TransportConfig {
   std::string backend = "tcp";          // data plane for routers: "tcp" or "ucx"
   uint32_t io_threads = 2;              // Asio threads per daemon

@@ -117,10 +117,7 @@ class Server final : public UcxServer {
     // length to it (SpinBudget).
     const bool adaptive = o_.progress == UcxProgress::kAdaptive;
     SpinBudget budget(o_.spin_us);
-    const auto fixed_spin = o_.progress == UcxProgress::kPoll    ? Clock::duration::max()
-                            : o_.progress == UcxProgress::kEvent ? Clock::duration::zero()
-                                                                 : std::chrono::duration_cast<Clock::duration>(
-                                                                       std::chrono::microseconds(o_.spin_us));
+    const auto fixed_spin = std::chrono::duration_cast<Clock::duration>(FixedSpin(o_.progress, o_.spin_us));
     auto last_activity = Clock::now();
     bool idle = false;   // adaptive: an idle gap began at last_activity
     bool slept = false;  // adaptive: the loop slept on the wakeup fd in this gap
