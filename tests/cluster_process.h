@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,12 +30,22 @@ class Process {
 
   // Starts argv[0] (a path) in its own process group. With merge_stderr its
   // stderr (the daemons' later JSON events) goes to the same pipe as stdout.
+  // Started from the test's main thread, the child is SIGKILLed when the test
+  // process dies, even by SIGKILL (ctest's timeout), when no destructor runs.
+  // (PR_SET_PDEATHSIG fires when the forking *thread* exits, so a child
+  // started from a helper thread that ends first does not get it.)
   bool Start(const std::vector<std::string>& argv, bool merge_stderr = false) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) return false;
+    const pid_t parent = ::getpid();
+    const bool main_thread = ::gettid() == parent;
     pid_ = ::fork();
     if (pid_ < 0) return false;
     if (pid_ == 0) {
+      if (main_thread) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) ::_exit(127);  // the test died before prctl
+      }
       ::setpgid(0, 0);
       ::dup2(fds[1], 1);
       if (merge_stderr) ::dup2(fds[1], 2);

@@ -136,6 +136,40 @@ size_t CountHits(Router& r, const Workload& w) {
 
 }  // namespace
 
+TEST_CASE("Process: a child a test started dies with the test process, even one killed by SIGKILL", "[cluster][daemons]") {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t test = ::fork();
+  REQUIRE(test >= 0);
+  if (test == 0) {  // a test binary that ctest's timeout kills: no destructor runs
+    ::close(fds[0]);
+    Process p;
+    const pid_t child = p.Start({"/bin/sleep", "30"}) ? p.pid() : -1;
+    if (::write(fds[1], &child, sizeof child) != sizeof child) ::_exit(1);
+    ::raise(SIGKILL);
+  }
+  ::close(fds[1]);
+  pid_t child = -1;
+  const bool got = ::read(fds[0], &child, sizeof child) == sizeof child;
+  ::close(fds[0]);
+  int st = 0;
+  REQUIRE(::waitpid(test, &st, 0) == test);
+  REQUIRE(got);
+  REQUIRE(child > 0);
+  // Gone, or a zombie that nobody reaps (a container's pid 1 may not).
+  auto gone = [&] {
+    std::ifstream f("/proc/" + std::to_string(child) + "/stat");
+    std::string stat;
+    std::getline(f, stat);
+    const size_t close = stat.rfind(')');
+    return stat.empty() || (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z');
+  };
+  const auto end = SteadyClock::now() + TimeBound(5s);
+  while (!gone() && SteadyClock::now() < end) std::this_thread::sleep_for(10ms);
+  CHECK(gone());
+  ::kill(child, SIGKILL);  // never left behind, whatever the check said
+}
+
 TEST_CASE("Daemons: coordinator + 3 nodes serve put/get/match through the network router", "[cluster][daemons]") {
   Cluster c;
   c.StartCoordinator();
