@@ -192,7 +192,7 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       for (const Registered& g : regions_)
         if (g.region.id == r.id) return Status::Ok();
     }
-    KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<UcxMemory> mem, worker_->context()->MapRegion(r.id, r.base, r.bytes));
+    KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<UcxMemory> mem, worker_->context()->MapRegion(r.base, r.bytes));
     MemRegister m;
     m.region = r.id;
     m.base = reinterpret_cast<uint64_t>(r.base);

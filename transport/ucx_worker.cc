@@ -74,16 +74,13 @@ Result<std::unique_ptr<UcxMemory>> UcxContext::Map(void* base, size_t length) co
   return m;
 }
 
-Result<std::shared_ptr<UcxMemory>> UcxContext::MapRegion(uint64_t id, void* base, size_t length) {
+Result<std::shared_ptr<UcxMemory>> UcxContext::MapRegion(void* base, size_t length) {
   auto* b = static_cast<std::byte*>(base);
   std::lock_guard<std::mutex> lock(regions_mu_);
-  for (auto it = regions_.begin(); it != regions_.end();) it = it->second.mem.expired() ? regions_.erase(it) : std::next(it);
+  std::erase_if(regions_, [](const auto& r) { return r.second.expired(); });
   std::erase_if(allocations_, [](const std::weak_ptr<UcxMemory>& w) { return w.expired(); });
-  if (auto it = regions_.find(id); it != regions_.end()) {
-    if (it->second.base != b || it->second.length != length)
-      return InvalidArgument("memory region " + std::to_string(id) + " is mapped with another range");
-    return it->second.mem.lock();
-  }
+  const std::pair<const std::byte*, size_t> range{b, length};
+  if (auto it = regions_.find(range); it != regions_.end()) return it->second.lock();
   std::shared_ptr<UcxMemory> shared;
   for (const std::weak_ptr<UcxMemory>& w : allocations_) {
     std::shared_ptr<UcxMemory> a = w.lock();
@@ -96,7 +93,7 @@ Result<std::shared_ptr<UcxMemory>> UcxContext::MapRegion(uint64_t id, void* base
     KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<UcxMemory> m, Map(base, length));
     shared = std::move(m);
   }
-  regions_.emplace(id, Mapped{shared, b, length});
+  regions_.emplace(range, shared);
   return shared;
 }
 

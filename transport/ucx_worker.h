@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kvmesh/status.h"
@@ -50,6 +51,8 @@ class UcxMemory {
   const std::string& rkey() const { return rkey_; }
   std::byte* base() const { return base_; }
   size_t length() const { return length_; }
+  // The context it was mapped on (a memh is valid only with that context's workers).
+  const UcxContext* context() const { return owner_.get(); }
 
  private:
   friend class UcxContext;
@@ -80,11 +83,14 @@ class UcxContext : public std::enable_shared_from_this<UcxContext> {
   bool software_rma_only() const { return software_rma_only_; }
   // Maps (registers) [base, base + length) for one-sided operations.
   Result<std::unique_ptr<UcxMemory>> Map(void* base, size_t length) const;
-  // A caller region (Router::RegisterMemory id) mapped once for every worker
-  // of this context: while any user holds the mapping, later calls share it;
-  // it is unmapped when the last user drops it. A region inside memory that
-  // Allocate returned shares that allocation's mapping.
-  Result<std::shared_ptr<UcxMemory>> MapRegion(uint64_t id, void* base, size_t length);
+  // A caller region (Router::RegisterMemory) mapped once for every worker of
+  // this context: while any user holds the mapping of [base, base + length),
+  // later calls for that range share it; it is unmapped when the last user
+  // drops it. A region inside memory that Allocate returned shares that
+  // allocation's mapping. Keyed by the range, not by the caller's region id:
+  // region ids are per router, and routers (or engines) of one process that
+  // share a context each number their regions from 1.
+  Result<std::shared_ptr<UcxMemory>> MapRegion(void* base, size_t length);
   // Memory allocated by UCX for one-sided operations (ucp_mem_map with
   // UCP_MEM_MAP_ALLOCATE: a shared-memory segment on one host). A peer on the
   // same host then reads and writes it through its own mapping of the
@@ -96,15 +102,11 @@ class UcxContext : public std::enable_shared_from_this<UcxContext> {
 
  private:
   UcxContext() = default;
-  struct Mapped {
-    std::weak_ptr<UcxMemory> mem;
-    std::byte* base = nullptr;  // the range the region asked for (inside mem)
-    size_t length = 0;
-  };
   ucp_context_h context_ = nullptr;
   bool software_rma_only_ = false;
   std::mutex regions_mu_;
-  std::map<uint64_t, Mapped> regions_;                 // guarded by regions_mu_
+  // Mapped caller ranges (base, length); guarded by regions_mu_.
+  std::map<std::pair<const std::byte*, size_t>, std::weak_ptr<UcxMemory>> regions_;
   std::vector<std::weak_ptr<UcxMemory>> allocations_;  // guarded by regions_mu_
 };
 
