@@ -159,7 +159,7 @@ namespace {
 
 // One node behind a TCP data server and a UCX server, a router over one channel to it.
 struct Served {
-  explicit Served(const std::string& extra = "") {
+  explicit Served(const std::string& extra = "", int ucx_workers = 1) {
     config = Config(extra);
     auto n = ShardNode::Create(config, "z0");
     REQUIRE(n.ok());
@@ -173,6 +173,7 @@ struct Served {
 #if defined(KVMESH_HAVE_UCX)
     UcxServerOptions u;
     u.limits.max_block_bytes = 2 << 20;
+    u.workers = ucx_workers;
     auto us = UcxServer::Start(node.get(), u, &epoch);
     REQUIRE(us.ok());
     ucx = std::move(*us);
@@ -298,6 +299,58 @@ TEST_CASE("Registered memory over UCX: one-sided GET_INTO / PUT_FROM byte for by
   RegisteredRoundTrip(*r, *s.node);
   // Both directions of every registered block went one-sided: 2 x (64 + 4 KiB + 64 KiB + 256 KiB + 1 MiB + 2 MiB).
   CHECK(s.ucx->one_sided_bytes() >= 2 * (64 + 4096 + 65536 + 262144 + (1 << 20) + (2 << 20)));
+}
+
+TEST_CASE("Registered memory over UCX: two workers of one node share one pool mapping; a block put one-sided "
+          "through one is read one-sided through the other", "[cluster][ucx][zerocopy]") {
+  Served s("", /*ucx_workers=*/2);
+  REQUIRE(UnpackWorkerAddresses(s.ucx->address()).size() == 2);
+  // The pool is mapped once for the node (on RDMA: pinned and registered
+  // once), not once per worker.
+  CHECK(s.ucx->pool_mappings() == s.node->PoolMemory().size());
+  auto ctx = UcxContext::Create(true);
+  REQUIRE(ctx.ok());
+  // Consecutive channels go to consecutive workers: one router on each.
+  // The two routers share one client context and each numbers its regions
+  // from 1: each must still get its own mapping (not the bounce path).
+  auto a = s.RouterOver(s.Ucx(*ctx));
+  auto b = s.RouterOver(s.Ucx(*ctx));
+  constexpr size_t kBlock = 262144, kBlocks = 8;
+  std::vector<std::byte> ma(2 * kBlocks * kBlock), mb(2 * kBlocks * kBlock);
+  REQUIRE(a->RegisterMemory(ma.data(), ma.size()).ok());
+  REQUIRE(b->RegisterMemory(mb.data(), mb.size()).ok());
+  for (int round = 0; round < 2; ++round) {
+    Router& writer = round == 0 ? *a : *b;
+    Router& reader = round == 0 ? *b : *a;
+    std::vector<std::byte>& src = round == 0 ? ma : mb;
+    std::vector<std::byte>& dst = round == 0 ? mb : ma;
+    std::vector<PutItem> puts;
+    std::vector<GetItem> gets;
+    for (size_t i = 0; i < kBlocks; ++i) {
+      auto bytes = Bytes(kBlock, 700 + round * 100 + i);
+      std::memcpy(src.data() + i * kBlock, bytes.data(), kBlock);
+      puts.push_back(PutItem{Key(700 + round * 100 + i), {src.data() + i * kBlock, kBlock}, {}});
+      gets.push_back(GetItem{Key(700 + round * 100 + i), {dst.data() + (kBlocks + i) * kBlock, kBlock}, 0, {}});
+    }
+    const uint64_t before_put = s.ucx->one_sided_bytes();
+    REQUIRE(writer.PutFrom(puts).ok());
+    CHECK(s.ucx->one_sided_bytes() - before_put == kBlocks * kBlock);
+    for (auto& p : puts) CHECK(p.status.ok());
+    const uint64_t before_get = s.ucx->one_sided_bytes();
+    REQUIRE(reader.GetInto(gets).ok());
+    CHECK(s.ucx->one_sided_bytes() - before_get == kBlocks * kBlock);
+    for (size_t i = 0; i < kBlocks; ++i) {
+      INFO("round " << round << " block " << i << ": " << gets[i].status.ToString());
+      REQUIRE(gets[i].status.ok());
+      CHECK(gets[i].size == kBlock);
+      CHECK(std::memcmp(dst.data() + (kBlocks + i) * kBlock, src.data() + i * kBlock, kBlock) == 0);
+    }
+  }
+  const std::vector<uint64_t> per_worker = s.ucx->worker_requests();
+  REQUIRE(per_worker.size() == 2);
+  CHECK(per_worker[0] >= 3);  // HELLO, a PUT_FROM and a GET_INTO each (and the memory registration)
+  CHECK(per_worker[1] >= 3);
+  CHECK(s.ucx->one_sided_bytes() >= 2 * 2 * kBlocks * kBlock);
 }
 
 TEST_CASE("Registered memory over UCX: Router::AllocateMemory gives shared memory the node writes and reads one-sided",

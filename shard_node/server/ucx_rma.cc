@@ -63,15 +63,25 @@ struct UcxRma::Transfer {
   std::vector<uint8_t> codes;
 };
 
-Result<std::unique_ptr<UcxRma>> UcxRma::Create(ShardNode* node, UcxWorker* worker, ProtocolLimits limits) {
+Result<UcxRma::Pools> UcxRma::MapPools(ShardNode* node, UcxContext& context) {
+  Pools pools;
+  for (std::span<std::byte> pool : node->PoolMemory()) {
+    KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<UcxMemory> m, context.Map(pool.data(), pool.size()));
+    pools.push_back(std::move(m));
+  }
+  return pools;
+}
+
+Result<std::unique_ptr<UcxRma>> UcxRma::Create(ShardNode* node, UcxWorker* worker, ProtocolLimits limits,
+                                               Pools pools) {
+  for (const auto& m : pools)
+    if (m->context() != worker->context().get())
+      return InvalidArgument("a pool mapping of another UCX context than the worker's");
   std::unique_ptr<UcxRma> r(new UcxRma());
   r->node_ = node;
   r->worker_ = worker;
   r->limits_ = limits;
-  for (std::span<std::byte> pool : node->PoolMemory()) {
-    KVMESH_ASSIGN_OR_RETURN(auto m, worker->context()->Map(pool.data(), pool.size()));
-    r->pools_.push_back(std::move(m));
-  }
+  r->pools_ = std::move(pools);
   return r;
 }
 

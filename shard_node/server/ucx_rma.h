@@ -5,8 +5,9 @@
 // client's memory (ucp_put_nbx), flushes, and answers with the records only;
 // for PUT_FROM it reserves a chunk per block, reads the bytes straight from
 // the client's memory into it (ucp_get_nbx), verifies each checksum once
-// where the bytes landed and commits. The pool is mapped once (ucp_mem_map) so
-// UCX moves it without registering per request. No payload byte passes
+// where the bytes landed and commits. The pool is mapped once per node
+// (ucp_mem_map, MapPools), for all its workers, so UCX moves it without
+// registering per request or per worker. No payload byte passes
 // through an intermediate buffer, except for blocks stored encoded (decoded
 // into a scratch buffer on GET_INTO) and for nodes that encode on put
 // (staged, then ShardNode::Put).
@@ -65,9 +66,18 @@ class UcxRegionTable {
 // Runs GET_INTO and PUT_FROM for the server's sessions.
 class UcxRma {
  public:
-  // Maps every pool region of `node` that the CPU can address (ShardNode::PoolMemory).
-  // REQUIRES: node and worker outlive this object.
-  static Result<std::unique_ptr<UcxRma>> Create(ShardNode* node, UcxWorker* worker, proto::ProtocolLimits limits);
+  // The node's pool regions mapped for one-sided operations, shared by the
+  // workers of the context they were mapped on.
+  using Pools = std::vector<std::shared_ptr<const UcxMemory>>;
+  // Maps every pool region of `node` that the CPU can address
+  // (ShardNode::PoolMemory) on `context`. On RDMA a mapping pins and
+  // registers the memory with the NIC: done once per node, whatever the
+  // number of workers (each a worker of this one context).
+  static Result<Pools> MapPools(ShardNode* node, UcxContext& context);
+  // REQUIRES: node and worker outlive this object; `pools` were mapped on
+  // worker->context().
+  static Result<std::unique_ptr<UcxRma>> Create(ShardNode* node, UcxWorker* worker, proto::ProtocolLimits limits,
+                                                Pools pools);
 
   // Called with the finished reply, on the loop thread, once the transfer's
   // bytes have moved (or failed). The reply pins what it still needs.
@@ -97,7 +107,7 @@ class UcxRma {
   ShardNode* node_ = nullptr;
   UcxWorker* worker_ = nullptr;
   proto::ProtocolLimits limits_;
-  std::vector<std::unique_ptr<UcxMemory>> pools_;
+  Pools pools_;
   uint64_t in_flight_ = 0;
   std::atomic<uint64_t> bytes_moved_{0};
 };

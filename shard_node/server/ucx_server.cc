@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -64,13 +65,20 @@ class Server final : public UcxServer {
     std::shared_ptr<UcxRegionTable> regions = std::make_shared<UcxRegionTable>();
   };
 
-  Server(ShardNode* node, UcxServerOptions o, const std::atomic<uint64_t>* epoch)
-      : node_(node), o_(o), epoch_(epoch), handler_(node, o.limits, o.token, epoch), sd_(io_) {}
+  Server(ShardNode* node, UcxServerOptions o, const std::atomic<uint64_t>* epoch, std::shared_ptr<UcxContext> context,
+         UcxRma::Pools pools)
+      : node_(node),
+        o_(o),
+        epoch_(epoch),
+        handler_(node, o.limits, o.token, epoch),
+        context_(std::move(context)),
+        pools_(std::move(pools)),
+        sd_(io_) {}
   ~Server() override { Stop(); }
 
   Status Init() {
-    KVMESH_ASSIGN_OR_RETURN(worker_, UcxWorker::Create(/*multi_thread=*/false));
-    KVMESH_ASSIGN_OR_RETURN(rma_, UcxRma::Create(node_, worker_.get(), handler_.limits()));
+    KVMESH_ASSIGN_OR_RETURN(worker_, UcxWorker::Create(context_, /*multi_thread=*/false));
+    KVMESH_ASSIGN_OR_RETURN(rma_, UcxRma::Create(node_, worker_.get(), handler_.limits(), pools_));
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
                     UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -91,6 +99,8 @@ class Server final : public UcxServer {
   uint64_t requests() const override { return requests_.load(); }
   std::vector<uint64_t> worker_requests() const override { return {requests()}; }
   uint64_t one_sided_bytes() const override { return rma_->bytes_moved(); }
+  size_t pool_mappings() const override { return pools_.size(); }
+  const UcxRma::Pools& pools() const { return pools_; }
 
   void Stop() override {
     if (stopped_.exchange(true)) return;
@@ -442,7 +452,9 @@ class Server final : public UcxServer {
   UcxServerOptions o_;
   const std::atomic<uint64_t>* epoch_;
   FrameHandler handler_;
-  std::unique_ptr<UcxRma> rma_;  // pool mappings: they keep the UCP context alive past the worker
+  std::shared_ptr<UcxContext> context_;  // shared with the node's other workers
+  UcxRma::Pools pools_;                  // mapped on context_ once for all workers; they outlive worker_
+  std::unique_ptr<UcxRma> rma_;
   asio::io_context io_{1};
   asio::posix::stream_descriptor sd_;
   std::unique_ptr<UcxWorker> worker_;
@@ -488,6 +500,12 @@ class Workers final : public UcxServer {
     for (auto& s : servers_) n += s->one_sided_bytes();
     return n;
   }
+  size_t pool_mappings() const override {
+    std::set<const UcxMemory*> distinct;
+    for (auto& s : servers_)
+      for (const auto& m : s->pools()) distinct.insert(m.get());
+    return distinct.size();
+  }
   void Stop() override {
     for (auto& s : servers_) s->Stop();
   }
@@ -502,9 +520,13 @@ class Workers final : public UcxServer {
 Result<std::unique_ptr<UcxServer>> UcxServer::Start(ShardNode* node, UcxServerOptions options,
                                                     const std::atomic<uint64_t>* epoch) {
   if (options.workers < 1 || options.workers > 255) return InvalidArgument("UCX workers must be in 1..255");
+  // One context for all workers (each driven by its own thread, hence
+  // mt_workers_shared when there are several): the pool is mapped once.
+  KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<UcxContext> context, UcxContext::Create(options.workers > 1));
+  KVMESH_ASSIGN_OR_RETURN(UcxRma::Pools pools, UcxRma::MapPools(node, *context));
   std::vector<std::unique_ptr<Server>> servers;
   for (int i = 0; i < options.workers; ++i) {
-    auto s = std::make_unique<Server>(node, options, epoch);
+    auto s = std::make_unique<Server>(node, options, epoch, context, pools);
     KVMESH_RETURN_IF_ERROR(s->Init());
     servers.push_back(std::move(s));
   }

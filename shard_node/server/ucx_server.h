@@ -12,7 +12,8 @@
 // Peers reach it by its worker address (address(), published through the
 // coordinator and exchanged over MPI in `kvmesh serve`). With several workers
 // (UcxServerOptions::workers) each is such a server of its own over the same
-// node, and clients spread over them.
+// node, and clients spread over them; they are workers of one UCP context,
+// on which the node's pool is mapped once.
 //
 // Thread-safety: Start/Stop from one thread.
 #pragma once
@@ -55,6 +56,9 @@ class UcxServer {
   virtual std::vector<uint64_t> worker_requests() const = 0;
   // Payload bytes moved with one-sided puts and gets (GET_INTO, PUT_FROM).
   virtual uint64_t one_sided_bytes() const = 0;
+  // Distinct mappings of the node's pool memory (ucp_mem_map) the server
+  // holds: one per pool region, shared by every worker.
+  virtual size_t pool_mappings() const = 0;
   virtual void Stop() = 0;
 };
 
