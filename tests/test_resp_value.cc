@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <random>
 #include <set>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "shard_node/server/resp_server.h"
 #include "shard_node/shard_node.h"
 #include "tests/resp_client.h"
+#include "tests/test_time.h"
 #include "transport/resp/resp_commands.h"
 #include "transport/resp/resp_value.h"
 
@@ -287,13 +289,21 @@ TEST_CASE("RESP node-local: concurrent SETs of one key and eviction never give a
         if (v.str.size() != kValue || v.str.find_first_not_of(v.str[0]) != std::string::npos) bad.fetch_add(1);
       }
     });
-  std::this_thread::sleep_for(1500ms);
+  // At least 1.5 s, and until the store has evicted and the readers have
+  // raced enough SETs (a slow build beside other load may take longer);
+  // bounded by a time bound that grows with the build.
+  const auto start = std::chrono::steady_clock::now();
+  const auto bound = start + kvmesh::testing::TimeBound(20000ms);
+  while (std::chrono::steady_clock::now() < bound &&
+         (std::chrono::steady_clock::now() - start < 1500ms || sets.load() <= 40 || hits.load() == 0 ||
+          f.node->Stats().store.evictions == 0))
+    std::this_thread::sleep_for(50ms);
   stop = true;
   for (auto& t : threads) t.join();
   INFO(reads.load() << " reads, " << hits.load() << " hits, " << sets.load() << " sets");
   CHECK(bad.load() == 0);
   CHECK(hits.load() > 0);
-  CHECK(sets.load() > 10);
+  CHECK(sets.load() > 40);
   CHECK(f.node->Stats().store.evictions > 0);
 }
 
