@@ -90,6 +90,8 @@ class UcxRma {
   Status PutFrom(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, TenantView v, const proto::FrameHeader& h,
                  std::span<const std::byte> body, uint64_t epoch, Done done);
 
+  // The pool mappings it moves from and into (shared with the node's other workers).
+  const Pools& pools() const { return pools_; }
   uint64_t in_flight() const { return in_flight_; }
   // Payload bytes moved by completed puts and gets (any thread may read it).
   uint64_t bytes_moved() const { return bytes_moved_.load(std::memory_order_relaxed); }

@@ -65,20 +65,15 @@ class Server final : public UcxServer {
     std::shared_ptr<UcxRegionTable> regions = std::make_shared<UcxRegionTable>();
   };
 
-  Server(ShardNode* node, UcxServerOptions o, const std::atomic<uint64_t>* epoch, std::shared_ptr<UcxContext> context,
-         UcxRma::Pools pools)
-      : node_(node),
-        o_(o),
-        epoch_(epoch),
-        handler_(node, o.limits, o.token, epoch),
-        context_(std::move(context)),
-        pools_(std::move(pools)),
-        sd_(io_) {}
+  Server(ShardNode* node, UcxServerOptions o, const std::atomic<uint64_t>* epoch)
+      : node_(node), o_(o), epoch_(epoch), handler_(node, o.limits, o.token, epoch), sd_(io_) {}
   ~Server() override { Stop(); }
 
-  Status Init() {
-    KVMESH_ASSIGN_OR_RETURN(worker_, UcxWorker::Create(context_, /*multi_thread=*/false));
-    KVMESH_ASSIGN_OR_RETURN(rma_, UcxRma::Create(node_, worker_.get(), handler_.limits(), pools_));
+  // A worker of `context` (shared with the node's other workers) serving
+  // one-sided transfers over `pools`, mapped on that context.
+  Status Init(std::shared_ptr<UcxContext> context, UcxRma::Pools pools) {
+    KVMESH_ASSIGN_OR_RETURN(worker_, UcxWorker::Create(std::move(context), /*multi_thread=*/false));
+    KVMESH_ASSIGN_OR_RETURN(rma_, UcxRma::Create(node_, worker_.get(), handler_.limits(), std::move(pools)));
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
                     UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -99,8 +94,8 @@ class Server final : public UcxServer {
   uint64_t requests() const override { return requests_.load(); }
   std::vector<uint64_t> worker_requests() const override { return {requests()}; }
   uint64_t one_sided_bytes() const override { return rma_->bytes_moved(); }
-  size_t pool_mappings() const override { return pools_.size(); }
-  const UcxRma::Pools& pools() const { return pools_; }
+  size_t pool_mappings() const override { return rma_->pools().size(); }
+  const UcxRma::Pools& pools() const { return rma_->pools(); }
 
   void Stop() override {
     if (stopped_.exchange(true)) return;
@@ -452,9 +447,7 @@ class Server final : public UcxServer {
   UcxServerOptions o_;
   const std::atomic<uint64_t>* epoch_;
   FrameHandler handler_;
-  std::shared_ptr<UcxContext> context_;  // shared with the node's other workers
-  UcxRma::Pools pools_;                  // mapped on context_ once for all workers; they outlive worker_
-  std::unique_ptr<UcxRma> rma_;
+  std::unique_ptr<UcxRma> rma_;  // holds the pool mappings; declared before worker_, so they outlive it
   asio::io_context io_{1};
   asio::posix::stream_descriptor sd_;
   std::unique_ptr<UcxWorker> worker_;
@@ -526,8 +519,8 @@ Result<std::unique_ptr<UcxServer>> UcxServer::Start(ShardNode* node, UcxServerOp
   KVMESH_ASSIGN_OR_RETURN(UcxRma::Pools pools, UcxRma::MapPools(node, *context));
   std::vector<std::unique_ptr<Server>> servers;
   for (int i = 0; i < options.workers; ++i) {
-    auto s = std::make_unique<Server>(node, options, epoch, context, pools);
-    KVMESH_RETURN_IF_ERROR(s->Init());
+    auto s = std::make_unique<Server>(node, options, epoch);
+    KVMESH_RETURN_IF_ERROR(s->Init(context, pools));
     servers.push_back(std::move(s));
   }
   if (servers.size() == 1) return std::unique_ptr<UcxServer>(std::move(servers[0]));
