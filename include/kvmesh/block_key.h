@@ -24,25 +24,45 @@ namespace kvmesh {
 // Blocks that belong together (a RESP value's head and parts, RESP keys that
 // share a Redis hash tag or a suffix-rule stem: transport/resp/resp_value.h)
 // carry their group in the key: hi is the group's 64-bit hash, lo a member
-// hash whose top 12 bits are the tag 0xA5C and whose next bit marks a group
-// that is evicted together. Placement (router/shard_map.h) ranks nodes by the
-// group alone, so a group lands on one node (per replica rank); a node drops a
-// co-evicted group as a whole once any of its blocks is gone
-// (shard_node/key_groups.h). A content key carries the tag by chance with
-// probability 2^-12: it is then placed by its hi half alone (still uniform)
-// and, 1 in 2^13, tracked by its node as a group of one: harmless either way.
+// hash whose top 12 bits are the tag 0xA5C or 0xA5D and whose next bit marks a
+// group that is evicted together. Placement (router/shard_map.h) ranks nodes by
+// the group alone, so a group lands on one node (per replica rank); a node
+// drops a co-evicted group as a whole once any of its blocks is gone
+// (shard_node/key_groups.h).
+// Tag 0xA5D is a slotted group (Redis Cluster mode, $.resp.cluster): the top
+// 14 bits of hi are the group's Redis Cluster hash slot, and placement ranks
+// nodes by the slot alone, so every key of a slot lands on one node and a
+// cluster-aware client that computes the slot finds the owner itself.
+// A content key carries a tag by chance with probability 2^-11: it is then
+// placed by its hi half alone (or its top 14 bits: still uniform) and, 1 in
+// 2^12, tracked by its node as a group of one: harmless either way.
 inline constexpr uint64_t kGroupTagMask = 0xFFF0000000000000ull;
 inline constexpr uint64_t kGroupTag = 0xA5C0000000000000ull;
+inline constexpr uint64_t kGroupSlottedTag = 0xA5D0000000000000ull;
+inline constexpr uint64_t kGroupKindMask = 0xFFE0000000000000ull;  // both tags
 inline constexpr uint64_t kGroupCoEvictBit = 1ull << 51;
 inline constexpr uint64_t kGroupMemberMask = kGroupCoEvictBit - 1;  // 51 bits of member hash
+inline constexpr int kGroupSlotShift = 50;                         // hi >> 50: the slot (0..16383)
 
-inline BlockKey GroupedKey(uint64_t group, uint64_t member, bool co_evict) {
-  return BlockKey{group, kGroupTag | (co_evict ? kGroupCoEvictBit : 0) | (member & kGroupMemberMask)};
+inline BlockKey GroupedKey(uint64_t group, uint64_t member, bool co_evict, bool slotted = false) {
+  return BlockKey{group, (slotted ? kGroupSlottedTag : kGroupTag) | (co_evict ? kGroupCoEvictBit : 0) |
+                             (member & kGroupMemberMask)};
 }
-inline bool IsGroupedKey(const BlockKey& k) { return (k.lo & kGroupTagMask) == kGroupTag; }
+inline bool IsGroupedKey(const BlockKey& k) { return (k.lo & kGroupKindMask) == kGroupTag; }
+inline bool IsSlottedKey(const BlockKey& k) { return (k.lo & kGroupTagMask) == kGroupSlottedTag; }
 inline bool IsCoEvictedKey(const BlockKey& k) { return IsGroupedKey(k) && (k.lo & kGroupCoEvictBit) != 0; }
-// The key placement ranks nodes by: the group for a grouped key, else the key.
-inline BlockKey PlacementKey(const BlockKey& k) { return IsGroupedKey(k) ? BlockKey{k.hi, kGroupTag} : k; }
+// The Redis Cluster slot of a slotted key.
+inline uint32_t GroupSlot(const BlockKey& k) { return static_cast<uint32_t>(k.hi >> kGroupSlotShift); }
+// A key of slot `slot` (any slotted key of that slot is placed as this one).
+inline BlockKey SlotPlacementProbe(uint32_t slot) {
+  return BlockKey{uint64_t{slot} << kGroupSlotShift, kGroupSlottedTag};
+}
+// The key placement ranks nodes by: the slot for a slotted key, the group for
+// another grouped key, else the key.
+inline BlockKey PlacementKey(const BlockKey& k) {
+  if (IsSlottedKey(k)) return BlockKey{GroupSlot(k), kGroupSlottedTag};
+  return IsGroupedKey(k) ? BlockKey{k.hi, kGroupTag} : k;
+}
 
 class KeyDeriver {
  public:

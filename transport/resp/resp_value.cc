@@ -50,13 +50,13 @@ bool HasHashTag(std::string_view key) {
 // The group name of `key`: its hash tag, its stem, or the key; *co_evict says which.
 std::string_view GroupName(std::string_view key, const RespKeyRules& rules, bool* co_evict) {
   *co_evict = false;
-  if (rules.hash_tags && HasHashTag(key)) {  // Redis Cluster: the first '{', the first '}' after it
+  if ((rules.hash_tags || rules.cluster_slots) && HasHashTag(key)) {  // Redis Cluster: the first '{', the first '}' after it
     const size_t open = key.find('{');
     const size_t close = key.find('}', open + 1);
     *co_evict = true;
     return key.substr(open + 1, close - open - 1);
   }
-  const size_t i = SuffixOf(key, rules);
+  const size_t i = rules.cluster_slots ? std::string::npos : SuffixOf(key, rules);
   if (i != std::string::npos) {
     *co_evict = true;
     return key.substr(0, key.size() - rules.group_suffixes[i].size());
@@ -64,9 +64,30 @@ std::string_view GroupName(std::string_view key, const RespKeyRules& rules, bool
   return key;
 }
 
+// CRC16-CCITT (XModem: polynomial 0x1021, initial value 0), as Redis Cluster.
+uint16_t Crc16(std::string_view s) {
+  uint16_t crc = 0;
+  for (unsigned char c : s) {
+    crc ^= static_cast<uint16_t>(c) << 8;
+    for (int b = 0; b < 8; ++b)
+      crc = (crc & 0x8000) ? static_cast<uint16_t>((crc << 1) ^ 0x1021) : static_cast<uint16_t>(crc << 1);
+  }
+  return crc;
+}
+
 }  // namespace
 
+uint32_t RespKeySlot(std::string_view key) {
+  if (HasHashTag(key)) {
+    const size_t open = key.find('{');
+    const size_t close = key.find('}', open + 1);
+    key = key.substr(open + 1, close - open - 1);
+  }
+  return Crc16(key) & (kRespClusterSlots - 1);
+}
+
 bool RespPrimaryKey(std::string_view key, const RespKeyRules& rules, std::string* primary) {
+  if (rules.cluster_slots) return false;
   if (rules.hash_tags && HasHashTag(key)) return false;
   const size_t i = SuffixOf(key, rules);
   if (i == std::string::npos || i == 0) return false;
@@ -77,12 +98,16 @@ bool RespPrimaryKey(std::string_view key, const RespKeyRules& rules, std::string
 RespKeyGroup RespGroupOf(std::string_view key, const RespKeyRules& rules) {
   bool co_evict = false;
   std::string_view name = GroupName(key, rules, &co_evict);
-  return RespKeyGroup{XXH3_64bits_withSeed(name.data(), name.size(), kGroupSeed), co_evict};
+  const uint64_t h = XXH3_64bits_withSeed(name.data(), name.size(), kGroupSeed);
+  if (!rules.cluster_slots) return RespKeyGroup{h, co_evict, false};
+  // The slot of the whole key is the slot of its group (its tag, or itself).
+  const uint64_t slot = RespKeySlot(key);
+  return RespKeyGroup{(slot << kGroupSlotShift) | (h & ((uint64_t{1} << kGroupSlotShift) - 1)), co_evict, true};
 }
 
 BlockKey RespKey(std::string_view key, const RespKeyRules& rules) {
   const RespKeyGroup g = RespGroupOf(key, rules);
-  return GroupedKey(g.hash, XXH3_64bits_withSeed(key.data(), key.size(), kHeadSeed), g.co_evict);
+  return GroupedKey(g.hash, XXH3_64bits_withSeed(key.data(), key.size(), kHeadSeed), g.co_evict, g.slotted);
 }
 
 BlockKey RespPartKey(std::string_view key, const RespKeyGroup& g, uint64_t nonce, uint32_t index) {
@@ -90,7 +115,7 @@ BlockKey RespPartKey(std::string_view key, const RespKeyGroup& g, uint64_t nonce
   PutU64(tail, nonce);
   PutU32(tail + 8, index);
   const uint64_t seed = XXH3_64bits_withSeed(tail, sizeof(tail), kPartSeed);
-  return GroupedKey(g.hash, XXH3_64bits_withSeed(key.data(), key.size(), seed), g.co_evict);
+  return GroupedKey(g.hash, XXH3_64bits_withSeed(key.data(), key.size(), seed), g.co_evict, g.slotted);
 }
 
 void EncodeRespHead(const RespHead& h, char out[kRespHeadBytes]) {

@@ -31,6 +31,13 @@
 // not co-evicted (its all-or-nothing read suffices). Within a suffix group
 // the first suffix names the key the others depend on (RespPrimaryKey).
 //
+// Redis Cluster mode (RespKeyRules::cluster_slots, $.resp.cluster): a key's
+// group is its hash tag or the key itself, as a cluster-aware client computes
+// it (the suffix rule is off: such a client sends "<key>metadata" to the
+// owner of its own slot), and the group's hash carries the group's hash slot
+// (RespKeySlot) in its top 14 bits with the slotted tag, so placement ranks
+// nodes by the slot (kvmesh/block_key.h PlacementKey).
+//
 // Thread-safety: pure functions; RespNonce is thread-safe.
 #pragma once
 
@@ -50,12 +57,23 @@ struct RespKeyRules {
   // A key ending in one of these (longest first) is grouped with the other
   // keys of the same stem. Empty: no suffix rule.
   std::vector<std::string> group_suffixes = {"kv_bytes", "metadata"};
+  // Redis Cluster mode: groups are placed by their hash slot; hash tags
+  // always apply and the suffix rule never does.
+  bool cluster_slots = false;
 };
 
 struct RespKeyGroup {
   uint64_t hash = 0;      // the group's 64-bit hash (BlockKey::hi of every block)
   bool co_evict = false;  // a hash-tag or suffix group: its blocks are evicted together
+  bool slotted = false;   // cluster mode: placed by the slot in hash's top 14 bits
 };
+
+inline constexpr uint32_t kRespClusterSlots = 16384;
+
+// The Redis Cluster hash slot of `key`: CRC16 (XModem) of its hash tag when
+// it has a non-empty one, else of the whole key, mod 16384. The same function
+// every cluster-aware Redis client computes.
+uint32_t RespKeySlot(std::string_view key);
 
 // The group a RESP key belongs to under `rules`.
 RespKeyGroup RespGroupOf(std::string_view key, const RespKeyRules& rules);
