@@ -108,8 +108,7 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
     o.timeout_ms = n.timeout_ms;
     o.connect_timeout_ms = n.connect_timeout_ms;
     o.token = n.token;
-    o.rules.hash_tags = c->resp.hash_tags;
-    o.rules.group_suffixes = c->resp.group_suffixes;
+    o.rules = RespRulesFromConfig(c->resp);
     AuthConfig auth = c->auth;  // the "default" user's password: the token the proxy uses
     auth.token = n.token;
     o.auth = MakeClusterAuth(auth);

@@ -299,6 +299,7 @@ Status ReadCodec(const json& j, uint32_t num_layers, CodecConfig* c) {
 Status ReadResp(const json& j, RespConfig* r) {
   ObjectReader rr(j, "$.resp");
   rr.Size("max_value_bytes", &r->max_value_bytes, false).Optional("hash_tags", &r->hash_tags).Optional("tls", &r->tls);
+  rr.Optional("cluster", &r->cluster);
   if (const json* g = rr.Child("group_suffixes")) {
     if (!g->is_array()) return InvalidArgument("$.resp.group_suffixes: expected an array of strings, got " + JsonTypeName(*g));
     if (g->size() > 16) return InvalidArgument("$.resp.group_suffixes: at most 16 suffixes");
@@ -315,6 +316,9 @@ Status ReadResp(const json& j, RespConfig* r) {
   KVMESH_RETURN_IF_ERROR(rr.Finish());
   if (r->max_value_bytes > (1ull << 30))
     return InvalidArgument("$.resp.max_value_bytes: at most 1GiB, got " + std::to_string(r->max_value_bytes));
+  if (r->cluster && !r->hash_tags)
+    return InvalidArgument(
+        "$.resp.hash_tags: must stay true with $.resp.cluster (Redis Cluster clients place keys by their hash tags)");
   return Status::Ok();
 }
 

@@ -411,4 +411,10 @@ TEST_CASE("Config: $.resp is read strictly and names the bad field", "[resp][con
   CHECK_THAT(err(R"({"group_suffixes": [3]})"), Catch::StartsWith("$.resp.group_suffixes[0]: expected a string"));
   CHECK_THAT(err(R"({"hash_tag": true})"), Catch::Contains("$.resp") && Catch::Contains("hash_tag"));
   CHECK_THAT(err(R"({"tls": "yes"})"), Catch::StartsWith("$.resp.tls"));
+  // Redis Cluster mode: off by default; clients place keys by hash tags, so those stay on.
+  CHECK_FALSE(d->resp.cluster);
+  CHECK(with(R"({"cluster": true})")->resp.cluster);
+  CHECK(RespRulesFromConfig(with(R"({"cluster": true})")->resp).cluster_slots);
+  CHECK_THAT(err(R"({"cluster": "on"})"), Catch::StartsWith("$.resp.cluster"));
+  CHECK_THAT(err(R"({"cluster": true, "hash_tags": false})"), Catch::StartsWith("$.resp.hash_tags: must stay true"));
 }

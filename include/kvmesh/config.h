@@ -186,6 +186,12 @@ struct RespConfig {
   // A key ending in one of these is grouped with the keys of the same stem
   // (an LMCache-style "<key>kv_bytes" chunk with its "<key>metadata").
   std::vector<std::string> group_suffixes = {"kv_bytes", "metadata"};
+  // Redis Cluster mode: keys are placed by their hash slot, and every node's
+  // RESP port answers CLUSTER SLOTS/NODES and redirects (-MOVED) keys of the
+  // slots it does not own, so cluster-aware clients reach a key's node in one
+  // hop. The suffix rule is then off (hash tags group keys, as in Redis
+  // Cluster). Every process of the cluster (nodes, proxies) must agree.
+  bool cluster = false;
   // With $.tls set, the RESP ports (a node's, `kvmesh proxy`'s client port)
   // speak TLS only; false keeps them plain for Redis clients without TLS
   // (the proxy's node links speak TLS either way).

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvmesh/build_config.h"
+#include "shard_node/server/cluster_slots.h"
 #include "shard_node/server/data_server.h"
 #include "shard_node/server/resp_server.h"
 #include "transport/resp/resp_commands.h"
@@ -97,11 +98,17 @@ class Daemon final : public NodeDaemon {
       r.host = nc->host;
       r.port = nc->ports.resp;
       r.max_value_bytes = config_.resp.max_value_bytes;
-      r.rules.hash_tags = config_.resp.hash_tags;
-      r.rules.group_suffixes = config_.resp.group_suffixes;
+      r.rules = RespRulesFromConfig(config_.resp);
       r.auth = MakeClusterAuth(config_.auth);  // identities in config order, as the node's TenantRegistry
       if (config_.resp.tls) r.tls = config_.tls;
+      if (config_.resp.cluster) {
+        cluster_ = std::make_shared<ClusterSlots>();
+        r.cluster = cluster_;
+      }
       KVMESH_ASSIGN_OR_RETURN(resp_, RespServer::Start(node_.get(), r));
+      // Without a coordinator this node is the whole cluster: every slot is its own.
+      if (cluster_ && o_.coordinator.empty())
+        cluster_->Install(SingleNodeClusterView(o_.node_id, nc->host, resp_->port(), data_->port()));
     }
     KVMESH_ASSIGN_OR_RETURN(http_, HttpServer::Start(nc->host, nc->ports.http,
                                                      [this](const HttpServerRequest& r) { return Http(r); },
@@ -226,6 +233,12 @@ class Daemon final : public NodeDaemon {
     do {
       lock.unlock();
       Status s = registered_ ? Heartbeat() : Register();
+      if (s.ok() && cluster_ && (!cluster_->View() || cluster_->epoch() != epoch_.load())) {
+        Status m = RefreshClusterView();
+        if (!m.ok() && !cluster_logged_)
+          LogEvent(o_.node_id, {{"event", "cluster_map_failed"}, {"error", m.ToString()}});
+        cluster_logged_ = !m.ok();
+      }
       if (!s.ok() && !logged_unreachable) {
         const bool refused = s.code() == StatusCode::kPermissionDenied;  // the cluster secret does not match
         LogEvent(o_.node_id, {{"event", refused ? "coordinator_refused" : "coordinator_unreachable"},
@@ -256,6 +269,23 @@ class Daemon final : public NodeDaemon {
     return Status::Ok();
   }
 
+  // Cluster mode: the slots of the map the coordinator publishes now.
+  Status RefreshClusterView() {
+    KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(coord_host_, coord_port_, "GET", "/map", "",
+                                                      config_.coordinator.heartbeat_ms * 2, CoordinatorAuth()));
+    if (r.status != 200) return Unavailable("GET /map: HTTP " + std::to_string(r.status));
+    KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, ParsePublishedMap(r.body));
+    KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<const RespClusterView> v, BuildClusterView(pm, o_.node_id));
+    size_t own = 0;
+    for (int32_t o : v->owner) own += (o >= 0 && o == v->self);
+    const bool changed = cluster_->epoch() != v->epoch || !cluster_->View();
+    cluster_->Install(v);
+    if (changed)
+      LogEvent(o_.node_id, {{"event", "cluster_slots"}, {"epoch", v->epoch}, {"nodes", v->nodes.size()},
+                            {"slots_owned", own}});
+    return Status::Ok();
+  }
+
   Status Heartbeat() {
     StoreStats s = node_->Stats().store;
     json body = {{"id", o_.node_id},
@@ -281,6 +311,8 @@ class Daemon final : public NodeDaemon {
   std::atomic<uint64_t> epoch_{0};
   std::unique_ptr<DataServer> data_;
   std::unique_ptr<RespServer> resp_;
+  std::shared_ptr<ClusterSlots> cluster_;  // $.resp.cluster
+  bool cluster_logged_ = false;             // the heartbeat thread's: a failed map fetch was logged
 #if defined(KVMESH_HAVE_UCX)
   std::unique_ptr<UcxServer> ucx_;
 #endif

@@ -159,6 +159,7 @@ class Server final : public RespServer {
     f.rules = o.rules;
     f.auth = o.auth;
     f.role = "node";
+    f.cluster = o.cluster;
     return f;
   }
 

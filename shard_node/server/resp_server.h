@@ -32,6 +32,7 @@ namespace kvmesh {
 
 class ShardNode;
 class RespAuth;
+class RespCluster;
 
 struct RespServerOptions {
   std::string host = "127.0.0.1";
@@ -40,6 +41,8 @@ struct RespServerOptions {
   RespKeyRules rules;                    // $.resp groups
   std::shared_ptr<const RespAuth> auth;  // null: no AUTH needed
   TlsConfig tls;                         // $.tls: enabled() makes the port TLS only
+  // $.resp.cluster: the slots view (shard_node/server/cluster_slots.h); null: not cluster mode.
+  std::shared_ptr<const RespCluster> cluster;
 };
 
 class RespServer {

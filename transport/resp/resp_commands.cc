@@ -1,7 +1,10 @@
 #include "transport/resp/resp_commands.h"
 
+#include <xxhash.h>
+
 #include <cctype>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 
 namespace kvmesh {
@@ -31,6 +34,76 @@ std::string Arity(std::string_view cmd) {
   std::string lower(cmd.substr(0, 64));
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return Error("ERR wrong number of arguments for '" + lower + "' command");
+}
+
+// Case-insensitive equality with a lower-case name.
+bool EqUpper(std::string_view a, std::string_view lower) {
+  if (a.size() != lower.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != lower[i]) return false;
+  return true;
+}
+
+std::string Int(int64_t v) { return ":" + std::to_string(v) + "\r\n"; }
+
+// COMMAND's table (the Redis 6 shape: name, arity, flags, first key, last
+// key, step): cluster clients read the key positions from it.
+struct CommandInfo {
+  const char* name;
+  int arity;  // > 0: exactly; < 0: at least -arity
+  const char* flags;  // space separated
+  int first, last, step;
+};
+constexpr CommandInfo kCommandTable[] = {
+    {"get", 2, "readonly fast", 1, 1, 1},           {"set", -3, "write denyoom", 1, 1, 1},
+    {"setnx", 3, "write denyoom fast", 1, 1, 1},    {"setex", 4, "write denyoom", 1, 1, 1},
+    {"psetex", 4, "write denyoom", 1, 1, 1},        {"mget", -2, "readonly fast", 1, -1, 1},
+    {"mset", -3, "write denyoom", 1, -1, 2},        {"exists", -2, "readonly fast", 1, -1, 1},
+    {"del", -2, "write", 1, -1, 1},                 {"unlink", -2, "write fast", 1, -1, 1},
+    {"ttl", 2, "readonly fast", 1, 1, 1},           {"pttl", 2, "readonly fast", 1, 1, 1},
+    {"ping", -1, "fast", 0, 0, 0},                  {"echo", 2, "fast", 0, 0, 0},
+    {"info", -1, "loading stale", 0, 0, 0},         {"dbsize", 1, "readonly fast", 0, 0, 0},
+    {"select", 2, "loading stale fast", 0, 0, 0},   {"auth", -2, "noscript loading stale fast no_auth", 0, 0, 0},
+    {"hello", -1, "noscript loading stale fast no_auth", 0, 0, 0},
+    {"client", -2, "noscript loading stale", 0, 0, 0}, {"quit", -1, "noscript loading stale fast no_auth", 0, 0, 0},
+    {"command", -1, "loading stale", 0, 0, 0},      {"config", -2, "admin noscript loading stale", 0, 0, 0},
+    {"cluster", -2, "stale", 0, 0, 0},              {"readonly", 1, "loading stale fast", 0, 0, 0},
+    {"readwrite", 1, "loading stale fast", 0, 0, 0}, {"asking", 1, "fast", 0, 0, 0},
+};
+
+std::string CommandEntry(const CommandInfo& c) {
+  std::string flags;
+  size_t nflags = 0;
+  for (std::string_view f = c.flags; !f.empty();) {
+    const size_t sp = f.find(' ');
+    const std::string_view one = f.substr(0, sp);
+    flags += "+" + std::string(one) + "\r\n";
+    ++nflags;
+    f = sp == std::string_view::npos ? std::string_view() : f.substr(sp + 1);
+  }
+  return "*6\r\n" + Bulk(c.name) + Int(c.arity) + "*" + std::to_string(nflags) + "\r\n" + flags + Int(c.first) +
+         Int(c.last) + Int(c.step);
+}
+
+std::string CommandReply(const RespCommand& a) {
+  const size_t n = sizeof(kCommandTable) / sizeof(kCommandTable[0]);
+  if (a.size() == 1) {
+    std::string out = "*" + std::to_string(n) + "\r\n";
+    for (const CommandInfo& c : kCommandTable) out += CommandEntry(c);
+    return out;
+  }
+  if (Eq(a[1], "COUNT")) return Int(static_cast<int64_t>(n));
+  if (Eq(a[1], "INFO")) {
+    std::string out = "*" + std::to_string(a.size() - 2) + "\r\n";
+    for (size_t i = 2; i < a.size(); ++i) {
+      const CommandInfo* found = nullptr;
+      for (const CommandInfo& c : kCommandTable)
+        if (EqUpper(a[i], c.name)) found = &c;
+      out += found ? CommandEntry(*found) : std::string("*-1\r\n");
+    }
+    return out;
+  }
+  return "*0\r\n";  // DOCS and the rest: nothing to add
 }
 
 constexpr const char* kNoAuth = "-NOAUTH Authentication required.\r\n";
@@ -69,6 +142,23 @@ class ClusterAuth final : public RespAuth {
 std::shared_ptr<const RespAuth> MakeClusterAuth(const AuthConfig& auth) {
   if (auth.token.empty()) return nullptr;
   return std::make_shared<ClusterAuth>(auth);
+}
+
+RespKeyRules RespRulesFromConfig(const RespConfig& c) {
+  RespKeyRules r;
+  r.hash_tags = c.hash_tags;
+  r.group_suffixes = c.group_suffixes;
+  r.cluster_slots = c.cluster;
+  return r;
+}
+
+std::string RespClusterNodeId(std::string_view node_id) {
+  const XXH128_hash_t h = XXH3_128bits(node_id.data(), node_id.size());
+  const uint64_t t = XXH3_64bits_withSeed(node_id.data(), node_id.size(), 0x6b766d657368ull);
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx%08llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64), static_cast<unsigned long long>(t & 0xffffffffull));
+  return std::string(buf, 40);
 }
 
 std::shared_ptr<const RespAuth> MakeTokenAuth(std::string token) {
@@ -131,6 +221,16 @@ std::unique_ptr<RespOp> RespCommands::Compile(const RespCommand& a, RespSessionS
     return answer("+OK\r\n");
   }
   if (locked) return answer(kNoAuth);
+  if (Eq(cmd, "CLUSTER")) {
+    if (!o_.cluster) return answer(Error("ERR This instance has cluster support disabled"));
+    return answer(Cluster(a));
+  }
+  if (Eq(cmd, "READONLY") || Eq(cmd, "READWRITE") || Eq(cmd, "ASKING")) {
+    if (!o_.cluster) return answer(Error("ERR This instance has cluster support disabled"));
+    return answer("+OK\r\n");
+  }
+  if (o_.cluster)
+    if (std::string r = Redirect(a); !r.empty()) return answer(std::move(r));
 
   std::span<const std::string_view> rest(a.data() + 1, argc - 1);
   if (Eq(cmd, "GET")) {
@@ -171,7 +271,8 @@ std::unique_ptr<RespOp> RespCommands::Compile(const RespCommand& a, RespSessionS
     return answer(Bulk(a[1]));
   }
   if (Eq(cmd, "INFO"))
-    return MakeStatsOp(false, RespInfoHeader() + "resp_commands_processed:" + std::to_string(commands()) + "\r\n");
+    return MakeStatsOp(false, RespInfoHeader() + "resp_commands_processed:" + std::to_string(commands()) + "\r\n" +
+                                  "# Cluster\r\ncluster_enabled:" + (o_.cluster ? "1" : "0") + "\r\n");
   if (Eq(cmd, "DBSIZE")) return MakeStatsOp(true, "");
   if (Eq(cmd, "SELECT")) {
     if (argc != 2) return answer(Arity(cmd));
@@ -186,7 +287,7 @@ std::unique_ptr<RespOp> RespCommands::Compile(const RespCommand& a, RespSessionS
     }
     return answer(Error("ERR CONFIG supports only GET"));
   }
-  if (Eq(cmd, "COMMAND")) return answer("*0\r\n");
+  if (Eq(cmd, "COMMAND")) return answer(CommandReply(a));
   if (Eq(cmd, "CLIENT")) {
     if (argc >= 2 && Eq(a[1], "SETNAME")) {
       if (argc != 3) return answer(Arity(cmd));
@@ -199,7 +300,7 @@ std::unique_ptr<RespOp> RespCommands::Compile(const RespCommand& a, RespSessionS
   }
   return answer(Error("ERR unknown command '" + std::string(cmd.substr(0, 64)) +
                       "' (kvmesh speaks PING ECHO GET SET SETNX SETEX PSETEX MGET MSET EXISTS DEL TTL PTTL INFO "
-                      "DBSIZE SELECT AUTH HELLO CLIENT QUIT)"));
+                      "DBSIZE SELECT AUTH HELLO CLIENT COMMAND CONFIG CLUSTER QUIT)"));
 }
 
 std::unique_ptr<RespOp> RespCommands::Set(const RespCommand& a) const {
@@ -284,8 +385,88 @@ std::string RespCommands::Hello(const RespCommand& a, RespSessionState* s) const
                  "version at the same time");
   if (set_name) s->name = std::move(name);
   return "*14\r\n" + Bulk("server") + Bulk("redis") + Bulk("version") + Bulk("7.0.0") + Bulk("proto") + ":2\r\n" +
-         Bulk("id") + ":" + std::to_string(s->id) + "\r\n" + Bulk("mode") + Bulk("standalone") + Bulk("role") +
+         Bulk("id") + ":" + std::to_string(s->id) + "\r\n" + Bulk("mode") + Bulk(o_.cluster ? "cluster" : "standalone") + Bulk("role") +
          Bulk("master") + Bulk("modules") + "*0\r\n";
+}
+
+std::string RespCommands::Redirect(const RespCommand& a) const {
+  const KeyAccess k = Access(a);
+  if (k.first >= k.end) return "";
+  const uint32_t slot = RespKeySlot(a[k.first]);
+  for (size_t i = k.first + k.step; i < k.end; i += k.step)
+    if (RespKeySlot(a[i]) != slot) return "-CROSSSLOT Keys in request don't hash to the same slot\r\n";
+  const std::shared_ptr<const RespClusterView> v = o_.cluster->View();
+  const int32_t owner = v && slot < v->owner.size() ? v->owner[slot] : -1;
+  if (owner < 0) return "-CLUSTERDOWN Hash slot not served\r\n";
+  if (owner == v->self) return "";
+  const RespClusterView::Node& n = v->nodes[static_cast<size_t>(owner)];
+  return "-MOVED " + std::to_string(slot) + " " + n.host + ":" + std::to_string(n.port) + "\r\n";
+}
+
+std::string RespCommands::Cluster(const RespCommand& a) const {
+  if (a.size() < 2) return Arity(a[0]);
+  const std::string_view sub = a[1];
+  if (Eq(sub, "KEYSLOT")) {
+    if (a.size() != 3) return Arity("cluster|keyslot");
+    return Int(RespKeySlot(a[2]));
+  }
+  const std::shared_ptr<const RespClusterView> v = o_.cluster->View();
+  const RespClusterView empty;
+  const RespClusterView& view = v ? *v : empty;
+  // Runs of consecutive slots with one owner: {first, last, owner}.
+  struct Run {
+    uint32_t first, last;
+    int32_t owner;
+  };
+  std::vector<Run> runs;
+  for (uint32_t s = 0; s < view.owner.size(); ++s) {
+    const int32_t o = view.owner[s];
+    if (o < 0) continue;
+    if (!runs.empty() && runs.back().owner == o && runs.back().last + 1 == s) runs.back().last = s;
+    else runs.push_back({s, s, o});
+  }
+  uint64_t served = 0;
+  for (const Run& r : runs) served += r.last - r.first + 1;
+  if (Eq(sub, "MYID")) return Bulk(view.self >= 0 ? view.nodes[static_cast<size_t>(view.self)].id : "");
+  if (Eq(sub, "SLOTS")) {
+    std::string out = "*" + std::to_string(runs.size()) + "\r\n";
+    for (const Run& r : runs) {
+      const RespClusterView::Node& n = view.nodes[static_cast<size_t>(r.owner)];
+      out += "*3\r\n" + Int(r.first) + Int(r.last) + "*3\r\n" + Bulk(n.host) + Int(n.port) + Bulk(n.id);
+    }
+    return out;
+  }
+  if (Eq(sub, "NODES")) {
+    std::string text;
+    for (size_t i = 0; i < view.nodes.size(); ++i) {
+      const RespClusterView::Node& n = view.nodes[i];
+      text += n.id + " " + n.host + ":" + std::to_string(n.port) + "@" + std::to_string(n.bus_port) + " " +
+              (static_cast<int>(i) == view.self ? "myself,master" : "master") + " - 0 0 " +
+              std::to_string(view.epoch) + " connected";
+      for (const Run& r : runs)
+        if (r.owner == static_cast<int32_t>(i))
+          text += " " + (r.first == r.last ? std::to_string(r.first)
+                                           : std::to_string(r.first) + "-" + std::to_string(r.last));
+      text += "\n";
+    }
+    return Bulk(text);
+  }
+  if (Eq(sub, "INFO")) {
+    const bool ok = served == kRespClusterSlots;
+    std::string text = std::string("cluster_state:") + (ok ? "ok" : "fail") + "\r\n";
+    auto kv = [&](const char* k, uint64_t x) { text += std::string(k) + ":" + std::to_string(x) + "\r\n"; };
+    kv("cluster_slots_assigned", served);
+    kv("cluster_slots_ok", served);
+    kv("cluster_slots_pfail", 0);
+    kv("cluster_slots_fail", 0);
+    kv("cluster_known_nodes", view.nodes.size());
+    kv("cluster_size", view.nodes.size());
+    kv("cluster_current_epoch", view.epoch);
+    kv("cluster_my_epoch", view.epoch);
+    return Bulk(text);
+  }
+  return Error("ERR unknown subcommand '" + std::string(sub.substr(0, 64)) +
+               "' (kvmesh answers CLUSTER SLOTS NODES INFO MYID KEYSLOT)");
 }
 
 }  // namespace kvmesh

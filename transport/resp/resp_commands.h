@@ -6,7 +6,9 @@
 // TTL, PTTL, INFO, DBSIZE, SELECT 0, AUTH [user] password, HELLO [2 [AUTH
 // user password] [SETNAME name]], QUIT, and the handshake answers clients ask
 // for (COMMAND, CONFIG GET save|appendonly, CLIENT SETINFO|SETNAME|GETNAME|
-// ID|...). HELLO 3 is refused with NOPROTO: kvmesh speaks RESP2.
+// ID|...), COMMAND with the key positions cluster clients read; in cluster
+// mode CLUSTER SLOTS|NODES|INFO|MYID|KEYSLOT, READONLY, READWRITE, ASKING.
+// HELLO 3 is refused with NOPROTO: kvmesh speaks RESP2.
 //
 // Authentication: when the front has a RespAuth that requires it, every
 // command but AUTH, HELLO and QUIT is answered "-NOAUTH Authentication
@@ -27,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvmesh/config.h"
 #include "transport/resp/resp_ops.h"
@@ -58,6 +61,35 @@ std::shared_ptr<const RespAuth> MakeClusterAuth(const AuthConfig& auth);
 // The same with the secret alone (no tenants).
 std::shared_ptr<const RespAuth> MakeTokenAuth(std::string token);
 
+// Redis Cluster mode ($.resp.cluster, docs/resp.md "Redis Cluster mode"):
+// which front serves each hash slot, as a front last learned it.
+struct RespClusterView {
+  struct Node {
+    std::string id;         // 40 hex characters, as Redis node ids
+    std::string host;
+    uint16_t port = 0;      // its RESP port
+    uint16_t bus_port = 0;  // shown after '@' in CLUSTER NODES (the node's data port)
+  };
+  uint64_t epoch = 0;          // the shard map's
+  std::vector<Node> nodes;
+  int self = -1;               // this front's index in nodes; -1: not (yet) in the map
+  std::vector<int32_t> owner;  // kRespClusterSlots entries: index into nodes, or -1 (not served)
+};
+
+// Where a front in cluster mode reads the current view from. Thread-safe.
+class RespCluster {
+ public:
+  virtual ~RespCluster() = default;
+  // Null until the front knows the map.
+  virtual std::shared_ptr<const RespClusterView> View() const = 0;
+};
+
+// A 40-hex-character Redis node id for a kvmesh node id (a hash of it).
+std::string RespClusterNodeId(std::string_view node_id);
+
+// The key rules of $.resp (hash tags, suffixes, cluster mode).
+RespKeyRules RespRulesFromConfig(const RespConfig& c);
+
 // One connection's state.
 struct RespSessionState {
   bool authenticated = false;
@@ -72,6 +104,11 @@ struct RespFrontOptions {
   RespKeyRules rules;
   std::shared_ptr<const RespAuth> auth;   // null: no authentication
   std::string role = "node";              // INFO role: line
+  // Non-null: Redis Cluster mode. Keyed commands whose slot this front does
+  // not serve are answered -MOVED (or -CLUSTERDOWN), keys of two slots in one
+  // command -CROSSSLOT; CLUSTER SLOTS|NODES|INFO|MYID|KEYSLOT describe the
+  // view. rules.cluster_slots must be set with it.
+  std::shared_ptr<const RespCluster> cluster;
 };
 
 class RespCommands {
@@ -104,6 +141,9 @@ class RespCommands {
 
  private:
   std::unique_ptr<RespOp> Set(const RespCommand& a) const;
+  std::string Cluster(const RespCommand& a) const;
+  // Cluster mode: "" when this front serves the command's keys, else the error to answer.
+  std::string Redirect(const RespCommand& a) const;
   std::string Hello(const RespCommand& a, RespSessionState* s) const;
   RespFrontOptions o_;
   mutable std::atomic<uint64_t> commands_{0};
