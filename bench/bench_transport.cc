@@ -44,7 +44,9 @@
 // redis-server, the node-local RESP front of one `kvmesh node`, and a
 // `kvmesh proxy` in front of a coordinator and two nodes (every key through
 // the router to its owner), interleaved per rep; medians and ratios; then the
-// same three driven by the stock redis-benchmark (--resp-pipeline depths).
+// same three driven by the stock redis-benchmark (--resp-pipeline depths),
+// with a fourth: two nodes in Redis Cluster mode under redis-benchmark
+// --cluster (each key straight to its slot's node).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -344,14 +346,16 @@ double ChildCpuSeconds() {
 }
 
 // One redis-benchmark run (-q): requests per second of each test, by name ("SET", "GET").
+// `cluster`: redis-benchmark --cluster (reads CLUSTER NODES, sends each key to its slot's node).
 std::map<std::string, double> RedisBenchmark(const std::string& bin, uint16_t port, size_t size, size_t clients,
-                                             size_t pipeline, size_t requests) {
+                                             size_t pipeline, size_t requests, bool cluster = false) {
   testing::Process p;
   std::map<std::string, double> out;
-  if (!p.Start({bin, "-h", "127.0.0.1", "-p", std::to_string(port), "-t", "set,get", "-d", std::to_string(size), "-c",
-                std::to_string(clients), "-n", std::to_string(requests), "-r", "16", "-P", std::to_string(pipeline),
-                "-q"}))
-    return out;
+  std::vector<std::string> argv = {bin, "-h", "127.0.0.1", "-p", std::to_string(port), "-t", "set,get", "-d",
+                                   std::to_string(size), "-c", std::to_string(clients), "-n", std::to_string(requests),
+                                   "-r", "16", "-P", std::to_string(pipeline), "-q"};
+  if (cluster) argv.push_back("--cluster");
+  if (!p.Start(argv)) return out;
   const auto end = SteadyClock::now() + 120s;
   while (SteadyClock::now() < end) {
     auto line = p.ReadLine(200ms);
@@ -493,14 +497,19 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
             "transport": {"io_threads": 2, "backend": "tcp"},
             "coordinator": {"host": "127.0.0.1", "port": 0, "heartbeat_ms": 200, "dead_after_ms": 2000}})";
   }
-  testing::Process coord, proxy, redis;
-  std::vector<std::unique_ptr<testing::Process>> nodes;
+  const std::string cluster_cfg_path = "/tmp/kvmesh-bench-resp-cluster-" + std::to_string(::getpid()) + ".json";
+  testing::Process coord, proxy, redis, cluster_coord;
+  std::vector<std::unique_ptr<testing::Process>> nodes, cluster_nodes;
+  uint16_t cluster_port = 0;
   auto cleanup = [&] {
     proxy.Kill(SIGTERM), proxy.Wait(5s);
     for (auto& n : nodes) n->Kill(SIGTERM), n->Wait(5s);
+    for (auto& n : cluster_nodes) n->Kill(SIGTERM), n->Wait(5s);
     coord.Kill(SIGTERM), coord.Wait(5s);
+    cluster_coord.Kill(SIGTERM), cluster_coord.Wait(5s);
     redis.Kill(SIGTERM), redis.Wait(5s);
     ::unlink(cfg_path.c_str());
+    ::unlink(cluster_cfg_path.c_str());
   };
   if (!coord.Start({kvmesh_bin, "coordinator", "--config", cfg_path, "--port", "0"})) return 1;
   auto ce = coord.WaitEvent("listening", 10s);
@@ -589,21 +598,58 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
     }
   }
   // The same three targets driven by the stock redis-benchmark (its own
-  // event loop, CLIENTS connections, -P requests in flight on each).
+  // event loop, CLIENTS connections, -P requests in flight on each), and a
+  // fourth: two more nodes in Redis Cluster mode ($.resp.cluster, their own
+  // coordinator) driven by redis-benchmark --cluster, which sends each key to
+  // its slot's node (zero hops, as the node-local front, with placement).
   if (::access(rb_bin.c_str(), X_OK) == 0) {
     RedisClient proxy_info;
     if (!proxy_info.Connect(proxy_port)) return cleanup(), 1;
+    {
+      std::ifstream in(cfg_path);
+      nlohmann::json c = nlohmann::json::parse(in);
+      c["resp"] = {{"cluster", true}};
+      std::ofstream(cluster_cfg_path) << c.dump();
+    }
+    if (!cluster_coord.Start({kvmesh_bin, "coordinator", "--config", cluster_cfg_path, "--port", "0"}))
+      return cleanup(), 1;
+    auto cce = cluster_coord.WaitEvent("listening", 10s);
+    if (!cce) return cleanup(), 1;
+    const std::string cluster_addr = "127.0.0.1:" + std::to_string((*cce)["ports"]["http"].get<uint16_t>());
+    for (const char* id : {"r0", "r1"}) {
+      cluster_nodes.push_back(std::make_unique<testing::Process>());
+      if (!cluster_nodes.back()->Start({kvmesh_bin, "node", "--config", cluster_cfg_path, "--id", id, "--coordinator",
+                                        cluster_addr}))
+        return cleanup(), 1;
+      auto ne = cluster_nodes.back()->WaitEvent("listening", 10s);
+      if (!ne) return cleanup(), 1;
+      if (cluster_port == 0) cluster_port = (*ne)["ports"]["resp"].get<uint16_t>();
+    }
+    // Both nodes serve their slots once each has fetched the map with both (heartbeat 200 ms).
+    for (const auto end = SteadyClock::now() + 10s; SteadyClock::now() < end;) {
+      RedisClient c;
+      if (c.Connect(cluster_port) && c.Info().find("cluster_enabled:1") != std::string::npos) {
+        std::this_thread::sleep_for(800ms);
+        break;
+      }
+      std::this_thread::sleep_for(100ms);
+    }
     std::printf("\n# RESP with redis-benchmark (-t set,get -r 16 -q; N = %.0f x 30000 x pipeline requests per run) — "
                 "%d reps, medians; proxy frames/op = node frames the proxy sent per request; CPU us/req = CPU time "
                 "(user + system, /proc) per request of the server side (redis-server; the node; the proxy and both "
                 "nodes) and of redis-benchmark itself, SET and GET together\n", seconds, reps);
-    std::printf("| op | value | clients | pipeline | redis ops/s | node-local ops/s | proxy ops/s | proxy/redis | "
-                "node-local/redis | proxy frames/op | CPU us/req redis + client | node-local + client | "
-                "proxy+nodes + client |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| op | value | clients | pipeline | redis ops/s | node-local ops/s | proxy ops/s | cluster ops/s | "
+                "proxy/redis | cluster/redis | node-local/redis | proxy frames/op | CPU us/req redis + client | "
+                "node-local + client | proxy+nodes + client | cluster nodes + client |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     auto pids_of = [&](const std::string& name) -> std::vector<pid_t> {
       if (name == "redis") return {redis.pid()};
       if (name == "local") return {nodes[0]->pid()};
+      if (name == "cluster") {
+        std::vector<pid_t> v;
+        for (auto& n : cluster_nodes) v.push_back(n->pid());
+        return v;
+      }
       std::vector<pid_t> v{proxy.pid()};
       for (auto& n : nodes) v.push_back(n->pid());
       return v;
@@ -615,15 +661,23 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
           std::map<std::string, std::vector<double>> ops;  // "<target>_<OP>"
           std::vector<double> frames_per_op;
           std::map<std::string, std::vector<double>> server_cpu, client_cpu;  // us per request, by target
+          struct Bench {
+            std::string name;
+            uint16_t port;
+            bool cluster;
+          };
+          std::vector<Bench> benches;
+          for (auto& t : targets)
+            if (!t.c.empty()) benches.push_back({t.name, t.port, false});
+          benches.push_back({"cluster", cluster_port, true});
           for (int r = 0; r < reps; ++r)
-            for (auto& t : targets) {
-              if (t.c.empty()) continue;
-              const std::string name = t.name;
+            for (const Bench& t : benches) {
+              const std::string& name = t.name;
               const uint64_t f0 = name == "proxy" ? InfoField(proxy_info.Info(), "frames_sent") : 0;
               double s0 = 0, s1 = 0;
               for (pid_t p : pids_of(name)) s0 += CpuSeconds(p);
               const double c0 = ChildCpuSeconds();
-              auto res = RedisBenchmark(rb_bin, t.port, size, clients, pipe, n);
+              auto res = RedisBenchmark(rb_bin, t.port, size, clients, pipe, n, t.cluster);
               const double c1 = ChildCpuSeconds();
               for (pid_t p : pids_of(name)) s1 += CpuSeconds(p);
               for (auto& [op, v] : res) ops[name + "_" + op].push_back(v);
@@ -639,13 +693,14 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
           };
           for (const char* op : {"SET", "GET"}) {
             const double rd = med(ops[std::string("redis_") + op]), lo = med(ops[std::string("local_") + op]),
-                         px = med(ops[std::string("proxy_") + op]);
+                         px = med(ops[std::string("proxy_") + op]), cl = med(ops[std::string("cluster_") + op]);
             auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
-            std::printf("| %s | %s | %zu | %zu | %.0f | %.0f | %.0f | %.2fx | %.2fx | %.2f | %.1f + %.1f | %.1f + %.1f | "
-                        "%.1f + %.1f |\n",
-                        op, SizeName(size).c_str(), clients, pipe, rd, lo, px, ratio(px, rd), ratio(lo, rd),
-                        med(frames_per_op), med(server_cpu["redis"]), med(client_cpu["redis"]), med(server_cpu["local"]),
-                        med(client_cpu["local"]), med(server_cpu["proxy"]), med(client_cpu["proxy"]));
+            std::printf("| %s | %s | %zu | %zu | %.0f | %.0f | %.0f | %.0f | %.2fx | %.2fx | %.2fx | %.2f | %.1f + %.1f | "
+                        "%.1f + %.1f | %.1f + %.1f | %.1f + %.1f |\n",
+                        op, SizeName(size).c_str(), clients, pipe, rd, lo, px, cl, ratio(px, rd), ratio(cl, rd),
+                        ratio(lo, rd), med(frames_per_op), med(server_cpu["redis"]), med(client_cpu["redis"]),
+                        med(server_cpu["local"]), med(client_cpu["local"]), med(server_cpu["proxy"]),
+                        med(client_cpu["proxy"]), med(server_cpu["cluster"]), med(client_cpu["cluster"]));
             std::fflush(stdout);
           }
         }
