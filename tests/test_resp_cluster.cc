@@ -159,6 +159,16 @@ TEST_CASE("Cluster mode: COMMAND lists the key positions; CLUSTER answers from t
         std::string::npos);
   CHECK(nodes.find(RespClusterNodeId("b") + " 127.0.0.1:7002@8002 master - 0 0 7 connected 8192-16383\n") !=
         std::string::npos);
+  // CLUSTER SHARDS in redis-server 7's RESP2 shape: per node its ranges, then itself as key/value pairs.
+  CHECK(answer({"CLUSTER", "SHARDS"}) ==
+        "*2\r\n*4\r\n$5\r\nslots\r\n*4\r\n:0\r\n:99\r\n:101\r\n:8191\r\n$5\r\nnodes\r\n*1\r\n*14\r\n$2\r\nid\r\n$40\r\n" +
+            RespClusterNodeId("a") +
+            "\r\n$4\r\nport\r\n:7001\r\n$2\r\nip\r\n$9\r\n127.0.0.1\r\n$8\r\nendpoint\r\n$9\r\n127.0.0.1\r\n$4\r\nrole\r\n$"
+            "6\r\nmaster\r\n$18\r\nreplication-offset\r\n:0\r\n$6\r\nhealth\r\n$6\r\nonline\r\n*4\r\n$5\r\nslots\r\n*2\r\n:"
+            "8192\r\n:16383\r\n$5\r\nnodes\r\n*1\r\n*14\r\n$2\r\nid\r\n$40\r\n" +
+            RespClusterNodeId("b") +
+            "\r\n$4\r\nport\r\n:7002\r\n$2\r\nip\r\n$9\r\n127.0.0.1\r\n$8\r\nendpoint\r\n$9\r\n127.0.0.1\r\n$4\r\nrole\r\n$"
+            "6\r\nmaster\r\n$18\r\nreplication-offset\r\n:0\r\n$6\r\nhealth\r\n$6\r\nonline\r\n");
   CHECK(answer({"CLUSTER", "INFO"}).find("cluster_state:fail\r\ncluster_slots_assigned:16383\r\n") !=
         std::string::npos);
   CHECK(answer({"READONLY"}) == "+OK\r\n");

@@ -436,6 +436,24 @@ std::string RespCommands::Cluster(const RespCommand& a) const {
     }
     return out;
   }
+  if (Eq(sub, "SHARDS")) {  // Redis 7: per node, its slot ranges and itself (RESP2: flat key/value arrays)
+    std::string out;
+    size_t shards = 0;
+    for (size_t i = 0; i < view.nodes.size(); ++i) {
+      const RespClusterView::Node& n = view.nodes[i];
+      std::string ranges;
+      size_t count = 0;
+      for (const Run& r : runs)
+        if (r.owner == static_cast<int32_t>(i)) ranges += Int(r.first) + Int(r.last), count += 2;
+      if (count == 0) continue;
+      ++shards;
+      out += "*4\r\n" + Bulk("slots") + "*" + std::to_string(count) + "\r\n" + ranges + Bulk("nodes") + "*1\r\n*14\r\n" +
+             Bulk("id") + Bulk(n.id) + Bulk("port") + Int(n.port) + Bulk("ip") + Bulk(n.host) + Bulk("endpoint") +
+             Bulk(n.host) + Bulk("role") + Bulk("master") + Bulk("replication-offset") + Int(0) + Bulk("health") +
+             Bulk("online");
+    }
+    return "*" + std::to_string(shards) + "\r\n" + out;
+  }
   if (Eq(sub, "NODES")) {
     std::string text;
     for (size_t i = 0; i < view.nodes.size(); ++i) {
@@ -466,7 +484,7 @@ std::string RespCommands::Cluster(const RespCommand& a) const {
     return Bulk(text);
   }
   return Error("ERR unknown subcommand '" + std::string(sub.substr(0, 64)) +
-               "' (kvmesh answers CLUSTER SLOTS NODES INFO MYID KEYSLOT)");
+               "' (kvmesh answers CLUSTER SLOTS SHARDS NODES INFO MYID KEYSLOT)");
 }
 
 }  // namespace kvmesh

@@ -7,7 +7,7 @@
 // user password] [SETNAME name]], QUIT, and the handshake answers clients ask
 // for (COMMAND, CONFIG GET save|appendonly, CLIENT SETINFO|SETNAME|GETNAME|
 // ID|...), COMMAND with the key positions cluster clients read; in cluster
-// mode CLUSTER SLOTS|NODES|INFO|MYID|KEYSLOT, READONLY, READWRITE, ASKING.
+// mode CLUSTER SLOTS|SHARDS|NODES|INFO|MYID|KEYSLOT, READONLY, READWRITE, ASKING.
 // HELLO 3 is refused with NOPROTO: kvmesh speaks RESP2.
 //
 // Authentication: when the front has a RespAuth that requires it, every
@@ -106,7 +106,7 @@ struct RespFrontOptions {
   std::string role = "node";              // INFO role: line
   // Non-null: Redis Cluster mode. Keyed commands whose slot this front does
   // not serve are answered -MOVED (or -CLUSTERDOWN), keys of two slots in one
-  // command -CROSSSLOT; CLUSTER SLOTS|NODES|INFO|MYID|KEYSLOT describe the
+  // command -CROSSSLOT; CLUSTER SLOTS|SHARDS|NODES|INFO|MYID|KEYSLOT describe the
   // view. rules.cluster_slots must be set with it.
   std::shared_ptr<const RespCluster> cluster;
 };
