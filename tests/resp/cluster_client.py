@@ -17,20 +17,20 @@ map (CLUSTER SLOTS), the key positions (COMMAND) and follows -MOVED itself:
      survivors equal and the dead node's keys as None (a miss, not an error).
 
 Every process is killed at the end, whatever happens (and dies with this
-script: PR_SET_PDEATHSIG). Exit 77 (ctest: skipped) without redis-py.
+script: PR_SET_PDEATHSIG; tests/resp/daemons.py), and a failure shows the end
+of each daemon's stderr. Exit 77 (ctest: skipped) without redis-py.
 """
 import argparse
 import contextlib
-import ctypes
 import io
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
+
+from daemons import TIME_SCALE, Procs
 
 try:
     import redis
@@ -41,8 +41,6 @@ except ImportError:  # pragma: no cover
 
 NODES = ["n0", "n1", "n2"]
 PASSWORD = "s3cret-cluster"
-# Bounds on waits grow with the build (sanitizers: 4), as the C++ tests' TimeBound.
-TIME_SCALE = int(os.environ.get("KVMESH_TEST_TIME_SCALE", "1"))
 
 
 def config() -> dict:
@@ -58,46 +56,6 @@ def config() -> dict:
         "auth": {"token": PASSWORD},
         "resp": {"cluster": True},
     }
-
-
-def die_with_parent() -> None:
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-class Procs:
-    def __init__(self):
-        self.procs = {}
-
-    def start(self, name, argv, timeout=15.0) -> dict:
-        timeout *= TIME_SCALE
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
-                             preexec_fn=die_with_parent)
-        self.procs[name] = p
-        end = time.time() + timeout
-        while time.time() < end:
-            line = p.stdout.readline()
-            if not line:
-                raise RuntimeError(f"{argv[1]} exited before listening")
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev.get("event") == "listening":
-                return ev
-        raise RuntimeError(f"{argv[1]} did not listen within {timeout}s")
-
-    def kill(self, name):
-        p = self.procs[name]
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait(timeout=10)
-
-    def stop(self):
-        for name in list(self.procs):
-            self.kill(name)
 
 
 def value(key: str) -> bytes:
@@ -121,9 +79,9 @@ def wait_for(what, predicate, timeout=15.0):
 
 
 def main(kvmesh: str) -> int:
-    procs = Procs()
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
+        procs = Procs(tmp)
         try:
             path = os.path.join(tmp, "cluster.json")
             with open(path, "w") as f:
@@ -139,7 +97,7 @@ def main(kvmesh: str) -> int:
             def agreed(n):
                 maps = []
                 for node, port in ports.items():
-                    if procs.procs[node].poll() is not None:
+                    if not procs.alive(node):
                         continue
                     r = redis.Redis(port=port, password=PASSWORD)
                     maps.append(sorted((s[0], s[1], s[2][1]) for s in r.execute_command("CLUSTER SLOTS")))
@@ -214,6 +172,9 @@ def main(kvmesh: str) -> int:
             assert dead, "the killed node held none of the keys"
             print(f"OK: 300 keys over 3 nodes, {len(dead)} lost with n2, {time.time() - t0:.1f}s")
             return 0
+        except BaseException:
+            procs.dump_logs()
+            raise
         finally:
             procs.stop()
 

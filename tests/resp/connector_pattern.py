@@ -20,21 +20,21 @@ Checks, in order:
      and eviction did happen (not every key survived), some keys survived;
   3. a data command before AUTH is refused with NOAUTH.
 Every process is killed at the end, whatever happens (and dies with this
-script if it is killed itself: PR_SET_PDEATHSIG). Exit 77 (ctest: skipped)
+script if it is killed itself: PR_SET_PDEATHSIG; tests/resp/daemons.py), and a
+failure shows the end of each daemon's stderr. Exit 77 (ctest: skipped)
 when redis-py is not installed.
 """
 import argparse
 import asyncio
-import ctypes
 import json
 import os
 import random
-import signal
 import struct
-import subprocess
 import sys
 import tempfile
 import time
+
+from daemons import TIME_SCALE, Procs
 
 try:
     import redis.asyncio as aioredis
@@ -47,9 +47,8 @@ MiB = 1 << 20
 NODES = ["n0", "n1", "n2"]
 NODE_BYTES = 96 * MiB
 PASSWORD = "s3cret-connector"
-# Bounds grow with the build (sanitizers: 4): under TSan a 32 MiB value through the proxy
-# outlasted an unscaled 5 s node timeout in 2 of 3 runs.
-TIME_SCALE = int(os.environ.get("KVMESH_TEST_TIME_SCALE", "1"))
+# Bounds grow with the build (TIME_SCALE, sanitizers: 4): under TSan a 32 MiB value through the
+# proxy outlasted an unscaled 5 s node timeout in 2 of 3 runs.
 
 
 def config(coord_port: int) -> dict:
@@ -67,44 +66,6 @@ def config(coord_port: int) -> dict:
         "auth": {"token": PASSWORD},
         "resp": {"max_value_bytes": "64MiB"},
     }
-
-
-def die_with_parent() -> None:
-    """In the child before exec: SIGKILL when this script dies, even by SIGKILL (a ctest timeout)."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-class Procs:
-    def __init__(self):
-        self.procs = []
-
-    def start(self, argv, timeout=15.0) -> dict:
-        timeout *= TIME_SCALE
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
-                             preexec_fn=die_with_parent)
-        self.procs.append(p)
-        end = time.time() + timeout
-        while time.time() < end:
-            line = p.stdout.readline()
-            if not line:
-                raise RuntimeError(f"{argv[1]} exited before listening")
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev.get("event") == "listening":
-                return ev
-        raise RuntimeError(f"{argv[1]} did not listen within {timeout}s")
-
-    def stop(self):
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for p in self.procs:
-            p.wait(timeout=10)
 
 
 def chunk_bytes(key: str, size: int) -> bytes:
@@ -133,19 +94,19 @@ async def load(r, key: str, size: int):
 
 
 async def main(kvmesh: str) -> int:
-    procs = Procs()
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
+        procs = Procs(tmp)
         try:
             cfg_path = os.path.join(tmp, "cluster.json")
             with open(cfg_path, "w") as f:
                 json.dump(config(0), f)
-            coord = procs.start([kvmesh, "coordinator", "--config", cfg_path, "--port", "0"])
+            coord = procs.start("coordinator", [kvmesh, "coordinator", "--config", cfg_path, "--port", "0"])
             coord_addr = f"127.0.0.1:{coord['ports']['http']}"
             for n in NODES:
-                procs.start([kvmesh, "node", "--config", cfg_path, "--id", n, "--coordinator", coord_addr])
+                procs.start(n, [kvmesh, "node", "--config", cfg_path, "--id", n, "--coordinator", coord_addr])
             time.sleep(0.8)  # every node registered (heartbeat 200 ms)
-            px = procs.start([kvmesh, "proxy", "--config", cfg_path, "--coordinator", coord_addr, "--resp-port", "0"])
+            px = procs.start("proxy", [kvmesh, "proxy", "--config", cfg_path, "--coordinator", coord_addr, "--resp-port", "0"])
             assert px["nodes"] == len(NODES), px
             port = px["ports"]["resp"]
 
@@ -215,6 +176,9 @@ async def main(kvmesh: str) -> int:
             await r.close()
             print(f"3. NOAUTH before AUTH; the password in the URL works. {time.time() - t0:.1f} s")
             return 0
+        except BaseException:
+            procs.dump_logs()
+            raise
         finally:
             procs.stop()
 
