@@ -139,4 +139,26 @@ class Process {
   int status_ = 0;
 };
 
+// Runs argv to its end and returns everything it printed (stdout; stderr too
+// with merge_stderr), or nullopt when it could not start or had not ended
+// `timeout` (+1 s) later (it is killed then, by ~Process).
+inline std::optional<std::string> RunToEnd(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
+                                           bool merge_stderr = false) {
+  using namespace std::chrono_literals;
+  Process p;
+  if (!p.Start(argv, merge_stderr)) return std::nullopt;
+  std::string out;
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    auto line = p.ReadLine(100ms);
+    if (line)
+      out += *line + "\n";
+    else if (p.Wait(0ms))
+      break;
+  }
+  while (auto line = p.ReadLine(10ms)) out += *line + "\n";
+  if (!p.Wait(1s)) return std::nullopt;
+  return out;
+}
+
 }  // namespace kvmesh::testing

@@ -21,18 +21,9 @@ const std::string kConfig = std::string(KVMESH_SOURCE_DIR) + "/cluster_configs/d
 
 // Runs a command and returns its stdout (the process is bounded by `timeout`).
 std::string Run(const std::vector<std::string>& argv, std::chrono::milliseconds timeout = 30s) {
-  Process p;
-  REQUIRE(p.Start(argv));
-  std::string out;
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    auto line = p.ReadLine(100ms);
-    if (line) out += *line + "\n";
-    else if (p.Wait(0ms)) break;
-  }
-  while (auto line = p.ReadLine(10ms)) out += *line + "\n";
-  REQUIRE(p.Wait(1s));
-  return out;
+  auto out = kvmesh::testing::RunToEnd(argv, timeout);
+  REQUIRE(out);
+  return *out;
 }
 
 bool Have(const std::string& path) { return ::access(path.c_str(), X_OK) == 0; }

@@ -277,20 +277,9 @@ uint16_t PortOf(const std::string& hostport) {
 
 // Runs a command to its end (bounded) and returns its stdout.
 std::string Run(const std::vector<std::string>& argv) {
-  Process p;
-  REQUIRE(p.Start(argv));
-  std::string out;
-  const auto end = SteadyClock::now() + TimeBound(10s);
-  while (SteadyClock::now() < end) {
-    auto line = p.ReadLine(100ms);
-    if (line)
-      out += *line + "\n";
-    else if (p.Wait(0ms))
-      break;
-  }
-  while (auto line = p.ReadLine(10ms)) out += *line + "\n";
-  REQUIRE(p.Wait(1s));
-  return out;
+  auto out = kvmesh::testing::RunToEnd(argv, TimeBound(10s));
+  REQUIRE(out);
+  return *out;
 }
 
 }  // namespace

@@ -39,18 +39,9 @@ bool Have(const std::string& path) { return !path.empty() && ::access(path.c_str
 
 // Runs a command to its end (bounded) and returns its stdout.
 std::string Run(const std::vector<std::string>& argv, std::chrono::milliseconds timeout = 10s) {
-  Process p;
-  REQUIRE(p.Start(argv));
-  std::string out;
-  const auto end = SteadyClock::now() + timeout;
-  while (SteadyClock::now() < end) {
-    auto line = p.ReadLine(100ms);
-    if (line) out += *line + "\n";
-    else if (p.Wait(0ms)) break;
-  }
-  while (auto line = p.ReadLine(10ms)) out += *line + "\n";
-  REQUIRE(p.Wait(1s));
-  return out;
+  auto out = kvmesh::testing::RunToEnd(argv, timeout);
+  REQUIRE(out);
+  return *out;
 }
 
 std::vector<std::string> Lines(const std::string& s) {

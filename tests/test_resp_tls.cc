@@ -32,18 +32,9 @@ bool Have(const std::string& path) { return !path.empty() && ::access(path.c_str
 
 // Runs a command to its end (bounded) and returns its stdout and stderr.
 std::string Run(const std::vector<std::string>& argv, std::chrono::milliseconds timeout = 10s) {
-  Process p;
-  REQUIRE(p.Start(argv, /*merge_stderr=*/true));
-  std::string out;
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    auto line = p.ReadLine(100ms);
-    if (line) out += *line + "\n";
-    else if (p.Wait(0ms)) break;
-  }
-  while (auto line = p.ReadLine(10ms)) out += *line + "\n";
-  REQUIRE(p.Wait(1s));
-  return out;
+  auto out = kvmesh::testing::RunToEnd(argv, timeout, /*merge_stderr=*/true);
+  REQUIRE(out);
+  return *out;
 }
 
 // A throwaway PKI and a config with tenants and TLS, removed at the end.
