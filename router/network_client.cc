@@ -9,6 +9,7 @@
 
 #include "kvmesh/build_config.h"
 #include "common/credentials.h"
+#include "router/map_fetch.h"
 #include "router/map_json.h"
 #include "transport/http_client.h"
 #include "transport/socket_util.h"
@@ -53,11 +54,7 @@ struct NetworkClient::Impl {
     h.tls = tls;
     if (!o.tenant.empty()) h.authorization = BasicAuthorization(o.tenant, o.token);
     else if (!o.token.empty()) h.authorization = BearerAuthorization(o.token);
-    KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/map", "", o.timeout_ms, h));
-    if (r.status == 401 || r.status == 403)
-      return PermissionDenied("coordinator refused /map (HTTP " + std::to_string(r.status) + "): " + r.body);
-    if (r.status != 200) return Unavailable("coordinator answered HTTP " + std::to_string(r.status) + " for /map");
-    return ParsePublishedMap(r.body);
+    return FetchPublishedMap(host, port, o.timeout_ms, h);
   }
 
   // Builds the map and channels for `pm`; REQUIRES mu held.

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvmesh/build_config.h"
+#include "router/map_fetch.h"
 #include "shard_node/server/cluster_slots.h"
 #include "shard_node/server/data_server.h"
 #include "shard_node/server/resp_server.h"
@@ -271,10 +272,8 @@ class Daemon final : public NodeDaemon {
 
   // Cluster mode: the slots of the map the coordinator publishes now.
   Status RefreshClusterView() {
-    KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(coord_host_, coord_port_, "GET", "/map", "",
-                                                      config_.coordinator.heartbeat_ms * 2, CoordinatorAuth()));
-    if (r.status != 200) return Unavailable("GET /map: HTTP " + std::to_string(r.status));
-    KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, ParsePublishedMap(r.body));
+    KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, FetchPublishedMap(coord_host_, coord_port_,
+                                                               config_.coordinator.heartbeat_ms * 2, CoordinatorAuth()));
     KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<const RespClusterView> v, BuildClusterView(pm, o_.node_id));
     size_t own = 0;
     for (int32_t o : v->owner) own += (o >= 0 && o == v->self);

@@ -10,6 +10,7 @@
 #include "common/credentials.h"
 #include "kvmesh/build_config.h"
 #include "raw_tcp.h"
+#include "router/map_fetch.h"
 #include "router/map_json.h"
 #include "soak.h"
 #include "transport/http_client.h"
@@ -159,9 +160,7 @@ Result<nlohmann::json> RunHostBench(const HostBenchOptions& o, BenchCounters* co
   KVMESH_RETURN_IF_ERROR(SplitHostPort(o.coordinator, &chost, &cport));
   HttpRequestOptions h;
   if (!o.token.empty()) h.authorization = BearerAuthorization(o.token);
-  KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(chost, cport, "GET", "/map", "", o.timeout_ms, h));
-  if (r.status != 200) return Unavailable("coordinator answered HTTP " + std::to_string(r.status) + " for /map");
-  KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, ParsePublishedMap(r.body));
+  KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, FetchPublishedMap(chost, cport, o.timeout_ms, h));
   nlohmann::json hosts = nlohmann::json::array();
   for (const ShardInfo& n : pm.nodes) {
     if (!o.only_node.empty() && n.id != o.only_node) continue;
