@@ -39,10 +39,6 @@ class ClusterSlots final : public RespCluster {
     std::lock_guard<std::mutex> lock(mu_);
     view_ = std::move(v);
   }
-  uint64_t epoch() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return view_ ? view_->epoch : 0;
-  }
 
  private:
   mutable std::mutex mu_;

@@ -234,7 +234,7 @@ class Daemon final : public NodeDaemon {
     do {
       lock.unlock();
       Status s = registered_ ? Heartbeat() : Register();
-      if (s.ok() && cluster_ && (!cluster_->View() || cluster_->epoch() != epoch_.load())) {
+      if (s.ok() && cluster_ && ClusterViewStale()) {
         Status m = RefreshClusterView();
         if (!m.ok() && !cluster_logged_)
           LogEvent(o_.node_id, {{"event", "cluster_map_failed"}, {"error", m.ToString()}});
@@ -270,6 +270,12 @@ class Daemon final : public NodeDaemon {
     return Status::Ok();
   }
 
+  // Cluster mode: no view yet, or one of another epoch than the heartbeat's.
+  bool ClusterViewStale() const {
+    const std::shared_ptr<const RespClusterView> v = cluster_->View();
+    return !v || v->epoch != epoch_.load();
+  }
+
   // Cluster mode: the slots of the map the coordinator publishes now.
   Status RefreshClusterView() {
     KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, FetchPublishedMap(coord_host_, coord_port_,
@@ -277,7 +283,8 @@ class Daemon final : public NodeDaemon {
     KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<const RespClusterView> v, BuildClusterView(pm, o_.node_id));
     size_t own = 0;
     for (int32_t o : v->owner) own += (o >= 0 && o == v->self);
-    const bool changed = cluster_->epoch() != v->epoch || !cluster_->View();
+    const std::shared_ptr<const RespClusterView> prev = cluster_->View();
+    const bool changed = !prev || prev->epoch != v->epoch;
     cluster_->Install(v);
     if (changed)
       LogEvent(o_.node_id, {{"event", "cluster_slots"}, {"epoch", v->epoch}, {"nodes", v->nodes.size()},

@@ -413,6 +413,7 @@ std::string RespCommands::Cluster(const RespCommand& a) const {
   const std::shared_ptr<const RespClusterView> v = o_.cluster->View();
   const RespClusterView empty;
   const RespClusterView& view = v ? *v : empty;
+  if (Eq(sub, "MYID")) return Bulk(view.self >= 0 ? view.nodes[static_cast<size_t>(view.self)].id : "");
   // Runs of consecutive slots with one owner: {first, last, owner}.
   struct Run {
     uint32_t first, last;
@@ -427,7 +428,6 @@ std::string RespCommands::Cluster(const RespCommand& a) const {
   }
   uint64_t served = 0;
   for (const Run& r : runs) served += r.last - r.first + 1;
-  if (Eq(sub, "MYID")) return Bulk(view.self >= 0 ? view.nodes[static_cast<size_t>(view.self)].id : "");
   if (Eq(sub, "SLOTS")) {
     std::string out = "*" + std::to_string(runs.size()) + "\r\n";
     for (const Run& r : runs) {
