@@ -76,8 +76,13 @@ TEST_CASE("Cluster mode: a key's blocks are placed by its slot; the suffix rule 
     CHECK(GroupSlot(head) == RespKeySlot(key));
     const BlockKey part = RespPartKey(key, RespGroupOf(key, rules), 99, 3);
     CHECK(PlacementKey(part) == PlacementKey(head));
-    CHECK(PlacementKey(head) == PlacementKey(SlotPlacementProbe(RespKeySlot(key))));
+    CHECK(PlacementKey(head) == SlotPlacementKey(RespKeySlot(key)));
+    CHECK(PlacementKey(PlacementKey(part)) == PlacementKey(part));  // idempotent
   }
+  // Idempotent for grouped and content keys too.
+  const BlockKey grouped = RespKey("foo"), content{0x1234, 0x5678};
+  CHECK(PlacementKey(PlacementKey(grouped)) == PlacementKey(grouped));
+  CHECK(PlacementKey(PlacementKey(content)) == PlacementKey(content));
   // Different keys of one slot share the placement, not the group (not co-evicted together).
   const BlockKey a = RespKey("{t}a", rules), b = RespKey("{t}b", rules);
   CHECK(PlacementKey(a) == PlacementKey(b));
@@ -100,7 +105,7 @@ TEST_CASE("Cluster mode: a key's blocks are placed by its slot; the suffix rule 
   std::map<uint32_t, int> per_node;
   uint32_t out[ShardMap::kMaxReplicas];
   for (uint32_t s = 0; s < kRespClusterSlots; ++s) {
-    REQUIRE((*map)->Place(SlotPlacementProbe(s), Affinity{}, out, 1) == 1);
+    REQUIRE((*map)->Place(SlotPlacementKey(s), Affinity{}, out, 1) == 1);
     per_node[out[0]]++;
   }
   REQUIRE(per_node.size() == 3);

@@ -43,6 +43,7 @@ inline constexpr uint64_t kGroupKindMask = 0xFFE0000000000000ull;  // both tags
 inline constexpr uint64_t kGroupCoEvictBit = 1ull << 51;
 inline constexpr uint64_t kGroupMemberMask = kGroupCoEvictBit - 1;  // 51 bits of member hash
 inline constexpr int kGroupSlotShift = 50;                         // hi >> 50: the slot (0..16383)
+inline constexpr uint64_t kGroupSlotMask = ~uint64_t{0} << kGroupSlotShift;  // the slot's bits of hi
 
 inline BlockKey GroupedKey(uint64_t group, uint64_t member, bool co_evict, bool slotted = false) {
   return BlockKey{group, (slotted ? kGroupSlottedTag : kGroupTag) | (co_evict ? kGroupCoEvictBit : 0) |
@@ -53,15 +54,16 @@ inline bool IsSlottedKey(const BlockKey& k) { return (k.lo & kGroupTagMask) == k
 inline bool IsCoEvictedKey(const BlockKey& k) { return IsGroupedKey(k) && (k.lo & kGroupCoEvictBit) != 0; }
 // The Redis Cluster slot of a slotted key.
 inline uint32_t GroupSlot(const BlockKey& k) { return static_cast<uint32_t>(k.hi >> kGroupSlotShift); }
-// A key of slot `slot` (any slotted key of that slot is placed as this one).
-inline BlockKey SlotPlacementProbe(uint32_t slot) {
-  return BlockKey{uint64_t{slot} << kGroupSlotShift, kGroupSlottedTag};
-}
 // The key placement ranks nodes by: the slot for a slotted key, the group for
-// another grouped key, else the key.
+// another grouped key, else the key. Idempotent: PlacementKey(PlacementKey(k))
+// == PlacementKey(k), so a placement key may stand for its keys anywhere.
 inline BlockKey PlacementKey(const BlockKey& k) {
-  if (IsSlottedKey(k)) return BlockKey{GroupSlot(k), kGroupSlottedTag};
+  if (IsSlottedKey(k)) return BlockKey{k.hi & kGroupSlotMask, kGroupSlottedTag};
   return IsGroupedKey(k) ? BlockKey{k.hi, kGroupTag} : k;
+}
+// The placement key of every slotted key of `slot`.
+inline BlockKey SlotPlacementKey(uint32_t slot) {
+  return BlockKey{uint64_t{slot} << kGroupSlotShift, kGroupSlottedTag};
 }
 
 class KeyDeriver {

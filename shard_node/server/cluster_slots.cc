@@ -15,7 +15,7 @@ Result<std::shared_ptr<const RespClusterView>> BuildClusterView(const PublishedM
   v->owner.assign(kRespClusterSlots, -1);
   uint32_t out[ShardMap::kMaxReplicas];
   for (uint32_t s = 0; s < kRespClusterSlots; ++s) {
-    if (map->Place(SlotPlacementProbe(s), Affinity{}, out, 1) == 0) continue;
+    if (map->Place(SlotPlacementKey(s), Affinity{}, out, 1) == 0) continue;
     if (v->nodes[out[0]].port != 0) v->owner[s] = static_cast<int32_t>(out[0]);
   }
   return std::shared_ptr<const RespClusterView>(std::move(v));
