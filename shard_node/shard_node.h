@@ -55,8 +55,9 @@ class ShardNode {
   const std::string& id() const { return id_; }
   const ModelSpec& model() const { return model_; }
 
-  // With a codec configured (config.codec), Put encodes full raw blocks and
-  // GetInto decodes them; Get returns the stored view, which for an encoded
+  // With a codec configured (config.codec), Put encodes full raw blocks
+  // (content-addressed KV blocks: a grouped key, a RESP value's block, is
+  // opaque and stored as it is, whatever its size) and GetInto decodes them; Get returns the stored view, which for an encoded
   // block (meta().codec != 0) is the self-describing compressed block
   // (kernels/codec.h DecodeBlock reads it anywhere).
   Status Put(const BlockKey& key, std::span<const std::byte> payload, const PutOptions& o);
@@ -82,8 +83,8 @@ class ShardNode {
   // A chunk for a raw block of `size` bytes that the transport fills itself
   // (a socket read, a one-sided get), then CommitPut. AlreadyExists when the
   // key is stored (drop the bytes); FailedPrecondition when this node changes
-  // blocks on the way in (a codec) or its pool is not host memory: stage the
-  // bytes and Put them. Otherwise Put's errors.
+  // blocks on the way in (a codec, for a key that is not grouped) or its pool
+  // is not host memory: stage the bytes and Put them. Otherwise Put's errors.
   Result<BlockReservation> ReservePut(const BlockKey& key, size_t size, const PutOptions& o);
   // Verifies the reserved bytes against `checksum` (one pass over them) and
   // stores the block: DataLoss, nothing stored, on a mismatch.

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/codec.h"
+#include "kvmesh/block_key.h"
 #include "shard_node/tier_internal.h"
 #include "shard_node/tiered_store.h"
 
@@ -163,8 +164,9 @@ void TieredStore::ReencodePrimary() {
       stored.assign(d.begin(), d.end());
     }
     kernels::BlockShape shape = model_shape;
-    if (meta.codec == 0) {  // raw bytes: must be one full block of the model
-      if (!model_ok || meta.size != model_shape.bytes()) {
+    if (meta.codec == 0) {  // raw bytes: must be one full KV block of the model
+      // (a grouped key's block, a RESP value, is opaque bytes whatever its size)
+      if (!model_ok || meta.size != model_shape.bytes() || IsGroupedKey(c.key)) {
         ++skipped;
         continue;
       }

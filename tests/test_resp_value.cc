@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "kernels/codec.h"
 #include "kvmesh/block_key.h"
 #include "router/shard_map.h"
 #include "shard_node/server/resp_server.h"
@@ -31,10 +32,12 @@ namespace {
 
 constexpr uint64_t kSlot = 64 << 10;
 
-ClusterConfig Config(const std::string& memory, int nodes = 1, uint32_t stripes = 2) {
+// With `codec`, the node encodes raw KV blocks on put ($.codec.codec).
+ClusterConfig Config(const std::string& memory, int nodes = 1, uint32_t stripes = 2, const std::string& codec = "") {
   std::string j = R"({"model": {"model_id": "rv", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
                                  "block_tokens": 4}, "store": {"slot_bytes": "64KiB", "size_classes": 8, "stripes": )" +
-                  std::to_string(stripes) + R"(}, "nodes": [)";
+                  std::to_string(stripes) + "}, " + (codec.empty() ? "" : R"("codec": {"codec": ")" + codec + R"("}, )") +
+                  R"("nodes": [)";
   for (int i = 0; i < nodes; ++i)
     j += std::string(i ? "," : "") + R"({"id": "n)" + std::to_string(i) + R"(", "memory": {"host": ")" + memory + R"("}})";
   j += "]}";
@@ -45,8 +48,9 @@ ClusterConfig Config(const std::string& memory, int nodes = 1, uint32_t stripes 
 
 // One ShardNode and its node-local RESP front, in process.
 struct LocalFront {
-  explicit LocalFront(const std::string& memory, std::string token = "") {
-    cfg = Config(memory);
+  explicit LocalFront(const std::string& memory, std::string token = "") : LocalFront(Config(memory), std::move(token)) {}
+  LocalFront(ClusterConfig config, std::string token) {
+    cfg = std::move(config);
     auto n = ShardNode::Create(cfg, "n0");
     REQUIRE(n.ok());
     node = std::move(*n);
@@ -219,6 +223,38 @@ TEST_CASE("RESP node-local: values of many blocks read back whole, SET options a
   CHECK(c.Call({"GET", "m"}).str == "2");
   CHECK(c.Call({"DEL", "m", "n", "absent"}).num == 2);
   CHECK(c.Call({"MGET", "m", "n"}).arr.size() == 2);
+}
+
+TEST_CASE("RESP values are never run through the node's KV codec, whatever their size", "[resp][value][codec]") {
+  // A lossy codec (int8) encodes blocks of exactly the model's raw block size
+  // on put. RESP values are opaque bytes: one whose block (head + value) has
+  // that size must read back equal, through the RESP front and as a grouped
+  // key put straight into the node (the path of the proxy's PUT frames).
+  LocalFront f(Config("16MiB", 1, 2, "int8"), "");
+  const size_t raw = kernels::BlockShape::FromLayout(BlockLayout::Full(f.cfg.model)).bytes();
+  REQUIRE(raw > kRespHeadBytes);
+  RespTestClient c(f.port());
+  for (size_t n : {raw - kRespHeadBytes, raw, raw - kRespHeadBytes - 1}) {
+    INFO("value of " << n << " bytes, raw KV block " << raw);
+    const std::string v = Pattern(n, n + 5);
+    CHECK(c.Call({"SET", "opaque", v}).ok());
+    CHECK(c.Call({"GET", "opaque"}).str == v);
+  }
+  const BlockKey grouped = RespKey("direct");
+  const std::string payload = Pattern(raw, 77);
+  REQUIRE(f.node->Put(grouped, std::as_bytes(std::span<const char>(payload)), PutOptions{}).ok());
+  std::string back(raw, '\0');
+  auto got = f.node->GetInto(grouped, std::as_writable_bytes(std::span<char>(back)));
+  REQUIRE(got.ok());
+  CHECK(*got == raw);
+  CHECK(back == payload);
+  // A content-addressed KV block of that size is still encoded (stored smaller).
+  const BlockKey kv{0x1234, 0x5678};
+  const std::string block = Pattern(raw, 78);
+  REQUIRE(f.node->Put(kv, std::as_bytes(std::span<const char>(block)), PutOptions{}).ok());
+  auto ref = f.node->Get(kv);
+  REQUIRE(ref.ok());
+  CHECK(ref->meta().codec != 0);
 }
 
 TEST_CASE("RESP node-local: AUTH, NOAUTH, HELLO 2/3, CLIENT SETINFO", "[resp][auth]") {

@@ -926,6 +926,45 @@ TEST_CASE("Pressure level 2 frees capacity: re-encoded blocks hold smaller chunk
   CHECK(slab.accepted_without_evicting == 8);
 }
 
+TEST_CASE("Pressure level 2 leaves grouped keys' blocks (RESP values) as they are, whatever their size", "[tiers]") {
+  // A RESP value's part is opaque bytes: one the size of a raw KV block must
+  // not be re-encoded as if it were one (int8 would change its bytes).
+  ManualClock clock;
+  const ModelSpec model = TinyModel();
+  const uint64_t block = model.FullBlockBytes();
+  auto primary = MakeStore(16, block, &clock);
+  TieredStoreOptions o;
+  o.node_id = "n0";
+  o.model = model;
+  o.background = false;
+  o.clock = &clock;
+  auto t = TieredStore::Create(primary.get(), o);
+  REQUIRE(t.ok());
+  TieredStore& ts = **t;
+  std::vector<std::vector<std::byte>> raw;
+  auto grouped = [](uint64_t i) { return GroupedKey(0x77 + i, i, /*co_evict=*/false); };
+  for (uint64_t i = 0; i < 16; ++i) {
+    raw.push_back(Fp16Block(i, block));
+    REQUIRE(ts.Put(grouped(i), raw.back(), {}).ok());
+    clock.AdvanceSeconds(1);
+  }
+  ts.SetPrimaryLimit(8 * block);
+  ts.RunMaintenance();  // level 1
+  ts.RunMaintenance();  // level 2
+  REQUIRE(ts.pressure_level() == 2);
+  CHECK(ts.Stats().reencoded_blocks == 0);
+  std::vector<std::byte> back(block);
+  size_t survivors = 0;
+  for (uint64_t i = 0; i < 16; ++i) {
+    auto n = ts.GetInto(grouped(i), back);
+    if (!n.ok()) continue;
+    ++survivors;
+    CHECK(*n == block);
+    CHECK(back == raw[i]);
+  }
+  CHECK(survivors > 0);
+}
+
 TEST_CASE("Pressure level 2 on a full store re-encodes page by page without evicting", "[tiers][slab]") {
   // Level 1 evicts a single block, so no page is free when level 2 starts:
   // each encoded block waits until its page's other blocks are erased.
