@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <span>
 
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
@@ -37,6 +39,25 @@ inline uint64_t CopyWithChecksum64(void* dst, const void* src, size_t n) {
     const size_t len = n - off < kChunk ? n - off : kChunk;
     std::memcpy(d + off, s + off, len);
     XXH3_64bits_update(&state, d + off, len);
+  }
+  return XXH3_64bits_digest(&state);
+}
+
+// The pieces one after another into dst (which holds their total size), and
+// Checksum64 of the whole, in one pass as CopyWithChecksum64: a header and a
+// payload land in one block without staging them together first.
+inline uint64_t GatherWithChecksum64(void* dst, std::initializer_list<std::span<const char>> pieces) {
+  constexpr size_t kChunk = 16 * 1024;
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  auto* d = static_cast<unsigned char*>(dst);
+  for (std::span<const char> p : pieces) {
+    for (size_t off = 0; off < p.size(); off += kChunk) {
+      const size_t len = p.size() - off < kChunk ? p.size() - off : kChunk;
+      std::memcpy(d, p.data() + off, len);
+      XXH3_64bits_update(&state, d, len);
+      d += len;
+    }
   }
   return XXH3_64bits_digest(&state);
 }

@@ -170,9 +170,9 @@ Result<BlockReservation> ShardNode::ReservePut(const BlockKey& key, size_t size,
   return tiers_ ? tiers_->Reserve(key, size, o) : store_->Reserve(key, size, o);
 }
 
-Status ShardNode::CommitPut(BlockReservation& r, uint64_t checksum) {
+Status ShardNode::CommitPut(BlockReservation& r, uint64_t checksum, bool verify) {
   const BlockKey key = r.key();
-  Status s = tiers_ ? tiers_->Commit(r, checksum) : store_->Commit(r, checksum, /*verify=*/true);
+  Status s = tiers_ ? tiers_->Commit(r, checksum, verify) : store_->Commit(r, checksum, verify);
   if (s.ok() && IsCoEvictedKey(key)) GroupStored(key);
   return s;
 }

@@ -87,8 +87,10 @@ class ShardNode {
   // is not host memory: stage the bytes and Put them. Otherwise Put's errors.
   Result<BlockReservation> ReservePut(const BlockKey& key, size_t size, const PutOptions& o);
   // Verifies the reserved bytes against `checksum` (one pass over them) and
-  // stores the block: DataLoss, nothing stored, on a mismatch.
-  Status CommitPut(BlockReservation& r, uint64_t checksum);
+  // stores the block: DataLoss, nothing stored, on a mismatch. Without verify
+  // the caller vouches for the checksum: it hashed the bytes as it copied them
+  // in (GatherWithChecksum64), so they are not read a second time.
+  Status CommitPut(BlockReservation& r, uint64_t checksum, bool verify = true);
   // The pool memory of the node's tiers that the CPU addresses, for a
   // transport that registers it once (UCX).
   std::vector<std::span<std::byte>> PoolMemory();

@@ -84,10 +84,10 @@ Result<BlockReservation> TenantView::ReservePut(const BlockKey& key, size_t size
   return r;
 }
 
-Status TenantView::CommitPut(BlockReservation& r, uint64_t checksum) {
+Status TenantView::CommitPut(BlockReservation& r, uint64_t checksum, bool verify) {
   const BlockKey stored = r.key();
   const uint64_t bytes = r.data().size();
-  KVMESH_RETURN_IF_ERROR(node_->CommitPut(r, checksum));
+  KVMESH_RETURN_IF_ERROR(node_->CommitPut(r, checksum, verify));
   Admitted(stored, bytes);
   return Status::Ok();
 }

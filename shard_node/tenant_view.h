@@ -43,7 +43,7 @@ class TenantView {
   Status Unpin(const BlockKey& key);
   // The reservation holds the stored (scoped) key.
   Result<BlockReservation> ReservePut(const BlockKey& key, size_t size, const PutOptions& o);
-  Status CommitPut(BlockReservation& r, uint64_t checksum);
+  Status CommitPut(BlockReservation& r, uint64_t checksum, bool verify = true);
 
  private:
   // After a successful put of `bytes` under stored key `stored`: account and

@@ -346,13 +346,13 @@ Result<BlockReservation> TieredStore::Reserve(const BlockKey& key, size_t size, 
   return r;
 }
 
-Status TieredStore::Commit(BlockReservation& r, uint64_t checksum) {
+Status TieredStore::Commit(BlockReservation& r, uint64_t checksum, bool verify) {
   BlockStore* into = r.store();
   if (into != primary_ && into != host_.get()) return InvalidArgument("not a reservation of these tiers");
   const BlockKey key = r.key();
   const Priority pri = r.options().priority;
   const std::optional<Tier> was = Locate(key);
-  KVMESH_RETURN_IF_ERROR(into->Commit(r, checksum, /*verify=*/true));
+  KVMESH_RETURN_IF_ERROR(into->Commit(r, checksum, verify));
   if (into == primary_) {
     SetShadow(key, Tier::kPrimary, pri, true);
     // Keep tiers exclusive: a re-put of a demoted block replaces the lower copy.

@@ -142,9 +142,10 @@ class TieredStore final : public BlockStoreOps {
   // (BlockStore::Reserve / Commit): a chunk in the primary tier, or in the
   // host tier when every primary slot is pinned, as Put places it. Busy at
   // pressure level 3. Commit verifies the bytes against `checksum` (DataLoss:
-  // nothing stored) and keeps the tiers exclusive as Put does.
+  // nothing stored; without verify the caller vouches for it, having hashed
+  // while it copied) and keeps the tiers exclusive as Put does.
   Result<BlockReservation> Reserve(const BlockKey& key, size_t size, const PutOptions& o = {});
-  Status Commit(BlockReservation& r, uint64_t checksum);
+  Status Commit(BlockReservation& r, uint64_t checksum, bool verify = true);
   // Copies the block into `dst` (decoded to raw bytes with decode_on_read) and
   // returns its size. Misses: NotFound, or DataLoss for a corrupt SSD block.
   Result<size_t> GetInto(const BlockKey& key, std::span<std::byte> dst) override;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "common/checksum.h"
 #include "shard_node/shard_node.h"
 #include "shard_node/tenant_view.h"
 #include "shard_node/tenants.h"
@@ -79,6 +80,23 @@ class NodeBackend final : public RespSyncBackend {
     po.replace = io.replace;
     std::span<const char> block = io.data;
     if (!io.head.empty() && !io.data.empty()) {  // one contiguous block for the store
+      // Header and value straight into the block's chunk, hashed as they are
+      // copied (the store's one copy). A node that encodes blocks or keeps its
+      // pool in device memory refuses the reservation: stage them below.
+      Result<BlockReservation> r = v.ReservePut(io.key, io.head.size() + io.data.size(), po);
+      if (r.ok()) {
+        const uint64_t sum = GatherWithChecksum64(r->data().data(), {io.head, io.data});
+        io.status = v.CommitPut(*r, sum, /*verify=*/false);
+        return;
+      }
+      if (r.status().code() == StatusCode::kAlreadyExists) {  // as Put: stored (or being stored) already
+        io.status = Status::Ok();
+        return;
+      }
+      if (r.status().code() != StatusCode::kFailedPrecondition) {
+        io.status = r.status();
+        return;
+      }
       scratch_.resize(io.head.size() + io.data.size());
       std::memcpy(scratch_.data(), io.head.data(), io.head.size());
       std::memcpy(scratch_.data() + io.head.size(), io.data.data(), io.data.size());
