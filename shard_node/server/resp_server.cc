@@ -81,8 +81,9 @@ class NodeBackend final : public RespSyncBackend {
     std::span<const char> block = io.data;
     if (!io.head.empty() && !io.data.empty()) {  // one contiguous block for the store
       // Header and value straight into the block's chunk, hashed as they are
-      // copied (the store's one copy). A node that encodes blocks or keeps its
-      // pool in device memory refuses the reservation: stage them below.
+      // copied (the store's one copy). A node whose pool is device memory
+      // refuses the reservation: stage them below. (RESP blocks are grouped
+      // keys, which a codec never encodes, so a codec does not refuse it.)
       Result<BlockReservation> r = v.ReservePut(io.key, io.head.size() + io.data.size(), po);
       if (r.ok()) {
         const uint64_t sum = GatherWithChecksum64(r->data().data(), {io.head, io.data});
