@@ -42,6 +42,7 @@
 #include "kvmesh/network.h"
 #include "raw_tcp.h"
 #include "resp_check.h"
+#include "router/map_fetch.h"
 #include "router/map_json.h"
 #include "soak.h"
 #include "soak_cluster.h"
@@ -79,9 +80,7 @@ Result<std::pair<uint64_t, size_t>> CoordinatorMap(const std::string& coordinato
   std::string host;
   uint16_t port = 0;
   KVMESH_RETURN_IF_ERROR(SplitHostPort(coordinator, &host, &port));
-  KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/map", "", timeout_ms));
-  if (r.status != 200) return Unavailable("HTTP " + std::to_string(r.status));
-  KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, ParsePublishedMap(r.body));
+  KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, FetchPublishedMap(host, port, timeout_ms, {}));
   return std::pair{pm.epoch, pm.nodes.size()};
 }
 
@@ -149,9 +148,7 @@ Result<NodeProbe> NodesNow(const std::string& coordinator) {
   std::string host;
   uint16_t port = 0;
   KVMESH_RETURN_IF_ERROR(SplitHostPort(coordinator, &host, &port));
-  KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/map", "", 1000));
-  if (r.status != 200) return Unavailable("coordinator answered HTTP " + std::to_string(r.status));
-  KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, ParsePublishedMap(r.body));
+  KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, FetchPublishedMap(host, port, 1000, {}));
   NodeProbe np;
   for (const ShardInfo& n : pm.nodes) {
     TcpChannelOptions t;
