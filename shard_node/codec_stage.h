@@ -16,11 +16,18 @@
 #include <span>
 #include <string>
 
+#include "kvmesh/block_key.h"
 #include "kvmesh/config.h"
 #include "kvmesh/status.h"
 #include "kvmesh/types.h"
 
 namespace kvmesh {
+
+// Whether a KV codec may encode `key`'s block: content-addressed KV blocks
+// only. A grouped key's block (a RESP value's head or part) is opaque bytes,
+// stored and kept exactly as written whatever its size (put, reservation,
+// pressure re-encoding).
+inline bool CodecMayEncode(const BlockKey& key) { return !IsGroupedKey(key); }
 
 namespace kernels {
 class Codec;

@@ -115,9 +115,7 @@ Status ShardNode::Put(const BlockKey& key, std::span<const std::byte> payload, c
     (void)serving_->Erase(key);
   }
   Status s;
-  // Grouped keys (RESP values: opaque bytes) are stored as they are; only
-  // content-addressed KV blocks go through the codec.
-  if (codec_ && o.codec == 0 && !IsGroupedKey(key) && codec_->Encodes(payload)) {
+  if (codec_ && o.codec == 0 && CodecMayEncode(key) && codec_->Encodes(payload)) {
     KVMESH_ASSIGN_OR_RETURN(std::span<const std::byte> enc, codec_->Encode(payload));
     PutOptions po = o;
     po.codec = codec_->codec_id();
@@ -160,7 +158,7 @@ Result<BlockRef> ShardNode::GetForTransfer(const BlockKey& key) {
 }
 
 Result<BlockReservation> ShardNode::ReservePut(const BlockKey& key, size_t size, const PutOptions& o) {
-  if (codec_ && o.codec == 0 && !IsGroupedKey(key))
+  if (codec_ && o.codec == 0 && CodecMayEncode(key))
     return FailedPrecondition("this node encodes blocks on put: stage and Put");
   if (!store_->backend().host_accessible()) return FailedPrecondition("the pool is device memory: stage and Put");
   if (o.replace) {  // as Put: no stale copy left in any tier, the member out of its group

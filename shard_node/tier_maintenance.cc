@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/codec.h"
-#include "kvmesh/block_key.h"
+#include "shard_node/codec_stage.h"
 #include "shard_node/tier_internal.h"
 #include "shard_node/tiered_store.h"
 
@@ -165,8 +165,7 @@ void TieredStore::ReencodePrimary() {
     }
     kernels::BlockShape shape = model_shape;
     if (meta.codec == 0) {  // raw bytes: must be one full KV block of the model
-      // (a grouped key's block, a RESP value, is opaque bytes whatever its size)
-      if (!model_ok || meta.size != model_shape.bytes() || IsGroupedKey(c.key)) {
+      if (!model_ok || meta.size != model_shape.bytes() || !CodecMayEncode(c.key)) {
         ++skipped;
         continue;
       }
