@@ -842,20 +842,26 @@ struct LevelTwoRun {
 // memory back so that level 1 evicts `level1_fraction` and level 2 re-encodes
 // the rest at int8; then memory comes back and raw blocks are put until the
 // store evicts.
-LevelTwoRun RunLevelTwo(uint32_t size_classes, double level1_fraction) {
-  ManualClock clock;
-  const ModelSpec model = TinyModel();
-  const uint64_t block = model.FullBlockBytes();
-  auto primary = MakeStore(16, block, &clock, size_classes);
+// Tiers over `primary` for TinyModel whose maintenance the test runs itself.
+std::unique_ptr<TieredStore> ManualTiers(BlockStore* primary, ManualClock* clock,
+                                         double level1_fraction = TieredStoreOptions{}.pressure_evict_fraction) {
   TieredStoreOptions o;
   o.node_id = "n0";
-  o.model = model;
+  o.model = TinyModel();
   o.background = false;
-  o.clock = &clock;
+  o.clock = clock;
   o.pressure_evict_fraction = level1_fraction;
-  auto t = TieredStore::Create(primary.get(), o);
+  auto t = TieredStore::Create(primary, o);
   REQUIRE(t.ok());
-  TieredStore& ts = **t;
+  return std::move(*t);
+}
+
+LevelTwoRun RunLevelTwo(uint32_t size_classes, double level1_fraction) {
+  ManualClock clock;
+  const uint64_t block = TinyModel().FullBlockBytes();
+  auto primary = MakeStore(16, block, &clock, size_classes);
+  auto tiers = ManualTiers(primary.get(), &clock, level1_fraction);
+  TieredStore& ts = *tiers;
   std::vector<std::vector<std::byte>> raw;
   for (uint64_t i = 0; i < 16; ++i) {
     raw.push_back(Fp16Block(i, block));
@@ -930,17 +936,10 @@ TEST_CASE("Pressure level 2 leaves grouped keys' blocks (RESP values) as they ar
   // A RESP value's part is opaque bytes: one the size of a raw KV block must
   // not be re-encoded as if it were one (int8 would change its bytes).
   ManualClock clock;
-  const ModelSpec model = TinyModel();
-  const uint64_t block = model.FullBlockBytes();
+  const uint64_t block = TinyModel().FullBlockBytes();
   auto primary = MakeStore(16, block, &clock);
-  TieredStoreOptions o;
-  o.node_id = "n0";
-  o.model = model;
-  o.background = false;
-  o.clock = &clock;
-  auto t = TieredStore::Create(primary.get(), o);
-  REQUIRE(t.ok());
-  TieredStore& ts = **t;
+  auto tiers = ManualTiers(primary.get(), &clock);
+  TieredStore& ts = *tiers;
   std::vector<std::vector<std::byte>> raw;
   auto grouped = [](uint64_t i) { return GroupedKey(0x77 + i, i, /*co_evict=*/false); };
   for (uint64_t i = 0; i < 16; ++i) {
