@@ -21,34 +21,14 @@ namespace kvmesh {
 
 inline uint64_t Checksum64(const void* data, size_t n) { return XXH3_64bits(data, n); }
 
-// memcpy(dst, src, n) and return Checksum64 of the bytes, in one pass over
-// memory: each chunk is hashed from the destination while it is still in L1/L2,
-// instead of reading the whole block from DRAM a second time.
-// Same result as Checksum64(src, n).
-inline uint64_t CopyWithChecksum64(void* dst, const void* src, size_t n) {
-  constexpr size_t kChunk = 16 * 1024;
-  if (n <= kChunk) {
-    std::memcpy(dst, src, n);
-    return XXH3_64bits(dst, n);
-  }
-  XXH3_state_t state;  // XXH3_state_t is a plain struct; reset initialises it
-  XXH3_64bits_reset(&state);
-  auto* d = static_cast<unsigned char*>(dst);
-  auto* s = static_cast<const unsigned char*>(src);
-  for (size_t off = 0; off < n; off += kChunk) {
-    const size_t len = n - off < kChunk ? n - off : kChunk;
-    std::memcpy(d + off, s + off, len);
-    XXH3_64bits_update(&state, d + off, len);
-  }
-  return XXH3_64bits_digest(&state);
-}
-
 // The pieces one after another into dst (which holds their total size), and
-// Checksum64 of the whole, in one pass as CopyWithChecksum64: a header and a
-// payload land in one block without staging them together first.
+// Checksum64 of the whole, in one pass over memory: each chunk is hashed from
+// the destination while it is still in L1/L2, instead of reading the whole
+// block from DRAM a second time. A header and a payload land in one block
+// without staging them together first.
 inline uint64_t GatherWithChecksum64(void* dst, std::initializer_list<std::span<const char>> pieces) {
   constexpr size_t kChunk = 16 * 1024;
-  XXH3_state_t state;
+  XXH3_state_t state;  // XXH3_state_t is a plain struct; reset initialises it
   XXH3_64bits_reset(&state);
   auto* d = static_cast<unsigned char*>(dst);
   for (std::span<const char> p : pieces) {
@@ -60,6 +40,17 @@ inline uint64_t GatherWithChecksum64(void* dst, std::initializer_list<std::span<
     }
   }
   return XXH3_64bits_digest(&state);
+}
+
+// memcpy(dst, src, n) and return Checksum64 of the bytes, in one pass as
+// GatherWithChecksum64 (one piece; a block of one chunk is hashed in one call,
+// XXH3's faster one-shot path). Same result as Checksum64(src, n).
+inline uint64_t CopyWithChecksum64(void* dst, const void* src, size_t n) {
+  if (n <= 16 * 1024) {
+    std::memcpy(dst, src, n);
+    return XXH3_64bits(dst, n);
+  }
+  return GatherWithChecksum64(dst, {std::span<const char>(static_cast<const char*>(src), n)});
 }
 
 }  // namespace kvmesh

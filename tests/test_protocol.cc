@@ -60,6 +60,19 @@ TEST_CASE("GatherWithChecksum64 lands the pieces in order with the checksum of t
   }
 }
 
+TEST_CASE("CopyWithChecksum64 copies and hashes as memcpy and Checksum64 at every chunk boundary", "[protocol]") {
+  std::mt19937_64 rng(12);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{16383}, size_t{16384}, size_t{16385}, size_t{32768}, size_t{100001}}) {
+    std::string src(n, '\0');
+    for (char& c : src) c = static_cast<char>(rng());
+    std::vector<char> dst(n + 1, 'X');
+    INFO(n);
+    CHECK(CopyWithChecksum64(dst.data(), src.data(), n) == Checksum64(src.data(), n));
+    CHECK(std::string(dst.data(), n) == src);
+    CHECK(dst.back() == 'X');
+  }
+}
+
 TEST_CASE("Header round trip keeps every field", "[protocol]") {
   FrameHeader h = Req(Opcode::kGet, 3, 0x1122334455667788ull, 42);
   std::string body;
