@@ -634,14 +634,18 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
       }
       std::this_thread::sleep_for(100ms);
     }
+    const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
     std::printf("\n# RESP with redis-benchmark (-t set,get -r 16 -q; N = %.0f x 30000 x pipeline requests per run) — "
                 "%d reps, medians; proxy frames/op = node frames the proxy sent per request; CPU us/req = CPU time "
                 "(user + system, /proc) per request of the server side (redis-server; the node; the proxy and both "
-                "nodes) and of redis-benchmark itself, SET and GET together\n", seconds, reps);
+                "nodes) and of redis-benchmark itself, SET and GET together; cores busy = that CPU over the run's wall time "
+                "(of %d cores); proxy CPU ceiling = the ops/s the proxy path's CPU per request allows on %d cores, "
+                "over redis's ops/s\n", seconds, reps, cores, cores);
     std::printf("| op | value | clients | pipeline | redis ops/s | node-local ops/s | proxy ops/s | cluster ops/s | "
                 "proxy/redis | cluster/redis | node-local/redis | proxy frames/op | CPU us/req redis + client | "
-                "node-local + client | proxy+nodes + client | cluster nodes + client |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "node-local + client | proxy+nodes + client | cluster nodes + client | cores busy redis / proxy | "
+                "proxy CPU ceiling |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     auto pids_of = [&](const std::string& name) -> std::vector<pid_t> {
       if (name == "redis") return {redis.pid()};
       if (name == "local") return {nodes[0]->pid()};
@@ -661,6 +665,7 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
           std::map<std::string, std::vector<double>> ops;  // "<target>_<OP>"
           std::vector<double> frames_per_op;
           std::map<std::string, std::vector<double>> server_cpu, client_cpu;  // us per request, by target
+          std::map<std::string, std::vector<double>> busy;  // cores busy (server + client CPU / wall), by target
           struct Bench {
             std::string name;
             uint16_t port;
@@ -677,12 +682,15 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
               double s0 = 0, s1 = 0;
               for (pid_t p : pids_of(name)) s0 += CpuSeconds(p);
               const double c0 = ChildCpuSeconds();
+              const auto w0 = SteadyClock::now();
               auto res = RedisBenchmark(rb_bin, t.port, size, clients, pipe, n, t.cluster);
+              const double wall = std::chrono::duration<double>(SteadyClock::now() - w0).count();
               const double c1 = ChildCpuSeconds();
               for (pid_t p : pids_of(name)) s1 += CpuSeconds(p);
               for (auto& [op, v] : res) ops[name + "_" + op].push_back(v);
               server_cpu[name].push_back((s1 - s0) * 1e6 / double(2 * n));
               client_cpu[name].push_back((c1 - c0) * 1e6 / double(2 * n));
+              busy[name].push_back(wall > 0 ? (s1 - s0 + c1 - c0) / wall : 0.0);
               if (name == "proxy")
                 frames_per_op.push_back(double(InfoField(proxy_info.Info(), "frames_sent") - f0) / double(2 * n));
             }
@@ -695,12 +703,17 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
             const double rd = med(ops[std::string("redis_") + op]), lo = med(ops[std::string("local_") + op]),
                          px = med(ops[std::string("proxy_") + op]), cl = med(ops[std::string("cluster_") + op]);
             auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+            // The proxy's CPU ceiling: the requests per second its path (proxy, nodes and
+            // redis-benchmark) could serve if it had every core of this machine, over redis's.
+            const double px_us = med(server_cpu["proxy"]) + med(client_cpu["proxy"]);
+            const double ceiling = px_us > 0 ? ratio(double(cores) * 1e6 / px_us, rd) : 0.0;
             std::printf("| %s | %s | %zu | %zu | %.0f | %.0f | %.0f | %.0f | %.2fx | %.2fx | %.2fx | %.2f | %.1f + %.1f | "
-                        "%.1f + %.1f | %.1f + %.1f | %.1f + %.1f |\n",
+                        "%.1f + %.1f | %.1f + %.1f | %.1f + %.1f | %.2f / %.2f | %.2fx |\n",
                         op, SizeName(size).c_str(), clients, pipe, rd, lo, px, cl, ratio(px, rd), ratio(cl, rd),
                         ratio(lo, rd), med(frames_per_op), med(server_cpu["redis"]), med(client_cpu["redis"]),
                         med(server_cpu["local"]), med(client_cpu["local"]), med(server_cpu["proxy"]),
-                        med(client_cpu["proxy"]), med(server_cpu["cluster"]), med(client_cpu["cluster"]));
+                        med(client_cpu["proxy"]), med(server_cpu["cluster"]), med(client_cpu["cluster"]),
+                        med(busy["redis"]), med(busy["proxy"]), ceiling);
             std::fflush(stdout);
           }
         }
