@@ -637,13 +637,14 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
     const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
     std::printf("\n# RESP with redis-benchmark (-t set,get -r 16 -q; N = %.0f x 30000 x pipeline requests per run) — "
                 "%d reps, medians; proxy frames/op = node frames the proxy sent per request; CPU us/req = CPU time "
-                "(user + system, /proc) per request of the server side (redis-server; the node; the proxy and both "
-                "nodes) and of redis-benchmark itself, SET and GET together; cores busy = that CPU over the run's wall time "
-                "(of %d cores); proxy CPU ceiling = the ops/s the proxy path's CPU per request allows on %d cores, "
-                "over redis's ops/s\n", seconds, reps, cores, cores);
+                "(user + system, /proc) per request of the server side (redis-server; the node; the proxy, then both "
+                "nodes; the two cluster-mode nodes) and of redis-benchmark itself, SET and GET together; cores busy = "
+                "that CPU over the run's wall time (of %d cores); proxy CPU ceiling = the ops/s the proxy path's CPU "
+                "per request allows on %d cores, over redis's ops/s\n",
+                seconds, reps, cores, cores);
     std::printf("| op | value | clients | pipeline | redis ops/s | node-local ops/s | proxy ops/s | cluster ops/s | "
                 "proxy/redis | cluster/redis | node-local/redis | proxy frames/op | CPU us/req redis + client | "
-                "node-local + client | proxy+nodes + client | cluster nodes + client | cores busy redis / proxy | "
+                "node-local + client | proxy + nodes + client | cluster nodes + client | cores busy redis / proxy | "
                 "proxy CPU ceiling |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     auto pids_of = [&](const std::string& name) -> std::vector<pid_t> {
@@ -665,6 +666,7 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
           std::map<std::string, std::vector<double>> ops;  // "<target>_<OP>"
           std::vector<double> frames_per_op;
           std::map<std::string, std::vector<double>> server_cpu, client_cpu;  // us per request, by target
+          std::vector<double> proxy_cpu;  // us per request of the proxy process alone
           std::map<std::string, std::vector<double>> busy;  // cores busy (server + client CPU / wall), by target
           struct Bench {
             std::string name;
@@ -681,12 +683,14 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
               const uint64_t f0 = name == "proxy" ? InfoField(proxy_info.Info(), "frames_sent") : 0;
               double s0 = 0, s1 = 0;
               for (pid_t p : pids_of(name)) s0 += CpuSeconds(p);
+              const double p0 = name == "proxy" ? CpuSeconds(proxy.pid()) : 0.0;
               const double c0 = ChildCpuSeconds();
               const auto w0 = SteadyClock::now();
               auto res = RedisBenchmark(rb_bin, t.port, size, clients, pipe, n, t.cluster);
               const double wall = std::chrono::duration<double>(SteadyClock::now() - w0).count();
               const double c1 = ChildCpuSeconds();
               for (pid_t p : pids_of(name)) s1 += CpuSeconds(p);
+              if (name == "proxy") proxy_cpu.push_back((CpuSeconds(proxy.pid()) - p0) * 1e6 / double(2 * n));
               for (auto& [op, v] : res) ops[name + "_" + op].push_back(v);
               server_cpu[name].push_back((s1 - s0) * 1e6 / double(2 * n));
               client_cpu[name].push_back((c1 - c0) * 1e6 / double(2 * n));
@@ -708,11 +712,12 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
             const double px_us = med(server_cpu["proxy"]) + med(client_cpu["proxy"]);
             const double ceiling = px_us > 0 ? ratio(double(cores) * 1e6 / px_us, rd) : 0.0;
             std::printf("| %s | %s | %zu | %zu | %.0f | %.0f | %.0f | %.0f | %.2fx | %.2fx | %.2fx | %.2f | %.1f + %.1f | "
-                        "%.1f + %.1f | %.1f + %.1f | %.1f + %.1f | %.2f / %.2f | %.2fx |\n",
+                        "%.1f + %.1f | %.1f + %.1f + %.1f | %.1f + %.1f | %.2f / %.2f | %.2fx |\n",
                         op, SizeName(size).c_str(), clients, pipe, rd, lo, px, cl, ratio(px, rd), ratio(cl, rd),
                         ratio(lo, rd), med(frames_per_op), med(server_cpu["redis"]), med(client_cpu["redis"]),
-                        med(server_cpu["local"]), med(client_cpu["local"]), med(server_cpu["proxy"]),
-                        med(client_cpu["proxy"]), med(server_cpu["cluster"]), med(client_cpu["cluster"]),
+                        med(server_cpu["local"]), med(client_cpu["local"]), med(proxy_cpu),
+                        med(server_cpu["proxy"]) - med(proxy_cpu), med(client_cpu["proxy"]), med(server_cpu["cluster"]),
+                        med(client_cpu["cluster"]),
                         med(busy["redis"]), med(busy["proxy"]), ceiling);
             std::fflush(stdout);
           }
