@@ -33,11 +33,14 @@ py::sequence AsSequence(py::handle h, const char* what) {
 // Integers from a sequence of ints or from an object with tolist() (a tensor).
 std::vector<uint64_t> ToU64s(py::handle h, const char* what) {
   py::object obj = py::reinterpret_borrow<py::object>(h);
-  if (!py::isinstance<py::sequence>(h) && py::hasattr(h, "tolist")) obj = h.attr("tolist")();
+  // A numpy array or a tensor: its list of Python ints (its items are numpy
+  // or tensor scalars, not ints).
+  if (!py::isinstance<py::list>(h) && !py::isinstance<py::tuple>(h) && py::hasattr(h, "tolist"))
+    obj = h.attr("tolist")();
   py::sequence s = AsSequence(obj, what);
   std::vector<uint64_t> out;
   out.reserve(py::len(s));
-  for (py::handle x : s) {
+  for (py::object x : s) {  // held while read (see ToKeys)
     if (!PyLong_Check(x.ptr())) Throw(InvalidArgument(std::string(what) + " must hold ints"));
     const unsigned long long v = PyLong_AsUnsignedLongLong(x.ptr());
     if (PyErr_Occurred()) {
@@ -188,7 +191,7 @@ void Client::Put(py::handle tokens, py::handle blocks, size_t first_block, const
                           " exceed the " + std::to_string(full) + " full blocks of the tokens"));
   std::vector<Memory> mem;
   std::vector<std::span<const std::byte>> spans;
-  for (py::handle b : bs) {
+  for (py::object b : bs) {  // held until Acquire holds it (see ToKeys)
     mem.push_back(Memory::Acquire(b, /*writable=*/false));
     CheckDevice(mem.back());
     spans.emplace_back(mem.back().data(), mem.back().size());

@@ -140,7 +140,10 @@ std::vector<BlockKey> ToKeys(py::handle seq) {
   py::sequence s = py::reinterpret_borrow<py::sequence>(seq);
   std::vector<BlockKey> keys;
   keys.reserve(py::len(s));
-  for (py::handle h : s) keys.push_back(ToKey(h));
+  // Each item held while it is read: iterating a py::sequence yields a
+  // temporary accessor, and a py::handle taken from it dangles when the item
+  // is made on access (a numpy array's rows): used after it was freed.
+  for (py::object h : s) keys.push_back(ToKey(h));
   return keys;
 }
 

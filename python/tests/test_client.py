@@ -142,6 +142,95 @@ def test_registered_memory_zero_copy(client):
         client.get_into_ptrs(keys[:1], [pool.data_ptr()], bb)
 
 
+class _Made:
+    """Items a sequence makes on access (as a numpy array makes its rows):
+    each records when it is finalized, and its __del__ keeps it alive
+    (resurrects it), so a call that used it after letting it go is caught
+    here instead of reading freed memory."""
+    finalized = []
+    late = []  # items read after they were finalized
+
+    @classmethod
+    def reset(cls):
+        cls.finalized.clear()
+        cls.late.clear()
+
+
+class _Pair(tuple):
+    def __getitem__(self, i):
+        if any(x is self for x in _Made.finalized):
+            _Made.late.append(self)
+        return tuple.__getitem__(self, i)
+
+    def __del__(self):
+        _Made.finalized.append(self)
+
+
+class _Block(bytearray):
+    def __del__(self):
+        _Made.finalized.append(self)
+
+
+class _Fresh:
+    """A sequence whose items are made anew on every access; it notes which
+    items were already finalized when the next one is asked for."""
+
+    def __init__(self, make, n):
+        self.make, self.n = make, n
+        self.made = None  # id() of the last item made: holding the item would keep it alive
+        self.gone_before_next = 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        # A finalized item stays alive in _Made.finalized, so its id is not reused.
+        self.gone_before_next += any(id(x) == self.made for x in _Made.finalized)
+        item = self.make(i)
+        self.made = id(item)
+        return item
+
+
+def test_items_made_on_access_are_held_while_read(client):
+    """The keys, blocks and pointers of a call may be items a sequence makes
+    on access (a numpy array's rows and scalars). Each is held while the call
+    reads it: none is finalized before it is read (it was, once, under
+    ASan: a row freed and then used)."""
+    t = tokens(4 * BT, base=40000)
+    keys = client.keys(t)
+    data = blocks(client, 4, seed=9)
+    _Made.reset()
+    try:
+        blocks_seq = _Fresh(lambda i: _Block(data[i].tobytes()), 4)
+        client.put(t, blocks_seq)
+        # A put holds every block until the call is done.
+        assert blocks_seq.gone_before_next == 0
+        key_seq = _Fresh(lambda i: _Pair(keys[i]), 4)
+        assert client.exists_each(key_seq) == [True] * 4
+        outs = [bytearray(client.block_bytes) for _ in keys]
+        assert all(client.get_into(_Fresh(lambda i: _Pair(keys[i]), 4), outs))
+        assert [bytes(o) for o in outs] == [d.tobytes() for d in data]
+        assert not _Made.late, "a key was read after it was finalized"
+    finally:
+        _Made.reset()
+    # numpy and torch arrays of keys, pointers and sizes.
+    assert client.exists_each(np.array(keys, dtype=np.uint64)) == [True] * 4
+    pool = torch.zeros(4, client.block_bytes, dtype=torch.uint8)
+    region = client.register(pool)
+    try:
+        ptrs = np.array([pool[i].data_ptr() for i in range(4)], dtype=np.uint64)
+        st = client.get_into_ptrs(np.array(keys, dtype=np.uint64), ptrs, np.full(4, client.block_bytes))
+        assert all(s.ok for s in st)
+        assert bytes(pool.numpy()) == b"".join(d.tobytes() for d in data)
+        pool.zero_()
+        assert all(client.get_into_ptrs(keys, torch.tensor(ptrs.astype(np.int64)), client.block_bytes))
+        assert bytes(pool.numpy()) == b"".join(d.tobytes() for d in data)
+    finally:
+        client.unregister(region)
+
+
 def test_read_only_memory_is_for_put_only(client):
     bb = client.block_bytes
     payload = bytes(range(256)) * (bb // 256)
