@@ -21,19 +21,21 @@ namespace kvmesh {
 
 inline uint64_t Checksum64(const void* data, size_t n) { return XXH3_64bits(data, n); }
 
+// The copies below hash chunks of this size, each while it is still in L1/L2.
+inline constexpr size_t kChecksumChunk = 16 * 1024;
+
 // The pieces one after another into dst (which holds their total size), and
 // Checksum64 of the whole, in one pass over memory: each chunk is hashed from
 // the destination while it is still in L1/L2, instead of reading the whole
 // block from DRAM a second time. A header and a payload land in one block
 // without staging them together first.
 inline uint64_t GatherWithChecksum64(void* dst, std::initializer_list<std::span<const char>> pieces) {
-  constexpr size_t kChunk = 16 * 1024;
   XXH3_state_t state;  // XXH3_state_t is a plain struct; reset initialises it
   XXH3_64bits_reset(&state);
   auto* d = static_cast<unsigned char*>(dst);
   for (std::span<const char> p : pieces) {
-    for (size_t off = 0; off < p.size(); off += kChunk) {
-      const size_t len = p.size() - off < kChunk ? p.size() - off : kChunk;
+    for (size_t off = 0; off < p.size(); off += kChecksumChunk) {
+      const size_t len = p.size() - off < kChecksumChunk ? p.size() - off : kChecksumChunk;
       std::memcpy(d, p.data() + off, len);
       XXH3_64bits_update(&state, d, len);
       d += len;
@@ -46,7 +48,7 @@ inline uint64_t GatherWithChecksum64(void* dst, std::initializer_list<std::span<
 // GatherWithChecksum64 (one piece; a block of one chunk is hashed in one call,
 // XXH3's faster one-shot path). Same result as Checksum64(src, n).
 inline uint64_t CopyWithChecksum64(void* dst, const void* src, size_t n) {
-  if (n <= 16 * 1024) {
+  if (n <= kChecksumChunk) {
     std::memcpy(dst, src, n);
     return XXH3_64bits(dst, n);
   }
