@@ -30,14 +30,9 @@ py::sequence AsSequence(py::handle h, const char* what) {
   return py::reinterpret_borrow<py::sequence>(h);
 }
 
-// Integers from a sequence of ints or from an object with tolist() (a tensor).
+// Integers from a sequence of ints, a numpy array or a tensor.
 std::vector<uint64_t> ToU64s(py::handle h, const char* what) {
-  py::object obj = py::reinterpret_borrow<py::object>(h);
-  // A numpy array or a tensor: its list of Python ints (its items are numpy
-  // or tensor scalars, not ints).
-  if (!py::isinstance<py::list>(h) && !py::isinstance<py::tuple>(h) && py::hasattr(h, "tolist"))
-    obj = h.attr("tolist")();
-  py::sequence s = AsSequence(obj, what);
+  py::sequence s = AsSequence(AsPlainSequence(h), what);
   std::vector<uint64_t> out;
   out.reserve(py::len(s));
   for (py::object x : s) {  // held while read (see ToKeys)

@@ -128,6 +128,12 @@ Range ToRange(py::handle h, const char* what) {
 
 }  // namespace
 
+py::object AsPlainSequence(py::handle obj) {
+  if (!py::isinstance<py::list>(obj) && !py::isinstance<py::tuple>(obj) && py::hasattr(obj, "tolist"))
+    return obj.attr("tolist")();
+  return py::reinterpret_borrow<py::object>(obj);
+}
+
 BlockKey ToKey(py::handle h) {
   if (!py::isinstance<py::sequence>(h) || py::isinstance<py::str>(h) || py::len(h) != 2)
     Throw(InvalidArgument("a key is a (hi, lo) pair of ints"));
@@ -158,9 +164,7 @@ py::list FromKeys(const std::vector<BlockKey>& keys) {
 std::vector<TokenId> ToTokens(py::handle obj) {
   std::vector<TokenId> out;
   if (TokensFromBuffer(obj, &out)) return out;
-  py::object seq = py::reinterpret_borrow<py::object>(obj);
-  if (!py::isinstance<py::list>(obj) && !py::isinstance<py::tuple>(obj) && py::hasattr(obj, "tolist"))
-    seq = obj.attr("tolist")();  // a torch tensor: one call instead of a 0-d tensor per element
+  py::object seq = AsPlainSequence(obj);
   if (py::isinstance<py::str>(seq) || py::isinstance<py::bytes>(seq) || !py::isinstance<py::iterable>(seq))
     Throw(InvalidArgument("tokens must be a sequence of ints"));
   if (py::hasattr(seq, "__len__")) out.reserve(py::len(seq));

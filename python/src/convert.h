@@ -54,6 +54,11 @@ void InstallErrorTranslator();
 
 // Keys are (hi, lo) pairs of ints in [0, 2**64).
 BlockKey ToKey(py::handle h);
+// `obj` itself when it is a list or a tuple; obj.tolist() when it has one (a
+// numpy array or a tensor: Python ints in one call, not a numpy or 0-d tensor
+// scalar per item); else `obj`.
+py::object AsPlainSequence(py::handle obj);
+
 std::vector<BlockKey> ToKeys(py::handle seq);
 py::tuple FromKey(const BlockKey& k);
 py::list FromKeys(const std::vector<BlockKey>& keys);
