@@ -681,20 +681,24 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
             for (const Bench& t : benches) {
               const std::string& name = t.name;
               const uint64_t f0 = name == "proxy" ? InfoField(proxy_info.Info(), "frames_sent") : 0;
-              double s0 = 0, s1 = 0;
-              for (pid_t p : pids_of(name)) s0 += CpuSeconds(p);
-              const double p0 = name == "proxy" ? CpuSeconds(proxy.pid()) : 0.0;
+              const std::vector<pid_t> pids = pids_of(name);  // the proxy's: the proxy first
+              std::vector<double> cpu0;
+              for (pid_t p : pids) cpu0.push_back(CpuSeconds(p));
               const double c0 = ChildCpuSeconds();
               const auto w0 = SteadyClock::now();
               auto res = RedisBenchmark(rb_bin, t.port, size, clients, pipe, n, t.cluster);
               const double wall = std::chrono::duration<double>(SteadyClock::now() - w0).count();
               const double c1 = ChildCpuSeconds();
-              for (pid_t p : pids_of(name)) s1 += CpuSeconds(p);
-              if (name == "proxy") proxy_cpu.push_back((CpuSeconds(proxy.pid()) - p0) * 1e6 / double(2 * n));
+              double server = 0;  // CPU seconds of the server side's processes in this run
+              for (size_t i = 0; i < pids.size(); ++i) {
+                const double used = CpuSeconds(pids[i]) - cpu0[i];
+                if (name == "proxy" && i == 0) proxy_cpu.push_back(used * 1e6 / double(2 * n));
+                server += used;
+              }
               for (auto& [op, v] : res) ops[name + "_" + op].push_back(v);
-              server_cpu[name].push_back((s1 - s0) * 1e6 / double(2 * n));
+              server_cpu[name].push_back(server * 1e6 / double(2 * n));
               client_cpu[name].push_back((c1 - c0) * 1e6 / double(2 * n));
-              busy[name].push_back(wall > 0 ? (s1 - s0 + c1 - c0) / wall : 0.0);
+              busy[name].push_back(wall > 0 ? (server + c1 - c0) / wall : 0.0);
               if (name == "proxy")
                 frames_per_op.push_back(double(InfoField(proxy_info.Info(), "frames_sent") - f0) / double(2 * n));
             }
