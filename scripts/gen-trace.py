@@ -180,7 +180,7 @@ class Gen:
         for d in docs:
             p.append(*self.docs[d])
         delay = 0.0
-        turns = 1 + (r.random() < 0.3) * r.randint(1, 3)
+        turns = 1 + (r.random() < a.rag_followup) * r.randint(1, 3)
         for _ in range(turns):
             p.append(self.seg(), self.logn(40, 0.7, 5, 600))
             out = self.logn(200, 0.7, 10, 2000)
@@ -262,6 +262,8 @@ def main():
     ap.add_argument("--rag-docs", type=int, default=3000)
     ap.add_argument("--rag-zipf", type=float, default=0.9)
     ap.add_argument("--rag-k", type=int, default=4)
+    ap.add_argument("--rag-followup", type=float, default=0.3,
+                    help="share of RAG sessions that ask 1-3 follow-up questions")
     ap.add_argument("-o", "--output", help="file (default: stdout)")
     a = ap.parse_args()
     if bool(a.kind) == bool(a.mix):
