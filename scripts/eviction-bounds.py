@@ -33,7 +33,16 @@ close on a trace, and with what knowledge (docs/eviction.md, "A fourth round").
       Of the new blocks (not a partial last block), the share whose first
       reuse comes less than 2^k lookups later.
 
-The first three print prefix hit rates and the share of the gap closed beside
+  session-close TRACE
+      What an explicit end-of-session signal is worth (a trace written by
+      `gen-trace.py --sessions`: "session" ids and "closes" on a session's
+      last request). LRU (chains leave deepest block first) beside the same
+      LRU that, when a session closes (its last request's arrival plus
+      --ms-per-output-token per output token, the time its answer is done),
+      moves the blocks no open session has read to the eviction end, deepest
+      first. Sessions are known to the cache only through these fields.
+
+All but first-reuse print prefix hit rates and the share of the gap closed beside
 `lru`, the default policy and Belady, from `kvmesh replay --json` on the same
 trace, at 1/2/5/10% of the distinct blocks.
 """
@@ -302,6 +311,67 @@ def first_reuse(args):
         print(f"  2^{k}: {total / max(1, new):6.1%}")
 
 
+def lru_sessions(rows, capacity, ms_per_token, close, timeout_ms=None):
+    """Prefix hit rate of leaf-first LRU; with `close`, sessions' private
+    blocks go to the eviction end when the session closes."""
+    cache, hits, k = collections.OrderedDict(), 0, 0
+    refs = collections.Counter()          # block -> open sessions that read it
+    readers = collections.Counter()       # block -> sessions that ever read it
+    blocks = collections.defaultdict(dict)  # session -> its blocks, in first-read order
+    due = []                              # (close time ms, session)
+    latest = {}                           # session -> the due time of its pending close
+    for r in rows:
+        while close and due and due[0][0] <= r["timestamp"]:
+            t, s = heapq.heappop(due)
+            if latest.get(s) != t:
+                continue                  # superseded by a later request of the session
+            del latest[s]
+            for b in blocks.pop(s):
+                refs[b] -= 1
+                if refs[b] == 0:
+                    del refs[b]
+                    if b in cache and (close != "private" or readers[b] == 1):
+                        cache.move_to_end(b, last=False)  # deepest ends up first to leave
+        ids, prefix, s = r["hash_ids"], True, r.get("session")
+        for b in ids:
+            if b in cache:
+                hits += prefix
+            else:
+                prefix = False
+                cache[b] = True
+            if s is not None and b not in blocks[s]:
+                blocks[s][b] = True
+                refs[b] += 1
+                readers[b] += 1
+            k += 1
+        for b in reversed(ids):  # the request's first block most recent, its deepest oldest
+            cache.move_to_end(b)
+        while len(cache) > capacity:
+            cache.popitem(last=False)
+        if s is not None and (timeout_ms is not None or r.get("closes")):
+            t = r["timestamp"] + r["output_length"] * ms_per_token + (timeout_ms or 0)
+            latest[s] = t
+            heapq.heappush(due, (t, s))
+    return hits / k
+
+
+def session_close(args):
+    rows = load(args.trace)
+    if not any("session" in r for r in rows):
+        sys.exit(f"eviction-bounds: {args.trace} has no \"session\" fields (write it with gen-trace.py --sessions)")
+    default_name, reps = replay(args.kvmesh, args.trace)
+    name = os.path.basename(args.trace)
+    report(name, "lru (this script)", default_name, reps,
+           [lru_sessions(rows, row["C"], args.ms_per_output_token, False) for row in reps])
+    report(name, "lru + session close", default_name, reps,
+           [lru_sessions(rows, row["C"], args.ms_per_output_token, "all") for row in reps])
+    report(name, "lru + session close, private blocks", default_name, reps,
+           [lru_sessions(rows, row["C"], args.ms_per_output_token, "private") for row in reps])
+    for tau in args.idle_s:
+        report(name, f"lru + idle {tau:g} s closes, private blocks", default_name, reps,
+               [lru_sessions(rows, row["C"], args.ms_per_output_token, "private", tau * 1000) for row in reps])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kvmesh", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin", "kvmesh"))
@@ -316,12 +386,18 @@ def main():
     p.add_argument("trace")
     p = sub.add_parser("first-reuse", help="how long new blocks wait for their first reuse")
     p.add_argument("trace")
+    p = sub.add_parser("session-close", help="LRU told when sessions close (gen-trace.py --sessions)")
+    p.add_argument("trace")
+    p.add_argument("--ms-per-output-token", type=float, default=20.0)
+    p.add_argument("--idle-s", type=float, nargs="*", default=[],
+                   help="also close a session this long after its latest answer (no \"closes\" needed)")
     a = ap.parse_args()
     if a.cmd == "first-reuse":
         return first_reuse(a)
     if not os.access(a.kvmesh, os.X_OK):
         sys.exit(f"eviction-bounds: no kvmesh binary at {a.kvmesh} (build first, or pass --kvmesh)")
-    {"popularity": popularity, "class-ttl": class_ttl, "class-admission": class_admission}[a.cmd](a)
+    {"popularity": popularity, "class-ttl": class_ttl, "class-admission": class_admission,
+     "session-close": session_close}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,12 @@ Kinds of sessions (--kind, or --mix for a blend):
 Sessions start as a Poisson process (--rate per second) until --requests
 requests have been written.
 
+--sessions adds two fields that Mooncake traces do not have: "session" (an
+id per session; a forked sub-agent is a session of its own) and, on a
+session's last request, "closes": true, what a client that closes its
+sessions explicitly (SGLang's close_session) would tell the cache. The other
+fields stay byte-identical to the trace written without it.
+
   scripts/gen-trace.py --kind chat --seed 1 --requests 4000 > chat-1.jsonl
   scripts/gen-trace.py --mix chat=0.4,agent=0.4,rag=0.2 --seed 7 --requests 3000 -o mix.jsonl
 """
@@ -199,9 +205,16 @@ class Gen:
         order = 0
         t_next_session = 0.0
         written = 0
+        sid = {}     # session generator -> its number (--sessions); numbers are never reused
+        nsid = 0
+        lines = []   # with --sessions: records held until their session's end is known
+        last = {}    # session number -> index in lines of its latest request
 
         def push(t, sess, pending=None):
-            nonlocal order
+            nonlocal order, nsid
+            if sess not in sid:
+                sid[sess] = nsid
+                nsid += 1
             heapq.heappush(heap, (t, order, sess, pending))
             order += 1
 
@@ -212,12 +225,21 @@ class Gen:
                 continue
             t, _, sess, pending = heapq.heappop(heap)
             if pending is not None:
-                self._write(out, t, *pending)
+                rec = self._record(t, *pending)
+                if a.sessions:
+                    rec["session"] = sid[sess]
+                    last[rec["session"]] = len(lines)
+                    lines.append(rec)
+                else:
+                    self._write(out, rec)
                 written += 1
                 push(t, sess)
                 continue
             item = next(sess, None)
             if item is None:
+                if a.sessions and sid[sess] in last:
+                    lines[last[sid[sess]]]["closes"] = True
+                del sid[sess]
                 continue
             p, val, delay = item
             if p is None:  # a fork: the sub-sessions start now
@@ -226,11 +248,15 @@ class Gen:
                 push(t, sess)
                 continue
             push(t + delay, sess, (p, val))
+        for rec in lines:
+            self._write(out, rec)
 
-    def _write(self, out, t, p, output_length):
-        out.write(json.dumps({"timestamp": int(t * 1000), "input_length": p.length,
-                              "output_length": output_length, "hash_ids": p.hash_ids()},
-                             separators=(", ", ": ")) + "\n")
+    def _record(self, t, p, output_length):
+        return {"timestamp": int(t * 1000), "input_length": p.length,
+                "output_length": output_length, "hash_ids": p.hash_ids()}
+
+    def _write(self, out, rec):
+        out.write(json.dumps(rec, separators=(", ", ": ")) + "\n")
 
 
 def parse_mix(s):
@@ -264,6 +290,8 @@ def main():
     ap.add_argument("--rag-k", type=int, default=4)
     ap.add_argument("--rag-followup", type=float, default=0.3,
                     help="share of RAG sessions that ask 1-3 follow-up questions")
+    ap.add_argument("--sessions", action="store_true",
+                    help='add "session" and, on a session\'s last request, "closes": true')
     ap.add_argument("-o", "--output", help="file (default: stdout)")
     a = ap.parse_args()
     if bool(a.kind) == bool(a.mix):
