@@ -39,8 +39,12 @@ close on a trace, and with what knowledge (docs/eviction.md, "A fourth round").
       last request). LRU (chains leave deepest block first) beside the same
       LRU that, when a session closes (its last request's arrival plus
       --ms-per-output-token per output token, the time its answer is done),
-      moves the blocks no open session has read to the eviction end, deepest
-      first. Sessions are known to the cache only through these fields.
+      moves blocks to the eviction end, deepest first: those no open session
+      has read ("session close"), or of those only the ones no other session
+      ever read ("private blocks"). --idle-s T...: the same release when a
+      session has had no request for T seconds after its latest answer (a
+      later request reopens it), without "closes". Sessions are known to the
+      cache only through these fields.
 
 All but first-reuse print prefix hit rates and the share of the gap closed beside
 `lru`, the default policy and Belady, from `kvmesh replay --json` on the same
@@ -317,6 +321,7 @@ def lru_sessions(rows, capacity, ms_per_token, close, timeout_ms=None):
     cache, hits, k = collections.OrderedDict(), 0, 0
     refs = collections.Counter()          # block -> open sessions that read it
     readers = collections.Counter()       # block -> sessions that ever read it
+    seen = collections.defaultdict(set)   # session -> every block it ever read (across reopenings)
     blocks = collections.defaultdict(dict)  # session -> its blocks, in first-read order
     due = []                              # (close time ms, session)
     latest = {}                           # session -> the due time of its pending close
@@ -342,7 +347,9 @@ def lru_sessions(rows, capacity, ms_per_token, close, timeout_ms=None):
             if s is not None and b not in blocks[s]:
                 blocks[s][b] = True
                 refs[b] += 1
-                readers[b] += 1
+                if b not in seen[s]:
+                    seen[s].add(b)
+                    readers[b] += 1
             k += 1
         for b in reversed(ids):  # the request's first block most recent, its deepest oldest
             cache.move_to_end(b)
