@@ -148,6 +148,17 @@ class AdaptivePolicy final : public EvictionPolicy {
     if (!(n.in & Bit(leader_))) return n.cls;  // the leader dropped it: its class as last given
     return experts_[leader_].policy->EffectiveClass(n.gid);
   }
+  // Released in every expert that holds it (each makes it its next victim)
+  // and in the cache's own LRU order; the leader's victim is then this entry
+  // unless the leader has dropped resident entries that go first anyway.
+  void Release(EntryId id) override {
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) return;
+    const uint32_t i = it->second;
+    for (Expert& x : experts_) x.policy->Release(nodes_[i].gid);
+    lru_.Unlink(*this, i, kLru);
+    lru_.PushBack(*this, i, kLru);
+  }
   bool Contains(EntryId id) const override { return by_id_.contains(id); }
   size_t size() const override { return by_id_.size(); }
 
@@ -177,6 +188,14 @@ class AdaptivePolicy final : public EvictionPolicy {
       if (head != kNil) p.nodes_[head].prev[s] = i;
       head = i;
       if (tail == kNil) tail = i;
+      ++size;
+    }
+    void PushBack(AdaptivePolicy& p, uint32_t i, size_t s) {
+      p.nodes_[i].next[s] = kNil;
+      p.nodes_[i].prev[s] = tail;
+      if (tail != kNil) p.nodes_[tail].next[s] = i;
+      tail = i;
+      if (head == kNil) head = i;
       ++size;
     }
     void Unlink(AdaptivePolicy& p, uint32_t i, size_t s) {

@@ -102,6 +102,15 @@ class EvictionPolicy {
   // followed now; empty for the others. For reports.
   virtual std::string_view following() const { return {}; }
 
+  // The owner's readers are done with `id` (a closed session's private
+  // block, docs/eviction.md): it becomes the next victim, before every entry
+  // not released (the latest released first), until a Touch makes it an
+  // ordinary entry again. No-op when `id` is not tracked. The list policies
+  // (lru, lru-priority, turnover-*, freq-class*, s3-fifo) and adaptive
+  // implement it; lfu, arc and score ignore it (the default), tinylfu-* pass
+  // it to their inner policy.
+  virtual void Release(EntryId /*id*/) {}
+
   virtual bool Contains(EntryId id) const = 0;
   virtual size_t size() const = 0;
 };

@@ -31,6 +31,7 @@ struct Node {
   float score = 0.0f;   // accumulated importance (score-based policies)
   uint8_t list = 0;     // which list the node is on (policy-defined)
   uint8_t cls = 0;      // priority class
+  bool released = false;  // on the policy's list of released entries (EvictionPolicy::Release)
 };
 
 class NodePool {

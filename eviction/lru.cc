@@ -33,6 +33,13 @@ class LruPolicy final : public EvictionPolicy {
     if (list_.empty()) return std::nullopt;
     return pool_[list_.tail].id;
   }
+  void Release(EntryId id) override {  // to the tail: the next victim
+    const uint32_t i = pool_.Find(id);
+    if (i == kNil) return;
+    list_.Unlink(pool_, i);
+    list_.PushBack(pool_, i);
+    chain_.Forget(i);
+  }
   bool Contains(EntryId id) const override { return pool_.Find(id) != kNil; }
   size_t size() const override { return pool_.size(); }
 
@@ -71,7 +78,8 @@ class LruPriorityPolicy final : public EvictionPolicy {
     uint32_t i = pool_.Find(id);
     if (i == kNil) return;
     Node& n = pool_[i];
-    lists_[n.cls].Unlink(pool_, i);
+    ListOf(n).Unlink(pool_, i);
+    n.released = false;
     n.cls = Clamp(info.priority);
     n.last_ns = clock_->NowNanos();
     chain_.Place(lists_[n.cls], pool_, i, info);
@@ -79,11 +87,20 @@ class LruPriorityPolicy final : public EvictionPolicy {
   void Remove(EntryId id, RemoveReason) override {
     uint32_t i = pool_.Find(id);
     if (i == kNil) return;
-    lists_[pool_[i].cls].Unlink(pool_, i);
+    ListOf(pool_[i]).Unlink(pool_, i);
     chain_.Forget(i);
     pool_.Free(i);
   }
+  void Release(EntryId id) override {
+    const uint32_t i = pool_.Find(id);
+    if (i == kNil) return;
+    ListOf(pool_[i]).Unlink(pool_, i);
+    pool_[i].released = true;
+    released_.PushBack(pool_, i);
+    chain_.Forget(i);
+  }
   std::optional<EntryId> Victim() override {
+    if (!released_.empty()) return pool_[released_.tail].id;
     const int64_t now = clock_->NowNanos();
     uint32_t best = kNil;
     int best_eff = 0;
@@ -107,6 +124,7 @@ class LruPriorityPolicy final : public EvictionPolicy {
   size_t size() const override { return pool_.size(); }
 
  private:
+  DList& ListOf(const Node& n) { return n.released ? released_ : lists_[n.cls]; }
   uint8_t Clamp(Priority p) const { return p < classes_ ? p : static_cast<uint8_t>(classes_ - 1); }
   int Effective(const Node& n, int64_t now) const {
     if (aging_ns_ <= 0 || n.cls == 0) return n.cls;
@@ -120,6 +138,7 @@ class LruPriorityPolicy final : public EvictionPolicy {
   Clock* clock_;
   NodePool pool_;
   DList lists_[kMaxPriorityClasses];
+  DList released_;  // Release()d entries, the latest at the tail
   ChainPlacer chain_;
 };
 

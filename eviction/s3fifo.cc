@@ -23,7 +23,7 @@
 namespace kvmesh::eviction_internal {
 namespace {
 
-enum S3List : uint8_t { kSmall = 0, kMain = 1, kGhost = 2 };
+enum S3List : uint8_t { kSmall = 0, kMain = 1, kGhost = 2, kReleased = 3 };
 constexpr uint32_t kMaxFreq = 3;
 constexpr uint32_t kMoveToMain = 1;  // hits in S needed to be promoted to M
 
@@ -50,7 +50,20 @@ class S3FifoPolicy final : public EvictionPolicy {
   }
   void Touch(EntryId id, const AccessInfo&) override {
     const uint32_t i = pool_.Find(id);
-    if (i != kNil && pool_[i].freq < kMaxFreq) ++pool_[i].freq;
+    if (i == kNil) return;
+    if (pool_[i].list == kReleased) {  // read again after its release: back to M, as a reused entry
+      lists_[kReleased].Unlink(pool_, i);
+      Push(pool_, kMain, i);
+    }
+    if (pool_[i].freq < kMaxFreq) ++pool_[i].freq;
+  }
+  void Release(EntryId id) override {
+    const uint32_t i = pool_.Find(id);
+    if (i == kNil || pool_[i].list == kReleased) return;
+    lists_[pool_[i].list].Unlink(pool_, i);
+    pool_[i].freq = 0;
+    pool_[i].list = kReleased;
+    lists_[kReleased].PushBack(pool_, i);
   }
   void Remove(EntryId id, RemoveReason reason) override {
     const uint32_t i = pool_.Find(id);
@@ -70,6 +83,7 @@ class S3FifoPolicy final : public EvictionPolicy {
     }
   }
   std::optional<EntryId> Victim() override {
+    if (!lists_[kReleased].empty()) return pool_[lists_[kReleased].tail].id;
     DList& s = lists_[kSmall];
     DList& m = lists_[kMain];
     while (!s.empty() || !m.empty()) {
@@ -93,7 +107,7 @@ class S3FifoPolicy final : public EvictionPolicy {
   size_t size() const override { return resident(); }
 
  private:
-  size_t resident() const { return lists_[kSmall].size + lists_[kMain].size; }
+  size_t resident() const { return lists_[kSmall].size + lists_[kMain].size + lists_[kReleased].size; }
   size_t SmallTarget() const { return std::max<size_t>(c_ / 10, 1); }
   void Push(NodePool& pool, uint8_t list, uint32_t i) {
     pool[i].list = list;
@@ -103,7 +117,7 @@ class S3FifoPolicy final : public EvictionPolicy {
   size_t c_;
   NodePool pool_;    // S and M by EntryId; Node::key = GhostId
   NodePool ghosts_;  // G by GhostId
-  DList lists_[3];   // S, M over pool_; G over ghosts_
+  DList lists_[4];   // S, M and released entries over pool_; G over ghosts_
 };
 
 }  // namespace

@@ -55,6 +55,7 @@ class TinyLfuFilter final : public EvictionPolicy {
     inner_->Remove(id, reason);
   }
   std::optional<EntryId> Victim() override { return inner_->Victim(); }
+  void Release(EntryId id) override { inner_->Release(id); }
   Priority EffectiveClass(EntryId id) const override { return inner_->EffectiveClass(id); }
   bool Contains(EntryId id) const override { return inner_->Contains(id); }
   size_t size() const override { return inner_->size(); }

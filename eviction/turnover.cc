@@ -80,17 +80,29 @@ class TurnoverPriorityPolicy final : public EvictionPolicy {
     const uint32_t i = pool_.Find(id);
     if (i == kNil) return;
     ListOf(pool_[i]).Unlink(pool_, i);
+    pool_[i].released = false;
     Place(i, info);
   }
   void Remove(EntryId id, RemoveReason reason) override {
     const uint32_t i = pool_.Find(id);
     if (i == kNil) return;
-    if (reason == RemoveReason::kEvicted) turnover_.Evicted(clock_->NowNanos() - pool_[i].last_ns);
+    // A released entry's idle time says nothing of how long entries last here.
+    if (reason == RemoveReason::kEvicted && !pool_[i].released)
+      turnover_.Evicted(clock_->NowNanos() - pool_[i].last_ns);
     ListOf(pool_[i]).Unlink(pool_, i);
     chain_.Forget(i);
     pool_.Free(i);
   }
+  void Release(EntryId id) override {
+    const uint32_t i = pool_.Find(id);
+    if (i == kNil) return;
+    ListOf(pool_[i]).Unlink(pool_, i);
+    pool_[i].released = true;
+    released_.PushBack(pool_, i);
+    chain_.Forget(i);
+  }
   std::optional<EntryId> Victim() override {
+    if (!released_.empty()) return pool_[released_.tail].id;
     const int64_t now = clock_->NowNanos();
     uint32_t best = kNil;
     double best_eff = 0;
@@ -120,7 +132,7 @@ class TurnoverPriorityPolicy final : public EvictionPolicy {
   size_t size() const override { return pool_.size(); }
 
  private:
-  DList& ListOf(const Node& n) { return lists_[n.cls][n.list]; }
+  DList& ListOf(const Node& n) { return n.released ? released_ : lists_[n.cls][n.list]; }
   void Place(uint32_t i, const AccessInfo& info) {
     Node& n = pool_[i];
     n.cls = info.priority < classes_ ? info.priority : static_cast<uint8_t>(classes_ - 1);
@@ -147,6 +159,7 @@ class TurnoverPriorityPolicy final : public EvictionPolicy {
   Turnover turnover_;
   NodePool pool_;
   DList lists_[kMaxPriorityClasses][kBuckets];
+  DList released_;  // Release()d entries, the latest at the tail
   ChainPlacer chain_;
 };
 
@@ -172,17 +185,29 @@ class FreqClassPolicy final : public EvictionPolicy {
     const uint32_t i = pool_.Find(id);
     if (i == kNil) return;
     ListOf(pool_[i]).Unlink(pool_, i);
+    pool_[i].released = false;
     Place(i, info);
   }
   void Remove(EntryId id, RemoveReason reason) override {
     const uint32_t i = pool_.Find(id);
     if (i == kNil) return;
-    if (reason == RemoveReason::kEvicted) turnover_.Evicted(clock_->NowNanos() - pool_[i].last_ns);
+    // A released entry's idle time says nothing of how long entries last here.
+    if (reason == RemoveReason::kEvicted && !pool_[i].released)
+      turnover_.Evicted(clock_->NowNanos() - pool_[i].last_ns);
     ListOf(pool_[i]).Unlink(pool_, i);
     chain_.Forget(i);
     pool_.Free(i);
   }
+  void Release(EntryId id) override {
+    const uint32_t i = pool_.Find(id);
+    if (i == kNil) return;
+    ListOf(pool_[i]).Unlink(pool_, i);
+    pool_[i].released = true;
+    released_.PushBack(pool_, i);
+    chain_.Forget(i);
+  }
   std::optional<EntryId> Victim() override {
+    if (!released_.empty()) return pool_[released_.tail].id;
     const int64_t now = clock_->NowNanos();
     for (uint8_t c = 0; c < classes_; ++c) {
       uint32_t best = kNil;
@@ -209,7 +234,7 @@ class FreqClassPolicy final : public EvictionPolicy {
   size_t size() const override { return pool_.size(); }
 
  private:
-  DList& ListOf(const Node& n) { return lists_[n.cls][n.list]; }
+  DList& ListOf(const Node& n) { return n.released ? released_ : lists_[n.cls][n.list]; }
   // The idle time that halves importance; 0 = no decay.
   double HalfLife() const { return turnover_aging_ ? kTurnoverPeriods * turnover_.mean() : static_cast<double>(aging_ns_); }
   double DecayedLog2(const Node& n, int64_t now) const {
@@ -237,6 +262,7 @@ class FreqClassPolicy final : public EvictionPolicy {
   Turnover turnover_;
   NodePool pool_;
   DList lists_[kMaxPriorityClasses][kBuckets];
+  DList released_;  // Release()d entries, the latest at the tail
   ChainPlacer chain_;
 };
 

@@ -250,9 +250,12 @@ TEST_CASE("Every policy is consistent under random operations", "[eviction]") {
         // Access may evict: resync the reference from Contains of the tracked ids.
         for (auto it = ref.begin(); it != ref.end();) it = p->Contains(*it) ? std::next(it) : ref.erase(it);
         if (p->Contains(id)) ref.insert(id);
-      } else if (op < 9) {
+      } else if (op < 8) {
         p->Remove(id, rng() % 2 ? RemoveReason::kErased : RemoveReason::kPinned);
         ref.erase(id);
+      } else if (op < 9) {
+        p->Release(id);  // changes the order only
+        REQUIRE(p->Contains(id) == (ref.count(id) == 1));
       } else if (auto v = p->Victim()) {
         REQUIRE(ref.count(*v) == 1);
         p->Remove(*v, RemoveReason::kEvicted);
@@ -280,4 +283,42 @@ TEST_CASE("StreamingLLM retention keeps sinks and the recent window", "[eviction
   StreamingRetention off{.sink_blocks = 1, .window_blocks = 0};
   CHECK(off.Keeps(5, 100));
   CHECK(off.Dropped(10, 20).empty());
+}
+
+TEST_CASE("Release makes an entry the next victim until it is read again", "[eviction]") {
+  for (const std::string name : {"lru", "lru-priority", "turnover-priority", "freq-class", "freq-class-turnover",
+                                 "s3-fifo", "tinylfu-lru", "adaptive", "adaptive-cost"}) {
+    INFO(name);
+    ManualClock clock;
+    auto p = Make(name, 8, &clock, 1'000'000'000);
+    for (EntryId id = 1; id <= 5; ++id) {
+      clock.Advance(1'000'000);
+      AccessInfo info;
+      info.key_hash = id;
+      Access(*p, id, 8, nullptr, info);
+    }
+    p->Release(3);
+    CHECK(*p->Victim() == 3);
+    p->Release(2);
+    CHECK(*p->Victim() == 2);  // the latest released leaves first
+    p->Release(99);            // not tracked: nothing happens
+    CHECK(p->size() == 5);
+    p->Remove(2, RemoveReason::kEvicted);
+    CHECK(*p->Victim() == 3);
+    AccessInfo again;
+    again.key_hash = 3;
+    p->Touch(3, again);  // read again: an ordinary entry
+    const std::vector<EntryId> order = Drain(*p);
+    REQUIRE(order.size() == 4);
+    CHECK(order.back() == 3);  // the most recently used leaves last
+  }
+  // Policies with no order to change ignore it.
+  for (const std::string name : {"lfu", "arc", "score"}) {
+    INFO(name);
+    auto p = Make(name, 8);
+    for (EntryId id = 1; id <= 3; ++id) Access(*p, id, 8);
+    p->Release(2);
+    CHECK(p->size() == 3);
+    CHECK(p->Contains(2));
+  }
 }
