@@ -30,6 +30,7 @@ struct ReplayArgs {
   bool json = false;
   std::string plot;
   bool no_hints = false;
+  bool session_closes = false;
   double aging_s = 60.0;
   unsigned threads = 0;
   std::string config;          // the model for FLOPs; default: the built-in cluster_configs/local.json
@@ -67,6 +68,9 @@ struct Column {
   ReplayResult belady;
   ReplayResult belady_flops;
   std::vector<ReplayResult> policies;  // in --policy order
+  // --session-closes: lru told nothing, the baseline of "gap closed" (the
+  // hint is what is measured, so LRU without it stays the floor).
+  ReplayResult lru_no_closes;
 
   // The clairvoyant FLOPs reference: the better of Belady and belady-flops.
   double flops_reference() const {
@@ -155,6 +159,9 @@ Result<PrefillModel> ModelFor(const ReplayArgs& a) {
 
 Status RunReplay(const ReplayArgs& a) {
   KVMESH_ASSIGN_OR_RETURN(Trace trace, LoadMooncakeTrace(a.trace));
+  if (a.session_closes && trace.session.empty())
+    return InvalidArgument("--session-closes: " + a.trace +
+                           " has no \"session\" fields (write it with scripts/gen-trace.py --sessions)");
   if (trace.lookups() == 0) return InvalidArgument(a.trace + ": no requests");
 
   KVMESH_ASSIGN_OR_RETURN(const PrefillModel model, ModelFor(a));
@@ -182,16 +189,18 @@ Status RunReplay(const ReplayArgs& a) {
   // One job per (capacity, policy) plus the two clairvoyant ones per capacity, on a small pool.
   struct Job {
     size_t col;
-    int policy;  // -1: Belady, -2: belady-flops
+    int policy;  // -1: Belady, -2: belady-flops, -3: lru without session closes
   };
   std::vector<Job> jobs;
   for (size_t c = 0; c < cols.size(); ++c) {
     jobs.push_back({c, -1});
     jobs.push_back({c, -2});
+    if (a.session_closes) jobs.push_back({c, -3});
     for (size_t p = 0; p < names.size(); ++p) jobs.push_back({c, static_cast<int>(p)});
   }
   ReplayOptions ro;
   ro.derive_hints = !a.no_hints;
+  ro.session_closes = a.session_closes;
   ro.model = model;
   ro.hints.block_tokens = model.block_tokens;
   ro.aging_ns = static_cast<int64_t>(a.aging_s * 1e9);
@@ -207,6 +216,12 @@ Status RunReplay(const ReplayArgs& a) {
         c.belady = ReplayBelady(trace, c.capacity, &done, model);
       } else if (jobs[j].policy == -2) {
         c.belady_flops = ReplayBeladyFlops(trace, c.capacity, model, &done);
+      } else if (jobs[j].policy == -3) {
+        ReplayOptions plain = ro;
+        plain.session_closes = false;
+        Result<ReplayResult> r = ReplayPolicy(trace, "lru", c.capacity, plain);
+        if (r.ok()) c.lru_no_closes = std::move(r).value();
+        else errors[j] = r.status();
       } else {
         Result<ReplayResult> r = ReplayPolicy(trace, names[jobs[j].policy], c.capacity, ro);
         if (r.ok()) c.policies[jobs[j].policy] = std::move(r).value();
@@ -243,6 +258,7 @@ Status RunReplay(const ReplayArgs& a) {
     j["lookups"] = trace.lookups();
     j["distinct_blocks"] = trace.distinct;
     j["hints"] = a.no_hints ? "none" : "derived (docs/eviction.md)";
+    j["session_closes"] = a.session_closes;
     j["default_policy"] = default_policy;
     j["model"] = {{"layers", model.layers},
                   {"heads", model.heads},
@@ -267,7 +283,10 @@ Status RunReplay(const ReplayArgs& a) {
                              {"flops_saved_fraction", c.belady_flops.flops_saved_fraction()},
                              {"declined", c.belady_flops.declined}};
       col["flops_reference_fraction"] = c.flops_reference();
-      const ReplayResult& lru = c.policies[lru_idx];
+      const ReplayResult& lru = a.session_closes ? c.lru_no_closes : c.policies[lru_idx];
+      if (a.session_closes)
+        col["lru_without_session_closes"] = {{"prefix_hit_rate", lru.prefix_hit_rate()},
+                                             {"flops_saved_fraction", lru.flops_saved_fraction()}};
       for (const ReplayResult& r : c.policies) {
         nlohmann::json row = {
             {"policy", r.policy},
@@ -282,6 +301,7 @@ Status RunReplay(const ReplayArgs& a) {
             {"evictions", r.evictions},
             {"seconds", r.seconds}};
         if (!r.leader.empty()) row["following"] = r.leader;
+        if (a.session_closes) row["released"] = r.released;
         col["policies"].push_back(std::move(row));
       }
       j["results"].push_back(col);
@@ -292,12 +312,16 @@ Status RunReplay(const ReplayArgs& a) {
                 "FLOPs saved %.2f%%\n",
                 trace.source.c_str(), trace.requests(), trace.lookups(), trace.distinct, 100 * inf.hit_rate(),
                 100 * inf.prefix_hit_rate(), 100 * inf.flops_saved_fraction());
+    if (a.session_closes) std::printf("session closes: a closed session's private blocks are released\n");
     std::printf("model: %u layers x %u heads x %u head_dim, %u-token blocks; default policy: %s\n", model.layers,
                 model.heads, model.head_dim, model.block_tokens, default_policy.c_str());
     std::printf("%-24s %9s %8s %9s %11s %9s %11s\n", "policy", "capacity", "hit %", "prefix %", "gap closed",
                 "FLOPs %", "FLOPs gap");
     for (const Column& c : cols) {
-      const ReplayResult& lru = c.policies[lru_idx];
+      const ReplayResult& lru = a.session_closes ? c.lru_no_closes : c.policies[lru_idx];
+      if (a.session_closes)
+        std::printf("%-24s %9zu %8.2f %9.2f %11s %9.2f\n", "lru (no session closes)", c.capacity,
+                    100 * lru.hit_rate(), 100 * lru.prefix_hit_rate(), "0.0%", 100 * lru.flops_saved_fraction());
       for (const ReplayResult& r : c.policies) {
         const std::string label = r.policy + (r.policy == default_policy ? " (default)" : "");
         std::printf("%-24s %9zu %8.2f %9.2f %10.1f%% %9.2f %10.1f%%\n", label.c_str(), c.capacity,
@@ -312,6 +336,7 @@ Status RunReplay(const ReplayArgs& a) {
                   100 * c.belady_flops.hit_rate(), 100 * c.belady_flops.prefix_hit_rate(), "",
                   100 * c.belady_flops.flops_saved_fraction());
     }
+    if (a.session_closes) std::printf("(with session closes, the LRU of both gaps is lru without them)\n");
     std::printf("(gap closed = share of the LRU-to-Belady prefix hit rate gap; FLOPs gap = share of the LRU-to-reference "
                 "FLOPs gap, reference = the better of belady and belady-flops; %.1f s on %u threads)\n",
                 seconds, threads);
@@ -340,6 +365,9 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--json", a->json, "print JSON instead of a table");
   cmd->add_option("--plot", a->plot, "draw prefix hit rate and FLOPs saved vs capacity into this PNG (gnuplot)");
   cmd->add_flag("--no-hints", a->no_hints, "do not derive client priority hints (all accesses get defaults)");
+  cmd->add_flag("--session-closes", a->session_closes,
+                "honour the trace's \"session\"/\"closes\" fields (gen-trace.py --sessions): release a closed "
+                "session's private blocks (docs/eviction.md)");
   cmd->add_option("--aging-s", a->aging_s,
                   "aging period in trace seconds for policies without @ (default 60, the config default; 0: off)");
   cmd->add_option("--threads", a->threads, "worker threads (default: all cores)");

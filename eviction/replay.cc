@@ -6,7 +6,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <queue>
+
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 #include <nlohmann/json.hpp>
 
 namespace kvmesh {
@@ -19,6 +22,62 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 Status LineError(std::string_view source, size_t line, const std::string& what) {
   return InvalidArgument(std::string(source) + ":" + std::to_string(line) + ": " + what);
 }
+
+// The client's side of ReplayOptions::session_closes: which sessions are open,
+// which blocks each read, and when each closes.
+class SessionCloses {
+ public:
+  SessionCloses(const Trace& t, double ms_per_output_token)
+      : t_(t), ms_per_token_(ms_per_output_token), readers_(t.distinct, 0) {}
+
+  // Releases, in `p`, the private blocks of every session that has closed by
+  // `now_ms`: those no other session has read. Returns how many.
+  uint64_t CloseDue(int64_t now_ms, EvictionPolicy& p) {
+    uint64_t released = 0;
+    while (!due_.empty() && due_.top().first <= now_ms) {
+      const int64_t s = due_.top().second;
+      due_.pop();
+      auto it = open_.find(s);
+      if (it == open_.end()) continue;
+      for (const uint32_t b : it->second.blocks) {  // shallowest first: the deepest is released last, leaves first
+        if (readers_[b] == 1 && p.Contains(b)) {
+          p.Release(b);
+          ++released;
+        }
+      }
+      open_.erase(it);
+    }
+    return released;
+  }
+  // Records that request r's session read its blocks (after its lookups).
+  void Read(size_t r) {
+    const int64_t s = t_.session[r];
+    if (s < 0) return;
+    Session& x = open_[s];
+    for (size_t k = t_.begin[r]; k < t_.begin[r + 1]; ++k) {
+      const uint32_t b = t_.blocks[k];
+      if (x.seen.insert(b).second) {
+        x.blocks.push_back(b);
+        ++readers_[b];
+      }
+    }
+    if (t_.closes[r]) {
+      const auto done = static_cast<int64_t>(static_cast<double>(t_.output_length[r]) * ms_per_token_);
+      due_.emplace(t_.timestamp_ms[r] + done, s);
+    }
+  }
+
+ private:
+  struct Session {
+    std::vector<uint32_t> blocks;  // in first-read order
+    absl::flat_hash_set<uint32_t> seen;
+  };
+  const Trace& t_;
+  double ms_per_token_;
+  std::vector<uint32_t> readers_;  // block -> sessions that read it
+  absl::flat_hash_map<int64_t, Session> open_;
+  std::priority_queue<std::pair<int64_t, int64_t>, std::vector<std::pair<int64_t, int64_t>>, std::greater<>> due_;
+};
 
 }  // namespace
 
@@ -45,6 +104,22 @@ Result<Trace> ParseMooncakeTrace(std::istream& in, std::string_view source) {
     t.timestamp_ms.push_back(j["timestamp"].get<int64_t>());
     int64_t in_len = j["input_length"].get<int64_t>();
     t.input_length.push_back(static_cast<uint32_t>(std::min<int64_t>(in_len, UINT32_MAX)));
+    t.output_length.push_back(static_cast<uint32_t>(std::min<int64_t>(j["output_length"].get<int64_t>(), UINT32_MAX)));
+    if (auto s = j.find("session"); s != j.end()) {
+      if (!s->is_number_integer() || s->get<int64_t>() < 0)
+        return LineError(source, line_no, "'session' must be a non-negative integer");
+      t.session.resize(t.timestamp_ms.size() - 1, -1);  // earlier lines without one
+      t.session.push_back(s->get<int64_t>());
+    } else if (!t.session.empty()) {
+      t.session.push_back(-1);
+    }
+    if (auto c = j.find("closes"); c != j.end()) {
+      if (!c->is_boolean()) return LineError(source, line_no, "'closes' must be true or false");
+      t.closes.resize(t.timestamp_ms.size() - 1, 0);
+      t.closes.push_back(c->get<bool>() ? 1 : 0);
+    } else if (!t.closes.empty()) {
+      t.closes.push_back(0);
+    }
     for (const auto& h : *ids) {
       if (!h.is_number_integer()) return LineError(source, line_no, "'hash_ids' must hold integers");
       auto [it, fresh] = dense.try_emplace(h.get<int64_t>(), static_cast<uint32_t>(dense.size()));
@@ -55,6 +130,12 @@ Result<Trace> ParseMooncakeTrace(std::istream& in, std::string_view source) {
   if (in.bad()) return IoError("reading " + std::string(source));
   t.begin.push_back(static_cast<uint32_t>(t.blocks.size()));
   t.distinct = dense.size();
+  if (!t.session.empty()) {
+    t.session.resize(t.requests(), -1);
+    t.closes.resize(t.requests(), 0);
+  } else {
+    t.closes.clear();  // "closes" without sessions names nothing
+  }
   return t;
 }
 
@@ -166,10 +247,13 @@ Result<ReplayResult> ReplayPolicy(const Trace& trace, std::string_view policy, s
   const std::vector<double> flops = o.model.LookupFlops(trace);
   const double unit = o.model.BlockFlops(0, std::max<uint32_t>(o.model.block_tokens, 1));  // AccessInfo::cost 1
   std::vector<uint32_t> shares(trace.distinct, 0);
+  std::optional<SessionCloses> sessions;
+  if (o.session_closes && !trace.session.empty()) sessions.emplace(trace, o.close_ms_per_output_token);
   int64_t now_ns = 0;
   for (size_t r = 0; r < trace.requests(); ++r) {
     now_ns = std::max(now_ns, trace.timestamp_ms[r] * 1'000'000);
     clock.Set(now_ns);
+    if (sessions) res.released += sessions->CloseDue(trace.timestamp_ms[r], *p);
     bool prefix = true;
     for (size_t k = trace.begin[r]; k < trace.begin[r + 1]; ++k) {
       const EntryId id = trace.blocks[k];
@@ -201,6 +285,7 @@ Result<ReplayResult> ReplayPolicy(const Trace& trace, std::string_view policy, s
       }
       ++shares[id];
     }
+    if (sessions) sessions->Read(r);
     if (o.progress) o.progress->fetch_add(trace.begin[r + 1] - trace.begin[r], std::memory_order_relaxed);
   }
   res.seconds = SecondsSince(t0);

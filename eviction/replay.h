@@ -48,6 +48,12 @@ struct Trace {
   std::vector<uint32_t> begin;
   std::vector<int64_t> timestamp_ms;
   std::vector<uint32_t> input_length;  // tokens
+  std::vector<uint32_t> output_length;  // tokens
+  // Optional client session fields (scripts/gen-trace.py --sessions; not in
+  // Mooncake traces): the request's session (-1: none) and whether the
+  // session closes after it. Both empty when no line has a "session".
+  std::vector<int64_t> session;
+  std::vector<uint8_t> closes;
   size_t distinct = 0;
 
   size_t requests() const { return timestamp_ms.size(); }
@@ -55,7 +61,8 @@ struct Trace {
 };
 
 // Reads Mooncake JSONL: one object per line with integer `timestamp` (ms),
-// `input_length`, `output_length` and an array `hash_ids`; other keys are
+// `input_length`, `output_length` and an array `hash_ids`; optionally a
+// non-negative integer `session` and a boolean `closes`; other keys are
 // ignored, blank lines skipped. Errors name the line.
 Result<Trace> ParseMooncakeTrace(std::istream& in, std::string_view source);
 Result<Trace> LoadMooncakeTrace(const std::string& path);
@@ -96,6 +103,14 @@ struct ReplayOptions {
   PrefillModel model;              // FLOPs per lookup: ReplayResult::flops_*, AccessInfo::cost
   int64_t aging_ns = 60'000'000'000;  // PolicyOptions::aging_ns (the clock follows trace timestamps)
   std::atomic<uint64_t>* progress = nullptr;  // incremented by lookups done (may be null)
+  // Session closes as a client hint (a trace with "session"/"closes"): when a
+  // session closes, at its last request's timestamp plus
+  // close_ms_per_output_token per output token (when its answer is done), the
+  // blocks it read that no other session has ever read and no open session
+  // holds are Release()d, shallowest first, so the deepest leaves first.
+  // A session that closes and comes back counts as a new one.
+  bool session_closes = false;
+  double close_ms_per_output_token = 20.0;
 };
 
 struct ReplayResult {
@@ -106,6 +121,7 @@ struct ReplayResult {
   uint64_t prefix_hits = 0;    // hits in the leading run of each request
   uint64_t declined = 0;       // misses the admission filter refused
   uint64_t evictions = 0;
+  uint64_t released = 0;       // Release() calls for closed sessions' blocks (session_closes)
   double flops_total = 0;      // prefill FLOPs of every lookup (PrefillModel)
   double flops_saved = 0;      // ... of the prefix hits: compute the cache saved
   double seconds = 0;

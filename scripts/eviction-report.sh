@@ -4,7 +4,10 @@
 # generated traces of tests/data/traces, the markdown tables (prefix hit rate
 # with the share of the LRU-to-Belady gap closed, and prefill FLOPs saved),
 # and the plots docs/img/replay_prefix_hit.png (public trace) and
-# docs/img/replay_heldout_mix.png (hit rate and FLOPs saved vs capacity).
+# docs/img/replay_heldout_mix.png (hit rate and FLOPs saved vs capacity);
+# then the held-out generated traces written again with session fields
+# (gen-trace.py --sessions, the args of tests/data/traces/heldout-args.txt)
+# and replayed with --session-closes (docs/eviction.md, "A fifth round").
 #   scripts/eviction-report.sh [build-dir]      (default: build; JSON in /tmp/kvmesh-eviction)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +21,13 @@ mkdir -p "$OUT" docs/img
 for t in conversation_trace heldout-chat-s102 heldout-agent-s103 heldout-rag-s104 heldout-mix-s101; do
   "$KVMESH" replay --trace "$TRACES/$t.jsonl" --capacity-fractions 0.01,0.02,0.05,0.1 \
       --policy "$POLICIES" --json > "$OUT/$t.json"
+done
+grep -v '^#' "$TRACES/heldout-args.txt" | while read -r t args; do
+  [ -n "$t" ] || continue
+  # shellcheck disable=SC2086  # args is a word list
+  python3 scripts/gen-trace.py $args --sessions -o "$OUT/$t-sessions.jsonl"
+  "$KVMESH" replay --trace "$OUT/$t-sessions.jsonl" --capacity-fractions 0.01,0.02,0.05,0.1 \
+      --policy "$POLICIES" --session-closes --json > "$OUT/$t-sessions.json"
 done
 "$KVMESH" replay --trace "$TRACES/conversation_trace.jsonl" --capacity-fractions 0.0025,0.005,0.01,0.02,0.05,0.1,0.2 \
     --policy lru,lru-priority,arc,s3-fifo,adaptive --plot docs/img/replay_prefix_hit.png > /dev/null
@@ -76,4 +86,29 @@ for key, title in names:
         l = next(r for r in c["policies"] if r["policy"] == "lru")
         parts.append(f"{100*c['capacity_fraction']:g}%: {a.get('following','')} ({a['seconds']/max(l['seconds'],1e-9):.1f}x lru time)")
     print(f"- {key}: " + "; ".join(parts))
+print()
+print("## Held-out traces with session closes (client hint; gap from LRU told nothing)\n")
+print("| trace | " + " | ".join(f"{100*c['capacity_fraction']:g}%" for c in cols) + " | mean gap | worst vs best other |")
+print("|---|" + "---|" * (len(cols) + 2))
+for key, title in names[1:]:
+    j = json.load(open(os.path.join(out, key + "-sessions.json")))
+    cells, gaps, worst = [], [], 1.0
+    for c in j["results"]:
+        a = next(r for r in c["policies"] if r["default"])
+        others = [r for r in c["policies"] if not r["policy"].startswith("adaptive")]
+        b = max(others, key=lambda r: r["prefix_hit_rate"])
+        worst = min(worst, a["prefix_hit_rate"] - b["prefix_hit_rate"])
+        gaps.append(a["gap_closed"])
+        cells.append(f"{100*a['prefix_hit_rate']:.2f} ({100*a['gap_closed']:+.0f}%)")
+    print(f"| {key} | " + " | ".join(cells) + f" | {100*sum(gaps)/len(gaps):+.1f}% | {100*worst:+.2f} points |")
+print()
+print("| trace | policy | " + " | ".join(f"{100*c['capacity_fraction']:g}%" for c in cols) + " |")
+print("|---|---|" + "---|" * len(cols))
+for key, title in names[1:]:
+    j = json.load(open(os.path.join(out, key + "-sessions.json")))
+    print(f"| {key} | `lru`, told nothing | " + " | ".join(f"{100*c['lru_without_session_closes']['prefix_hit_rate']:.2f}" for c in j["results"]) + " |")
+    for p in ["lru", "adaptive"]:
+        rows = [next(r for r in c["policies"] if r["policy"] == p) for c in j["results"]]
+        print(f"| {key} | `{p}`, told of closes | " + " | ".join(f"{100*r['prefix_hit_rate']:.2f}" for r in rows) + " |")
+    print(f"| {key} | Belady | " + " | ".join(f"{100*c['belady']['prefix_hit_rate']:.2f}" for c in j["results"]) + " |")
 EOF

@@ -7,9 +7,11 @@
    Mooncake fields of every request are those written without it, and
    "closes" marks the last request of its session only.
 3. eviction-bounds.py session-close runs on such a trace, and LRU told of
-   closed sessions keeps more prefix hits than LRU at every capacity (on
-   held-out RAG it closes about half of the LRU-to-Belady gap:
-   docs/eviction.md, "A fifth round").
+   closed sessions keeps more prefix hits than LRU at every capacity.
+4. `kvmesh replay --session-closes` on held-out RAG with sessions: the
+   default policy, told of closes, closes at least a quarter of the gap
+   between LRU (told nothing) and Belady, mean over 1/2/5/10%, and is at
+   least LRU at every capacity (docs/eviction.md, "A fifth round").
 
 Usage: gen_trace_check.py --kvmesh BIN --source DIR
 """
@@ -23,14 +25,15 @@ import subprocess
 import sys
 import tempfile
 
-HELD_OUT = {
-    "heldout-mix-s101.jsonl": ["--mix", "chat=0.4,agent=0.3,rag=0.3", "--seed", "101", "--requests", "3000"],
-    "heldout-chat-s102.jsonl": ["--kind", "chat", "--seed", "102", "--requests", "3000", "--chat-systems", "20",
-                                "--think-s", "60"],
-    "heldout-agent-s103.jsonl": ["--kind", "agent", "--seed", "103", "--requests", "2000", "--agent-apps", "10"],
-    "heldout-rag-s104.jsonl": ["--kind", "rag", "--seed", "104", "--requests", "3000", "--rag-docs", "5000",
-                               "--rag-zipf", "0.8"],
-}
+def held_out(source):
+    """name -> gen-trace.py arguments, from tests/data/traces/heldout-args.txt."""
+    out = {}
+    with open(os.path.join(source, "tests", "data", "traces", "heldout-args.txt")) as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                name, *args = line.split()
+                out[name + ".jsonl"] = args
+    return out
 
 
 def main():
@@ -41,6 +44,8 @@ def main():
     gen = os.path.join(a.source, "scripts", "gen-trace.py")
     bounds = os.path.join(a.source, "scripts", "eviction-bounds.py")
     data = os.path.join(a.source, "tests", "data", "traces")
+    HELD_OUT = held_out(a.source)
+    assert len(HELD_OUT) == 4, HELD_OUT
     with tempfile.TemporaryDirectory() as tmp:
         for name, args in HELD_OUT.items():
             out = os.path.join(tmp, name)
@@ -81,6 +86,24 @@ def main():
         for f in base:
             assert told[f] > base[f], f"at {f}: {told[f]} vs {base[f]}"
         print("ok: session closes keep more prefix hits than LRU at every capacity")
+
+        out = subprocess.run([a.kvmesh, "replay", "--trace", annotated, "--capacity-fractions", "0.01,0.02,0.05,0.1",
+                              "--session-closes", "--json"], check=True, capture_output=True, text=True,
+                             timeout=600).stdout
+        j = json.loads(out)
+        assert j["session_closes"] is True
+        gaps = []
+        for col in j["results"]:
+            default = next(p for p in col["policies"] if p["default"])
+            plain = col["lru_without_session_closes"]["prefix_hit_rate"]
+            assert default["prefix_hit_rate"] >= plain, (col["capacity_fraction"], default, plain)
+            assert default["released"] > 0
+            gaps.append(default["gap_closed"])
+        mean = sum(gaps) / len(gaps)
+        print(f"held-out RAG with session closes: the default closes {100 * mean:.1f}% of the gap (per capacity "
+              + ", ".join(f"{100 * g:.1f}%" for g in gaps) + ")")
+        assert mean >= 0.25, mean
+        print("ok: told of session closes, the default closes at least a quarter of the gap on held-out RAG")
     return 0
 
 

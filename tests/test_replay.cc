@@ -288,3 +288,68 @@ TEST_CASE("Held-out traces: the default policy is at least LRU and within 0.01 o
     if (path.find("heldout-rag-") == std::string::npos) CHECK(gap_sum / 4 >= 0.25);
   }
 }
+
+TEST_CASE("Replay with session closes releases a closed session's private blocks when its answer is done",
+          "[replay]") {
+  // Session 1 reads block 2, session 0 reads block 1 and closes, session 2
+  // reads block 3 and closes, session 1 comes back for block 2. Two blocks of
+  // cache: plain LRU evicts 2 for 3; told that session 0 closed, it evicts 1.
+  auto trace = [](int out_tokens) {
+    return "{\"timestamp\": 0, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [2], \"session\": 1}\n"
+           "{\"timestamp\": 1, \"input_length\": 512, \"output_length\": " +
+           std::to_string(out_tokens) +
+           ", \"hash_ids\": [1], \"session\": 0, \"closes\": true}\n"
+           "{\"timestamp\": 2, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [3], \"session\": 2, "
+           "\"closes\": true}\n"
+           "{\"timestamp\": 3, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [2], \"session\": 1}\n";
+  };
+  Trace t = Parse(trace(0));
+  REQUIRE(t.session == std::vector<int64_t>{1, 0, 2, 1});
+  REQUIRE(t.closes == std::vector<uint8_t>{0, 1, 1, 0});
+  ReplayOptions o;
+  o.derive_hints = false;
+  auto plain = ReplayPolicy(t, "lru", 2, o);
+  REQUIRE(plain.ok());
+  CHECK(plain->prefix_hits == 0);
+  CHECK(plain->released == 0);
+  o.session_closes = true;
+  for (const char* policy : {"lru", "adaptive"}) {
+    INFO(policy);
+    auto told = ReplayPolicy(t, policy, 2, o);
+    REQUIRE(told.ok());
+    CHECK(told->prefix_hits == 1);
+    CHECK(told->released == 1);  // block 1; block 3's session closes after the last request
+  }
+  // An answer of 100 tokens is done 2 s later (20 ms per token): too late to help.
+  auto late = ReplayPolicy(Parse(trace(100)), "lru", 2, o);
+  REQUIRE(late.ok());
+  CHECK(late->prefix_hits == 0);
+  CHECK(late->released == 0);
+
+  // A block another session read is not private: it is not released.
+  auto two = [](int other_block) {
+    return "{\"timestamp\": 0, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [1], \"session\": 0}\n"
+           "{\"timestamp\": 1, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [" +
+           std::to_string(other_block) +
+           "], \"session\": 1}\n"
+           "{\"timestamp\": 2, \"input_length\": 512, \"output_length\": 0, \"hash_ids\": [1], \"session\": 0, "
+           "\"closes\": true}\n"
+           "{\"timestamp\": 3, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [5], \"session\": 2}\n";
+  };
+  auto shared = ReplayPolicy(Parse(two(1)), "lru", 4, o);
+  REQUIRE(shared.ok());
+  CHECK(shared->released == 0);
+  auto own = ReplayPolicy(Parse(two(4)), "lru", 4, o);
+  REQUIRE(own.ok());
+  CHECK(own->released == 1);
+
+  // Bad session fields name the line.
+  std::istringstream bad("{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1], "
+                         "\"session\": -1}\n");
+  CHECK(ParseMooncakeTrace(bad, "s").status().message() == "s:1: 'session' must be a non-negative integer");
+  std::istringstream bad2("{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1], "
+                          "\"session\": 1, \"closes\": 1}\n");
+  CHECK(ParseMooncakeTrace(bad2, "s").status().message() == "s:1: 'closes' must be true or false");
+  // A Mooncake trace has neither.
+  CHECK(Parse(kSmall).session.empty());
+}
