@@ -249,7 +249,8 @@ TEST_CASE("Held-out traces: the default policy is at least LRU and within 0.01 o
           "[replay][trace]") {
   std::vector<std::string> paths;
   for (const auto& e : std::filesystem::directory_iterator(KVMESH_TRACE_DIR))
-    if (e.path().filename().string().starts_with("heldout-")) paths.push_back(e.path().string());
+    if (e.path().filename().string().starts_with("heldout-") && e.path().extension() == ".jsonl")
+      paths.push_back(e.path().string());
   std::sort(paths.begin(), paths.end());
   REQUIRE(paths.size() == 4);
   std::vector<std::string> others;
