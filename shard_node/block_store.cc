@@ -697,6 +697,19 @@ Status BlockStore::Pin(const BlockKey& key) {
   return Status::Ok();
 }
 
+Status BlockStore::Release(const BlockKey& key) {
+  Stripe& s = StripeOf(key);
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.index.find(key);
+  if (it == s.index.end() || s.slots[it->second].state != SlotState::kLive)
+    return NotFound("block " + key.ToHex() + " is not stored");
+  const uint32_t slot = it->second;
+  ++s.stats.releases;
+  // A pinned block is not in its policy (removed while pinned): nothing to reorder.
+  if (s.slots[slot].pins == 0) s.classes[s.pages[slot / chunk_stride_].cls].policy->Release(slot);
+  return Status::Ok();
+}
+
 Status BlockStore::Unpin(const BlockKey& key) {
   Stripe& s = StripeOf(key);
   uint32_t slot;
@@ -748,6 +761,7 @@ void StoreStats::Add(const StoreStats& x) {
   hits += x.hits;
   misses += x.misses;
   erases += x.erases;
+  releases += x.releases;
   corrupt += x.corrupt;
   evictions += x.evictions;
   for (size_t c = 0; c < kMaxPriorityClasses; ++c) evictions_by_class[c] += x.evictions_by_class[c];

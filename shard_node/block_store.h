@@ -110,6 +110,7 @@ struct StoreStats {
   uint64_t puts = 0, put_duplicates = 0, put_rejected = 0;
   uint64_t gets = 0, hits = 0, misses = 0;
   uint64_t erases = 0;
+  uint64_t releases = 0;  // Release() of a stored block (BlockStoreOps::Release)
   uint64_t corrupt = 0;  // checksum mismatches (each also counts as a miss)
   uint64_t evictions = 0;
   std::array<uint64_t, kMaxPriorityClasses> evictions_by_class{};  // by effective class
@@ -210,6 +211,7 @@ class BlockStore final : public BlockStoreOps {
   // Unpin of an unpinned block.
   Status Pin(const BlockKey& key) override;
   Status Unpin(const BlockKey& key) override;
+  Status Release(const BlockKey& key) override;
 
   void SetEvictionListener(EvictionListener l);
 

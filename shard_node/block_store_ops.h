@@ -120,6 +120,12 @@ class BlockStoreOps {
   virtual Status Pin(const BlockKey& key) = 0;
   virtual Status Unpin(const BlockKey& key) = 0;
 
+  // The client's readers are done with the block (a closed session's
+  // private block, docs/eviction.md "Session closes"): it becomes the next
+  // to leave its tier (EvictionPolicy::Release) until it is read again.
+  // Nothing else changes; a pinned block is not affected. NotFound when absent.
+  virtual Status Release(const BlockKey& key) = 0;
+
  protected:
   BlockStoreOps() = default;
   BlockStoreOps(const BlockStoreOps&) = delete;

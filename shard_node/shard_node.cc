@@ -203,6 +203,7 @@ Status ShardNode::Evict(const BlockKey& key, const std::function<void(const Bloc
 }
 Status ShardNode::Pin(const BlockKey& key) { return serving_->Pin(key); }
 Status ShardNode::Unpin(const BlockKey& key) { return serving_->Unpin(key); }
+Status ShardNode::Release(const BlockKey& key) { return serving_->Release(key); }
 
 bool ShardNode::GroupIntact(const BlockKey& key) {
   if (!IsCoEvictedKey(key)) return true;
@@ -265,6 +266,7 @@ std::string ShardNode::StatsJson() const {
       {"hits", s.hits},
       {"misses", s.misses},
       {"erases", s.erases},
+      {"releases", s.releases},
       {"corrupt", s.corrupt},
       {"evictions", s.evictions},
       {"evictions_by_class", by_class},

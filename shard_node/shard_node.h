@@ -73,6 +73,7 @@ class ShardNode {
   Status Evict(const BlockKey& key, const std::function<void(const BlockKey&)>& dropped);
   Status Pin(const BlockKey& key);
   Status Unpin(const BlockKey& key);
+  Status Release(const BlockKey& key);  // BlockStoreOps::Release
   // ---- the zero-copy paths of the transports (docs/architecture.md) ----------
   // A pinned view of the block as stored, its checksum not verified: the
   // reader verifies the bytes where they land (one hash pass per direction).

@@ -74,6 +74,7 @@ Status TenantView::Erase(const BlockKey& key) {
 }
 
 Status TenantView::Pin(const BlockKey& key) { return node_->Pin(Key(key)); }
+Status TenantView::Release(const BlockKey& key) { return node_->Release(Key(key)); }
 Status TenantView::Unpin(const BlockKey& key) { return node_->Unpin(Key(key)); }
 
 Result<BlockReservation> TenantView::ReservePut(const BlockKey& key, size_t size, const PutOptions& o) {

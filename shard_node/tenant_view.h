@@ -41,6 +41,7 @@ class TenantView {
   Status Erase(const BlockKey& key);
   Status Pin(const BlockKey& key);
   Status Unpin(const BlockKey& key);
+  Status Release(const BlockKey& key);
   // The reservation holds the stored (scoped) key.
   Result<BlockReservation> ReservePut(const BlockKey& key, size_t size, const PutOptions& o);
   Status CommitPut(BlockReservation& r, uint64_t checksum, bool verify = true);

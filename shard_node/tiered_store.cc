@@ -462,6 +462,13 @@ Status TieredStore::Pin(const BlockKey& key) {
 
 Status TieredStore::Unpin(const BlockKey& key) { return primary_->Unpin(key); }
 
+Status TieredStore::Release(const BlockKey& key) {
+  bool any = primary_->Release(key).ok();
+  if (host_) any = host_->Release(key).ok() || any;
+  if (!any && ssd_ && ssd_->Contains(key)) return Status::Ok();  // SSD keeps its own order
+  return any ? Status::Ok() : NotFound("block " + key.ToHex() + " is not stored");
+}
+
 void TieredStore::Prefetch(std::span<const BlockKey> keys) {
   std::lock_guard<std::mutex> lock(queue_mu_);
   for (const BlockKey& k : keys) prefetch_.push_back(k);

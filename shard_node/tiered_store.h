@@ -154,6 +154,8 @@ class TieredStore final : public BlockStoreOps {
   // Pins in the primary tier, promoting the block first when it is lower.
   Status Pin(const BlockKey& key) override;
   Status Unpin(const BlockKey& key) override;
+  // Released in every tier above SSD that holds it.
+  Status Release(const BlockKey& key) override;
   // Queues promotions of `keys` for the next maintenance tick.
   void Prefetch(std::span<const BlockKey> keys);
 

@@ -93,6 +93,33 @@ TEST_CASE("A full store evicts by policy and never exceeds its pool", "[store]")
   CHECK(st.bytes_stored <= st.capacity_bytes);
 }
 
+TEST_CASE("A released block leaves first, until it is read again", "[store]") {
+  for (const char* policy : {"lru-priority", "adaptive", "s3-fifo"}) {
+    INFO(policy);
+    ManualClock clock;
+    auto s = MakeStore(4, 4096, &clock, 1, policy);
+    for (uint64_t i = 0; i < 4; ++i) {
+      REQUIRE(s->Put(Key(i), Bytes(4096, static_cast<uint8_t>(i))).ok());
+      clock.Advance(10);
+    }
+    REQUIRE(s->Release(Key(2)).ok());
+    CHECK(s->Release(Key(99)).code() == StatusCode::kNotFound);
+    CHECK(s->Exists(Key(2), false));  // a hint: nothing leaves yet
+    REQUIRE(s->Put(Key(10), Bytes(4096, 10)).ok());
+    CHECK_FALSE(s->Exists(Key(2), false));  // the released block went first
+    CHECK(s->Exists(Key(0), false));
+    REQUIRE(s->Release(Key(3)).ok());
+    CHECK(s->Exists(Key(3), /*touch=*/true));  // read again: an ordinary block
+    REQUIRE(s->Pin(Key(1)).ok());
+    CHECK(s->Release(Key(1)).ok());  // pinned: not in the policy's order, nothing to change
+    REQUIRE(s->Put(Key(11), Bytes(4096, 11)).ok());
+    CHECK(s->Exists(Key(3), false));
+    CHECK(s->Exists(Key(1), false));
+    REQUIRE(s->Unpin(Key(1)).ok());
+    CHECK(s->Stats().releases == 3);
+  }
+}
+
 TEST_CASE("Pinned blocks are never evicted and a fully pinned store refuses puts", "[store]") {
   auto s = MakeStore(2);
   REQUIRE(s->Put(Key(1), Bytes(64, 1)).ok());
