@@ -245,6 +245,16 @@ int kvmesh_erase(kvmesh_client* c, const kvmesh_key* keys, size_t count) {
   });
 }
 
+int kvmesh_release(kvmesh_client* c, const kvmesh_key* keys, size_t count) {
+  return Guard([&] {
+    if (!c || (!keys && count)) return Fail(kvmesh::InvalidArgument("null argument"));
+    std::vector<kvmesh::BlockKey> k;
+    for (size_t i = 0; i < count; ++i) k.push_back(Key(keys[i]));
+    kvmesh::Status s = c->net->router().Release(k);
+    return s.ok() ? Ok() : Fail(s);
+  });
+}
+
 kvmesh_seq_options kvmesh_seq_default_options(void) {
   kvmesh_seq_options o;
   o.layers_begin = o.layers_end = 0;

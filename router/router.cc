@@ -532,6 +532,34 @@ Status Router::Erase(std::span<const BlockKey> keys, const RequestOptions& o) {
   return first;
 }
 
+Status Router::Release(std::span<const BlockKey> keys, const RequestOptions& o) {
+  Impl& im = *impl_;
+  Status first;
+  SteadyClock::time_point deadline{};
+  im.WithRefresh(*this, [&](const View& view, bool* stale) {
+    Scratch& sc = t_scratch;
+    first = Status::Ok();
+    for (uint32_t rank = 0; rank < view.map->replicas(); ++rank) {  // every replica holds its own order
+      auto key_of = [&](size_t i) { return keys[i]; };
+      if (!GroupByNode(*view.map, keys.size(), o.affinity, rank, key_of, [](size_t) { return true; }, sc)) break;
+      auto call = [&](ShardChannel& ch, NodeBatch& b, const RequestOptions&, ChannelCall* c) {
+        b.keys.clear();
+        for (size_t i : b.idx) b.keys.push_back(keys[i]);
+        b.statuses.assign(b.idx.size(), Status::Ok());
+        Status s = ch.Release(b.keys, b.statuses);  // a small frame: no asynchronous form
+        if (c == nullptr) return s;
+        c->Finish(std::move(s));
+        return Status::Ok();
+      };
+      auto merge = [&](NodeBatch&, const Status& s) {
+        if (!s.ok() && first.ok()) first = s;  // NotFound items are fine: nothing to release
+      };
+      im.FanOut(view, sc, o, &deadline, stale, call, merge);
+    }
+  });
+  return first;
+}
+
 Result<std::vector<std::byte>> Router::Get(const BlockKey& key, const RequestOptions& o) {
   // The slot size bounds every block; a node never returns more.
   std::vector<std::byte> buf(impl_->model.FullBlockBytes());

@@ -154,6 +154,12 @@ TEST_CASE("TCP channel: batch put/get/exists/match/erase/pin round trip byte-for
   CHECK(st[1].code() == StatusCode::kNotFound);
   REQUIRE(ch->Unpin(two, st).ok());
   CHECK(st[0].ok());
+  REQUIRE(ch->Release(two, st).ok());
+  CHECK(st[0].ok());
+  CHECK(st[1].code() == StatusCode::kNotFound);
+  REQUIRE(ch->Exists(two, found, false, {}).ok());
+  CHECK(found[0] == 1);  // a hint, not an erase
+  CHECK_THAT(*ch->StatsJson(), Catch::Contains("\"releases\":1"));
   REQUIRE(ch->Erase(two, st).ok());
   CHECK(st[0].ok());
   CHECK(st[1].code() == StatusCode::kNotFound);

@@ -345,6 +345,9 @@ TEST_CASE("UCX: router fan-out over three UCX nodes answers exactly like the ser
   REQUIRE(fan->ExistsBatch(keys, fa).ok());
   REQUIRE(serial->ExistsBatch(keys, fb).ok());
   CHECK(fa == fb);
+  REQUIRE(fan->Release(std::span<const BlockKey>(&keys[0], 5)).ok());  // a hint: nothing leaves
+  REQUIRE(serial->Release(std::span<const BlockKey>(&keys[5], 5)).ok());
+  CHECK(fan->MatchPrefix(prompt).value() == 20);
   REQUIRE(fan->Erase(std::span<const BlockKey>(&keys[10], 3)).ok());
   CHECK(serial->MatchPrefix(prompt).value() == 10);
   CHECK(fan->MatchPrefix(prompt).value() == 10);

@@ -152,11 +152,17 @@ TEST_CASE("Router on an embedded cluster: put, match_prefix, get, erase", "[rout
 
   REQUIRE(r.Erase(std::span(keys).subspan(2, 1)).ok());
   CHECK(*r.MatchPrefix(prompt) == 2);
+  // Release is a hint: every stored key is released on its node, nothing leaves.
+  REQUIRE(r.Release(keys).ok());
+  uint64_t released = 0;
+  for (size_t i = 0; i < cluster->num_nodes(); ++i) released += cluster->node(i).Stats().store.releases;
+  CHECK(released == 5);  // 0, 1, 3, 4, 5 (2 was erased, 6 never stored)
+  CHECK(*r.MatchPrefix(prompt) == 2);
   CHECK(r.Get(keys[2]).status().code() == StatusCode::kNotFound);
   CHECK(*r.Get(keys[0]) == data[0]);
 
   auto st = r.Stats();
-  CHECK(st.match_calls == 4);
+  CHECK(st.match_calls == 5);
   CHECK(st.put_blocks == 6);
 }
 
@@ -226,6 +232,7 @@ class FaultyChannel final : public ShardChannel {
   Status Erase(std::span<const BlockKey> k, std::span<Status> st) override { auto s = Fail(); return s.ok() ? inner_->Erase(k, st) : s; }
   Status Pin(std::span<const BlockKey> k, std::span<Status> st) override { return inner_->Pin(k, st); }
   Status Unpin(std::span<const BlockKey> k, std::span<Status> st) override { return inner_->Unpin(k, st); }
+  Status Release(std::span<const BlockKey> k, std::span<Status> st) override { return inner_->Release(k, st); }
   Result<std::string> StatsJson() override { return inner_->StatsJson(); }
 
  private:

@@ -155,6 +155,7 @@ std::string_view OpcodeName(Opcode op) {
     case Opcode::kMemUnregister: return "MEM_UNREGISTER";
     case Opcode::kGetInto: return "GET_INTO";
     case Opcode::kPutFrom: return "PUT_FROM";
+    case Opcode::kRelease: return "RELEASE";
   }
   return "?";
 }

@@ -68,8 +68,11 @@ enum class Opcode : uint8_t {
   kMemUnregister = 18,
   kGetInto = 19,
   kPutFrom = 20,
+  // Eviction hint (docs/eviction.md "Session closes"): the keys' readers are
+  // done; each becomes the next to leave until read again. Part of version 1.
+  kRelease = 21,
 };
-inline constexpr uint8_t kMaxOpcode = 20;
+inline constexpr uint8_t kMaxOpcode = 21;
 std::string_view OpcodeName(Opcode op);
 bool IsKnownOpcode(uint8_t op);
 // SEQ_CREATE .. SEQ_READ (live sequences).

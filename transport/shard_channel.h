@@ -110,6 +110,8 @@ class ShardChannel {
   virtual Status Erase(std::span<const BlockKey> keys, std::span<Status> statuses) = 0;
   virtual Status Pin(std::span<const BlockKey> keys, std::span<Status> statuses) = 0;
   virtual Status Unpin(std::span<const BlockKey> keys, std::span<Status> statuses) = 0;
+  // statuses[i]: OK or NotFound (BlockStoreOps::Release: an eviction hint).
+  virtual Status Release(std::span<const BlockKey> keys, std::span<Status> statuses) = 0;
   // The node's statistics as a JSON object (text).
   virtual Result<std::string> StatsJson() = 0;
 

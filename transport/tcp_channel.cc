@@ -296,6 +296,9 @@ class TcpChannelImpl final : public SeqOverFrames<SyncOverAsync<TcpChannel>> {
   Status Unpin(std::span<const BlockKey> keys, std::span<Status> st) override {
     return StatusCall(Opcode::kUnpin, keys, st);
   }
+  Status Release(std::span<const BlockKey> keys, std::span<Status> st) override {
+    return StatusCall(Opcode::kRelease, keys, st);
+  }
 
   Status MatchPrefix(std::span<const BlockKey> keys, uint32_t* matched, const RequestOptions& o) override {
     *matched = 0;

@@ -233,6 +233,9 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
 
   Status Pin(std::span<const BlockKey> keys, std::span<Status> st) override { return StatusCall(Opcode::kPin, keys, st); }
   Status Unpin(std::span<const BlockKey> keys, std::span<Status> st) override { return StatusCall(Opcode::kUnpin, keys, st); }
+  Status Release(std::span<const BlockKey> keys, std::span<Status> st) override {
+    return StatusCall(Opcode::kRelease, keys, st);
+  }
   Result<std::string> StatsJson() override {
     auto p = std::make_shared<Pending>();
     KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kStats, 0, 0, {}, 0, p, {}));

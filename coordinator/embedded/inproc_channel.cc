@@ -55,6 +55,10 @@ class InProcessChannel final : public ShardChannel {
     for (size_t i = 0; i < keys.size(); ++i) st[i] = node_->Unpin(keys[i]);
     return Status::Ok();
   }
+  Status Release(std::span<const BlockKey> keys, std::span<Status> st) override {
+    for (size_t i = 0; i < keys.size(); ++i) st[i] = node_->Release(keys[i]);
+    return Status::Ok();
+  }
   Result<std::string> StatsJson() override { return node_->StatsJson(); }
 
   Result<SeqCreated> SeqCreate(const SeqCreateArgs& a, const RequestOptions&) override {

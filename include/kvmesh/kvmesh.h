@@ -109,6 +109,10 @@ int kvmesh_put(kvmesh_client* client, const kvmesh_key* keys, const void* const*
                size_t count);
 int kvmesh_get(kvmesh_client* client, kvmesh_key key, void* dst, size_t cap, size_t* size);
 int kvmesh_erase(kvmesh_client* client, const kvmesh_key* keys, size_t count);
+/* Eviction hint: the caller is done with these blocks (a closed session's
+ * private blocks); each stored one becomes the next to leave its node's cache
+ * until it is read again. Nothing is erased; absent keys are fine. */
+int kvmesh_release(kvmesh_client* client, const kvmesh_key* keys, size_t count);
 
 /* ---- registered memory: zero-copy transfers (kvmesh/router.h RegisterMemory) --
  * Register the memory an engine keeps its KV blocks in once; kvmesh_get_into

@@ -135,6 +135,13 @@ class Router {
   // found[i] = 1 when keys[i] is cached.
   Status ExistsBatch(std::span<const BlockKey> keys, std::span<uint8_t> found, const RequestOptions& o = {});
   Status Erase(std::span<const BlockKey> keys, const RequestOptions& o = {});
+  // An eviction hint: the caller's readers are done with these blocks (say,
+  // the blocks of a session that just closed that no other session read).
+  // Each stored block, on every replica, becomes the next to leave its node's
+  // cache, before blocks not released, until something reads it again;
+  // nothing is erased. Keys not stored are fine. docs/eviction.md "Session
+  // closes" measures what it is worth.
+  Status Release(std::span<const BlockKey> keys, const RequestOptions& o = {});
 
   // One block, copied out. NotFound (or another miss code) on a miss.
   Result<std::vector<std::byte>> Get(const BlockKey& key, const RequestOptions& o = {});

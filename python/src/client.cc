@@ -311,6 +311,12 @@ void Client::Erase(py::handle keys, const py::kwargs& kw) {
   Check(Io([&](Router& r) { return r.Erase(ks, o); }));
 }
 
+void Client::Release(py::handle keys, const py::kwargs& kw) {
+  std::vector<BlockKey> ks = ToKeys(keys);
+  RequestOptions o = ToOptions(kw);
+  Check(Io([&](Router& r) { return r.Release(ks, o); }));
+}
+
 std::shared_ptr<Region> Client::Register(py::handle obj) {
   auto region = std::make_shared<Region>();
   try {

@@ -97,6 +97,7 @@ class Client {
   std::vector<bool> ExistsEach(py::handle keys, const py::kwargs& kw);
   size_t Exists(py::handle keys, const py::kwargs& kw);
   void Erase(py::handle keys, const py::kwargs& kw);
+  void Release(py::handle keys, const py::kwargs& kw);
 
   std::shared_ptr<Region> Register(py::handle obj);
   // Host memory from Router::AllocateMemory (over UCX: shared memory the

@@ -161,6 +161,10 @@ Every method releases the GIL while it does I/O.)")
            Doc("Number of consecutive keys, from the first, that are cached.").c_str())
       .def("exists_each", &Client::ExistsEach, py::arg("keys"), Doc("One bool per key: cached or not.").c_str())
       .def("erase", &Client::Erase, py::arg("keys"), Doc("Removes the keys (absent ones are fine).").c_str())
+      .def("release", &Client::Release, py::arg("keys"),
+           Doc("Eviction hint: the caller is done with these blocks (a closed session's private blocks); each "
+               "stored one becomes the next to leave its node's cache until read again. Nothing is erased.")
+               .c_str())
       .def("register", &Client::Register, py::arg("buffer"),
            "Registers the memory of a buffer or tensor once, so transfers into and out of it are zero-copy.\n"
            "The client holds the object until unregister() or close(). A CUDA tensor is device memory\n"

@@ -112,6 +112,7 @@ Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte>
     case Opcode::kMatchPrefix: return HandleMatchPrefix(h, body, v, rep);
     case Opcode::kErase: return HandlePerKey(h, body, v, &TenantView::Erase, rep);
     case Opcode::kPin: return HandlePerKey(h, body, v, &TenantView::Pin, rep);
+    case Opcode::kRelease: return HandlePerKey(h, body, v, &TenantView::Release, rep);
     case Opcode::kUnpin: return HandlePerKey(h, body, v, &TenantView::Unpin, rep);
     case Opcode::kStats: return HandleStats(h, v, rep);
     case Opcode::kSeqCreate: return HandleSeqCreate(h, body, c, rep);
