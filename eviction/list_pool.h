@@ -139,4 +139,14 @@ struct ChainPlacer {
   }
 };
 
+// EvictionPolicy::Release for a policy that keeps its released entries on a
+// list of their own (Node::released set; the policy's Victim takes that
+// list's tail first): moves node `i` from `from` to the tail of `released`.
+inline void MoveToReleased(NodePool& p, uint32_t i, DList& from, DList& released, ChainPlacer& chain) {
+  from.Unlink(p, i);
+  p[i].released = true;
+  released.PushBack(p, i);
+  chain.Forget(i);
+}
+
 }  // namespace kvmesh::eviction_internal

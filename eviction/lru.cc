@@ -92,12 +92,7 @@ class LruPriorityPolicy final : public EvictionPolicy {
     pool_.Free(i);
   }
   void Release(EntryId id) override {
-    const uint32_t i = pool_.Find(id);
-    if (i == kNil) return;
-    ListOf(pool_[i]).Unlink(pool_, i);
-    pool_[i].released = true;
-    released_.PushBack(pool_, i);
-    chain_.Forget(i);
+    if (const uint32_t i = pool_.Find(id); i != kNil) MoveToReleased(pool_, i, ListOf(pool_[i]), released_, chain_);
   }
   std::optional<EntryId> Victim() override {
     if (!released_.empty()) return pool_[released_.tail].id;
