@@ -2,11 +2,15 @@
 drive a KV connector v1, with each layer's KV in vLLM's paged layout
 [2, num_blocks, block_size, num_kv_heads, head_dim]."""
 
+import json
+import urllib.request
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+import kvmesh
+from conftest import scaled
 from kvmesh.adapters.vllm import KvmeshConnector
 
 BS, LAYERS, HEADS, DIM, NUM_BLOCKS = 16, 4, 4, 64, 32
@@ -178,6 +182,78 @@ def test_loads_start_per_layer_and_finish_on_wait(engines):
         b.worker.wait_for_layer_load(name)
         assert torch.equal(b.kv[name][:, 4:7], a.kv[name][:, 1:4])
     b.worker.clear_connector_metadata()
+
+
+def node_releases(daemons):
+    """Blocks the daemons' nodes have released (their /stats), all tenants."""
+    total = 0
+    for n in daemons.node_ids:
+        port = daemons.listening[n]["ports"]["http"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=scaled(2)) as r:
+            total += json.loads(r.read())["releases"]
+    return total
+
+
+def run_request(engine, req_id, tokens, block_ids, params=None):
+    """Match, allocate, one forward pass over the whole prompt, finish: vLLM's
+    scheduler calls, in order. Returns the tokens kvmesh had."""
+    req = SimpleNamespace(request_id=req_id, prompt_token_ids=tokens, kv_transfer_params=params)
+    hit, _ = engine.scheduler.get_num_new_matched_tokens(req, 0)
+    engine.scheduler.update_state_after_alloc(req, Blocks(block_ids), hit)
+    engine.step(sched_out([new_req(req_id, tokens, block_ids, hit)], scheduled={req_id: len(tokens) - hit}),
+                computes=block_ids[hit // BS:])
+    engine.scheduler.request_finished(req, block_ids)
+    return hit
+
+
+def test_a_closed_session_releases_its_own_blocks(daemons):
+    """kv_transfer_params {"kvmesh.session", "kvmesh.session_closes"}: on the
+    closing request's finish, the blocks the session computed and no other
+    request hit are released on the nodes (every layer's K and V); shared
+    blocks are not, and nothing is erased."""
+    with kvmesh.Client(daemons.address, tenant="tests-vllm-sessions", timeout_ms=scaled(2000)) as client:
+        a = Engine(client, 21)
+        try:
+            shared = prompt(32, base=30000)  # two blocks every request below starts with
+            doc = shared + prompt(48, base=31000)
+            s = {"kvmesh.session": "s"}
+            assert run_request(a, "s-1", doc + [7], list(range(6)), s) == 0  # saves blocks 0..4
+            assert a.scheduler.released_blocks == 0  # the session is still open
+            # Another request, of no session, reads the first two blocks: no longer s's own.
+            assert run_request(a, "o-1", shared + prompt(20, base=32000), [20, 21, 22, 23]) == 32
+            # s's follow-up reads its first prompt, computes two blocks more and closes s.
+            follow = doc + prompt(40, base=33000)
+            before = node_releases(daemons)
+            closes = {"kvmesh.session": "s", "kvmesh.session_closes": True}
+            assert run_request(a, "s-2", follow, list(range(8, 16)), closes) == 80
+            assert a.scheduler.released_blocks == 5  # blocks 2..4 of s-1, 5..6 of s-2
+            assert node_releases(daemons) - before == 5 * 2 * LAYERS
+            # A hint, not an erase: every block is still there.
+            probe = SimpleNamespace(request_id="p", prompt_token_ids=follow)
+            assert a.scheduler.get_num_new_matched_tokens(probe, 0) == (112, False)
+            a.scheduler.request_finished(probe, [])
+
+            # A request that closes without a session id is a session of its own.
+            before = node_releases(daemons)
+            one = shared + prompt(40, base=34000)
+            assert run_request(a, "single", one, list(range(20, 25)), {"kvmesh.session_closes": True}) == 32
+            assert a.scheduler.released_blocks == 5 + 2  # its blocks 2 and 3; 0 and 1 were stored before
+            assert node_releases(daemons) - before == 2 * 2 * LAYERS
+            # Blocks two sessions both saved are neither's own.
+            twin = prompt(49, base=35000)  # three full blocks
+            run_request(a, "t-1", twin, [1, 2, 3, 4], {"kvmesh.session": "t"})
+            client.erase(client.keys(twin[:48], layers=(0, 1))[1:2])  # block 1 lost: u computes 1 and 2 again
+            closes_u = {"kvmesh.session": "u", "kvmesh.session_closes": True}
+            assert run_request(a, "u-1", twin, [5, 6, 7, 8], closes_u) == 16
+            assert a.scheduler.released_blocks == 7  # block 0 is t's, 1 and 2 are t's as well
+            more = twin[:48] + prompt(17, base=36000)
+            closes_t = {"kvmesh.session": "t", "kvmesh.session_closes": True}
+            assert run_request(a, "t-2", more, [9, 10, 11, 12, 13], closes_t) == 48
+            assert a.scheduler.released_blocks == 7 + 1  # only block 3; u read 0 and saved 1 and 2
+            # Nothing is left tracked.
+            assert not a.scheduler._sessions and not a.scheduler._owner and not a.scheduler._req_session
+        finally:
+            a.close()
 
 
 def test_layout_and_block_size_are_checked(client):

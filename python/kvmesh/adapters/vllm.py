@@ -30,14 +30,27 @@ class so vLLM's checks pass::
 
 and name that class in ``--kv-transfer-config``; ``kv_connector_extra_config``
 takes ``{"coordinator": "host:port"}`` (or ``"config"``, ``"tenant"``).
+
+Session closes (an eviction hint, docs/eviction.md). A request's
+``kv_transfer_params`` (vLLM passes the API request's ``kv_transfer_params``
+to the connector) may carry ``"kvmesh.session"`` (an id shared by a session's
+requests) and, on the session's last request, ``"kvmesh.session_closes": true``
+(alone, it makes the request a session of its own). When that request
+finishes, the scheduler-side connector releases the blocks the session's
+requests computed and saved that no other request hit or saved in the
+meantime (as this connector saw them): they become the nodes' next victims
+unless read again. Blocks shared with other sessions (a system prompt, a
+popular document) are kept.
 """
 
 import logging
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .. import Client
+from ..errors import Error
 from ._keys import derive
 
 logger = logging.getLogger(__name__)
@@ -68,6 +81,17 @@ class _Tracked:
     saved_blocks: int
 
 
+_SESSION = "kvmesh.session"
+_CLOSES = "kvmesh.session_closes"
+
+
+@dataclass
+class _Session:
+    """Blocks an open session saved: (tokens, first block, layer-0 K key of each block)."""
+    saves: List[Tuple[List[int], int, list]] = field(default_factory=list)
+    shared: Set[Any] = field(default_factory=set)  # layer-0 K keys another request hit or saved
+
+
 class KvmeshConnector:
     """vLLM KV connector v1 over kvmesh.
 
@@ -82,7 +106,7 @@ class KvmeshConnector:
     """
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None, *,
-                 client: Optional[Client] = None, load_threads: int = 2):
+                 client: Optional[Client] = None, load_threads: int = 2, max_sessions: int = 4096):
         self._vllm_config = vllm_config
         self._role = role
         self._connector_metadata: Optional[KvmeshConnectorMetadata] = None
@@ -105,6 +129,12 @@ class KvmeshConnector:
         self._hits: Dict[str, int] = {}          # req_id -> blocks kvmesh holds (last match)
         self._load_pending: Dict[str, int] = {}  # req_id -> external tokens to load
         self._tracked: Dict[str, _Tracked] = {}  # requests whose prompt blocks are being saved
+        self._req_session: Dict[str, str] = {}   # req_id -> its session (requests that name one)
+        self._closing: Set[str] = set()          # req_ids that close their session when they finish
+        self._sessions: "OrderedDict[str, _Session]" = OrderedDict()  # open sessions, least recent first
+        self._owner: Dict[Any, str] = {}         # layer-0 K key of a block an open session saved -> session
+        self._max_sessions = max(1, max_sessions)
+        self.released_blocks = 0  # blocks released on session closes (each: every layer's K and V)
         # Worker state.
         self._kv_caches: Dict[str, Any] = {}
         self._layer_index: Dict[str, int] = {}
@@ -128,6 +158,7 @@ class KvmeshConnector:
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
         """Tokens beyond num_computed_tokens whose KV kvmesh holds (whole blocks, at
         least one prompt token left to compute); loads are synchronous with the step."""
+        session = self._open_session(request)
         tokens = list(request.prompt_token_ids or [])
         blocks = max(0, len(tokens) - 1) // self._block_size
         if blocks == 0:
@@ -140,6 +171,9 @@ class KvmeshConnector:
                 ordered += (k[b], v[b])
         hits = self.client.exists(ordered) // (2 * self._num_layers)
         self._hits[request.request_id] = hits
+        if self._owner:
+            for key in per_layer[0][0][:hits]:
+                self._share(key, session)
         return max(0, hits * self._block_size - num_computed_tokens), False
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -185,15 +219,100 @@ class KvmeshConnector:
         end = min(computed, len(t.token_ids)) // bs
         end = min(end, len(t.block_ids))
         if end > t.saved_blocks:
-            meta.saves.append(KvmeshTransfer(req_id, t.token_ids[:end * bs], t.saved_blocks,
-                                             t.block_ids[t.saved_blocks:end]))
+            tokens = t.token_ids[:end * bs]
+            meta.saves.append(KvmeshTransfer(req_id, tokens, t.saved_blocks, t.block_ids[t.saved_blocks:end]))
+            self._saved(req_id, tokens, t.saved_blocks, end - t.saved_blocks)
             t.saved_blocks = end
 
     def request_finished(self, request: Any, block_ids: List[int]) -> Tuple[bool, Optional[dict]]:
-        """Saves finish within their step, so vLLM may free the blocks at once."""
-        self._tracked.pop(request.request_id, None)
-        self._hits.pop(request.request_id, None)
+        """Saves finish within their step, so vLLM may free the blocks at once. A
+        request that closes its session releases the session's own blocks."""
+        req_id = request.request_id
+        self._tracked.pop(req_id, None)
+        self._hits.pop(req_id, None)
+        session = self._req_session.pop(req_id, None)
+        if req_id in self._closing:
+            self._closing.discard(req_id)
+            if session is not None:
+                self._close_session(session)
         return False, None
+
+    # ---- scheduler side: session closes -----------------------------------------
+    def _open_session(self, request: Any) -> Optional[str]:
+        """The request's session (from its kv_transfer_params), or None."""
+        req_id = request.request_id
+        if req_id in self._req_session:  # asked again (a preempted request, a later step)
+            return self._req_session[req_id]
+        params = getattr(request, "kv_transfer_params", None)
+        if not isinstance(params, dict):
+            return None
+        closes = bool(params.get(_CLOSES))
+        session = params.get(_SESSION)
+        if session is None and not closes:
+            return None
+        session = f"session:{session}" if session is not None else f"request:{req_id}"
+        self._req_session[req_id] = session
+        if closes:
+            self._closing.add(req_id)
+        if session in self._sessions:
+            self._sessions.move_to_end(session)
+        else:
+            self._sessions[session] = _Session()
+            while len(self._sessions) > self._max_sessions:  # never closed: forget, release nothing
+                self._forget(*self._sessions.popitem(last=False))
+        return session
+
+    def _share(self, key: Any, session: Optional[str]) -> None:
+        """Another request (of `session`, or of none) hit or saved block `key`."""
+        owner = self._owner.get(key)
+        if owner is not None and owner != session:
+            self._sessions[owner].shared.add(key)
+
+    def _saved(self, req_id: str, tokens: List[int], first: int, n: int) -> None:
+        session = self._req_session.get(req_id)
+        keys = self._layer_keys(tokens, 0, first, n)[0] if (session is not None or self._owner) else []
+        if session is None:
+            for key in keys:
+                self._share(key, None)
+            return
+        s = self._sessions.get(session)
+        if s is None:  # forgotten (max_sessions): untracked from here on
+            return
+        for key in keys:
+            owner = self._owner.setdefault(key, session)
+            if owner != session:
+                self._share(key, session)
+                s.shared.add(key)  # both saved it: neither session's own
+        s.saves.append((tokens, first, keys))
+
+    def _forget(self, session: str, s: _Session) -> None:
+        for _, _, keys in s.saves:
+            for key in keys:
+                if self._owner.get(key) == session:
+                    del self._owner[key]
+
+    def _close_session(self, session: str) -> None:
+        s = self._sessions.pop(session, None)
+        if s is None:
+            return
+        self._forget(session, s)
+        keys, blocks = [], 0
+        for tokens, first, own in s.saves:  # shallowest first: the deepest ends up next to leave
+            keep = [i for i, key in enumerate(own) if key not in s.shared]
+            if not keep:
+                continue
+            per_layer = [self._layer_keys(tokens, layer, first, len(own)) for layer in range(self._num_layers)]
+            for i in keep:
+                for k, v in per_layer:
+                    keys += (k[i], v[i])
+            blocks += len(keep)
+        if not keys:
+            return
+        try:
+            self.client.release(keys)
+            self.released_blocks += blocks
+        except Error as e:  # a hint: the blocks just age as usual
+            logger.warning("kvmesh: releasing %d blocks of a closed session failed: %s", blocks, e)
 
     # ---- worker side: metadata ------------------------------------------------
     def bind_connector_metadata(self, connector_metadata: KvmeshConnectorMetadata) -> None:
