@@ -41,7 +41,12 @@ close on a trace, and with what knowledge (docs/eviction.md, "A fourth round").
       --ms-per-output-token per output token, the time its answer is done),
       moves blocks to the eviction end, deepest first: those no open session
       has read ("session close"), or of those only the ones no other session
-      ever read ("private blocks"). --idle-s T...: the same release when a
+      ever read ("private blocks"), or the blocks the session itself brought
+      into the cache (its misses) that no other session read or brought in
+      while it was open ("computed blocks"), and of those only the ones no
+      request had read before ("computed blocks read first": the rule of the
+      vLLM connector, python/kvmesh/adapters/vllm.py, which sees hits, saves
+      and what it has read). --idle-s T...: the same release when a
       session has had no request for T seconds after its latest answer (a
       later request reopens it), without "closes". Sessions are known to the
       cache only through these fields.
@@ -325,12 +330,26 @@ def lru_sessions(rows, capacity, ms_per_token, close, timeout_ms=None):
     blocks = collections.defaultdict(dict)  # session -> its blocks, in first-read order
     due = []                              # (close time ms, session)
     latest = {}                           # session -> the due time of its pending close
+    owner = {}                            # "computed": block -> the open session that brought it in
+    own = collections.defaultdict(list)   # "computed": session -> blocks it brought in, in order
+    shared = set()                        # "computed": blocks another session read or brought in meanwhile
+    ever = set()                          # blocks any request has read
     for r in rows:
         while close and due and due[0][0] <= r["timestamp"]:
             t, s = heapq.heappop(due)
             if latest.get(s) != t:
                 continue                  # superseded by a later request of the session
             del latest[s]
+            if close in ("computed", "computed-first"):
+                for b in own.pop(s, ()):
+                    if owner.get(b) == s:
+                        del owner[b]
+                        if b in shared:
+                            shared.discard(b)
+                        elif b in cache:
+                            cache.move_to_end(b, last=False)
+                blocks.pop(s, None)
+                continue
             for b in blocks.pop(s):
                 refs[b] -= 1
                 if refs[b] == 0:
@@ -339,11 +358,23 @@ def lru_sessions(rows, capacity, ms_per_token, close, timeout_ms=None):
                         cache.move_to_end(b, last=False)  # deepest ends up first to leave
         ids, prefix, s = r["hash_ids"], True, r.get("session")
         for b in ids:
+            o = owner.get(b)
             if b in cache:
                 hits += prefix
+                if o is not None and o != s:
+                    shared.add(b)
             else:
                 prefix = False
                 cache[b] = True
+                if close in ("computed", "computed-first") and s is not None:
+                    if o is None and (close == "computed" or b not in ever):
+                        owner[b] = s
+                        own[s].append(b)
+                    elif o is not None and o != s:
+                        shared.add(b)
+                elif o is not None:
+                    shared.add(b)
+            ever.add(b)
             if s is not None and b not in blocks[s]:
                 blocks[s][b] = True
                 refs[b] += 1
@@ -374,6 +405,10 @@ def session_close(args):
            [lru_sessions(rows, row["C"], args.ms_per_output_token, "all") for row in reps])
     report(name, "lru + session close, private blocks", default_name, reps,
            [lru_sessions(rows, row["C"], args.ms_per_output_token, "private") for row in reps])
+    report(name, "lru + session close, computed blocks", default_name, reps,
+           [lru_sessions(rows, row["C"], args.ms_per_output_token, "computed") for row in reps])
+    report(name, "lru + session close, computed blocks read first", default_name, reps,
+           [lru_sessions(rows, row["C"], args.ms_per_output_token, "computed-first") for row in reps])
     for tau in args.idle_s:
         report(name, f"lru + idle {tau:g} s closes, private blocks", default_name, reps,
                [lru_sessions(rows, row["C"], args.ms_per_output_token, "private", tau * 1000) for row in reps])

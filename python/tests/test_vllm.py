@@ -233,11 +233,19 @@ def test_a_closed_session_releases_its_own_blocks(daemons):
             assert a.scheduler.get_num_new_matched_tokens(probe, 0) == (112, False)
             a.scheduler.request_finished(probe, [])
 
+            # A block read before, evicted and computed again is not the new session's own.
+            client.erase(client.keys(doc, layers=(0, 1))[4:5])
+            before = node_releases(daemons)
+            again = doc + prompt(20, base=33500)  # blocks 0..3 hit, 4 computed again, 5 new
+            assert run_request(a, "w-1", again, list(range(16, 23)), {"kvmesh.session_closes": True}) == 64
+            assert a.scheduler.released_blocks == 5 + 1
+            assert node_releases(daemons) - before == 1 * 2 * LAYERS
+
             # A request that closes without a session id is a session of its own.
             before = node_releases(daemons)
             one = shared + prompt(40, base=34000)
             assert run_request(a, "single", one, list(range(20, 25)), {"kvmesh.session_closes": True}) == 32
-            assert a.scheduler.released_blocks == 5 + 2  # its blocks 2 and 3; 0 and 1 were stored before
+            assert a.scheduler.released_blocks == 6 + 2  # its blocks 2 and 3; 0 and 1 were stored before
             assert node_releases(daemons) - before == 2 * 2 * LAYERS
             # Blocks two sessions both saved are neither's own.
             twin = prompt(49, base=35000)  # three full blocks
@@ -245,13 +253,14 @@ def test_a_closed_session_releases_its_own_blocks(daemons):
             client.erase(client.keys(twin[:48], layers=(0, 1))[1:2])  # block 1 lost: u computes 1 and 2 again
             closes_u = {"kvmesh.session": "u", "kvmesh.session_closes": True}
             assert run_request(a, "u-1", twin, [5, 6, 7, 8], closes_u) == 16
-            assert a.scheduler.released_blocks == 7  # block 0 is t's, 1 and 2 are t's as well
+            assert a.scheduler.released_blocks == 8  # block 0 is t's, 1 and 2 were t's first
             more = twin[:48] + prompt(17, base=36000)
             closes_t = {"kvmesh.session": "t", "kvmesh.session_closes": True}
             assert run_request(a, "t-2", more, [9, 10, 11, 12, 13], closes_t) == 48
-            assert a.scheduler.released_blocks == 7 + 1  # only block 3; u read 0 and saved 1 and 2
+            assert a.scheduler.released_blocks == 8 + 1  # only block 3; u read 0, 1 and 2
             # Nothing is left tracked.
             assert not a.scheduler._sessions and not a.scheduler._owner and not a.scheduler._req_session
+            assert not a.scheduler._fresh
         finally:
             a.close()
 

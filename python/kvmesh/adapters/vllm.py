@@ -37,10 +37,11 @@ to the connector) may carry ``"kvmesh.session"`` (an id shared by a session's
 requests) and, on the session's last request, ``"kvmesh.session_closes": true``
 (alone, it makes the request a session of its own). When that request
 finishes, the scheduler-side connector releases the blocks the session's
-requests computed and saved that no other request hit or saved in the
-meantime (as this connector saw them): they become the nodes' next victims
-unless read again. Blocks shared with other sessions (a system prompt, a
-popular document) are kept.
+requests computed and saved that no request had read before and no other
+request hit or saved in the meantime (as this connector saw them): they
+become the nodes' next victims unless read again. Blocks shared with other
+sessions (a system prompt, a popular document, also one evicted and computed
+again) are kept.
 """
 
 import logging
@@ -106,7 +107,8 @@ class KvmeshConnector:
     """
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None, *,
-                 client: Optional[Client] = None, load_threads: int = 2, max_sessions: int = 4096):
+                 client: Optional[Client] = None, load_threads: int = 2, max_sessions: int = 4096,
+                 max_seen_blocks: int = 1 << 18):
         self._vllm_config = vllm_config
         self._role = role
         self._connector_metadata: Optional[KvmeshConnectorMetadata] = None
@@ -134,6 +136,9 @@ class KvmeshConnector:
         self._sessions: "OrderedDict[str, _Session]" = OrderedDict()  # open sessions, least recent first
         self._owner: Dict[Any, str] = {}         # layer-0 K key of a block an open session saved -> session
         self._max_sessions = max(1, max_sessions)
+        self._fresh: Dict[str, Set[Any]] = {}    # req_id (of a session) -> its blocks no request read before
+        self._seen: Dict[int, None] = {}         # hash of blocks' layer-0 K keys, least recently read first
+        self._max_seen = max(0, max_seen_blocks)
         self.released_blocks = 0  # blocks released on session closes (each: every layer's K and V)
         # Worker state.
         self._kv_caches: Dict[str, Any] = {}
@@ -174,6 +179,9 @@ class KvmeshConnector:
         if self._owner:
             for key in per_layer[0][0][:hits]:
                 self._share(key, session)
+        full = len(tokens) // self._block_size  # the blocks a save may cover
+        read = per_layer[0][0] if full == blocks else self._layer_keys(tokens[:full * self._block_size], 0, 0, full)[0]
+        self._read(request.request_id, read, session)
         return max(0, hits * self._block_size - num_computed_tokens), False
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -230,6 +238,7 @@ class KvmeshConnector:
         req_id = request.request_id
         self._tracked.pop(req_id, None)
         self._hits.pop(req_id, None)
+        self._fresh.pop(req_id, None)
         session = self._req_session.pop(req_id, None)
         if req_id in self._closing:
             self._closing.discard(req_id)
@@ -262,6 +271,21 @@ class KvmeshConnector:
                 self._forget(*self._sessions.popitem(last=False))
         return session
 
+    def _read(self, req_id: str, keys: list, session: Optional[str]) -> None:
+        """A request reads blocks `keys` (its prompt's full blocks): those no
+        request read before may become its session's own."""
+        if self._max_seen == 0:
+            return
+        seen = self._seen
+        if session is not None and req_id not in self._fresh:
+            self._fresh[req_id] = {k for k in keys if hash(k) not in seen}
+        for k in keys:
+            h = hash(k)
+            seen.pop(h, None)
+            seen[h] = None
+        while len(seen) > self._max_seen:
+            del seen[next(iter(seen))]
+
     def _share(self, key: Any, session: Optional[str]) -> None:
         """Another request (of `session`, or of none) hit or saved block `key`."""
         owner = self._owner.get(key)
@@ -278,7 +302,12 @@ class KvmeshConnector:
         s = self._sessions.get(session)
         if s is None:  # forgotten (max_sessions): untracked from here on
             return
+        fresh = self._fresh.get(req_id)
         for key in keys:
+            if fresh is not None and key not in fresh:  # read before: computed again, not the session's own
+                self._share(key, session)
+                s.shared.add(key)
+                continue
             owner = self._owner.setdefault(key, session)
             if owner != session:
                 self._share(key, session)
