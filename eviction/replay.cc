@@ -23,62 +23,6 @@ Status LineError(std::string_view source, size_t line, const std::string& what) 
   return InvalidArgument(std::string(source) + ":" + std::to_string(line) + ": " + what);
 }
 
-// The client's side of ReplayOptions::session_closes: which sessions are open,
-// which blocks each read, and when each closes.
-class SessionCloses {
- public:
-  SessionCloses(const Trace& t, double ms_per_output_token)
-      : t_(t), ms_per_token_(ms_per_output_token), readers_(t.distinct, 0) {}
-
-  // Releases, in `p`, the private blocks of every session that has closed by
-  // `now_ms`: those no other session has read. Returns how many.
-  uint64_t CloseDue(int64_t now_ms, EvictionPolicy& p) {
-    uint64_t released = 0;
-    while (!due_.empty() && due_.top().first <= now_ms) {
-      const int64_t s = due_.top().second;
-      due_.pop();
-      auto it = open_.find(s);
-      if (it == open_.end()) continue;
-      for (const uint32_t b : it->second.blocks) {  // shallowest first: the deepest is released last, leaves first
-        if (readers_[b] == 1 && p.Contains(b)) {
-          p.Release(b);
-          ++released;
-        }
-      }
-      open_.erase(it);
-    }
-    return released;
-  }
-  // Records that request r's session read its blocks (after its lookups).
-  void Read(size_t r) {
-    const int64_t s = t_.session[r];
-    if (s < 0) return;
-    Session& x = open_[s];
-    for (size_t k = t_.begin[r]; k < t_.begin[r + 1]; ++k) {
-      const uint32_t b = t_.blocks[k];
-      if (x.seen.insert(b).second) {
-        x.blocks.push_back(b);
-        ++readers_[b];
-      }
-    }
-    if (t_.closes[r]) {
-      const auto done = static_cast<int64_t>(static_cast<double>(t_.output_length[r]) * ms_per_token_);
-      due_.emplace(t_.timestamp_ms[r] + done, s);
-    }
-  }
-
- private:
-  struct Session {
-    std::vector<uint32_t> blocks;  // in first-read order
-    absl::flat_hash_set<uint32_t> seen;
-  };
-  const Trace& t_;
-  double ms_per_token_;
-  std::vector<uint32_t> readers_;  // block -> sessions that read it
-  absl::flat_hash_map<int64_t, Session> open_;
-  std::priority_queue<std::pair<int64_t, int64_t>, std::vector<std::pair<int64_t, int64_t>>, std::greater<>> due_;
-};
-
 }  // namespace
 
 Result<Trace> ParseMooncakeTrace(std::istream& in, std::string_view source) {
@@ -143,6 +87,42 @@ Result<Trace> LoadMooncakeTrace(const std::string& path) {
   std::ifstream f(path);
   if (!f) return NotFound("cannot open trace " + path);
   return ParseMooncakeTrace(f, path);
+}
+
+SessionCloses::SessionCloses(const Trace& t, double ms_per_output_token)
+    : t_(t), ms_per_token_(ms_per_output_token), readers_(t.distinct, 0) {}
+
+SessionCloses::~SessionCloses() = default;
+
+uint64_t SessionCloses::CloseDue(int64_t now_ms, const std::function<bool(uint32_t)>& release) {
+  uint64_t released = 0;
+  while (!due_.empty() && due_.top().first <= now_ms) {
+    const int64_t s = due_.top().second;
+    due_.pop();
+    auto it = open_.find(s);
+    if (it == open_.end()) continue;
+    for (const uint32_t b : it->second.blocks)  // shallowest first: the deepest is released last, leaves first
+      if (readers_[b] == 1 && release(b)) ++released;
+    open_.erase(it);
+  }
+  return released;
+}
+
+void SessionCloses::Read(size_t r) {
+  const int64_t s = t_.session[r];
+  if (s < 0) return;
+  Session& x = open_[s];
+  for (size_t k = t_.begin[r]; k < t_.begin[r + 1]; ++k) {
+    const uint32_t b = t_.blocks[k];
+    if (x.seen.insert(b).second) {
+      x.blocks.push_back(b);
+      ++readers_[b];
+    }
+  }
+  if (t_.closes[r]) {
+    const auto done = static_cast<int64_t>(static_cast<double>(t_.output_length[r]) * ms_per_token_);
+    due_.emplace(t_.timestamp_ms[r] + done, s);
+  }
 }
 
 // The replay's hint rule. A client knows, when it sends a request, the token
@@ -253,7 +233,12 @@ Result<ReplayResult> ReplayPolicy(const Trace& trace, std::string_view policy, s
   for (size_t r = 0; r < trace.requests(); ++r) {
     now_ns = std::max(now_ns, trace.timestamp_ms[r] * 1'000'000);
     clock.Set(now_ns);
-    if (sessions) res.released += sessions->CloseDue(trace.timestamp_ms[r], *p);
+    if (sessions)
+      res.released += sessions->CloseDue(trace.timestamp_ms[r], [&p](uint32_t b) {
+        if (!p->Contains(b)) return false;
+        p->Release(b);
+        return true;
+      });
     bool prefix = true;
     for (size_t k = trace.begin[r]; k < trace.begin[r + 1]; ++k) {
       const EntryId id = trace.blocks[k];

@@ -29,11 +29,17 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <istream>
+#include <memory>
+#include <queue>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 
 #include "eviction/eviction_policy.h"
 #include "kvmesh/status.h"
@@ -66,6 +72,36 @@ struct Trace {
 // ignored, blank lines skipped. Errors name the line.
 Result<Trace> ParseMooncakeTrace(std::istream& in, std::string_view source);
 Result<Trace> LoadMooncakeTrace(const std::string& path);
+
+// The client's side of session closes (ReplayOptions::session_closes): which
+// sessions are open, which blocks each read, and when each closes (its last
+// request's timestamp plus ms_per_output_token per output token, when its
+// answer is done). A session's private blocks are those no other session has
+// read. The replay releases them in its policy; a replay through a cluster
+// sends them to the nodes (Router::Release). Not thread-safe.
+class SessionCloses {
+ public:
+  // REQUIRES: `t` has sessions (t.session not empty) and outlives this.
+  SessionCloses(const Trace& t, double ms_per_output_token);
+  ~SessionCloses();
+  // For every session closed by `now_ms`, calls release(b) for each of its
+  // private blocks, shallowest first (so the deepest, released last, leaves
+  // first), and forgets the session. Returns how many calls returned true.
+  uint64_t CloseDue(int64_t now_ms, const std::function<bool(uint32_t)>& release);
+  // Records that request r's session read its blocks (after its lookups).
+  void Read(size_t r);
+
+ private:
+  struct Session {
+    std::vector<uint32_t> blocks;  // in first-read order
+    absl::flat_hash_set<uint32_t> seen;
+  };
+  const Trace& t_;
+  double ms_per_token_;
+  std::vector<uint32_t> readers_;  // block -> sessions that read it
+  absl::flat_hash_map<int64_t, Session> open_;
+  std::priority_queue<std::pair<int64_t, int64_t>, std::vector<std::pair<int64_t, int64_t>>, std::greater<>> due_;
+};
 
 // Prefill compute of a block: what an inference server spends recomputing it
 // when it is not cached. Per layer, a token costs 24 D^2 FLOPs in the dense
