@@ -15,6 +15,7 @@
 
 #include "cli/commands.h"
 #include "cli/default_config.h"
+#include "cli/replay_cluster.h"
 #include "common/progress.h"
 #include "eviction/replay.h"
 #include "kvmesh/config.h"
@@ -31,6 +32,7 @@ struct ReplayArgs {
   std::string plot;
   bool no_hints = false;
   bool session_closes = false;
+  bool through_cluster = false;
   double aging_s = 60.0;
   unsigned threads = 0;
   std::string config;          // the model for FLOPs; default: the built-in cluster_configs/local.json
@@ -71,6 +73,10 @@ struct Column {
   // --session-closes: lru told nothing, the baseline of "gap closed" (the
   // hint is what is measured, so LRU without it stays the floor).
   ReplayResult lru_no_closes;
+  // --through-cluster: the same policies on an embedded cluster's nodes, and
+  // their own lru baseline.
+  std::vector<ReplayResult> cluster;
+  ReplayResult cluster_lru_no_closes;
 
   // The clairvoyant FLOPs reference: the better of Belady and belady-flops.
   double flops_reference() const {
@@ -144,9 +150,13 @@ Status WritePlot(const std::string& png, const std::vector<Column>& cols, const 
   return Status::Ok();
 }
 
+Result<ClusterConfig> ConfigFor(const ReplayArgs& a) {
+  return a.config.empty() ? ParseConfig(kDefaultLocalConfig, "cluster_configs/local.json (built in)")
+                          : LoadConfigFile(a.config);
+}
+
 Result<PrefillModel> ModelFor(const ReplayArgs& a) {
-  Result<ClusterConfig> cfg = a.config.empty() ? ParseConfig(kDefaultLocalConfig, "cluster_configs/local.json (built in)")
-                                               : LoadConfigFile(a.config);
+  Result<ClusterConfig> cfg = ConfigFor(a);
   KVMESH_RETURN_IF_ERROR(cfg.status());
   if (a.block_tokens == 0) return InvalidArgument("--block-tokens must be at least 1");
   PrefillModel m;
@@ -165,6 +175,7 @@ Status RunReplay(const ReplayArgs& a) {
   if (trace.lookups() == 0) return InvalidArgument(a.trace + ": no requests");
 
   KVMESH_ASSIGN_OR_RETURN(const PrefillModel model, ModelFor(a));
+  KVMESH_ASSIGN_OR_RETURN(const ClusterConfig cluster_config, ConfigFor(a));
   std::vector<std::string> names = SplitPolicies(a.policies);
   if (names.empty()) names = {"lru", "lru-priority", "arc", "s3-fifo", std::string(kDefaultEvictionPolicy)};
   if (std::find(names.begin(), names.end(), "lru") == names.end()) names.insert(names.begin(), "lru");
@@ -184,22 +195,30 @@ Status RunReplay(const ReplayArgs& a) {
   }
   if (cols.empty()) return InvalidArgument("give --capacity-blocks N or --capacity-fractions a,b,...");
   std::sort(cols.begin(), cols.end(), [](const Column& x, const Column& y) { return x.capacity < y.capacity; });
-  for (Column& c : cols) c.policies.resize(names.size());
+  for (Column& c : cols) {
+    c.policies.resize(names.size());
+    if (a.through_cluster) c.cluster.resize(names.size());
+  }
 
   // One job per (capacity, policy) plus the two clairvoyant ones per capacity, on a small pool.
   struct Job {
     size_t col;
     int policy;  // -1: Belady, -2: belady-flops, -3: lru without session closes
+    bool cluster = false;  // through the embedded cluster (--through-cluster)
   };
   std::vector<Job> jobs;
   for (size_t c = 0; c < cols.size(); ++c) {
     jobs.push_back({c, -1});
     jobs.push_back({c, -2});
-    if (a.session_closes) jobs.push_back({c, -3});
-    for (size_t p = 0; p < names.size(); ++p) jobs.push_back({c, static_cast<int>(p)});
+    for (bool cl : {false, true}) {
+      if (cl && !a.through_cluster) continue;
+      if (a.session_closes) jobs.push_back({c, -3, cl});
+      for (size_t p = 0; p < names.size(); ++p) jobs.push_back({c, static_cast<int>(p), cl});
+    }
   }
   ReplayOptions ro;
-  ro.derive_hints = !a.no_hints;
+  // The nodes get no derived hints, so neither does the policy object it is compared with.
+  ro.derive_hints = !a.no_hints && !a.through_cluster;
   ro.session_closes = a.session_closes;
   ro.model = model;
   ro.hints.block_tokens = model.block_tokens;
@@ -212,7 +231,16 @@ Status RunReplay(const ReplayArgs& a) {
   auto worker = [&] {
     for (size_t j; (j = next_job.fetch_add(1)) < jobs.size();) {
       Column& c = cols[jobs[j].col];
-      if (jobs[j].policy == -1) {
+      if (jobs[j].cluster) {
+        const bool plain_lru = jobs[j].policy == -3;
+        ReplayOptions co = ro;
+        if (plain_lru) co.session_closes = false;
+        Result<ReplayResult> r = ReplayThroughCluster(trace, plain_lru ? "lru" : names[jobs[j].policy], c.capacity,
+                                                      cluster_config, co);
+        if (!r.ok()) errors[j] = r.status();
+        else if (plain_lru) c.cluster_lru_no_closes = std::move(r).value();
+        else c.cluster[jobs[j].policy] = std::move(r).value();
+      } else if (jobs[j].policy == -1) {
         c.belady = ReplayBelady(trace, c.capacity, &done, model);
       } else if (jobs[j].policy == -2) {
         c.belady_flops = ReplayBeladyFlops(trace, c.capacity, model, &done);
@@ -257,7 +285,9 @@ Status RunReplay(const ReplayArgs& a) {
     j["requests"] = trace.requests();
     j["lookups"] = trace.lookups();
     j["distinct_blocks"] = trace.distinct;
-    j["hints"] = a.no_hints ? "none" : "derived (docs/eviction.md)";
+    j["hints"] = (a.no_hints || a.through_cluster) ? "none" : "derived (docs/eviction.md)";
+    if (a.through_cluster) j["cluster"] = {{"config", cluster_config.source}, {"nodes", cluster_config.nodes.size()},
+                                           {"stripes", cluster_config.store.stripes}};
     j["session_closes"] = a.session_closes;
     j["default_policy"] = default_policy;
     j["model"] = {{"layers", model.layers},
@@ -302,6 +332,17 @@ Status RunReplay(const ReplayArgs& a) {
             {"seconds", r.seconds}};
         if (!r.leader.empty()) row["following"] = r.leader;
         if (a.session_closes) row["released"] = r.released;
+        if (a.through_cluster) {
+          const ReplayResult& x = c.cluster[&r - c.policies.data()];
+          const ReplayResult& base = a.session_closes ? c.cluster_lru_no_closes : c.cluster[lru_idx];
+          row["cluster"] = {
+              {"prefix_hit_rate", x.prefix_hit_rate()},
+              {"gap_closed", GapClosed(x.prefix_hit_rate(), base.prefix_hit_rate(), c.belady.prefix_hit_rate())},
+              {"flops_saved_fraction", x.flops_saved_fraction()},
+              {"evictions", x.evictions},
+              {"released", x.released},
+              {"seconds", x.seconds}};
+        }
         col["policies"].push_back(std::move(row));
       }
       j["results"].push_back(col);
@@ -313,6 +354,9 @@ Status RunReplay(const ReplayArgs& a) {
                 trace.source.c_str(), trace.requests(), trace.lookups(), trace.distinct, 100 * inf.hit_rate(),
                 100 * inf.prefix_hit_rate(), 100 * inf.flops_saved_fraction());
     if (a.session_closes) std::printf("session closes: a closed session's private blocks are released\n");
+    if (a.through_cluster)
+      std::printf("through the cluster of %s (%zu nodes, %u stripes each; no derived hints in either run)\n",
+                  cluster_config.source.c_str(), cluster_config.nodes.size(), cluster_config.store.stripes);
     std::printf("model: %u layers x %u heads x %u head_dim, %u-token blocks; default policy: %s\n", model.layers,
                 model.heads, model.head_dim, model.block_tokens, default_policy.c_str());
     std::printf("%-24s %9s %8s %9s %11s %9s %11s\n", "policy", "capacity", "hit %", "prefix %", "gap closed",
@@ -329,6 +373,19 @@ Status RunReplay(const ReplayArgs& a) {
                     100 * GapClosed(r.prefix_hit_rate(), lru.prefix_hit_rate(), c.belady.prefix_hit_rate()),
                     100 * r.flops_saved_fraction(),
                     100 * GapClosed(r.flops_saved_fraction(), lru.flops_saved_fraction(), c.flops_reference()));
+      }
+      if (a.through_cluster) {
+        const ReplayResult& base = a.session_closes ? c.cluster_lru_no_closes : c.cluster[lru_idx];
+        if (a.session_closes)
+          std::printf("%-24s %9zu %8s %9.2f %11s %9.2f\n", "lru [cluster, no closes]", c.capacity, "",
+                      100 * base.prefix_hit_rate(), "0.0%", 100 * base.flops_saved_fraction());
+        for (const ReplayResult& r : c.cluster) {
+          const std::string label = r.policy + " [cluster]";
+          std::printf("%-24s %9zu %8s %9.2f %10.1f%% %9.2f\n", label.c_str(), c.capacity, "",
+                      100 * r.prefix_hit_rate(),
+                      100 * GapClosed(r.prefix_hit_rate(), base.prefix_hit_rate(), c.belady.prefix_hit_rate()),
+                      100 * r.flops_saved_fraction());
+        }
       }
       std::printf("%-24s %9zu %8.2f %9.2f %11s %9.2f\n", "belady", c.capacity, 100 * c.belady.hit_rate(),
                   100 * c.belady.prefix_hit_rate(), "100.0%", 100 * c.belady.flops_saved_fraction());
@@ -368,12 +425,16 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--session-closes", a->session_closes,
                 "honour the trace's \"session\"/\"closes\" fields (gen-trace.py --sessions): release a closed "
                 "session's private blocks (docs/eviction.md)");
+  cmd->add_flag("--through-cluster", a->through_cluster,
+                "also replay each policy through an embedded cluster built from --config (its nodes, stripes and "
+                "placement; tiny blocks; no derived hints in either run): what the nodes' stores get "
+                "(docs/eviction.md)");
   cmd->add_option("--aging-s", a->aging_s,
                   "aging period in trace seconds for policies without @ (default 60, the config default; 0: off)");
   cmd->add_option("--threads", a->threads, "worker threads (default: all cores)");
   cmd->add_option("--config", a->config,
-                  "cluster config whose model (num_layers, num_kv_heads, head_dim) prices prefill FLOPs "
-                  "(default: the built-in cluster_configs/local.json)");
+                  "cluster config whose model (num_layers, num_kv_heads, head_dim) prices prefill FLOPs, and the "
+                  "cluster of --through-cluster (default: the built-in cluster_configs/local.json)");
   cmd->add_option("--block-tokens", a->block_tokens,
                   "tokens per trace block, for FLOPs and the partial-last-block hint (default 512, Mooncake's)");
   cmd->callback([a, exit_code] {

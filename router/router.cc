@@ -480,10 +480,15 @@ Status Router::ExistsBatch(std::span<const BlockKey> keys, std::span<uint8_t> fo
 Result<size_t> Router::MatchPrefix(std::span<const TokenId> tokens, const RequestOptions& o) {
   Impl& im = *impl_;
   std::vector<BlockKey> keys = Keys(tokens, o);
+  // Deepest block first: each node refreshes the hits in that order, so a
+  // chain's first block ends most recent and its deepest leaves first (a
+  // parent evicted before its cached children would strand them; measured
+  // with `kvmesh replay --through-cluster`, docs/eviction.md).
+  std::reverse(keys.begin(), keys.end());
   std::vector<uint8_t> found(keys.size(), 0);
   KVMESH_RETURN_IF_ERROR(ExistsBatch(keys, found, o));
   size_t run = 0;
-  while (run < keys.size() && found[run]) ++run;
+  while (run < keys.size() && found[keys.size() - 1 - run]) ++run;
   im.counters.match_calls.fetch_add(1, std::memory_order_relaxed);
   im.counters.match_blocks_asked.fetch_add(keys.size(), std::memory_order_relaxed);
   im.counters.match_blocks_hit.fetch_add(run, std::memory_order_relaxed);
@@ -500,7 +505,8 @@ Status Router::Put(std::span<const TokenId> tokens, std::span<const std::span<co
   }
   std::vector<PutItem> items;
   items.reserve(blocks.size());
-  for (size_t i = 0; i < blocks.size(); ++i) items.push_back(PutItem{keys[first_block + i], blocks[i], {}});
+  // Deepest block first, as MatchPrefix refreshes: the shallowest stored ends most recent.
+  for (size_t i = blocks.size(); i-- > 0;) items.push_back(PutItem{keys[first_block + i], blocks[i], {}});
   return PutBatch(items, o);
 }
 

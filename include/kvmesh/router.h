@@ -120,12 +120,15 @@ class Router {
   std::vector<BlockKey> Keys(std::span<const TokenId> tokens, const RequestOptions& o = {}) const;
 
   // Number of leading full blocks of `tokens` that are cached (0..n). A block
-  // on an unreachable node counts as a miss. Hits are refreshed.
+  // on an unreachable node counts as a miss. Hits are refreshed, deepest
+  // first, so the chain's first block is the most recent and its deepest the
+  // first to leave under recency-based eviction.
   Result<size_t> MatchPrefix(std::span<const TokenId> tokens, const RequestOptions& o = {});
 
-  // Stores blocks[i] as full block `first_block + i` of `tokens`.
-  // REQUIRES: first_block + blocks.size() <= full blocks of tokens.
-  // Returns the first per-block error (every block is still attempted).
+  // Stores blocks[i] as full block `first_block + i` of `tokens`, deepest
+  // first (as MatchPrefix refreshes). REQUIRES: first_block + blocks.size()
+  // <= full blocks of tokens. Returns the error of the deepest block that
+  // failed (every block is still attempted).
   Status Put(std::span<const TokenId> tokens, std::span<const std::span<const std::byte>> blocks,
              const RequestOptions& o = {}, size_t first_block = 0);
 
