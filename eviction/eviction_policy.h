@@ -54,6 +54,41 @@ enum class RemoveReason : uint8_t {
   kPinned = 2,   // temporarily unevictable; it comes back with Insert on unpin
 };
 
+// Policies that split one cache between them and should evict alike: a
+// block store runs one policy per stripe (and size class), each over a share
+// of the keys, while a request's chain of blocks spreads over the stripes, so
+// a chain is only worth keeping if every stripe keeps its part. "adaptive"
+// members of a group follow one expert, chosen on their summed scores (alone,
+// stripes chose different experts at different times and broke each other's
+// chains: docs/eviction.md "Through the nodes"); other policies ignore it.
+// Thread-safe: its members run under different locks.
+class PolicyGroup {
+ public:
+  static constexpr size_t kMaxMembers = 256;  // a member beyond these decides alone
+  static constexpr size_t kMaxScores = 8;
+
+  PolicyGroup();
+  ~PolicyGroup();
+  PolicyGroup(const PolicyGroup&) = delete;
+  PolicyGroup& operator=(const PolicyGroup&) = delete;
+
+  // A slot for a new member, or -1 when the group is full.
+  int Join();
+  // The member in `slot` is gone: its scores no longer count.
+  void Leave(int slot);
+  // The member in `slot` publishes its current scores (n <= kMaxScores).
+  void Publish(int slot, const double* scores, size_t n);
+  // out[i] = the sum over members of score i (n <= kMaxScores).
+  void Sum(double* out, size_t n) const;
+  // The choice the members follow (an index into their scores).
+  uint32_t leader() const;
+  void set_leader(uint32_t i);
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
 struct PolicyOptions {
   uint32_t priority_classes = 4;      // lru-priority: number of classes (1..kMaxPriorityClasses)
   int64_t aging_ns = 60'000'000'000;  // lru-priority: idle time after which a block drops a class;
@@ -65,6 +100,7 @@ struct PolicyOptions {
                                       // accessed after its parent in the same request (depth > 0)
                                       // goes right behind it in recency, so chains are evicted
                                       // deepest block first ("adaptive" sets it for its experts)
+  std::shared_ptr<PolicyGroup> group;  // adaptive: decide with the other policies of this group
 };
 
 class EvictionPolicy {

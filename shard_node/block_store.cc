@@ -152,6 +152,9 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(StoreOptions o) {
   PolicyOptions po = o.policy_options;
   po.clock = s->clock_;
   s->policy_options_ = po;
+  // One group per size class: a class's stripes decide together (PolicyGroup).
+  std::vector<std::shared_ptr<PolicyGroup>> groups(s->classes_.size());
+  for (auto& g : groups) g = std::make_shared<PolicyGroup>();
   for (uint32_t i = 0; i < stripes; ++i) {
     Stripe& st = s->stripes_[i];
     st.base = s->backend_->base() + i * stripe_bytes;
@@ -171,6 +174,7 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(StoreOptions o) {
       max_blocks = std::max(max_blocks, st.classes[c].max_chunks);
       PolicyOptions cpo = po;
       cpo.capacity_hint = st.classes[c].max_chunks;
+      cpo.group = groups[c];
       KVMESH_ASSIGN_OR_RETURN(st.classes[c].policy, MakeEvictionPolicy(o.policy, cpo));
     }
     st.index.reserve(max_blocks);
@@ -382,10 +386,14 @@ Status BlockStore::SetPolicy(std::string_view name, const PolicyOptions* options
   PolicyOptions po = options ? *options : policy_options_;
   po.clock = clock_;
   std::vector<std::vector<std::unique_ptr<EvictionPolicy>>> fresh(num_stripes_);
+  std::vector<std::shared_ptr<PolicyGroup>> groups(classes_.size());
+  for (auto& g : groups) g = std::make_shared<PolicyGroup>();
   for (uint32_t i = 0; i < num_stripes_; ++i) {
-    for (const Stripe::Class& c : stripes_[i].classes) {
+    for (size_t k = 0; k < stripes_[i].classes.size(); ++k) {
+      const Stripe::Class& c = stripes_[i].classes[k];
       PolicyOptions cpo = po;
       cpo.capacity_hint = c.max_chunks;  // fixed at Create: no lock needed
+      cpo.group = groups[k];
       auto p = MakeEvictionPolicy(name, cpo);
       if (!p.ok()) return p.status();  // before any stripe changed
       fresh[i].push_back(std::move(p).value());

@@ -299,3 +299,62 @@ TEST_CASE("turnover-freq: two classes per doubling of a block's accesses", "[evi
   p->Touch(5, Info(3));
   CHECK(*p->Victim() == 4);                           // 5 is back at 3
 }
+
+TEST_CASE("PolicyGroup: members publish scores, sums skip members that left, a full group refuses", "[eviction]") {
+  PolicyGroup g;
+  const int a = g.Join(), b = g.Join();
+  CHECK(a == 0);
+  CHECK(b == 1);
+  const double sa[3] = {1, 2, 3}, sb[3] = {10, 0, 5};
+  g.Publish(a, sa, 3);
+  g.Publish(b, sb, 3);
+  double sum[3];
+  g.Sum(sum, 3);
+  CHECK(sum[0] == 11);
+  CHECK(sum[1] == 2);
+  CHECK(sum[2] == 8);
+  g.Leave(a);
+  g.Sum(sum, 3);
+  CHECK(sum[0] == 10);
+  CHECK(g.Join() == a);  // the slot comes back with no scores
+  g.Sum(sum, 3);
+  CHECK(sum[0] == 10);
+  g.set_leader(2);
+  CHECK(g.leader() == 2);
+  PolicyGroup full;
+  for (size_t i = 0; i < PolicyGroup::kMaxMembers; ++i) REQUIRE(full.Join() >= 0);
+  CHECK(full.Join() == -1);
+}
+
+TEST_CASE("adaptive: members of a group follow one expert, chosen on their summed scores", "[eviction]") {
+  // Two stripes of one store: member A sees the scan-and-hot-set traffic on
+  // which s3-fifo wins, member B sees nothing that favours anyone. B follows
+  // the group's choice, and A evicts as it would alone; an adaptive policy
+  // outside the group, fed B's traffic, keeps its first expert.
+  constexpr size_t kCap = 100;
+  auto group = std::make_shared<PolicyGroup>();
+  auto make = [&](std::shared_ptr<PolicyGroup> g) {
+    PolicyOptions o;
+    o.capacity_hint = kCap;
+    o.group = std::move(g);
+    auto r = MakeEvictionPolicy("adaptive", o);
+    REQUIRE(r.ok());
+    return std::move(r).value();
+  };
+  auto a = make(group), b = make(group), alone = make(nullptr);
+  std::mt19937_64 rng(5);
+  EntryId next_scan = 1000;
+  for (int i = 0; i < 40000; ++i) Access(*a, rng() % 2 ? rng() % 80 : next_scan++, kCap);
+  for (EntryId i = 0; i < 50; ++i) {
+    Access(*b, 100000 + i, kCap);
+    Access(*alone, 100000 + i, kCap);
+  }
+  CHECK(a->following() == "s3-fifo");
+  CHECK(b->following() == "s3-fifo");
+  CHECK(alone->following() == "lru-priority");
+  // A member that leaves no longer counts: a new member's group is what is left.
+  a.reset();
+  b.reset();
+  auto c = make(group);
+  CHECK(c->following() == "s3-fifo");  // the choice stays until the sums say otherwise
+}
