@@ -7,7 +7,9 @@
 # docs/img/replay_heldout_mix.png (hit rate and FLOPs saved vs capacity);
 # then the held-out generated traces written again with session fields
 # (gen-trace.py --sessions, the args of tests/data/traces/heldout-args.txt)
-# and replayed with --session-closes (docs/eviction.md, "A fifth round").
+# and replayed with --session-closes (docs/eviction.md, "A fifth round");
+# then the same traces through the nodes of the built-in cluster
+# (--through-cluster, docs/eviction.md "Through the nodes").
 #   scripts/eviction-report.sh [build-dir]      (default: build; JSON in /tmp/kvmesh-eviction)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +31,13 @@ grep -v '^#' "$TRACES/heldout-args.txt" | while read -r t args; do
   "$KVMESH" replay --trace "$OUT/$t-sessions.jsonl" --capacity-fractions 0.01,0.02,0.05,0.1 \
       --policy "$POLICIES" --session-closes --json > "$OUT/$t-sessions.json"
 done
+for t in conversation_trace heldout-chat-s102 heldout-agent-s103 heldout-rag-s104 heldout-mix-s101; do
+  "$KVMESH" replay --trace "$TRACES/$t.jsonl" --capacity-fractions 0.01,0.02,0.05,0.1 \
+      --policy lru,lru-priority,arc,s3-fifo,adaptive --through-cluster --json > "$OUT/$t-cluster.json"
+done
+"$KVMESH" replay --trace "$OUT/heldout-rag-s104-sessions.jsonl" --capacity-fractions 0.01,0.02,0.05,0.1 \
+    --policy lru,lru-priority,arc,s3-fifo,adaptive --through-cluster --session-closes --json \
+    > "$OUT/heldout-rag-s104-sessions-cluster.json"
 "$KVMESH" replay --trace "$TRACES/conversation_trace.jsonl" --capacity-fractions 0.0025,0.005,0.01,0.02,0.05,0.1,0.2 \
     --policy lru,lru-priority,arc,s3-fifo,adaptive --plot docs/img/replay_prefix_hit.png > /dev/null
 "$KVMESH" replay --trace "$TRACES/heldout-mix-s101.jsonl" --capacity-fractions 0.0025,0.005,0.01,0.02,0.05,0.1,0.2 \
@@ -111,4 +120,19 @@ for key, title in names[1:]:
         rows = [next(r for r in c["policies"] if r["policy"] == p) for c in j["results"]]
         print(f"| {key} | `{p}`, told of closes | " + " | ".join(f"{100*r['prefix_hit_rate']:.2f}" for r in rows) + " |")
     print(f"| {key} | Belady | " + " | ".join(f"{100*c['belady']['prefix_hit_rate']:.2f}" for c in j["results"]) + " |")
+print()
+print("Through the nodes (--through-cluster, no derived hints in either run; gap from each one's own lru):")
+print()
+print("| trace | `lru` replay | `lru` nodes | `adaptive` replay | `adaptive` nodes | mean gap, replay / nodes |")
+print("|---|---|---|---|---|---|")
+for key in [k for k, _ in names] + ["heldout-rag-s104-sessions"]:
+    j = json.load(open(os.path.join(out, key + "-cluster.json")))
+    def hits(p, nodes):
+        rows = [next(r for r in c["policies"] if r["policy"] == p) for c in j["results"]]
+        return " / ".join(f"{100*(r['cluster'] if nodes else r)['prefix_hit_rate']:.2f}" for r in rows)
+    def gap(nodes):
+        rows = [next(r for r in c["policies"] if r["default"]) for c in j["results"]]
+        return sum((r["cluster"] if nodes else r)["gap_closed"] for r in rows) / len(rows)
+    print(f"| {key} | {hits('lru', False)} | {hits('lru', True)} | {hits('adaptive', False)} | {hits('adaptive', True)} | "
+          f"{100*gap(False):+.1f}% / {100*gap(True):+.1f}% |")
 EOF
