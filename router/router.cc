@@ -133,6 +133,12 @@ struct Router::Impl {
       merge(sc.nodes[n], s);
     }
   }
+  // Sends `keys` to every replica of each: per replica rank, one batch per
+  // node, whose keys and statuses are filled before send(channel, batch,
+  // options, ChannelCall* c) calls the node (as FanOut's call does). Returns
+  // the first call-level failure (per-key answers such as NotFound are fine).
+  template <typename Send>
+  Status ToEveryReplica(Router& self, std::span<const BlockKey> keys, const RequestOptions& o, Send send);
   // The node of handle h in `view`: by index when the map is the one the
   // handle was made under, else by node id.
   Result<size_t> Resolve(const View& view, const SequenceHandle& h) const {
@@ -510,14 +516,14 @@ Status Router::Put(std::span<const TokenId> tokens, std::span<const std::span<co
   return PutBatch(items, o);
 }
 
-Status Router::Erase(std::span<const BlockKey> keys, const RequestOptions& o) {
-  Impl& im = *impl_;
+template <typename Send>
+Status Router::Impl::ToEveryReplica(Router& self, std::span<const BlockKey> keys, const RequestOptions& o,
+                                    Send send) {
   Status first;
   SteadyClock::time_point deadline{};
-  im.WithRefresh(*this, [&](const View& view, bool* stale) {
+  WithRefresh(self, [&](const View& view, bool* stale) {
     Scratch& sc = t_scratch;
     first = Status::Ok();
-    // Every replica forgets the key: one batch per node per replica rank.
     for (uint32_t rank = 0; rank < view.map->replicas(); ++rank) {
       auto key_of = [&](size_t i) { return keys[i]; };
       if (!GroupByNode(*view.map, keys.size(), o.affinity, rank, key_of, [](size_t) { return true; }, sc)) break;
@@ -525,45 +531,36 @@ Status Router::Erase(std::span<const BlockKey> keys, const RequestOptions& o) {
         b.keys.clear();
         for (size_t i : b.idx) b.keys.push_back(keys[i]);
         b.statuses.assign(b.idx.size(), Status::Ok());
-        if (c == nullptr) return ch.Erase(b.keys, b.statuses);  // the channel's own timeout, as always
-        ch.StartErase(b.keys, b.statuses, ro, c);
-        return Status::Ok();
+        return send(ch, b, ro, c);
       };
       auto merge = [&](NodeBatch&, const Status& s) {
-        if (!s.ok() && first.ok()) first = s;  // NotFound items are fine: the key is gone
+        if (!s.ok() && first.ok()) first = s;
       };
-      im.FanOut(view, sc, o, &deadline, stale, call, merge);
+      FanOut(view, sc, o, &deadline, stale, call, merge);
     }
   });
   return first;
 }
 
+Status Router::Erase(std::span<const BlockKey> keys, const RequestOptions& o) {
+  // Every replica forgets the key; NotFound items are fine: the key is gone.
+  return impl_->ToEveryReplica(*this, keys, o,
+                               [](ShardChannel& ch, NodeBatch& b, const RequestOptions& ro, ChannelCall* c) {
+                                 if (c == nullptr) return ch.Erase(b.keys, b.statuses);  // the channel's own timeout
+                                 ch.StartErase(b.keys, b.statuses, ro, c);
+                                 return Status::Ok();
+                               });
+}
+
 Status Router::Release(std::span<const BlockKey> keys, const RequestOptions& o) {
-  Impl& im = *impl_;
-  Status first;
-  SteadyClock::time_point deadline{};
-  im.WithRefresh(*this, [&](const View& view, bool* stale) {
-    Scratch& sc = t_scratch;
-    first = Status::Ok();
-    for (uint32_t rank = 0; rank < view.map->replicas(); ++rank) {  // every replica holds its own order
-      auto key_of = [&](size_t i) { return keys[i]; };
-      if (!GroupByNode(*view.map, keys.size(), o.affinity, rank, key_of, [](size_t) { return true; }, sc)) break;
-      auto call = [&](ShardChannel& ch, NodeBatch& b, const RequestOptions&, ChannelCall* c) {
-        b.keys.clear();
-        for (size_t i : b.idx) b.keys.push_back(keys[i]);
-        b.statuses.assign(b.idx.size(), Status::Ok());
-        Status s = ch.Release(b.keys, b.statuses);  // a small frame: no asynchronous form
-        if (c == nullptr) return s;
-        c->Finish(std::move(s));
-        return Status::Ok();
-      };
-      auto merge = [&](NodeBatch&, const Status& s) {
-        if (!s.ok() && first.ok()) first = s;  // NotFound items are fine: nothing to release
-      };
-      im.FanOut(view, sc, o, &deadline, stale, call, merge);
-    }
-  });
-  return first;
+  // Every replica holds its own order; NotFound items are fine: nothing to release.
+  return impl_->ToEveryReplica(*this, keys, o,
+                               [](ShardChannel& ch, NodeBatch& b, const RequestOptions&, ChannelCall* c) {
+                                 Status s = ch.Release(b.keys, b.statuses);  // a small frame: no asynchronous form
+                                 if (c == nullptr) return s;
+                                 c->Finish(std::move(s));
+                                 return Status::Ok();
+                               });
 }
 
 Result<std::vector<std::byte>> Router::Get(const BlockKey& key, const RequestOptions& o) {
