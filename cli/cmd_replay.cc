@@ -155,14 +155,12 @@ Result<ClusterConfig> ConfigFor(const ReplayArgs& a) {
                           : LoadConfigFile(a.config);
 }
 
-Result<PrefillModel> ModelFor(const ReplayArgs& a) {
-  Result<ClusterConfig> cfg = ConfigFor(a);
-  KVMESH_RETURN_IF_ERROR(cfg.status());
+Result<PrefillModel> ModelFor(const ReplayArgs& a, const ClusterConfig& cfg) {
   if (a.block_tokens == 0) return InvalidArgument("--block-tokens must be at least 1");
   PrefillModel m;
-  m.layers = cfg->model.num_layers;
-  m.heads = cfg->model.num_kv_heads;
-  m.head_dim = cfg->model.head_dim;
+  m.layers = cfg.model.num_layers;
+  m.heads = cfg.model.num_kv_heads;
+  m.head_dim = cfg.model.head_dim;
   m.block_tokens = a.block_tokens;
   return m;
 }
@@ -174,8 +172,8 @@ Status RunReplay(const ReplayArgs& a) {
                            " has no \"session\" fields (write it with scripts/gen-trace.py --sessions)");
   if (trace.lookups() == 0) return InvalidArgument(a.trace + ": no requests");
 
-  KVMESH_ASSIGN_OR_RETURN(const PrefillModel model, ModelFor(a));
   KVMESH_ASSIGN_OR_RETURN(const ClusterConfig cluster_config, ConfigFor(a));
+  KVMESH_ASSIGN_OR_RETURN(const PrefillModel model, ModelFor(a, cluster_config));
   std::vector<std::string> names = SplitPolicies(a.policies);
   if (names.empty()) names = {"lru", "lru-priority", "arc", "s3-fifo", std::string(kDefaultEvictionPolicy)};
   if (std::find(names.begin(), names.end(), "lru") == names.end()) names.insert(names.begin(), "lru");

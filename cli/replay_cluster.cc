@@ -14,10 +14,9 @@ namespace {
 constexpr uint32_t kBlockTokens = 2;  // a trace block's id in two tokens
 
 // The cluster the trace runs on: `base` with tiny blocks, every node's host
-// memory sized to its share of `capacity` in slots of `slot` bytes, and the
-// policy under test.
+// memory sized to its share of `capacity`, and the policy under test.
 Result<ClusterConfig> ClusterFor(const ClusterConfig& base, const PolicySpec& spec, size_t capacity,
-                                 const ReplayOptions& o, uint64_t slot) {
+                                 const ReplayOptions& o) {
   if (base.nodes.empty()) return InvalidArgument(base.source + ": $.nodes: no nodes to replay through");
   ClusterConfig c = base;
   c.model.num_layers = 1;
@@ -33,7 +32,7 @@ Result<ClusterConfig> ClusterFor(const ClusterConfig& base, const PolicySpec& sp
   c.eviction.policy = spec.name;
   c.eviction.aging_s = static_cast<double>(spec.aging_ns.value_or(o.aging_ns)) / 1e9;
   if (spec.classes) c.eviction.priority_classes = *spec.classes;
-  const uint64_t block = slot ? slot : c.model.FullBlockBytes();
+  const uint64_t block = c.model.FullBlockBytes();
   const uint64_t stripes = std::max<uint32_t>(c.store.stripes, 1);
   const uint64_t per_stripe = (capacity + c.nodes.size() * stripes - 1) / (c.nodes.size() * stripes);
   for (NodeConfig& n : c.nodes) n.memory = NodeMemory{0, std::max<uint64_t>(per_stripe, 1) * stripes * block, 0, ""};
@@ -46,18 +45,16 @@ Result<ReplayResult> ReplayThroughCluster(const Trace& trace, std::string_view p
                                           const ClusterConfig& base, const ReplayOptions& o) {
   if (capacity == 0) return InvalidArgument("replay capacity must be at least one block");
   KVMESH_ASSIGN_OR_RETURN(const PolicySpec spec, ParsePolicySpec(policy));
-  KVMESH_ASSIGN_OR_RETURN(ClusterConfig cfg, ClusterFor(base, spec, capacity, o, 0));
+  KVMESH_ASSIGN_OR_RETURN(const ClusterConfig cfg, ClusterFor(base, spec, capacity, o));
   ManualClock clock(1'000'000'000);
   const int64_t origin_ns = clock.NowNanos();
   KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddedCluster> cluster,
                           EmbeddedCluster::Start(cfg, RouterOptions{}, &clock));
-  // A slot may be larger than the block (the store's framing): size the
-  // memory again in the slots the nodes actually cut.
-  if (const uint64_t slot = cluster->node(0).Stats().store.slot_bytes; slot != cfg.model.FullBlockBytes()) {
-    cluster.reset();
-    KVMESH_ASSIGN_OR_RETURN(cfg, ClusterFor(base, spec, capacity, o, slot));
-    KVMESH_ASSIGN_OR_RETURN(cluster, EmbeddedCluster::Start(cfg, RouterOptions{}, &clock));
-  }
+  // Every block must take one slot, so the nodes hold the capacity asked for.
+  uint64_t slots = 0;
+  for (size_t i = 0; i < cluster->num_nodes(); ++i) slots += cluster->node(i).Stats().store.slots_total;
+  if (slots < capacity)
+    return Internal("the cluster holds " + std::to_string(slots) + " blocks, not " + std::to_string(capacity));
   Router& router = cluster->router();
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -116,10 +113,6 @@ Result<ReplayResult> ReplayThroughCluster(const Trace& trace, std::string_view p
     if (o.progress) o.progress->fetch_add(n, std::memory_order_relaxed);
   }
   res.hits = res.prefix_hits;
-  uint64_t slots = 0;
-  for (size_t i = 0; i < cluster->num_nodes(); ++i) slots += cluster->node(i).Stats().store.slots_total;
-  if (slots < capacity) return Internal("the cluster holds " + std::to_string(slots) + " blocks, not " +
-                                        std::to_string(capacity));
   for (size_t i = 0; i < cluster->num_nodes(); ++i) {
     const NodeStats s = cluster->node(i).Stats();
     res.evictions += s.store.evictions;
