@@ -260,7 +260,7 @@ def test_a_closed_session_releases_its_own_blocks(daemons):
             assert a.scheduler.released_blocks == 8 + 1  # only block 3; u read 0, 1 and 2
             # Nothing is left tracked.
             assert not a.scheduler._sessions and not a.scheduler._owner and not a.scheduler._req_session
-            assert not a.scheduler._fresh
+            assert not a.scheduler._fresh and not a.scheduler._prompt_keys
         finally:
             a.close()
 

@@ -137,6 +137,7 @@ class KvmeshConnector:
         self._owner: Dict[Any, str] = {}         # layer-0 K key of a block an open session saved -> session
         self._max_sessions = max(1, max_sessions)
         self._fresh: Dict[str, Set[Any]] = {}    # req_id (of a session) -> its blocks no request read before
+        self._prompt_keys: Dict[str, list] = {}  # req_id -> layer-0 K keys of its prompt's full blocks
         self._seen: Dict[int, None] = {}         # hash of blocks' layer-0 K keys, least recently read first
         self._max_seen = max(0, max_seen_blocks)
         self.released_blocks = 0  # blocks released on session closes (each: every layer's K and V)
@@ -181,6 +182,7 @@ class KvmeshConnector:
                 self._share(key, session)
         full = len(tokens) // self._block_size  # the blocks a save may cover
         read = per_layer[0][0] if full == blocks else self._layer_keys(tokens[:full * self._block_size], 0, 0, full)[0]
+        self._prompt_keys[request.request_id] = read
         self._read(request.request_id, read, session)
         return max(0, hits * self._block_size - num_computed_tokens), False
 
@@ -239,6 +241,7 @@ class KvmeshConnector:
         self._tracked.pop(req_id, None)
         self._hits.pop(req_id, None)
         self._fresh.pop(req_id, None)
+        self._prompt_keys.pop(req_id, None)
         session = self._req_session.pop(req_id, None)
         if req_id in self._closing:
             self._closing.discard(req_id)
@@ -294,7 +297,11 @@ class KvmeshConnector:
 
     def _saved(self, req_id: str, tokens: List[int], first: int, n: int) -> None:
         session = self._req_session.get(req_id)
-        keys = self._layer_keys(tokens, 0, first, n)[0] if (session is not None or self._owner) else []
+        keys = []
+        if session is not None or self._owner:
+            known = self._prompt_keys.get(req_id)  # hashed when the request was matched
+            keys = known[first:first + n] if known is not None and len(known) >= first + n \
+                else self._layer_keys(tokens, 0, first, n)[0]
         if session is None:
             for key in keys:
                 self._share(key, None)
