@@ -5,7 +5,9 @@
 //   POST /register  {"id","host","weight","ports":{"data","http","resp"},"ucx"} -> {"epoch","heartbeat_ms"}
 //                   (400 naming the JSON path and the reason: a wrong type, a
 //                   port outside 1..65535, weight <= 0, an unknown key)
-//   POST /heartbeat {"id","stats":{...}}  -> {"epoch"}  (404: unknown, register again)
+//   POST /heartbeat {"id","stats":{...},"eviction":{key:[scores]}}  -> {"epoch","eviction_peers":{key:[scores]}}
+//                   (404: unknown, register again; 400: a bad "eviction",
+//                   naming its path; eviction/score_exchange.h)
 //   POST /leave     {"id"}                -> {"epoch"}  (clean shutdown)
 //   GET  /map     the published shard map (router/map_json.h)
 //   GET  /nodes   members with their last heartbeat age

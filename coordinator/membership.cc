@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_reader.h"
+#include "eviction/score_exchange.h"
 #include "router/map_json.h"
 #include "transport/http_auth.h"
 
@@ -26,6 +27,7 @@ struct Member {
   std::string ucx;  // hex UCX worker address ("" without UCX)
   SteadyClock::time_point last;
   json stats = json::object();
+  PeerScores eviction;  // its eviction groups' scores, as last sent (eviction/score_exchange.h)
 };
 
 }  // namespace
@@ -105,12 +107,28 @@ struct Membership::Impl {
     const std::string id = body["id"].get<std::string>();
     if (path == "/register") return Register(id, body);
     if (path == "/heartbeat") {
+      // Eviction groups' scores (eviction/score_exchange.h): the answer
+      // carries the other nodes' sums. A bad one refuses the heartbeat whole.
+      PeerScores eviction;
+      if (body.contains("eviction")) {
+        Result<PeerScores> e = ParseScores(body["eviction"], "$.eviction");
+        if (!e.ok()) return Json(400, {{"error", "bad heartbeat: " + e.status().message()}});
+        eviction = std::move(e).value();
+      }
       std::lock_guard<std::mutex> lock(mu);
       auto it = members.find(id);
       if (it == members.end()) return Json(404, {{"error", "unknown node " + id + ": register again"}, {"epoch", epoch}});
       it->second.last = SteadyClock::now();
       if (body.contains("stats") && body["stats"].is_object()) it->second.stats = body["stats"];
-      return Json(200, {{"epoch", epoch}});
+      it->second.eviction = std::move(eviction);
+      json answer = {{"epoch", epoch}};
+      if (!it->second.eviction.empty()) {
+        std::vector<const PeerScores*> others;
+        for (const auto& [other, m] : members)
+          if (other != id && !m.eviction.empty()) others.push_back(&m.eviction);
+        answer["eviction_peers"] = ScoresToJson(SumPeers(it->second.eviction, others));
+      }
+      return Json(200, answer);
     }
     if (path == "/leave") {
       std::lock_guard<std::mutex> lock(mu);

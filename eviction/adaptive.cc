@@ -87,7 +87,9 @@ class AdaptivePolicy final : public EvictionPolicy {
       if (experts_.size() == kMaxExperts) break;
     }
     if (o.group && experts_.size() <= PolicyGroup::kMaxScores) {
-      slot_ = o.group->Join();
+      std::vector<std::string_view> names;
+      for (const Expert& x : experts_) names.push_back(x.policy->name());
+      slot_ = o.group->Join(names);
       if (slot_ >= 0) group_ = o.group;
     }
     nodes_.reserve(o.capacity_hint);

@@ -18,9 +18,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kvmesh/clock.h"
@@ -72,21 +74,59 @@ class PolicyGroup {
   PolicyGroup(const PolicyGroup&) = delete;
   PolicyGroup& operator=(const PolicyGroup&) = delete;
 
-  // A slot for a new member, or -1 when the group is full.
-  int Join();
+  // A slot for a new member, or -1 when the group is full. `names` names the
+  // members' scores (adaptive: its experts); the first member's are kept.
+  int Join(const std::vector<std::string_view>& names = {});
   // The member in `slot` is gone: its scores no longer count.
   void Leave(int slot);
   // The member in `slot` publishes its current scores (n <= kMaxScores).
   void Publish(int slot, const double* scores, size_t n);
-  // out[i] = the sum over members of score i (n <= kMaxScores).
+  // out[i] = the sum over members of score i, plus the peers' (n <= kMaxScores).
   void Sum(double* out, size_t n) const;
+  // The members' sum alone, without the peers'. Returns how many scores the
+  // members publish (0: none has published yet).
+  size_t Own(double* out, size_t n) const;
+  // Scores of the same group elsewhere (the other nodes of a cluster, as the
+  // coordinator sums them: docs/eviction.md "Through the nodes"), added to
+  // every Sum until replaced; n == 0 clears them.
+  void SetPeers(const double* scores, size_t n);
+  size_t Peers(double* out, size_t n) const;
   // The choice the members follow (an index into their scores).
   uint32_t leader() const;
   void set_leader(uint32_t i);
+  // The name of score i as the first member gave it ("" when unnamed).
+  std::string name(uint32_t i) const;
 
  private:
   struct State;
   std::unique_ptr<State> s_;
+};
+
+// Policy groups by name: what the block stores of one node share, or of
+// every node of one process (an embedded cluster), so that all the stripes of
+// a size class follow one expert wherever they are. A node daemon sends its
+// groups' own sums with each heartbeat and installs the other nodes' sums the
+// coordinator answers with as each group's peers. A key names the tier, the
+// policy and the class: "primary/adaptive/262144". Thread-safe.
+class PolicyGroups {
+ public:
+  // The group `key`, made on first use.
+  std::shared_ptr<PolicyGroup> Get(const std::string& key);
+
+  struct Entry {
+    std::string key;
+    std::vector<double> own;    // the members' summed scores (empty: none published yet)
+    std::vector<double> peers;  // as last installed (empty: none)
+    std::string following;      // the name of the leader's score
+  };
+  // Every group whose members have published scores, by key.
+  std::vector<Entry> Snapshot() const;
+  // Installs the peers' scores of the groups named; every other group's are cleared.
+  void SetPeers(const std::vector<std::pair<std::string, std::vector<double>>>& peers);
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::pair<std::string, std::shared_ptr<PolicyGroup>>> groups_;  // few: a tier x class x policy
 };
 
 struct PolicyOptions {

@@ -152,9 +152,9 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(StoreOptions o) {
   PolicyOptions po = o.policy_options;
   po.clock = s->clock_;
   s->policy_options_ = po;
-  // One group per size class: a class's stripes decide together (PolicyGroup).
-  std::vector<std::shared_ptr<PolicyGroup>> groups(s->classes_.size());
-  for (auto& g : groups) g = std::make_shared<PolicyGroup>();
+  s->groups_ = std::move(o.groups);
+  s->group_scope_ = std::move(o.group_scope);
+  const std::vector<std::shared_ptr<PolicyGroup>> groups = s->GroupsFor(o.policy);
   for (uint32_t i = 0; i < stripes; ++i) {
     Stripe& st = s->stripes_[i];
     st.base = s->backend_->base() + i * stripe_bytes;
@@ -183,6 +183,17 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(StoreOptions o) {
 }
 
 BlockStore::~BlockStore() = default;
+
+// One group per size class: a class's stripes decide together (PolicyGroup),
+// with every other store of the same registry, scope and policy.
+std::vector<std::shared_ptr<PolicyGroup>> BlockStore::GroupsFor(std::string_view policy) const {
+  std::vector<std::shared_ptr<PolicyGroup>> groups(classes_.size());
+  for (size_t c = 0; c < classes_.size(); ++c)
+    groups[c] = groups_ ? groups_->Get(group_scope_ + "/" + std::string(policy) + "/" +
+                                       std::to_string(classes_[c].chunk_bytes))
+                        : std::make_shared<PolicyGroup>();
+  return groups;
+}
 
 BlockStore::Stripe& BlockStore::StripeOf(const BlockKey& k) const {
   // Mixed, so keys spread over stripes even when they are not hashes (tests, tools).
@@ -386,8 +397,7 @@ Status BlockStore::SetPolicy(std::string_view name, const PolicyOptions* options
   PolicyOptions po = options ? *options : policy_options_;
   po.clock = clock_;
   std::vector<std::vector<std::unique_ptr<EvictionPolicy>>> fresh(num_stripes_);
-  std::vector<std::shared_ptr<PolicyGroup>> groups(classes_.size());
-  for (auto& g : groups) g = std::make_shared<PolicyGroup>();
+  const std::vector<std::shared_ptr<PolicyGroup>> groups = GroupsFor(name);
   for (uint32_t i = 0; i < num_stripes_; ++i) {
     for (size_t k = 0; k < stripes_[i].classes.size(); ++k) {
       const Stripe::Class& c = stripes_[i].classes[k];

@@ -81,6 +81,12 @@ struct StoreOptions {
   // nullptr: host memory from MakeHostMemory(capacity_bytes).
   std::unique_ptr<MemoryBackend> backend;
   Clock* clock = nullptr;  // nullptr: SystemClock()
+  // Where a size class's stripes find their PolicyGroup: the group
+  // "<group_scope>/<policy>/<chunk bytes>" of `groups`, shared with the other
+  // stores that use it (a node's, or an embedded cluster's). nullptr: the
+  // store's own groups.
+  std::shared_ptr<PolicyGroups> groups;
+  std::string group_scope = "primary";
 };
 
 // One size class of a store (StoreStats::classes).
@@ -276,6 +282,10 @@ class BlockStore final : public BlockStoreOps {
   mutable std::mutex policy_mu_;      // guards policy_name_, policy_options_ (not the stripes)
   std::string policy_name_;
   PolicyOptions policy_options_;
+  std::shared_ptr<PolicyGroups> groups_;  // StoreOptions::groups (fixed at Create)
+  std::string group_scope_;
+  // The groups of a policy's size classes (StoreOptions::groups).
+  std::vector<std::shared_ptr<PolicyGroup>> GroupsFor(std::string_view policy) const;
   EvictionListener listener_;
 };
 

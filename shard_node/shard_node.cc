@@ -14,12 +14,14 @@
 namespace kvmesh {
 
 Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config, const std::string& node_id,
-                                                     Clock* clock, std::optional<SequenceServiceOptions> sequences) {
+                                                     Clock* clock, std::optional<SequenceServiceOptions> sequences,
+                                                     std::shared_ptr<PolicyGroups> groups) {
   const NodeConfig* nc = config.FindNode(node_id);
   if (nc == nullptr) return NotFound("node \"" + node_id + "\" is not in the cluster config");
   std::unique_ptr<ShardNode> n(new ShardNode());
   n->id_ = node_id;
   n->model_ = config.model;
+  n->policy_groups_ = groups ? std::move(groups) : std::make_shared<PolicyGroups>();
 
   auto codec = CodecStage::Create(config);
   if (!codec.ok()) return codec.status().WithContext("node " + node_id);
@@ -38,6 +40,7 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
   so.policy_options.priority_classes = config.eviction.priority_classes;
   so.policy_options.aging_ns = static_cast<int64_t>(config.eviction.aging_s * 1e9);
   so.clock = clock;
+  so.groups = n->policy_groups_;
   // A GPU node's device budget is one CUDA pool when a GPU is usable;
   // otherwise the store uses host memory (and says so once).
   if (nc->gpu >= 0 && nc->memory.device > 0) {
@@ -80,6 +83,7 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
     to.reencode_codec = ev.pressure.reencode_codec == "none" ? "" : ev.pressure.reencode_codec;
     to.model = config.model;
     to.clock = clock;
+    to.groups = n->policy_groups_;
     to.event_sink = [](const std::string& e) { std::fprintf(stderr, "%s\n", e.c_str()); };
     auto tiers = TieredStore::Create(n->store_.get(), std::move(to));
     if (!tiers.ok()) return tiers.status().WithContext("node " + node_id);
@@ -272,6 +276,10 @@ std::string ShardNode::StatsJson() const {
       {"evictions_by_class", by_class},
   };
   if (tiers_) j["tiers"] = nlohmann::json::parse(tiers_->StatsJson());
+  nlohmann::json eviction = nlohmann::json::object();
+  for (const PolicyGroups::Entry& e : policy_groups_->Snapshot())
+    eviction[e.key] = {{"following", e.following}, {"scores", e.own}, {"peer_scores", e.peers}};
+  j["eviction_groups"] = std::move(eviction);
   const KeyGroups::Counts g = groups_.counts();
   j["key_groups"] = {{"groups", g.groups}, {"keys", g.keys}, {"dropped_groups", g.dropped_groups},
                      {"dropped_keys", g.dropped_keys}};

@@ -45,15 +45,21 @@ class ShardNode {
   // the memory cannot be allocated.
   // The live-sequence service (idle timeout, limits) takes config.sequences
   // ($.sequences), unless `sequences` overrides it (tests, embedders).
+  // `groups`: the eviction policy groups the node's stores join (an embedded
+  // cluster shares one among its nodes); nullptr: the node's own.
   static Result<std::unique_ptr<ShardNode>> Create(const ClusterConfig& config,
                                                    const std::string& node_id,
                                                    Clock* clock = nullptr,
-                                                   std::optional<SequenceServiceOptions> sequences = std::nullopt);
+                                                   std::optional<SequenceServiceOptions> sequences = std::nullopt,
+                                                   std::shared_ptr<PolicyGroups> groups = nullptr);
   // The sequence-service options $.sequences of `config` asks for.
   static SequenceServiceOptions SequenceOptions(const ClusterConfig& config);
 
   const std::string& id() const { return id_; }
   const ModelSpec& model() const { return model_; }
+  // The eviction policy groups of the node's stores (a node daemon exchanges
+  // their scores with its peers through the coordinator's heartbeats).
+  PolicyGroups& policy_groups() const { return *policy_groups_; }
 
   // With a codec configured (config.codec), Put encodes full raw blocks
   // (content-addressed KV blocks: a grouped key, a RESP value's block, is
@@ -127,6 +133,7 @@ class ShardNode {
   ShardNode() = default;
   std::string id_;
   ModelSpec model_;
+  std::shared_ptr<PolicyGroups> policy_groups_;  // before the stores that join its groups
   std::unique_ptr<BlockStore> store_;
   std::unique_ptr<TieredStore> tiers_;  // over store_ (declared after it: destroyed first)
   // What the block operations go through: tiers_ when there are any, else

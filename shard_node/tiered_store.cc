@@ -39,6 +39,8 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Create(BlockStore* primary, Ti
     so.stripes = o.host_stripes;
     so.policy = o.host_policy;
     so.clock = t->clock_;
+    so.groups = o.groups;
+    so.group_scope = "host";
     if (o.pinned_host) {
       // Pinned when CUDA is there (DMA to and from the device); plain host memory otherwise.
       auto pinned = MakePinnedHostMemory(o.host_bytes);

@@ -76,6 +76,7 @@ struct TieredStoreOptions {
   std::string host_policy = "lru";
   std::string ssd_policy = "lru";
   uint32_t host_stripes = 8;
+  std::shared_ptr<PolicyGroups> groups;  // the host tier's groups ("host/<policy>/<class>"); nullptr: its own
   bool pinned_host = false;  // host tier in pinned memory (cudaHostAlloc) when CUDA allows
   double high_watermark = 0.80;
   double low_watermark = 0.70;

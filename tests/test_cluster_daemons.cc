@@ -457,6 +457,72 @@ TEST_CASE("Daemons: a bad registration is refused naming the JSON path and chang
   CHECK(j["epoch"].get<uint64_t>() == epoch);
 }
 
+TEST_CASE("Daemons: the nodes' eviction groups add each other's scores through the coordinator's heartbeats",
+          "[cluster][daemons]") {
+  // Two nodes run the default `adaptive`; each of its groups' scores reaches
+  // the other node as that group's peers (docs/eviction.md "Through the
+  // nodes"), so both decide on the cluster's sum. A node that dies leaves no
+  // peers behind; a heartbeat with bad scores is refused naming the path.
+  Cluster c;
+  c.StartCoordinator();
+  for (const char* id : {"n0", "n1"}) c.StartNode(id);
+  const uint64_t epoch = c.WaitNodes(2);
+  auto client = Client(c);
+  Router& r = client->router();
+  // 300 blocks, matched 8 times: every stripe of both nodes publishes (a
+  // member publishes every 64 of its accesses).
+  Workload w = MakeWorkload(30, 10, r.block_tokens(), r.model().FullBlockBytes(), 3);
+  REQUIRE(PutAll(r, w).ok());
+  for (int round = 0; round < 8; ++round)
+    for (const auto& s : w.seqs) REQUIRE(r.MatchPrefix(s).value() == 10);
+  auto groups = [&](const std::string& id) {
+    const uint16_t http = c.listening[id]["ports"]["http"].get<uint16_t>();
+    auto st = HttpRequest("127.0.0.1", http, "GET", "/stats", "", kHttpMs);
+    REQUIRE(st.ok());
+    REQUIRE(st->status == 200);
+    return nlohmann::json::parse(st->body)["eviction_groups"];
+  };
+  // With the traffic over, each node's peers become the other's scores.
+  nlohmann::json g0, g1;
+  std::string key;
+  for (const auto end = SteadyClock::now() + TimeBound(10s); SteadyClock::now() < end && key.empty();
+       std::this_thread::sleep_for(100ms)) {
+    g0 = groups("n0");
+    g1 = groups("n1");
+    for (auto& [k, v] : g0.items()) {
+      if (!g1.contains(k) || v["scores"].empty()) continue;
+      if (v["peer_scores"] == g1[k]["scores"] && g1[k]["peer_scores"] == v["scores"]) key = k;
+    }
+  }
+  INFO("n0: " << g0.dump() << "\nn1: " << g1.dump());
+  REQUIRE_FALSE(key.empty());
+  CHECK(key.rfind("primary/adaptive/", 0) == 0);
+  CHECK(g0[key]["scores"].size() == g1[key]["scores"].size());
+  CHECK(g0[key]["following"].get<std::string>().size() > 0);
+  double total = 0;
+  for (const auto& x : g1[key]["scores"]) total += x.get<double>();
+  CHECK(total > 0);
+
+  // A heartbeat with bad scores is refused whole, naming the path.
+  auto bad = HttpRequest("127.0.0.1", c.coord_port, "POST", "/heartbeat",
+                         R"({"id": "n0", "eviction": {"primary/adaptive/65536": [1, -3]}})", kHttpMs);
+  REQUIRE(bad.ok());
+  CHECK(bad->status == 400);
+  CHECK_THAT(bad->body, Catch::Contains("$.eviction.primary/adaptive/65536: scores must be finite numbers >= 0"));
+
+  // n1 dies: once the coordinator drops it, n0 has no peers left.
+  c.nodes["n1"]->Kill(SIGKILL);
+  bool alone = false;
+  for (const auto end = SteadyClock::now() + TimeBound(10s); SteadyClock::now() < end && !alone;
+       std::this_thread::sleep_for(100ms)) {
+    g0 = groups("n0");
+    alone = g0.contains(key) && g0[key]["peer_scores"].empty();
+  }
+  INFO("n0: " << g0.dump());
+  CHECK(alone);
+  CHECK(c.WaitNodes(1) > epoch);
+}
+
 #if defined(KVMESH_HAVE_UCX)
 TEST_CASE("Daemons: with $.transport.backend = ucx the router's data goes over UCX", "[cluster][daemons][ucx]") {
   // daemons-local.json with the UCX backend, in a temporary file.

@@ -7,6 +7,7 @@
 
 #include "eviction/eviction_policy.h"
 #include "eviction/policies.h"
+#include "eviction/score_exchange.h"
 
 using namespace kvmesh;
 
@@ -357,4 +358,104 @@ TEST_CASE("adaptive: members of a group follow one expert, chosen on their summe
   b.reset();
   auto c = make(group);
   CHECK(c->following() == "s3-fifo");  // the choice stays until the sums say otherwise
+}
+
+TEST_CASE("PolicyGroup: peers' scores add to every sum until replaced; names come from the first member", "[eviction]") {
+  PolicyGroup g;
+  const int a = g.Join({"lru", "s3-fifo"});
+  (void)g.Join({"x", "y"});
+  CHECK(g.name(0) == "lru");
+  CHECK(g.name(1) == "s3-fifo");
+  CHECK(g.name(2).empty());
+  double own[2] = {-1, -1};
+  CHECK(g.Own(own, 2) == 0);  // nothing published yet
+  const double sa[2] = {3, 4};
+  g.Publish(a, sa, 2);
+  const double peers[2] = {10, 20};
+  g.SetPeers(peers, 2);
+  double sum[2], p[2];
+  g.Sum(sum, 2);
+  CHECK(sum[0] == 13);
+  CHECK(sum[1] == 24);
+  CHECK(g.Own(own, 2) == 2);
+  CHECK(own[0] == 3);
+  CHECK(own[1] == 4);
+  CHECK(g.Peers(p, 2) == 2);
+  g.SetPeers(nullptr, 0);
+  g.Sum(sum, 2);
+  CHECK(sum[0] == 3);
+  CHECK(g.Peers(p, 2) == 0);
+}
+
+TEST_CASE("adaptive: peers' scores from other nodes move a group's leader", "[eviction]") {
+  // One member sees traffic that favours nobody (distinct ids): alone it keeps
+  // its first expert. Told that the rest of the cluster scores s3-fifo far
+  // above the others, it follows s3-fifo at its next decision; with the peers
+  // cleared it stays there (the margin keeps a leader until a challenger wins).
+  constexpr size_t kCap = 100;
+  auto groups = std::make_shared<PolicyGroups>();
+  PolicyOptions o;
+  o.capacity_hint = kCap;
+  o.group = groups->Get("primary/adaptive/256");
+  auto p = MakeEvictionPolicy("adaptive", o).value();
+  for (EntryId i = 0; i < 64; ++i) Access(*p, 1000 + i, kCap);
+  CHECK(p->following() == "lru-priority");
+  std::vector<PolicyGroups::Entry> snap = groups->Snapshot();
+  REQUIRE(snap.size() == 1);
+  CHECK(snap[0].key == "primary/adaptive/256");
+  CHECK(snap[0].following == "lru-priority");
+  CHECK(snap[0].peers.empty());
+  const size_t n = snap[0].own.size();
+  REQUIRE(n >= 2);
+  size_t s3 = n;
+  for (size_t i = 0; i < n; ++i)
+    if (o.group->name(static_cast<uint32_t>(i)) == "s3-fifo") s3 = i;
+  REQUIRE(s3 < n);
+  std::vector<double> peer(n, 1.0);
+  peer[s3] = 5000.0;
+  groups->SetPeers({{"primary/adaptive/256", peer}, {"host/lru/256", {1.0}}});
+  for (EntryId i = 0; i < 64; ++i) Access(*p, 2000 + i, kCap);
+  CHECK(p->following() == "s3-fifo");
+  snap = groups->Snapshot();
+  REQUIRE(snap.size() == 1);
+  CHECK(snap[0].following == "s3-fifo");
+  CHECK(snap[0].peers == peer);
+  groups->SetPeers({});  // a group not named loses its peers
+  CHECK(groups->Snapshot()[0].peers.empty());
+  CHECK(groups->Get("primary/adaptive/256") == o.group);  // one group per key
+}
+
+TEST_CASE("score exchange: a node's scores are read strictly, peers are summed per key and width", "[eviction]") {
+  using nlohmann::json;
+  auto ok = ParseScores(json::parse(R"({"primary/adaptive/256": [1, 2.5, 0], "host/adaptive/256": [4]})"), "$.eviction");
+  REQUIRE(ok.ok());
+  CHECK(ok->size() == 2);
+  struct Bad {
+    const char* body;
+    const char* message;
+  };
+  for (const Bad& b : {Bad{R"([1, 2])", "$.eviction: must be an object"},
+                       Bad{R"({"k": 3})", "$.eviction.k: must be an array of 1..8 numbers"},
+                       Bad{R"({"k": []})", "$.eviction.k: must be an array of 1..8 numbers"},
+                       Bad{R"({"k": [1,2,3,4,5,6,7,8,9]})", "$.eviction.k: must be an array of 1..8 numbers"},
+                       Bad{R"({"k": [1, "2"]})", "$.eviction.k: scores must be finite numbers >= 0"},
+                       Bad{R"({"k": [1, -2]})", "$.eviction.k: scores must be finite numbers >= 0"},
+                       Bad{R"({"": [1]})", "$.eviction: a group key must have 1..200 bytes"}}) {
+    auto r = ParseScores(json::parse(b.body), "$.eviction");
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Catch::Contains(b.message));
+  }
+  json many = json::object();
+  for (int i = 0; i <= 64; ++i) many["k" + std::to_string(i)] = {1};
+  CHECK_FALSE(ParseScores(many, "$.eviction").ok());
+  CHECK(ParsePeerScores(json::parse(R"({"k": [-1]})")).empty());  // a bad answer: no peers
+
+  const PeerScores self = {{"a", {1, 1}}, {"b", {1}}, {"c", {1}}};
+  const PeerScores n1 = {{"a", {2, 3}}, {"b", {1, 2}}};  // b: another width, not summed
+  const PeerScores n2 = {{"a", {10, 0}}, {"b", {7}}};
+  const PeerScores sum = SumPeers(self, {&n1, &n2});
+  REQUIRE(sum.size() == 2);  // c: nobody else has it
+  CHECK(sum[0] == std::pair<std::string, std::vector<double>>{"a", {12, 3}});
+  CHECK(sum[1] == std::pair<std::string, std::vector<double>>{"b", {7}});
+  CHECK(ScoresToJson(sum).dump() == R"({"a":[12.0,3.0],"b":[7.0]})");
 }

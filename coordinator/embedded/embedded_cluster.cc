@@ -16,8 +16,11 @@ Result<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(const ClusterCon
   std::unique_ptr<EmbeddedCluster> c(new EmbeddedCluster());
   c->config_ = config;
   std::vector<std::shared_ptr<ShardChannel>> channels;
+  // One process: the nodes' stores share their eviction policy groups
+  // directly, as daemons do through the coordinator's heartbeats.
+  auto groups = std::make_shared<PolicyGroups>();
   for (const NodeConfig& n : config.nodes) {
-    KVMESH_ASSIGN_OR_RETURN(auto node, ShardNode::Create(config, n.id, clock));
+    KVMESH_ASSIGN_OR_RETURN(auto node, ShardNode::Create(config, n.id, clock, std::nullopt, groups));
     channels.push_back(MakeInProcessChannel(node.get()));
     c->nodes_.push_back(std::move(node));
   }

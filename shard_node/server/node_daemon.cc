@@ -23,6 +23,7 @@
 #include "transport/ucx_worker.h"
 #endif
 #include "common/credentials.h"
+#include "eviction/score_exchange.h"
 #include "shard_node/shard_node.h"
 #include "transport/http_auth.h"
 #include "transport/http_client.h"
@@ -297,8 +298,16 @@ class Daemon final : public NodeDaemon {
     json body = {{"id", o_.node_id},
                  {"stats", {{"blocks", s.blocks}, {"bytes_stored", s.bytes_stored}, {"hits", s.hits},
                             {"misses", s.misses}, {"puts", s.puts}, {"evictions", s.evictions}}}};
-    KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(coord_host_, coord_port_, "POST", "/heartbeat", body.dump(),
-                                                      config_.coordinator.heartbeat_ms * 2, CoordinatorAuth()));
+    // The node's eviction groups' scores; the answer's "eviction_peers" are
+    // the other nodes' sums, which the groups add to their own (every stripe
+    // of every node then follows one expert: docs/eviction.md).
+    json eviction = json::object();
+    for (const PolicyGroups::Entry& e : node_->policy_groups().Snapshot()) eviction[e.key] = e.own;
+    if (!eviction.empty()) body["eviction"] = std::move(eviction);
+    auto sent = HttpRequest(coord_host_, coord_port_, "POST", "/heartbeat", body.dump(),
+                            config_.coordinator.heartbeat_ms * 2, CoordinatorAuth());
+    if (!sent.ok() || sent->status != 200) node_->policy_groups().SetPeers({});  // no peers heard: decide alone
+    KVMESH_ASSIGN_OR_RETURN(HttpResult r, std::move(sent));
     if (r.status == 404) {  // the coordinator dropped us (restart or a long pause): join again
       registered_ = false;
       return Register();
@@ -307,6 +316,7 @@ class Daemon final : public NodeDaemon {
     if (r.status != 200) return Unavailable("heartbeat: HTTP " + std::to_string(r.status));
     json a = json::parse(r.body, nullptr, false);
     if (a.is_object() && a.contains("epoch") && a["epoch"].is_number_unsigned()) epoch_.store(a["epoch"].get<uint64_t>());
+    node_->policy_groups().SetPeers(a.is_object() ? ParsePeerScores(a.value("eviction_peers", json())) : PeerScores{});
     return Status::Ok();
   }
 
