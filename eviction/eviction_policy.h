@@ -84,7 +84,7 @@ class PolicyGroup {
   // out[i] = the sum over members of score i, plus the peers' (n <= kMaxScores).
   void Sum(double* out, size_t n) const;
   // The members' sum alone, without the peers'. Returns how many scores the
-  // members publish (0: none has published yet).
+  // members publish (0: none has published yet, or every member has left).
   size_t Own(double* out, size_t n) const;
   // Scores of the same group elsewhere (the other nodes of a cluster, as the
   // coordinator sums them: docs/eviction.md "Through the nodes"), added to

@@ -65,12 +65,14 @@ size_t PolicyGroup::Own(double* out, size_t n) const {
   n = std::min(n, kMaxScores);
   for (size_t i = 0; i < n; ++i) out[i] = 0;
   const uint32_t used = s_->used.load(std::memory_order_acquire);
+  bool any = false;
   for (uint32_t m = 0; m < used; ++m) {
     const auto& x = s_->members[m];
     if (!x.active.load(std::memory_order_acquire)) continue;
+    any = true;
     for (size_t i = 0; i < n; ++i) out[i] += x.score[i].load(std::memory_order_relaxed);
   }
-  return s_->width.load(std::memory_order_relaxed);
+  return any ? s_->width.load(std::memory_order_relaxed) : 0;  // none left: nothing to report
 }
 
 void PolicyGroup::Sum(double* out, size_t n) const {

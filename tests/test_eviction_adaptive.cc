@@ -423,6 +423,8 @@ TEST_CASE("adaptive: peers' scores from other nodes move a group's leader", "[ev
   groups->SetPeers({});  // a group not named loses its peers
   CHECK(groups->Snapshot()[0].peers.empty());
   CHECK(groups->Get("primary/adaptive/256") == o.group);  // one group per key
+  p.reset();  // its last member gone (a policy switch): the group reports nothing
+  CHECK(groups->Snapshot().empty());
 }
 
 TEST_CASE("score exchange: a node's scores are read strictly, peers are summed per key and width", "[eviction]") {
