@@ -340,6 +340,7 @@ Status RunReplay(const ReplayArgs& a) {
               {"evictions", x.evictions},
               {"released", x.released},
               {"seconds", x.seconds}};
+          if (!x.leader.empty()) row["cluster"]["following"] = x.leader;
         }
         col["policies"].push_back(std::move(row));
       }

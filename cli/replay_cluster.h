@@ -32,7 +32,8 @@ namespace kvmesh::cli {
 // memory, tiers and model are replaced as above; `policy` is a PolicySpec
 // ($.eviction.policy, with its aging and classes). The result counts prefix
 // hits only (hits = prefix_hits), evictions and releases as the nodes count
-// them, and FLOPs with o.model. o.derive_hints is ignored (no hints).
+// them, FLOPs with o.model, and (leader) the expert an adaptive policy's
+// nodes follow at the end. o.derive_hints is ignored (no hints).
 Result<ReplayResult> ReplayThroughCluster(const Trace& trace, std::string_view policy, size_t capacity,
                                           const ClusterConfig& base, const ReplayOptions& o);
 
