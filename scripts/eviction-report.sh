@@ -8,8 +8,9 @@
 # then the held-out generated traces written again with session fields
 # (gen-trace.py --sessions, the args of tests/data/traces/heldout-args.txt)
 # and replayed with --session-closes (docs/eviction.md, "A fifth round");
-# then the same traces through the nodes of the built-in cluster
-# (--through-cluster, docs/eviction.md "Through the nodes").
+# then the same traces through the nodes of the built-in cluster, and of the
+# same with one stripe per node (--through-cluster, docs/eviction.md "Through
+# the nodes").
 #   scripts/eviction-report.sh [build-dir]      (default: build; JSON in /tmp/kvmesh-eviction)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,13 @@ done
 "$KVMESH" replay --trace "$OUT/heldout-rag-s104-sessions.jsonl" --capacity-fractions 0.01,0.02,0.05,0.1 \
     --policy lru,lru-priority,arc,s3-fifo,adaptive --through-cluster --session-closes --json \
     > "$OUT/heldout-rag-s104-sessions-cluster.json"
+# The built-in cluster with one stripe per node (4 x 1): the nodes' leader alone.
+python3 -c 'import json, sys; c = json.load(open("cluster_configs/local.json")); c["store"]["stripes"] = 1; json.dump(c, open(sys.argv[1], "w"))' \
+    "$OUT/local-4x1.json"
+for t in conversation_trace heldout-chat-s102 heldout-agent-s103 heldout-rag-s104 heldout-mix-s101; do
+  "$KVMESH" replay --trace "$TRACES/$t.jsonl" --capacity-fractions 0.01,0.02,0.05,0.1 --policy lru,adaptive \
+      --through-cluster --config "$OUT/local-4x1.json" --json > "$OUT/$t-cluster-4x1.json"
+done
 "$KVMESH" replay --trace "$TRACES/conversation_trace.jsonl" --capacity-fractions 0.0025,0.005,0.01,0.02,0.05,0.1,0.2 \
     --policy lru,lru-priority,arc,s3-fifo,adaptive --plot docs/img/replay_prefix_hit.png > /dev/null
 "$KVMESH" replay --trace "$TRACES/heldout-mix-s101.jsonl" --capacity-fractions 0.0025,0.005,0.01,0.02,0.05,0.1,0.2 \
@@ -135,4 +143,17 @@ for key in [k for k, _ in names] + ["heldout-rag-s104-sessions"]:
         return sum((r["cluster"] if nodes else r)["gap_closed"] for r in rows) / len(rows)
     print(f"| {key} | {hits('lru', False)} | {hits('lru', True)} | {hits('adaptive', False)} | {hits('adaptive', True)} | "
           f"{100*gap(False):+.1f}% / {100*gap(True):+.1f}% |")
+print()
+print("Through the nodes, 4 x 1 (one stripe per node) and 4 x 8 (built in): `lru`, `adaptive`, and the expert the nodes follow at the end:")
+print()
+print("| cluster, trace | `lru` | `adaptive` | following |")
+print("|---|---|---|---|")
+for suffix, label in [("-cluster-4x1", "4 x 1"), ("-cluster", "4 x 8")]:
+    for key, _ in names:
+        j = json.load(open(os.path.join(out, key + suffix + ".json")))
+        def row(p):
+            return [next(r for r in c["policies"] if r["policy"] == p)["cluster"] for c in j["results"]]
+        print(f"| {label}, {key} | " + " / ".join(f"{100*r['prefix_hit_rate']:.2f}" for r in row("lru")) + " | "
+              + " / ".join(f"{100*r['prefix_hit_rate']:.2f}" for r in row("adaptive")) + " | "
+              + " / ".join(r.get("following", "") for r in row("adaptive")) + " |")
 EOF
