@@ -113,9 +113,9 @@ Result<ReplayResult> ReplayThroughCluster(const Trace& trace, std::string_view p
     if (o.progress) o.progress->fetch_add(n, std::memory_order_relaxed);
   }
   res.hits = res.prefix_hits;
-  // The expert the nodes follow at the end (one group for every node's
-  // primary stores of a class: the most populated class's, with 256-byte
-  // blocks the only one).
+  // The expert the nodes follow at the end: the first primary group's (every
+  // node's primary stores share it; with 256-byte blocks and one size class
+  // it is the only one).
   for (const PolicyGroups::Entry& e : cluster->node(0).policy_groups().Snapshot())
     if (e.key.rfind("primary/", 0) == 0 && res.leader.empty()) res.leader = e.following;
   for (size_t i = 0; i < cluster->num_nodes(); ++i) {

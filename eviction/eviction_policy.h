@@ -90,6 +90,7 @@ class PolicyGroup {
   // coordinator sums them: docs/eviction.md "Through the nodes"), added to
   // every Sum until replaced; n == 0 clears them.
   void SetPeers(const double* scores, size_t n);
+  // The peers' scores as last set; returns how many were set (0: none).
   size_t Peers(double* out, size_t n) const;
   // The choice the members follow (an index into their scores).
   uint32_t leader() const;
@@ -101,6 +102,10 @@ class PolicyGroup {
   struct State;
   std::unique_ptr<State> s_;
 };
+
+// Scores by group key, as a node's groups report them and as the
+// coordinator sums the other nodes' (eviction/score_exchange.h).
+using PeerScores = std::vector<std::pair<std::string, std::vector<double>>>;
 
 // Policy groups by name: what the block stores of one node share, or of
 // every node of one process (an embedded cluster), so that all the stripes of
@@ -122,7 +127,7 @@ class PolicyGroups {
   // Every group whose members have published scores, by key.
   std::vector<Entry> Snapshot() const;
   // Installs the peers' scores of the groups named; every other group's are cleared.
-  void SetPeers(const std::vector<std::pair<std::string, std::vector<double>>>& peers);
+  void SetPeers(const PeerScores& peers);
 
  private:
   mutable std::mutex mu_;

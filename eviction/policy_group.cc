@@ -23,6 +23,7 @@ struct PolicyGroup::State {
   std::atomic<uint32_t> leader{0};
   std::atomic<uint32_t> width{0};  // scores the members publish
   std::array<std::atomic<double>, kMaxScores> peers{};
+  std::atomic<uint32_t> peers_n{0};  // how many peers' scores are set
   std::vector<std::string> names;  // under mu
 };
 
@@ -82,17 +83,15 @@ void PolicyGroup::Sum(double* out, size_t n) const {
 }
 
 void PolicyGroup::SetPeers(const double* scores, size_t n) {
+  n = std::min(n, kMaxScores);
   for (size_t i = 0; i < kMaxScores; ++i) s_->peers[i].store(i < n ? scores[i] : 0.0, std::memory_order_relaxed);
+  s_->peers_n.store(static_cast<uint32_t>(n), std::memory_order_relaxed);
 }
 
 size_t PolicyGroup::Peers(double* out, size_t n) const {
   n = std::min(n, kMaxScores);
-  size_t nonzero = 0;
-  for (size_t i = 0; i < n; ++i) {
-    out[i] = s_->peers[i].load(std::memory_order_relaxed);
-    if (out[i] != 0) nonzero = i + 1;
-  }
-  return nonzero;
+  for (size_t i = 0; i < n; ++i) out[i] = s_->peers[i].load(std::memory_order_relaxed);
+  return std::min<size_t>(n, s_->peers_n.load(std::memory_order_relaxed));
 }
 
 std::string PolicyGroup::name(uint32_t i) const {
@@ -126,14 +125,15 @@ std::vector<PolicyGroups::Entry> PolicyGroups::Snapshot() const {
     Entry e;
     e.key = key;
     e.own.assign(own.begin(), own.begin() + n);
-    if (g->Peers(peers.data(), n) > 0) e.peers.assign(peers.begin(), peers.begin() + n);
+    const size_t m = g->Peers(peers.data(), n);
+    e.peers.assign(peers.begin(), peers.begin() + m);
     e.following = g->name(g->leader());
     out.push_back(std::move(e));
   }
   return out;
 }
 
-void PolicyGroups::SetPeers(const std::vector<std::pair<std::string, std::vector<double>>>& peers) {
+void PolicyGroups::SetPeers(const PeerScores& peers) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [key, g] : groups_) {
     const std::vector<double>* p = nullptr;

@@ -14,11 +14,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "eviction/eviction_policy.h"
 #include "kvmesh/status.h"
 
 namespace kvmesh {
-
-using PeerScores = std::vector<std::pair<std::string, std::vector<double>>>;
 
 inline constexpr size_t kMaxScoreGroups = 64;      // keys per node
 inline constexpr size_t kMaxScoreKeyBytes = 200;

@@ -385,6 +385,9 @@ TEST_CASE("PolicyGroup: peers' scores add to every sum until replaced; names com
   g.Sum(sum, 2);
   CHECK(sum[0] == 3);
   CHECK(g.Peers(p, 2) == 0);
+  const double zeros[2] = {0, 0};  // peers whose scores are all zero are still peers
+  g.SetPeers(zeros, 2);
+  CHECK(g.Peers(p, 2) == 2);
 }
 
 TEST_CASE("adaptive: peers' scores from other nodes move a group's leader", "[eviction]") {
