@@ -142,6 +142,7 @@ class AdaptivePolicy final : public EvictionPolicy {
     if (reason == RemoveReason::kErased) {  // gone for every expert too
       for (Expert& x : experts_) x.policy->Remove(gid, RemoveReason::kErased);
     }
+    by_id_.erase(it);
     Free(i);
     if (reason == RemoveReason::kEvicted && leader_keeps) {
       // The owner evicted an entry the leader keeps: it holds fewer than c_
@@ -258,12 +259,12 @@ class AdaptivePolicy final : public EvictionPolicy {
     by_gid_[gid] = i;
     return i;
   }
+  // Unlinks node i and frees it; the caller has erased it from by_id_.
   void Free(uint32_t i) {
     Node& n = nodes_[i];
     lru_.Unlink(*this, i, kLru);
     for (size_t e = 0; e < experts_.size(); ++e)
       if (!(n.in & Bit(e))) diff_[e].Unlink(*this, i, e);
-    by_id_.erase(n.id);
     if (auto g = by_gid_.find(n.gid); g != by_gid_.end() && g->second == i) by_gid_.erase(g);
     free_.push_back(i);
   }
@@ -298,8 +299,7 @@ class AdaptivePolicy final : public EvictionPolicy {
       EvictionPolicy& p = *x.policy;
       if (info.depth == 0) x.prefix = true;
       x.score *= decay;
-      if (p.Contains(gid)) {
-        p.Touch(gid, info);
+      if (p.TouchIfPresent(gid, info)) {
         if (x.prefix && !info.refresh) x.score += w;
         continue;
       }

@@ -65,12 +65,12 @@ class ArcPolicy final : public EvictionPolicy {
     Push(pool_, kT2, i);
   }
   void Remove(EntryId id, RemoveReason reason) override {
-    uint32_t i = pool_.Find(id);
+    uint32_t i = pool_.Take(id);
     if (i == kNil) return;
     const uint8_t from = pool_[i].list;
     const uint64_t gid = pool_[i].key;
     lists_[from].Unlink(pool_, i);
-    pool_.Free(i);
+    pool_.Recycle(i);
     if (reason == RemoveReason::kEvicted && ghosts_.Find(gid) == kNil) {
       Push(ghosts_, from == kT1 ? kB1 : kB2, ghosts_.Alloc(gid));
       TrimGhosts();

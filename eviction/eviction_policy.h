@@ -169,6 +169,14 @@ class EvictionPolicy {
   // Records a hit on `id` (refreshes recency; info.priority replaces the stored
   // class). REQUIRES: Contains(id).
   virtual void Touch(EntryId id, const AccessInfo& info) = 0;
+  // Touch if `id` is tracked: true; false, changing nothing, if it is not.
+  // The list policies do it in one lookup ("adaptive" asks it of every
+  // expert on every access).
+  virtual bool TouchIfPresent(EntryId id, const AccessInfo& info) {
+    if (!Contains(id)) return false;
+    Touch(id, info);
+    return true;
+  }
   // Stops tracking `id`. No-op when it is not tracked.
   virtual void Remove(EntryId id, RemoveReason reason) = 0;
 

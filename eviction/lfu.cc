@@ -37,11 +37,11 @@ class LfuPolicy final : public EvictionPolicy {
     Link(i, age_ + n.freq);
   }
   void Remove(EntryId id, RemoveReason reason) override {
-    uint32_t i = pool_.Find(id);
+    uint32_t i = pool_.Take(id);
     if (i == kNil) return;
     if (reason == RemoveReason::kEvicted) age_ = pool_[i].key;  // the cache ages to the victim's key
     Unlink(i);
-    pool_.Free(i);
+    pool_.Recycle(i);
   }
   std::optional<EntryId> Victim() override {
     if (buckets_.empty()) return std::nullopt;

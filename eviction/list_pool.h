@@ -59,6 +59,17 @@ class NodePool {
     index_.erase(nodes_[i].id);
     free_.push_back(i);
   }
+  // Find and Free in one probe of the map, for a policy's Remove: `id` is
+  // forgotten at once, its node stays readable (fields and links, to unlink
+  // it) until Recycle(i). kNil when `id` is not present.
+  uint32_t Take(EntryId id) {
+    auto it = index_.find(id);
+    if (it == index_.end()) return kNil;
+    const uint32_t i = it->second;
+    index_.erase(it);
+    return i;
+  }
+  void Recycle(uint32_t i) { free_.push_back(i); }
   uint32_t Find(EntryId id) const {
     auto it = index_.find(id);
     return it == index_.end() ? kNil : it->second;

@@ -16,18 +16,20 @@ class LruPolicy final : public EvictionPolicy {
   }
   std::string_view name() const override { return "lru"; }
   void Insert(EntryId id, const AccessInfo& info) override { chain_.Place(list_, pool_, pool_.Alloc(id), info); }
-  void Touch(EntryId id, const AccessInfo& info) override {
+  void Touch(EntryId id, const AccessInfo& info) override { TouchIfPresent(id, info); }
+  bool TouchIfPresent(EntryId id, const AccessInfo& info) override {
     uint32_t i = pool_.Find(id);
-    if (i == kNil) return;
+    if (i == kNil) return false;
     list_.Unlink(pool_, i);
     chain_.Place(list_, pool_, i, info);
+    return true;
   }
   void Remove(EntryId id, RemoveReason) override {
-    uint32_t i = pool_.Find(id);
+    uint32_t i = pool_.Take(id);
     if (i == kNil) return;
     list_.Unlink(pool_, i);
     chain_.Forget(i);
-    pool_.Free(i);
+    pool_.Recycle(i);
   }
   std::optional<EntryId> Victim() override {
     if (list_.empty()) return std::nullopt;
@@ -74,22 +76,24 @@ class LruPriorityPolicy final : public EvictionPolicy {
     n.last_ns = clock_->NowNanos();
     chain_.Place(lists_[n.cls], pool_, i, info);
   }
-  void Touch(EntryId id, const AccessInfo& info) override {
+  void Touch(EntryId id, const AccessInfo& info) override { TouchIfPresent(id, info); }
+  bool TouchIfPresent(EntryId id, const AccessInfo& info) override {
     uint32_t i = pool_.Find(id);
-    if (i == kNil) return;
+    if (i == kNil) return false;
     Node& n = pool_[i];
     ListOf(n).Unlink(pool_, i);
     n.released = false;
     n.cls = Clamp(info.priority);
     n.last_ns = clock_->NowNanos();
     chain_.Place(lists_[n.cls], pool_, i, info);
+    return true;
   }
   void Remove(EntryId id, RemoveReason) override {
-    uint32_t i = pool_.Find(id);
+    uint32_t i = pool_.Take(id);
     if (i == kNil) return;
     ListOf(pool_[i]).Unlink(pool_, i);
     chain_.Forget(i);
-    pool_.Free(i);
+    pool_.Recycle(i);
   }
   void Release(EntryId id) override {
     if (const uint32_t i = pool_.Find(id); i != kNil) MoveToReleased(pool_, i, ListOf(pool_[i]), released_, chain_);

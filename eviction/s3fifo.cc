@@ -48,14 +48,16 @@ class S3FifoPolicy final : public EvictionPolicy {
     }
     c_ = std::max(c_, resident());
   }
-  void Touch(EntryId id, const AccessInfo&) override {
+  void Touch(EntryId id, const AccessInfo& info) override { TouchIfPresent(id, info); }
+  bool TouchIfPresent(EntryId id, const AccessInfo&) override {
     const uint32_t i = pool_.Find(id);
-    if (i == kNil) return;
+    if (i == kNil) return false;
     if (pool_[i].list == kReleased) {  // read again after its release: back to M, as a reused entry
       lists_[kReleased].Unlink(pool_, i);
       Push(pool_, kMain, i);
     }
     if (pool_[i].freq < kMaxFreq) ++pool_[i].freq;
+    return true;
   }
   void Release(EntryId id) override {
     const uint32_t i = pool_.Find(id);
@@ -66,12 +68,12 @@ class S3FifoPolicy final : public EvictionPolicy {
     lists_[kReleased].PushBack(pool_, i);
   }
   void Remove(EntryId id, RemoveReason reason) override {
-    const uint32_t i = pool_.Find(id);
+    const uint32_t i = pool_.Take(id);
     if (i == kNil) return;
     const uint8_t from = pool_[i].list;
     const uint64_t gid = pool_[i].key;
     lists_[from].Unlink(pool_, i);
-    pool_.Free(i);
+    pool_.Recycle(i);
     if (reason == RemoveReason::kEvicted && from == kSmall && ghosts_.Find(gid) == kNil) {
       Push(ghosts_, kGhost, ghosts_.Alloc(gid));
       const size_t ghost_cap = c_ > SmallTarget() ? c_ - SmallTarget() : 1;  // |M|'s target

@@ -49,10 +49,10 @@ class ScorePolicy final : public EvictionPolicy {
     Update(i, info);
   }
   void Remove(EntryId id, RemoveReason) override {
-    uint32_t i = pool_.Find(id);
+    uint32_t i = pool_.Take(id);
     if (i == kNil) return;
     order_.erase(KeyOf(i));
-    pool_.Free(i);
+    pool_.Recycle(i);
   }
   std::optional<EntryId> Victim() override {
     if (order_.empty()) return std::nullopt;

@@ -76,22 +76,24 @@ class TurnoverPriorityPolicy final : public EvictionPolicy {
     pool_[i].freq = 0;
     Place(i, info);
   }
-  void Touch(EntryId id, const AccessInfo& info) override {
+  void Touch(EntryId id, const AccessInfo& info) override { TouchIfPresent(id, info); }
+  bool TouchIfPresent(EntryId id, const AccessInfo& info) override {
     const uint32_t i = pool_.Find(id);
-    if (i == kNil) return;
+    if (i == kNil) return false;
     ListOf(pool_[i]).Unlink(pool_, i);
     pool_[i].released = false;
     Place(i, info);
+    return true;
   }
   void Remove(EntryId id, RemoveReason reason) override {
-    const uint32_t i = pool_.Find(id);
+    const uint32_t i = pool_.Take(id);
     if (i == kNil) return;
     // A released entry's idle time says nothing of how long entries last here.
     if (reason == RemoveReason::kEvicted && !pool_[i].released)
       turnover_.Evicted(clock_->NowNanos() - pool_[i].last_ns);
     ListOf(pool_[i]).Unlink(pool_, i);
     chain_.Forget(i);
-    pool_.Free(i);
+    pool_.Recycle(i);
   }
   void Release(EntryId id) override {
     if (const uint32_t i = pool_.Find(id); i != kNil) MoveToReleased(pool_, i, ListOf(pool_[i]), released_, chain_);
@@ -176,22 +178,24 @@ class FreqClassPolicy final : public EvictionPolicy {
     pool_[i].score = 0.0f;
     Place(i, info);
   }
-  void Touch(EntryId id, const AccessInfo& info) override {
+  void Touch(EntryId id, const AccessInfo& info) override { TouchIfPresent(id, info); }
+  bool TouchIfPresent(EntryId id, const AccessInfo& info) override {
     const uint32_t i = pool_.Find(id);
-    if (i == kNil) return;
+    if (i == kNil) return false;
     ListOf(pool_[i]).Unlink(pool_, i);
     pool_[i].released = false;
     Place(i, info);
+    return true;
   }
   void Remove(EntryId id, RemoveReason reason) override {
-    const uint32_t i = pool_.Find(id);
+    const uint32_t i = pool_.Take(id);
     if (i == kNil) return;
     // A released entry's idle time says nothing of how long entries last here.
     if (reason == RemoveReason::kEvicted && !pool_[i].released)
       turnover_.Evicted(clock_->NowNanos() - pool_[i].last_ns);
     ListOf(pool_[i]).Unlink(pool_, i);
     chain_.Forget(i);
-    pool_.Free(i);
+    pool_.Recycle(i);
   }
   void Release(EntryId id) override {
     if (const uint32_t i = pool_.Find(id); i != kNil) MoveToReleased(pool_, i, ListOf(pool_[i]), released_, chain_);

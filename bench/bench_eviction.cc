@@ -1,0 +1,243 @@
+// bench_eviction: what an eviction policy costs per block lookup, beside
+// `lru` measured in the same run (docs/eviction.md quotes these rows).
+//
+//   build/bin/bench_eviction [--trace FILE] [--capacity-fractions 0.01,0.1]
+//                            [--policies adaptive,lru-priority,...] [--quick] [--json]
+//
+// The workload is a Mooncake trace (default: the public conversation trace in
+// tests/data/traces), replayed as `kvmesh replay` replays it: each request's
+// blocks in order, a hit touches, a miss evicts the policy's victims and
+// inserts, with the replay's client hints (eviction/replay.h DeriveHints),
+// chain positions and a clock that follows the trace. Capacity is a fraction
+// of the trace's distinct blocks. Rows:
+//   policy <name> <fraction>  the policy object alone, lookups/s, vs `lru`
+//                             (the hints are derived before the timed loop)
+//   store <name> <fraction>   a BlockStore of 8 stripes and 256-byte blocks
+//                             driven as a node is: Exists(touch) of every block
+//                             of a request, then Put of each missing one, vs
+//                             the same store running `lru`
+// A ratio under 1 means slower than `lru`. Rates are medians of 5 trials (3
+// with --quick); each trial runs the policy and its baseline back to back, so
+// both see the same load. Every row also checks that the run hit something,
+// and prints the prefix hit rate of the policy-object rows (the same figure
+// `kvmesh replay` gives; it is not timed).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/bench_util.h"
+#include "common/hash.h"
+#include "eviction/eviction_policy.h"
+#include "eviction/replay.h"
+#include "kvmesh/clock.h"
+#include "shard_node/block_store.h"
+
+using namespace kvmesh;
+using kvmesh::bench::MeasurePair;
+using kvmesh::bench::Sample;
+
+namespace {
+
+struct Row {
+  std::string name;
+  Sample value, baseline;  // lookups/s
+  double prefix_hit_rate = -1;  // policy rows: the policy's, as `kvmesh replay` counts it
+};
+
+// The replay's accesses, derived once: one AccessInfo per lookup.
+struct Workload {
+  Trace trace;
+  std::vector<AccessInfo> infos;
+};
+
+Workload Derive(Trace t) {
+  Workload w;
+  w.infos.resize(t.lookups());
+  std::vector<uint32_t> shares(t.distinct, 0);
+  const std::vector<double> flops = PrefillModel{}.LookupFlops(t);
+  const double unit = PrefillModel{}.BlockFlops(0, 512);
+  for (size_t r = 0; r < t.requests(); ++r) {
+    for (size_t k = t.begin[r]; k < t.begin[r + 1]; ++k) {
+      AccessInfo info = DeriveHints(t, r, k, shares[t.blocks[k]], HintOptions{});
+      info.depth = static_cast<uint32_t>(k - t.begin[r]);
+      info.cost = static_cast<float>(flops[k] / unit);
+      w.infos[k] = info;
+    }
+    for (size_t k = t.begin[r]; k < t.begin[r + 1]; ++k) ++shares[t.blocks[k]];
+  }
+  w.trace = std::move(t);
+  return w;
+}
+
+// One pass of the trace through a fresh policy; returns lookups done and
+// (through *prefix_hits) the prefix hits.
+double RunPolicy(const Workload& w, const std::string& name, size_t capacity, uint64_t* prefix_hits) {
+  ManualClock clock(0);
+  PolicyOptions po;
+  po.capacity_hint = capacity;
+  po.clock = &clock;
+  auto made = MakeEvictionPolicy(name, po);
+  if (!made.ok()) {
+    std::cerr << "bench_eviction: " << made.status().ToString() << "\n";
+    std::exit(2);
+  }
+  EvictionPolicy& p = **made;
+  const Trace& t = w.trace;
+  uint64_t hits = 0;
+  for (size_t r = 0; r < t.requests(); ++r) {
+    clock.Set(t.timestamp_ms[r] * 1'000'000);
+    bool prefix = true;
+    for (size_t k = t.begin[r]; k < t.begin[r + 1]; ++k) {
+      const EntryId id = t.blocks[k];
+      const AccessInfo& info = w.infos[k];
+      if (p.Contains(id)) {
+        hits += prefix;
+        p.Touch(id, info);
+        continue;
+      }
+      prefix = false;
+      if (!p.Admit(id, info)) continue;
+      while (p.size() >= capacity) {
+        const std::optional<EntryId> v = p.Victim();
+        if (!v) break;
+        p.Remove(*v, RemoveReason::kEvicted);
+      }
+      p.Insert(id, info);
+    }
+  }
+  if (prefix_hits) *prefix_hits = hits;
+  return static_cast<double>(t.lookups());
+}
+
+BlockKey TraceKey(uint32_t block) { return BlockKey{Mix64(block + 1), block}; }
+
+// One pass of the trace through a fresh block store running `name`.
+double RunStore(const Workload& w, const std::string& name, size_t capacity, uint64_t* hits_out) {
+  constexpr size_t kBlock = 256;
+  ManualClock clock(0);
+  StoreOptions o;
+  o.slot_bytes = kBlock;
+  o.size_classes = 1;
+  o.stripes = 8;
+  o.capacity_bytes = std::max<size_t>(capacity, o.stripes) * kBlock;
+  o.policy = name;
+  o.policy_options.clock = &clock;
+  o.policy_options.aging_ns = 30'000'000'000;  // cluster_configs/local.json
+  o.clock = &clock;
+  o.verify_checksums = true;
+  auto made = BlockStore::Create(std::move(o));
+  if (!made.ok()) {
+    std::cerr << "bench_eviction: " << made.status().ToString() << "\n";
+    std::exit(2);
+  }
+  BlockStore& s = **made;
+  const Trace& t = w.trace;
+  std::byte payload[kBlock] = {};
+  uint64_t hits = 0;
+  for (size_t r = 0; r < t.requests(); ++r) {
+    clock.Set(t.timestamp_ms[r] * 1'000'000);
+    const size_t first = t.begin[r], last = t.begin[r + 1];
+    size_t k = first;
+    for (; k < last && s.Exists(TraceKey(t.blocks[k]), /*touch=*/true); ++k) ++hits;
+    for (; k < last; ++k) {
+      std::memcpy(payload, &t.blocks[k], sizeof(uint32_t));
+      (void)s.Put(TraceKey(t.blocks[k]), std::span<const std::byte>(payload, kBlock));
+    }
+  }
+  if (hits_out) *hits_out = hits;
+  return static_cast<double>(t.lookups());
+}
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string trace_path = std::string(KVMESH_TRACE_DIR) + "/conversation_trace.jsonl";
+  std::vector<std::string> fractions{"0.01", "0.1"};
+  std::vector<std::string> policies{"adaptive", "lru-priority", "s3-fifo", "arc", "turnover-priority", "freq-class"};
+  bool quick = false, json = false, no_store = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--json") json = true;
+    else if (a == "--no-store") no_store = true;
+    else if (a == "--trace" && i + 1 < argc) trace_path = argv[++i];
+    else if (a == "--capacity-fractions" && i + 1 < argc) fractions = Split(argv[++i]);
+    else if (a == "--policies" && i + 1 < argc) policies = Split(argv[++i]);
+    else {
+      std::cerr << "usage: bench_eviction [--trace FILE] [--capacity-fractions F,...] [--policies P,...]"
+                   " [--no-store] [--quick] [--json]\n";
+      return 2;
+    }
+  }
+  auto loaded = LoadMooncakeTrace(trace_path);
+  if (!loaded.ok()) {
+    std::cerr << "bench_eviction: " << loaded.status().ToString() << "\n";
+    return 2;
+  }
+  const Workload w = Derive(std::move(*loaded));
+  const int trials = quick ? 3 : 5;
+  std::vector<Row> rows;
+  for (const std::string& f : fractions) {
+    const double frac = std::stod(f);
+    const size_t capacity = std::max<size_t>(1, static_cast<size_t>(frac * static_cast<double>(w.trace.distinct)));
+    for (const std::string& name : policies) {
+      if (!json) std::fprintf(stderr, "bench_eviction: policy %s at %s...\n", name.c_str(), f.c_str());
+      uint64_t prefix_hits = 0;
+      auto [v, b] = MeasurePair(trials, [&] { return RunPolicy(w, name, capacity, &prefix_hits); },
+                                [&] { return RunPolicy(w, "lru", capacity, nullptr); });
+      Row row{"policy " + name + " " + f, v, b};
+      row.prefix_hit_rate = static_cast<double>(prefix_hits) / static_cast<double>(w.trace.lookups());
+      rows.push_back(row);
+    }
+    if (no_store) continue;
+    for (const std::string& name : policies) {
+      if (!json) std::fprintf(stderr, "bench_eviction: store %s at %s...\n", name.c_str(), f.c_str());
+      uint64_t hits = 0;
+      auto [v, b] = MeasurePair(trials, [&] { return RunStore(w, name, capacity, &hits); },
+                                [&] { return RunStore(w, "lru", capacity, nullptr); });
+      if (hits == 0) {
+        std::cerr << "bench_eviction: the store running " << name << " hit nothing\n";
+        return 1;
+      }
+      rows.push_back(Row{"store " + name + " " + f, v, b});
+    }
+  }
+  if (json) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const Row& r : rows) {
+      nlohmann::json e{{"name", r.name},           {"unit", "lookups/s"}, {"median", r.value.median},
+                       {"min", r.value.min},       {"max", r.value.max},  {"baseline", "lru"},
+                       {"baseline_median", r.baseline.median}, {"ratio", r.value.median / r.baseline.median}};
+      if (r.prefix_hit_rate >= 0) e["prefix_hit_rate"] = r.prefix_hit_rate;
+      j.push_back(e);
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("trace %s: %zu requests, %zu lookups, %zu distinct blocks\n", trace_path.c_str(),
+              w.trace.requests(), w.trace.lookups(), w.trace.distinct);
+  std::printf("%-34s %10s %10s %8s %9s %9s\n", "benchmark (median of trials)", "Mlookup/s", "lru", "ratio",
+              "ns/lookup", "prefix %");
+  for (const Row& r : rows) {
+    std::printf("%-34s %10.2f %10.2f %7.3fx %9.0f", r.name.c_str(), r.value.median / 1e6, r.baseline.median / 1e6,
+                r.value.median / r.baseline.median, 1e9 / r.value.median);
+    if (r.prefix_hit_rate >= 0) std::printf(" %9.2f", 100 * r.prefix_hit_rate);
+    std::printf("\n");
+  }
+  return 0;
+}
