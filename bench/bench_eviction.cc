@@ -1,8 +1,10 @@
 // bench_eviction: what an eviction policy costs per block lookup, beside
-// `lru` measured in the same run (docs/eviction.md quotes these rows).
+// a baseline measured in the same run (default `lru`; docs/eviction.md quotes
+// these rows).
 //
 //   build/bin/bench_eviction [--trace FILE] [--capacity-fractions 0.01,0.1]
-//                            [--policies adaptive,lru-priority,...] [--quick] [--json]
+//                            [--policies adaptive,lru-priority,...] [--baseline lru]
+//                            [--no-store] [--quick] [--json]
 //
 // The workload is a Mooncake trace (default: the public conversation trace in
 // tests/data/traces), replayed as `kvmesh replay` replays it: each request's
@@ -10,17 +12,21 @@
 // inserts, with the replay's client hints (eviction/replay.h DeriveHints),
 // chain positions and a clock that follows the trace. Capacity is a fraction
 // of the trace's distinct blocks. Rows:
-//   policy <name> <fraction>  the policy object alone, lookups/s, vs `lru`
+//   policy <name> <fraction>  the policy object alone, lookups/s, vs the baseline
 //                             (the hints are derived before the timed loop)
 //   store <name> <fraction>   a BlockStore of 8 stripes and 256-byte blocks
 //                             driven as a node is: Exists(touch) of every block
 //                             of a request, then Put of each missing one, vs
-//                             the same store running `lru`
-// A ratio under 1 means slower than `lru`. Rates are medians of 5 trials (3
+//                             the same store running the baseline
+// A name with ":unsampled" runs `adaptive` with every expert simulating every
+// key (PolicyOptions::shadow_sample_floor = 0), e.g. `--policies adaptive
+// --baseline adaptive:unsampled --capacity-fractions 0.05,0.1,0.2` measures the
+// sampled shadows against the previous design. A ratio under 1 means slower than
+// the baseline. Rates are medians of 5 trials (3
 // with --quick); each trial runs the policy and its baseline back to back, so
 // both see the same load. Every row also checks that the run hit something,
-// and prints the prefix hit rate of the policy-object rows (the same figure
-// `kvmesh replay` gives; it is not timed).
+// and prints the prefix hit rates of the policy-object rows, the policy's and
+// the baseline's (the figures `kvmesh replay` gives; not timed).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -49,6 +55,7 @@ struct Row {
   std::string name;
   Sample value, baseline;  // lookups/s
   double prefix_hit_rate = -1;  // policy rows: the policy's, as `kvmesh replay` counts it
+  double baseline_prefix_hit_rate = -1;
 };
 
 // The replay's accesses, derived once: one AccessInfo per lookup.
@@ -76,6 +83,17 @@ Workload Derive(Trace t) {
   return w;
 }
 
+// "<factory name>[:unsampled]" -> the factory name and whether to sample.
+std::pair<std::string, bool> ParseName(const std::string& name) {
+  const size_t colon = name.find(':');
+  if (colon == std::string::npos) return {name, false};
+  if (name.substr(colon) != ":unsampled") {
+    std::cerr << "bench_eviction: unknown suffix in '" << name << "' (known: :unsampled)\n";
+    std::exit(2);
+  }
+  return {name.substr(0, colon), true};
+}
+
 // One pass of the trace through a fresh policy; returns lookups done and
 // (through *prefix_hits) the prefix hits.
 double RunPolicy(const Workload& w, const std::string& name, size_t capacity, uint64_t* prefix_hits) {
@@ -83,7 +101,9 @@ double RunPolicy(const Workload& w, const std::string& name, size_t capacity, ui
   PolicyOptions po;
   po.capacity_hint = capacity;
   po.clock = &clock;
-  auto made = MakeEvictionPolicy(name, po);
+  const auto [factory, unsampled] = ParseName(name);
+  if (unsampled) po.shadow_sample_floor = 0;
+  auto made = MakeEvictionPolicy(factory, po);
   if (!made.ok()) {
     std::cerr << "bench_eviction: " << made.status().ToString() << "\n";
     std::exit(2);
@@ -127,7 +147,9 @@ double RunStore(const Workload& w, const std::string& name, size_t capacity, uin
   o.size_classes = 1;
   o.stripes = 8;
   o.capacity_bytes = std::max<size_t>(capacity, o.stripes) * kBlock;
-  o.policy = name;
+  const auto [factory, unsampled] = ParseName(name);
+  o.policy = factory;
+  if (unsampled) o.policy_options.shadow_sample_floor = 0;
   o.policy_options.clock = &clock;
   o.policy_options.aging_ns = 30'000'000'000;  // cluster_configs/local.json
   o.clock = &clock;
@@ -168,7 +190,9 @@ std::vector<std::string> Split(const std::string& s) {
 int main(int argc, char** argv) {
   std::string trace_path = std::string(KVMESH_TRACE_DIR) + "/conversation_trace.jsonl";
   std::vector<std::string> fractions{"0.01", "0.1"};
-  std::vector<std::string> policies{"adaptive", "lru-priority", "s3-fifo", "arc", "turnover-priority", "freq-class"};
+  std::vector<std::string> policies{"adaptive",   "lru-priority", "s3-fifo", "arc",
+                                       "turnover-priority", "freq-class", "freq-class-turnover"};
+  std::string baseline = "lru";
   bool quick = false, json = false, no_store = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -178,9 +202,10 @@ int main(int argc, char** argv) {
     else if (a == "--trace" && i + 1 < argc) trace_path = argv[++i];
     else if (a == "--capacity-fractions" && i + 1 < argc) fractions = Split(argv[++i]);
     else if (a == "--policies" && i + 1 < argc) policies = Split(argv[++i]);
+    else if (a == "--baseline" && i + 1 < argc) baseline = argv[++i];
     else {
       std::cerr << "usage: bench_eviction [--trace FILE] [--capacity-fractions F,...] [--policies P,...]"
-                   " [--no-store] [--quick] [--json]\n";
+                   " [--baseline P] [--no-store] [--quick] [--json]\n";
       return 2;
     }
   }
@@ -197,11 +222,12 @@ int main(int argc, char** argv) {
     const size_t capacity = std::max<size_t>(1, static_cast<size_t>(frac * static_cast<double>(w.trace.distinct)));
     for (const std::string& name : policies) {
       if (!json) std::fprintf(stderr, "bench_eviction: policy %s at %s...\n", name.c_str(), f.c_str());
-      uint64_t prefix_hits = 0;
+      uint64_t prefix_hits = 0, baseline_hits = 0;
       auto [v, b] = MeasurePair(trials, [&] { return RunPolicy(w, name, capacity, &prefix_hits); },
-                                [&] { return RunPolicy(w, "lru", capacity, nullptr); });
+                                [&] { return RunPolicy(w, baseline, capacity, &baseline_hits); });
       Row row{"policy " + name + " " + f, v, b};
       row.prefix_hit_rate = static_cast<double>(prefix_hits) / static_cast<double>(w.trace.lookups());
+      row.baseline_prefix_hit_rate = static_cast<double>(baseline_hits) / static_cast<double>(w.trace.lookups());
       rows.push_back(row);
     }
     if (no_store) continue;
@@ -209,7 +235,7 @@ int main(int argc, char** argv) {
       if (!json) std::fprintf(stderr, "bench_eviction: store %s at %s...\n", name.c_str(), f.c_str());
       uint64_t hits = 0;
       auto [v, b] = MeasurePair(trials, [&] { return RunStore(w, name, capacity, &hits); },
-                                [&] { return RunStore(w, "lru", capacity, nullptr); });
+                                [&] { return RunStore(w, baseline, capacity, nullptr); });
       if (hits == 0) {
         std::cerr << "bench_eviction: the store running " << name << " hit nothing\n";
         return 1;
@@ -221,22 +247,23 @@ int main(int argc, char** argv) {
     nlohmann::json j = nlohmann::json::array();
     for (const Row& r : rows) {
       nlohmann::json e{{"name", r.name},           {"unit", "lookups/s"}, {"median", r.value.median},
-                       {"min", r.value.min},       {"max", r.value.max},  {"baseline", "lru"},
+                       {"min", r.value.min},       {"max", r.value.max},  {"baseline", baseline},
                        {"baseline_median", r.baseline.median}, {"ratio", r.value.median / r.baseline.median}};
       if (r.prefix_hit_rate >= 0) e["prefix_hit_rate"] = r.prefix_hit_rate;
+      if (r.baseline_prefix_hit_rate >= 0) e["baseline_prefix_hit_rate"] = r.baseline_prefix_hit_rate;
       j.push_back(e);
     }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("trace %s: %zu requests, %zu lookups, %zu distinct blocks\n", trace_path.c_str(),
-              w.trace.requests(), w.trace.lookups(), w.trace.distinct);
-  std::printf("%-34s %10s %10s %8s %9s %9s\n", "benchmark (median of trials)", "Mlookup/s", "lru", "ratio",
-              "ns/lookup", "prefix %");
+  std::printf("trace %s: %zu requests, %zu lookups, %zu distinct blocks; baseline: %s\n", trace_path.c_str(),
+              w.trace.requests(), w.trace.lookups(), w.trace.distinct, baseline.c_str());
+  std::printf("%-34s %10s %10s %8s %9s %9s %9s\n", "benchmark (median of trials)", "Mlookup/s", "baseline", "ratio",
+              "ns/lookup", "prefix %", "baseline");
   for (const Row& r : rows) {
     std::printf("%-34s %10.2f %10.2f %7.3fx %9.0f", r.name.c_str(), r.value.median / 1e6, r.baseline.median / 1e6,
                 r.value.median / r.baseline.median, 1e9 / r.value.median);
-    if (r.prefix_hit_rate >= 0) std::printf(" %9.2f", 100 * r.prefix_hit_rate);
+    if (r.prefix_hit_rate >= 0) std::printf(" %9.2f %9.2f", 100 * r.prefix_hit_rate, 100 * r.baseline_prefix_hit_rate);
     std::printf("\n");
   }
   return 0;

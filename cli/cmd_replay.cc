@@ -34,6 +34,7 @@ struct ReplayArgs {
   bool session_closes = false;
   bool through_cluster = false;
   double aging_s = 60.0;
+  size_t shadow_sample_floor = PolicyOptions{}.shadow_sample_floor;
   unsigned threads = 0;
   std::string config;          // the model for FLOPs; default: the built-in cluster_configs/local.json
   uint32_t block_tokens = 512;  // tokens per trace block (Mooncake: 512)
@@ -221,6 +222,7 @@ Status RunReplay(const ReplayArgs& a) {
   ro.model = model;
   ro.hints.block_tokens = model.block_tokens;
   ro.aging_ns = static_cast<int64_t>(a.aging_s * 1e9);
+  ro.shadow_sample_floor = a.shadow_sample_floor;
   std::atomic<uint64_t> done{0};
   ro.progress = &done;
   std::atomic<size_t> next_job{0};
@@ -430,6 +432,9 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
                 "(docs/eviction.md)");
   cmd->add_option("--aging-s", a->aging_s,
                   "aging period in trace seconds for policies without @ (default 60, the config default; 0: off)");
+  cmd->add_option("--shadow-sample-floor", a->shadow_sample_floor,
+                  "adaptive: its experts simulate one key in R (R = 2^k <= 64) once capacity / R >= this "
+                  "(default 2048; 0: every expert simulates every key, as before; docs/eviction.md)");
   cmd->add_option("--threads", a->threads, "worker threads (default: all cores)");
   cmd->add_option("--config", a->config,
                   "cluster config whose model (num_layers, num_kv_heads, head_dim) prices prefill FLOPs, and the "

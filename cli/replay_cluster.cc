@@ -32,6 +32,7 @@ Result<ClusterConfig> ClusterFor(const ClusterConfig& base, const PolicySpec& sp
   c.eviction.policy = spec.name;
   c.eviction.aging_s = static_cast<double>(spec.aging_ns.value_or(o.aging_ns)) / 1e9;
   if (spec.classes) c.eviction.priority_classes = *spec.classes;
+  c.eviction.shadow_sample_floor = o.shadow_sample_floor;
   const uint64_t block = c.model.FullBlockBytes();
   const uint64_t stripes = std::max<uint32_t>(c.store.stripes, 1);
   const uint64_t per_stripe = (capacity + c.nodes.size() * stripes - 1) / (c.nodes.size() * stripes);

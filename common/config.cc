@@ -400,7 +400,8 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
     ObjectReader er(*e, "$.eviction");
     er.Optional("policy", &c.eviction.policy)
         .Optional("priority_classes", &c.eviction.priority_classes)
-        .Optional("aging_s", &c.eviction.aging_s);
+        .Optional("aging_s", &c.eviction.aging_s)
+        .Optional("shadow_sample_floor", &c.eviction.shadow_sample_floor);
     if (const json* t = er.Child("tiers")) KVMESH_RETURN_IF_ERROR(ReadTiers(*t, &c.eviction.tiers));
     if (const json* p = er.Child("pressure")) KVMESH_RETURN_IF_ERROR(ReadPressure(*p, &c.eviction.pressure));
     KVMESH_RETURN_IF_ERROR(er.Finish());

@@ -53,11 +53,28 @@
 // the nodes": 16.97% against 20.34% for the leader alone at 5% of the public
 // trace on 8 stripes).
 //
+// Sampled shadows. On a large cache, seven full simulations cost most of an
+// access (their working sets leave the CPU caches: at 10% of the public
+// trace, 3.3 us per lookup against 0.06-0.13 us for each expert alone;
+// bench/bench_eviction.cc). Scores only rank the experts, so, as SHARDS-style
+// miniature simulations do, each expert simulates the keys of one hash bucket
+// in R at capacity c / R, a sampled hit counting R; R is the largest power of
+// two (<= 64) that leaves c / R >= PolicyOptions::shadow_sample_floor (2048;
+// 0 turns it off). The real cache then needs one full simulation, of the
+// leader: it is the one whose contents the real cache tracks (in place of
+// the E lists), and on a change of leader it starts over from the resident
+// entries, oldest first (its ghosts and counts are lost; a few switches per
+// trace). An owner whose real capacity falls far below the hint lowers R
+// (the experts start over from the resident entries). With R = 1 (c < 4096
+// by default) nothing of this happens, and the policy is exactly the one
+// above.
+//
 // c is PolicyOptions::capacity_hint, or the largest resident count seen.
-// Cost: O(E) per access, E = 7 experts, each O(1); memory: E + 1 entry pools
-// of c entries. EffectiveClass is the leader's for entries it holds, the
-// latest AccessInfo::priority for the others. Thread-safety: none (the
-// owner's lock).
+// Cost: O(E) per access, E = 7 experts, each O(1) (with R > 1: one in R
+// accesses, plus the full copy's, also O(1)); memory: E + 1 entry pools of c
+// entries (with R > 1: E pools of c / R and 2 of c). EffectiveClass is the
+// leader's for entries it holds, the latest AccessInfo::priority for the
+// others. Thread-safety: none (the owner's lock).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -79,11 +96,18 @@ class AdaptivePolicy final : public EvictionPolicy {
  public:
   AdaptivePolicy(const PolicyOptions& o, const std::vector<ExpertMaker>& experts, bool cost_aware)
       : c_(o.capacity_hint), cost_aware_(cost_aware) {
-    PolicyOptions xo = o;
-    xo.leaf_first = true;  // chains leave deepest block first in every list-based expert
-    xo.group.reset();
+    xo_ = o;
+    xo_.leaf_first = true;  // chains leave deepest block first in every list-based expert
+    xo_.group.reset();
+    // Sampled shadows: the experts see one key in rate_ (a hash bucket) at c / rate_; the full
+    // copy of the leader takes the slot after the experts'.
+    if (experts.size() < kMaxExperts) floor_ = o.shadow_sample_floor;
+    rate_ = RateFor(o.capacity_hint);
+    PolicyOptions xo = xo_;
+    xo.capacity_hint = o.capacity_hint / rate_;
     for (const ExpertMaker make : experts) {
       experts_.push_back(Expert{make(xo)});
+      makers_.push_back(make);
       if (experts_.size() == kMaxExperts) break;
     }
     if (o.group && experts_.size() <= PolicyGroup::kMaxScores) {
@@ -117,9 +141,9 @@ class AdaptivePolicy final : public EvictionPolicy {
     const uint32_t i = Alloc(id, gid);
     nodes_[i].cls = info.priority;
     lru_.PushFront(*this, i, kLru);
-    for (size_t e = 0; e < experts_.size(); ++e) {
-      if (experts_[e].policy->Contains(gid)) nodes_[i].in |= Bit(e);
-      else diff_[e].PushFront(*this, i, e);
+    for (size_t s = FirstTracked(); s < EndTracked(); ++s) {
+      if (Sim(s).Contains(gid)) nodes_[i].in |= Bit(s);
+      else diff_[s].PushFront(*this, i, s);
     }
     c_ = std::max(c_, by_id_.size());
   }
@@ -138,9 +162,10 @@ class AdaptivePolicy final : public EvictionPolicy {
     const uint32_t i = it->second;
     const uint64_t gid = nodes_[i].gid;
     const size_t resident = by_id_.size();
-    const bool leader_keeps = !experts_.empty() && (nodes_[i].in & Bit(Leader()));
+    const bool leader_keeps = !experts_.empty() && (nodes_[i].in & Bit(LeadSlot()));
     if (reason == RemoveReason::kErased) {  // gone for every expert too
       for (Expert& x : experts_) x.policy->Remove(gid, RemoveReason::kErased);
+      if (full_) full_->Remove(gid, RemoveReason::kErased);
     }
     by_id_.erase(it);
     Free(i);
@@ -149,16 +174,21 @@ class AdaptivePolicy final : public EvictionPolicy {
       // (a store class whose pages went to other classes, pinned entries, or
       // pressure). The experts shrink to what it held, their own victims first.
       c_ = std::max<size_t>(resident, 1);
-      for (size_t e = 0; e < experts_.size(); ++e) Trim(e, c_);
+      if (RateFor(c_) < rate_) {
+        SetRate(RateFor(c_));  // too few sampled keys left for the experts to score well
+      } else {
+        for (size_t e = 0; e < experts_.size(); ++e) Trim(e, SampledCap());
+        if (full_) Trim(experts_.size(), c_);
+      }
     }
   }
   std::optional<EntryId> Victim() override {
     if (by_id_.empty()) return std::nullopt;
     if (experts_.empty()) return nodes_[lru_.tail].id;
-    const size_t leader = Leader();
+    const size_t leader = LeadSlot();
     if (!diff_[leader].empty()) return nodes_[diff_[leader].tail].id;
     // The leader keeps every resident entry: its own victim, if resident.
-    if (const std::optional<EntryId> v = experts_[leader].policy->Victim()) {
+    if (const std::optional<EntryId> v = Sim(leader).Victim()) {
       if (const uint32_t r = Resident(*v); r != kNil) return nodes_[r].id;
     }
     return nodes_[lru_.tail].id;
@@ -168,9 +198,13 @@ class AdaptivePolicy final : public EvictionPolicy {
     if (it == by_id_.end()) return 0;
     if (experts_.empty()) return nodes_[it->second].cls;
     const Node& n = nodes_[it->second];
-    const size_t leader = Leader();
+    size_t leader = Leader();
+    if (rate_ > 1) {  // the full copy, when it copies the leader now
+      if (!full_ || full_for_ != leader) return n.cls;
+      leader = experts_.size();
+    }
     if (!(n.in & Bit(leader))) return n.cls;  // the leader dropped it: its class as last given
-    return experts_[leader].policy->EffectiveClass(n.gid);
+    return Sim(leader).EffectiveClass(n.gid);
   }
   // Released in every expert that holds it (each makes it its next victim)
   // and in the cache's own LRU order; the leader's victim is then this entry
@@ -180,6 +214,7 @@ class AdaptivePolicy final : public EvictionPolicy {
     if (it == by_id_.end()) return;
     const uint32_t i = it->second;
     for (Expert& x : experts_) x.policy->Release(nodes_[i].gid);
+    if (full_) full_->Release(nodes_[i].gid);
     lru_.Unlink(*this, i, kLru);
     lru_.PushBack(*this, i, kLru);
   }
@@ -192,6 +227,7 @@ class AdaptivePolicy final : public EvictionPolicy {
 
  private:
   static constexpr size_t kLru = kMaxExperts;  // link slot of the LRU list
+  static constexpr uint32_t kMaxRate = 64;     // sampled shadows: at most one key in 64
   static constexpr uint32_t kPublishEvery = 64;  // accesses between a group member's decisions
   static uint16_t Bit(size_t e) { return static_cast<uint16_t>(1u << e); }
 
@@ -259,12 +295,89 @@ class AdaptivePolicy final : public EvictionPolicy {
     by_gid_[gid] = i;
     return i;
   }
+  // The simulations: 0..E-1 the experts, E (rate_ > 1) the full copy of the leader.
+  EvictionPolicy& Sim(size_t s) { return s < experts_.size() ? *experts_[s].policy : *full_; }
+  const EvictionPolicy& Sim(size_t s) const { return s < experts_.size() ? *experts_[s].policy : *full_; }
+  // The simulations whose contents the real cache tracks (Node::in, diff_):
+  // every expert when they see every key, else the full copy alone.
+  size_t FirstTracked() const { return rate_ == 1 ? 0 : experts_.size(); }
+  size_t EndTracked() const { return rate_ == 1 ? experts_.size() : experts_.size() + 1; }
+  bool Tracked(size_t s) const { return s >= FirstTracked() && s < EndTracked(); }
+  size_t SampledCap() const { return std::max<size_t>(c_ / rate_, 1); }
+  // Whether the experts see this key (a fixed hash bucket of one in rate_).
+  bool Sampled(uint64_t gid) const {
+    uint64_t z = gid + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return ((z ^ (z >> 31)) & (rate_ - 1)) == 0;
+  }
+  // The tracked simulation the real cache follows; with sampled experts, the
+  // full copy, rebuilt first if the leader changed.
+  size_t LeadSlot() {
+    if (rate_ == 1) return Leader();
+    EnsureFull();
+    return experts_.size();
+  }
+  // The sampling rate for capacity c: the largest power of two (<= kMaxRate)
+  // that leaves the experts at least floor_ entries; 1 when floor_ is 0.
+  uint32_t RateFor(size_t c) const {
+    uint32_t r = 1;
+    if (floor_ == 0) return r;
+    while (r < kMaxRate && c / (2 * size_t{r}) >= floor_) r *= 2;
+    return r;
+  }
+  // Changes the sampling rate (an owner whose real capacity turned out far
+  // below the hint: a store class whose pages went to other classes). The
+  // experts start over holding the resident entries they sample, oldest
+  // first; their scores are kept. O(resident x experts), at most log2(kMaxRate)
+  // times in a policy's life, since the rate only falls.
+  void SetRate(uint32_t r) {
+    rate_ = r;
+    PolicyOptions xo = xo_;
+    xo.capacity_hint = SampledCap();
+    for (size_t e = 0; e < experts_.size(); ++e) experts_[e].policy = makers_[e](xo);
+    full_.reset();
+    for (List& l : diff_) l = List{};
+    uint16_t all = 0;
+    for (size_t e = 0; e < experts_.size(); ++e) all |= Bit(e);
+    for (uint32_t i = lru_.tail; i != kNil; i = nodes_[i].prev[kLru]) {
+      AccessInfo a;
+      a.priority = nodes_[i].cls;
+      if (rate_ == 1 || Sampled(nodes_[i].gid))
+        for (Expert& x : experts_) x.policy->Insert(nodes_[i].gid, a);
+      nodes_[i].in = rate_ == 1 ? all : 0;
+    }
+    if (rate_ > 1) EnsureFull();
+  }
+
+  // With sampled experts: a full simulation of the leader at capacity c. When
+  // the leader changes it starts over from the resident entries, oldest
+  // first, so it holds exactly what the real cache holds (its own history of
+  // the entries that left, ghosts and counts, is lost). O(resident) per change
+  // of leader, O(1) otherwise.
+  void EnsureFull() {
+    const size_t l = Leader();
+    if (full_ && full_for_ == l) return;
+    PolicyOptions fo = xo_;
+    fo.capacity_hint = c_;
+    full_ = makers_[l](fo);
+    full_for_ = l;
+    const size_t s = experts_.size();
+    diff_[s] = List{};
+    for (uint32_t i = lru_.tail; i != kNil; i = nodes_[i].prev[kLru]) {
+      AccessInfo a;
+      a.priority = nodes_[i].cls;
+      full_->Insert(nodes_[i].gid, a);
+      nodes_[i].in |= Bit(s);
+    }
+  }
+
   // Unlinks node i and frees it; the caller has erased it from by_id_.
   void Free(uint32_t i) {
     Node& n = nodes_[i];
     lru_.Unlink(*this, i, kLru);
-    for (size_t e = 0; e < experts_.size(); ++e)
-      if (!(n.in & Bit(e))) diff_[e].Unlink(*this, i, e);
+    for (size_t s = FirstTracked(); s < EndTracked(); ++s)
+      if (!(n.in & Bit(s))) diff_[s].Unlink(*this, i, s);
     if (auto g = by_gid_.find(n.gid); g != by_gid_.end() && g->second == i) by_gid_.erase(g);
     free_.push_back(i);
   }
@@ -273,16 +386,18 @@ class AdaptivePolicy final : public EvictionPolicy {
     return g == by_gid_.end() ? kNil : g->second;
   }
 
-  // Evicts expert e's victims until it holds at most `n` entries.
-  void Trim(size_t e, size_t n) {
-    EvictionPolicy& p = *experts_[e].policy;
+  // Evicts simulation s's victims until it holds at most `n` entries.
+  void Trim(size_t s, size_t n) {
+    EvictionPolicy& p = Sim(s);
+    const bool tracked = Tracked(s);
     while (p.size() > n) {
       const std::optional<EntryId> v = p.Victim();
       if (!v) break;
       p.Remove(*v, RemoveReason::kEvicted);
-      if (const uint32_t r = Resident(*v); r != kNil && (nodes_[r].in & Bit(e))) {
-        nodes_[r].in &= static_cast<uint16_t>(~Bit(e));
-        diff_[e].PushFront(*this, r, e);
+      if (!tracked) continue;
+      if (const uint32_t r = Resident(*v); r != kNil && (nodes_[r].in & Bit(s))) {
+        nodes_[r].in &= static_cast<uint16_t>(~Bit(s));
+        diff_[s].PushFront(*this, r, s);
       }
     }
   }
@@ -291,25 +406,38 @@ class AdaptivePolicy final : public EvictionPolicy {
   void Access(uint64_t gid, const AccessInfo& info) {
     const double w = cost_aware_ && info.cost > 0 ? info.cost : 1.0;
     chain_seen_ = chain_seen_ || info.depth > 0;
-    const double decay = 1.0 - 1.0 / window_;
-    const size_t cap = std::max<size_t>(c_, 1);
     const uint32_t resident = Resident(gid);
-    for (size_t e = 0; e < experts_.size(); ++e) {
-      Expert& x = experts_[e];
-      EvictionPolicy& p = *x.policy;
-      if (info.depth == 0) x.prefix = true;
-      x.score *= decay;
-      if (p.TouchIfPresent(gid, info)) {
-        if (x.prefix && !info.refresh) x.score += w;
-        continue;
+    if (rate_ == 1 || Sampled(gid)) {
+      // A sampled hit stands for rate_ hits, so scores keep the scale (and
+      // the margins their meaning) whatever the rate.
+      const double decay = 1.0 - static_cast<double>(rate_) / window_;
+      const double gain = w * static_cast<double>(rate_);
+      const size_t cap = SampledCap();
+      for (size_t e = 0; e < experts_.size(); ++e) {
+        Expert& x = experts_[e];
+        EvictionPolicy& p = *x.policy;
+        if (info.depth == 0) x.prefix = true;
+        x.score *= decay;
+        if (p.TouchIfPresent(gid, info)) {
+          if (x.prefix && !info.refresh) x.score += gain;
+          continue;
+        }
+        x.prefix = false;
+        if (!p.Admit(gid, info)) continue;
+        Trim(e, cap - 1);
+        p.Insert(gid, info);
+        if (rate_ == 1) Track(e, resident);
       }
-      x.prefix = false;
-      if (!p.Admit(gid, info)) continue;
-      Trim(e, cap - 1);
-      p.Insert(gid, info);
-      if (resident != kNil && !(nodes_[resident].in & Bit(e))) {
-        nodes_[resident].in |= Bit(e);
-        diff_[e].Unlink(*this, resident, e);
+    } else if (info.depth == 0) {
+      for (Expert& x : experts_) x.prefix = true;
+    }
+    if (rate_ > 1) {  // the full copy of the leader sees every key
+      const size_t s = LeadSlot();
+      EvictionPolicy& p = *full_;
+      if (!p.TouchIfPresent(gid, info) && p.Admit(gid, info)) {
+        Trim(s, std::max<size_t>(c_, 1) - 1);
+        p.Insert(gid, info);
+        Track(s, resident);
       }
     }
     const double margin = chain_seen_ ? kChainMargin : kBlockMargin;
@@ -333,6 +461,14 @@ class AdaptivePolicy final : public EvictionPolicy {
     if (best != leader_ && experts_[best].score > experts_[leader_].score * (1.0 + margin) + 1.0) leader_ = best;
   }
 
+  // Simulation s now holds the entry in node `resident` (kNil: none).
+  void Track(size_t s, uint32_t resident) {
+    if (resident != kNil && !(nodes_[resident].in & Bit(s))) {
+      nodes_[resident].in |= Bit(s);
+      diff_[s].Unlink(*this, resident, s);
+    }
+  }
+
   // How much a challenger must beat the leader by: 2% when the owner gives
   // chain positions (scores are prefix hits), 10% when it does not (scores
   // are block hits, a noisy proxy: a chain broken in another stripe or node
@@ -344,7 +480,13 @@ class AdaptivePolicy final : public EvictionPolicy {
   size_t c_;
   bool cost_aware_;
   double window_;
+  PolicyOptions xo_;                   // how the experts are made (leaf_first, no group)
+  size_t floor_ = 0;                   // PolicyOptions::shadow_sample_floor (0: never sample)
+  uint32_t rate_ = 1;                  // the experts see one key in rate_
   std::vector<Expert> experts_;
+  std::vector<ExpertMaker> makers_;    // experts_[i] was made by makers_[i]
+  std::unique_ptr<EvictionPolicy> full_;  // rate_ > 1: the leader at full capacity
+  size_t full_for_ = 0;                // ... made by makers_[full_for_]
   size_t leader_ = 0;                    // without a group
   std::shared_ptr<PolicyGroup> group_;   // with one: Leader() is its choice
   int slot_ = -1;

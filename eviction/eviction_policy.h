@@ -146,6 +146,10 @@ struct PolicyOptions {
                                       // goes right behind it in recency, so chains are evicted
                                       // deepest block first ("adaptive" sets it for its experts)
   std::shared_ptr<PolicyGroup> group;  // adaptive: decide with the other policies of this group
+  size_t shadow_sample_floor = 2048;   // adaptive: once capacity_hint / R >= this for some R = 2^k
+                                       // (<= 64), its experts simulate the keys of one hash bucket in
+                                       // R at capacity c / R, beside one full copy of the leader; 0:
+                                       // every expert simulates every key (docs/eviction.md)
 };
 
 class EvictionPolicy {

@@ -217,6 +217,7 @@ Result<ReplayResult> ReplayPolicy(const Trace& trace, std::string_view policy, s
   po.priority_classes = hints.priority_classes;
   po.aging_ns = spec.aging_ns.value_or(o.aging_ns);
   po.capacity_hint = capacity;
+  po.shadow_sample_floor = o.shadow_sample_floor;
   po.clock = &clock;
   KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> p, MakeEvictionPolicy(spec.name, po));
 

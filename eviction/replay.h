@@ -138,6 +138,7 @@ struct ReplayOptions {
   bool derive_hints = true;        // false: no priority or score hints (depth and cost are still given)
   PrefillModel model;              // FLOPs per lookup: ReplayResult::flops_*, AccessInfo::cost
   int64_t aging_ns = 60'000'000'000;  // PolicyOptions::aging_ns (the clock follows trace timestamps)
+  size_t shadow_sample_floor = PolicyOptions{}.shadow_sample_floor;  // adaptive (0: every expert sees every key)
   std::atomic<uint64_t>* progress = nullptr;  // incremented by lookups done (may be null)
   // Session closes as a client hint (a trace with "session"/"closes"): when a
   // session closes, at its last request's timestamp plus

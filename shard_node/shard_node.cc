@@ -39,6 +39,7 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
   so.policy = config.eviction.policy;
   so.policy_options.priority_classes = config.eviction.priority_classes;
   so.policy_options.aging_ns = static_cast<int64_t>(config.eviction.aging_s * 1e9);
+  so.policy_options.shadow_sample_floor = config.eviction.shadow_sample_floor;
   so.clock = clock;
   so.groups = n->policy_groups_;
   // A GPU node's device budget is one CUDA pool when a GPU is usable;

@@ -76,6 +76,7 @@ struct EvictionConfig {
   std::string policy = "adaptive";      // = kDefaultEvictionPolicy (eviction/eviction_policy.h)
   uint32_t priority_classes = 4;        // 1..kMaxPriorityClasses
   double aging_s = 60.0;                // an untouched block drops one class per aging_s (0: off)
+  uint64_t shadow_sample_floor = 2048;  // adaptive: experts sample keys once c / rate >= this (0: off)
   TierConfig tiers;                     // $.eviction.tiers
   PressureConfig pressure;              // $.eviction.pressure
 };
