@@ -174,8 +174,11 @@ class AdaptivePolicy final : public EvictionPolicy {
       // (a store class whose pages went to other classes, pinned entries, or
       // pressure). The experts shrink to what it held, their own victims first.
       c_ = std::max<size_t>(resident, 1);
-      if (RateFor(c_) < rate_) {
-        SetRate(RateFor(c_));  // too few sampled keys left for the experts to score well
+      if (rate_ > 1 && c_ < size_t{rate_} * floor_ / 2) {
+        // Too few sampled keys left for the experts to score well. Only below
+        // half the floor: an owner a few entries short of its hint (pinned
+        // entries) keeps its rate.
+        SetRate(RateFor(c_));
       } else {
         for (size_t e = 0; e < experts_.size(); ++e) Trim(e, SampledCap());
         if (full_) Trim(experts_.size(), c_);
