@@ -55,7 +55,7 @@
 //
 // Sampled shadows. On a large cache, seven full simulations cost most of an
 // access (their working sets leave the CPU caches: at 10% of the public
-// trace, 3.3 us per lookup against 0.06-0.13 us for each expert alone;
+// trace, 3.3 us per lookup against 0.05-0.13 us for each expert alone;
 // bench/bench_eviction.cc). Scores only rank the experts, so, as SHARDS-style
 // miniature simulations do, each expert simulates the keys of one hash bucket
 // in R at capacity c / R, a sampled hit counting R; R is the largest power of

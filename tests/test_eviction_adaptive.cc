@@ -8,6 +8,7 @@
 #include "eviction/eviction_policy.h"
 #include "eviction/policies.h"
 #include "eviction/score_exchange.h"
+#include "tests/eviction_contract.h"
 
 using namespace kvmesh;
 
@@ -69,6 +70,29 @@ bool Access(EvictionPolicy& p, EntryId id, size_t capacity, const AccessInfo& in
   }
   p.Insert(id, info);
   return false;
+}
+
+// `n` reads, half of a hot set of `hot` blocks, half of one-time blocks
+// numbered from `first_scan`: LRU (and every class policy, the classes being
+// equal) loses hot blocks to the scan; S3-FIFO keeps them.
+std::vector<EntryId> HotAndScan(uint64_t hot, int n, EntryId first_scan) {
+  std::mt19937_64 rng(5);
+  std::vector<EntryId> seq;
+  for (int i = 0; i < n; ++i) seq.push_back(rng() % 2 ? rng() % hot : first_scan++);
+  return seq;
+}
+
+// The hits of the second half of `seq` (after an adaptive policy settled);
+// *following: the expert it follows at the end.
+uint64_t SecondHalfHits(EvictionPolicy& p, const std::vector<EntryId>& seq, size_t capacity,
+                        std::string* following = nullptr) {
+  uint64_t hits = 0;
+  for (size_t i = 0; i < seq.size(); ++i) {
+    const bool hit = Access(p, seq[i], capacity);
+    if (i >= seq.size() / 2) hits += hit;
+  }
+  if (following) *following = std::string(p.following());
+  return hits;
 }
 
 }  // namespace
@@ -156,23 +180,11 @@ TEST_CASE("adaptive: with no hits yet it evicts exactly what lru-priority evicts
 }
 
 TEST_CASE("adaptive: follows the expert that hits most, and hits like it", "[eviction]") {
-  // A hot set of 80 blocks touched between one-time blocks, in a 100-block
-  // cache: LRU (and every class policy, the classes being equal) loses hot
-  // blocks to the scan; S3-FIFO keeps them.
+  // A hot set of 80 blocks read between one-time blocks, in a 100-block cache.
   constexpr size_t kCap = 100;
-  std::mt19937_64 rng(5);
-  std::vector<EntryId> seq;
-  EntryId next_scan = 1000;
-  for (int i = 0; i < 40000; ++i) seq.push_back(rng() % 2 ? rng() % 80 : next_scan++);
+  const std::vector<EntryId> seq = HotAndScan(80, 40000, 1000);
   auto run = [&](const std::string& name, std::string* following = nullptr) {
-    auto p = Make(name, kCap);
-    uint64_t hits = 0;
-    for (size_t i = 0; i < seq.size(); ++i) {
-      const bool hit = Access(*p, seq[i], kCap);
-      if (i >= seq.size() / 2) hits += hit;  // the second half: after the adaptive policy settled
-    }
-    if (following) *following = std::string(p->following());
-    return hits;
+    return SecondHalfHits(*Make(name, kCap), seq, kCap, following);
   };
   std::string leader;
   const uint64_t adaptive = run("adaptive", &leader);
@@ -482,40 +494,19 @@ std::unique_ptr<EvictionPolicy> MakeSampled(const std::string& name, size_t capa
 TEST_CASE("adaptive: sampled shadows keep the owner's contract, also far below the capacity hint", "[eviction]") {
   // A floor of 16 under a hint of 4096: the experts see one key in 64 beside
   // a full copy of the leader. The owner holds only 64 (a store class whose
-  // pages went elsewhere), so the experts' capacity shrinks and the rate falls
-  // on the way (to 4, as 64 / 4 = 16). Pins, erases and releases go through
-  // both the experts and the full copy.
+  // pages went elsewhere), and pins and erases leave it fewer still, so the
+  // experts' capacity shrinks and the rate falls on the way (to 1 here). Pins,
+  // erases and releases go through both the experts and the full copy.
   for (const size_t hint : {size_t{4096}, size_t{64}}) {
     INFO("hint " << hint);
     auto p = MakeSampled("adaptive", hint, 16);
-    std::set<EntryId> ref;
-    std::mt19937_64 rng(11);
-    uint64_t hits = 0;
-    for (int step = 0; step < 40000; ++step) {
-      const EntryId id = rng() % 300;
-      AccessInfo info = Info(static_cast<Priority>(rng() % 4));
-      info.key_hash = id * 2654435761u + 1;
-      const int op = static_cast<int>(rng() % 20);
-      if (op < 17) {
-        const bool hit = Access(*p, id, 64, info);
-        hits += hit;
-        REQUIRE(hit == (ref.count(id) == 1));
-        for (auto it = ref.begin(); it != ref.end();) it = p->Contains(*it) ? std::next(it) : ref.erase(it);
-        if (p->Contains(id)) ref.insert(id);
-      } else if (op < 18) {
-        p->Remove(id, rng() % 2 ? RemoveReason::kErased : RemoveReason::kPinned);
-        ref.erase(id);
-      } else if (op < 19) {
-        p->Release(id);
-        REQUIRE(p->Contains(id) == (ref.count(id) == 1));
-      } else if (auto v = p->Victim()) {
-        REQUIRE(ref.count(*v) == 1);
-        p->Remove(*v, RemoveReason::kEvicted);
-        ref.erase(*v);
-      }
-      REQUIRE(p->size() == ref.size());
-      REQUIRE(p->size() <= 64);
-    }
+    testing::ContractRun run;
+    run.keys = 300;
+    run.steps = 40000;
+    run.seed = 11;
+    run.access_weight = 17;
+    const uint64_t hits =
+        testing::CheckContract(*p, run, [&](EntryId id, const AccessInfo& info) { return Access(*p, id, 64, info); });
     CHECK(hits > 5000);  // 64 of 300 keys resident: about a fifth of the accesses hit
   }
 }
@@ -526,19 +517,9 @@ TEST_CASE("adaptive: sampled shadows follow the expert full shadows follow, and 
   // keeps the hot set and recency policies lose it. A floor of 128 makes the
   // experts sample one key in 8 (2000 / 8 = 250 entries each).
   constexpr size_t kCap = 2000;
-  std::mt19937_64 rng(5);
-  std::vector<EntryId> seq;
-  EntryId next_scan = 100000;
-  for (int i = 0; i < 200000; ++i) seq.push_back(rng() % 2 ? rng() % 1600 : next_scan++);
+  const std::vector<EntryId> seq = HotAndScan(1600, 200000, 100000);
   auto run = [&](const std::string& name, size_t floor, std::string* following = nullptr) {
-    auto p = MakeSampled(name, kCap, floor);
-    uint64_t hits = 0;
-    for (size_t i = 0; i < seq.size(); ++i) {
-      const bool hit = Access(*p, seq[i], kCap);
-      if (i >= seq.size() / 2) hits += hit;
-    }
-    if (following) *following = std::string(p->following());
-    return hits;
+    return SecondHalfHits(*MakeSampled(name, kCap, floor), seq, kCap, following);
   };
   std::string sampled_leader, full_leader;
   const uint64_t sampled = run("adaptive", 128, &sampled_leader);

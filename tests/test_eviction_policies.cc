@@ -7,6 +7,7 @@
 
 #include "eviction/eviction_policy.h"
 #include "eviction/retention.h"
+#include "tests/eviction_contract.h"
 
 using namespace kvmesh;
 
@@ -236,34 +237,12 @@ TEST_CASE("Every policy is consistent under random operations", "[eviction]") {
     INFO(name);
     ManualClock clock;
     auto p = Make(name, 64, &clock, 1'000'000'000);
-    std::set<EntryId> ref;
-    std::mt19937_64 rng(7);
-    for (int step = 0; step < 20000; ++step) {
-      clock.Advance(10'000'000);
-      const EntryId id = rng() % 200;
-      AccessInfo info = Hint(static_cast<Priority>(rng() % 4), static_cast<float>(rng() % 10));
-      info.key_hash = id * 2654435761u + 1;
-      const int op = static_cast<int>(rng() % 10);
-      if (op < 7) {
-        const bool hit = Access(*p, id, 64, nullptr, info);
-        CHECK(hit == (ref.count(id) == 1));
-        // Access may evict: resync the reference from Contains of the tracked ids.
-        for (auto it = ref.begin(); it != ref.end();) it = p->Contains(*it) ? std::next(it) : ref.erase(it);
-        if (p->Contains(id)) ref.insert(id);
-      } else if (op < 8) {
-        p->Remove(id, rng() % 2 ? RemoveReason::kErased : RemoveReason::kPinned);
-        ref.erase(id);
-      } else if (op < 9) {
-        p->Release(id);  // changes the order only
-        REQUIRE(p->Contains(id) == (ref.count(id) == 1));
-      } else if (auto v = p->Victim()) {
-        REQUIRE(ref.count(*v) == 1);
-        p->Remove(*v, RemoveReason::kEvicted);
-        ref.erase(*v);
-      }
-      REQUIRE(p->size() == ref.size());
-      REQUIRE(p->size() <= 64);
-    }
+    testing::ContractRun run;
+    run.clock = &clock;
+    run.tick_ns = 10'000'000;
+    testing::CheckContract(*p, run, [&](EntryId id, const AccessInfo& info) {
+      return Access(*p, id, 64, nullptr, info);
+    });
   }
 }
 
