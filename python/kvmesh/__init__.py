@@ -17,8 +17,10 @@ CPU, or CUDA in builds with CUDA after ``register``). Failed calls raise
 :class:`kvmesh.Error` subclasses carrying kvmesh's status code; every call
 releases the GIL while it does I/O.
 
-Engine adapters: :mod:`kvmesh.adapters.sglang` (SGLang's HiCacheStorage) and
-:mod:`kvmesh.adapters.vllm` (vLLM's KV connector v1).
+Engines load kvmesh by name: ``kvmesh.vllm.KvmeshConnector`` (vLLM's KV
+connector v1) and ``kvmesh.sglang.KvmeshStorage`` (SGLang's HiCache storage
+backend); their engine-free cores are :mod:`kvmesh.adapters.vllm` and
+:mod:`kvmesh.adapters.sglang` (docs/engines.md).
 """
 
 from ._core import (  # noqa: F401
@@ -31,6 +33,9 @@ from ._core import (  # noqa: F401
     ItemStatus,
     Region,
     Sequence,
+    chain_keys,
+    derive_keys,
+    text_keys,
 )
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
@@ -57,5 +62,5 @@ def key_from_hex(text: str) -> "tuple[int, int]":
 
 __all__ = [
     "Allocation", "Client", "EmbeddedCluster", "ItemStatus", "Region", "Sequence", "HAVE_CUDA", "HAVE_UCX", "VERSION",
-    "key_hex", "key_from_hex",
+    "key_hex", "key_from_hex", "chain_keys", "derive_keys", "text_keys",
 ] + list(_errors_all)

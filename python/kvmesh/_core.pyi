@@ -15,6 +15,21 @@ Buffer = Any
 Config = Union[str, "PathLike[str]", dict]
 """A cluster config: a path, JSON text, or a dict (docs/config.md)."""
 
+KeyArray = Any
+"""An (n, 2) uint64 numpy array of keys, one (hi, lo) row per key; every call takes it as keys."""
+
+def chain_keys(tokens: Tokens, block_tokens: int, salt: Union[bytes, str]) -> KeyArray:
+    """Chained keys of the full blocks of tokens, rooted at H('kvmesh-adapter-v1' | salt)."""
+    ...
+
+def derive_keys(keys: Any, tags: Union[bytes, str, Seq[Union[bytes, str]]]) -> KeyArray:
+    """H(key | tag) for every key and tag, key-major."""
+    ...
+
+def text_keys(texts: Seq[Union[bytes, str]], salt: Union[bytes, str]) -> KeyArray:
+    """A key for each text under salt: H('kvmesh-text-v1' | salt | 0 | text)."""
+    ...
+
 HAVE_CUDA: bool
 HAVE_UCX: bool
 VERSION: str

@@ -141,10 +141,37 @@ BlockKey ToKey(py::handle h) {
   return BlockKey{ToU64(s[0], "key hi"), ToU64(s[1], "key lo")};
 }
 
+namespace {
+
+// Keys from an (n, 2) C-contiguous buffer of 64-bit unsigned ints (a numpy
+// uint64 array, as kvmesh.derive_keys returns): one copy, no Python object
+// per key. False when `obj` is not such a buffer.
+bool KeysFromBuffer(py::handle obj, std::vector<BlockKey>* out) {
+  if (!PyObject_CheckBuffer(obj.ptr())) return false;
+  Py_buffer b;
+  if (PyObject_GetBuffer(obj.ptr(), &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> hold(&b, PyBuffer_Release);
+  std::string_view fmt = b.format ? b.format : "B";
+  if (!fmt.empty() && (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@')) fmt.remove_prefix(1);
+  if (b.ndim != 2 || b.shape[1] != 2 || b.itemsize != 8 || fmt.size() != 1 || (fmt[0] != 'Q' && fmt[0] != 'L'))
+    return false;
+  const size_t n = static_cast<size_t>(b.shape[0]);
+  out->resize(n);
+  static_assert(sizeof(BlockKey) == 16, "BlockKey is {hi, lo}");
+  if (n != 0) std::memcpy(out->data(), b.buf, n * 16);
+  return true;
+}
+
+}  // namespace
+
 std::vector<BlockKey> ToKeys(py::handle seq) {
+  std::vector<BlockKey> keys;
+  if (KeysFromBuffer(seq, &keys)) return keys;
   if (!py::isinstance<py::sequence>(seq)) Throw(InvalidArgument("keys must be a sequence of (hi, lo) pairs"));
   py::sequence s = py::reinterpret_borrow<py::sequence>(seq);
-  std::vector<BlockKey> keys;
   keys.reserve(py::len(s));
   // Each item held while it is read: iterating a py::sequence yields a
   // temporary accessor, and a py::handle taken from it dangles when the item

@@ -6,6 +6,7 @@
 #include "allocation.h"
 #include "client.h"
 #include "convert.h"
+#include "keys.h"
 #include "kvmesh/build_config.h"
 
 namespace py = pybind11;
@@ -52,6 +53,7 @@ PYBIND11_MODULE(_core, m) {
   m.attr("HAVE_UCX") = false;
 #endif
   m.attr("VERSION") = KVMESH_VERSION;
+  AddKeyFunctions(m);
 
   py::class_<ItemStatus>(m, "ItemStatus", "The result of one item of a batch (get_into, put_from).")
       .def_property_readonly(
