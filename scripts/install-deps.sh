@@ -19,6 +19,7 @@ PKGS=(
   python3-numpy python3-torch python3-pytest       # its tests and the PyTorch example
   libopenblas0-pthread       # BLAS for Debian's torch and numpy (the reference libblas3 is ~30x slower)
   python3-redis              # redis-py (asyncio): the Redis-connector test of the RESP proxy
+  python3-venv python3-pip python3-setuptools python3-wheel   # pip install . (offline) and its test
 )
 
 missing=()

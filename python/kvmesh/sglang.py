@@ -42,10 +42,13 @@ class KvmeshStorage(_core_storage.KvmeshHiCacheStorage, HiCacheStorage):
     def get_stats(self) -> Any:
         """SGLang's StorageMetrics of the batches since the last call (what
         --enable-storage-metrics logs); kvmesh's own counters: stats()."""
-        try:
-            from sglang.srt.metrics.collector import StorageMetrics  # type: ignore
+        try:  # its home in recent SGLang, then the older one
+            from sglang.srt.observability.metrics_collector import StorageMetrics  # type: ignore
         except ImportError:
-            return None
+            try:
+                from sglang.srt.metrics.collector import StorageMetrics  # type: ignore
+            except ImportError:
+                return None
         prefetch, backup, prefetch_bw, backup_bw = self.take_storage_metrics()
         return StorageMetrics(prefetch_pgs=prefetch, backup_pgs=backup, prefetch_bandwidth=prefetch_bw,
                               backup_bandwidth=backup_bw)

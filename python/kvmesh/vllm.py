@@ -1,7 +1,7 @@
 """kvmesh's KV connector for vLLM, as vLLM loads it by name.
 
     vllm serve <model> --kv-transfer-config '{"kv_connector": "KvmeshConnector",
-        "kv_connector_module_path": "kvmesh.vllm", "kv_role": "kv_both",
+        "kv_connector_module_path": "kvmesh.vllm", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"coordinator": "127.0.0.1:7070"}}'
 
 vLLM's factory imports this module (``kv_connector_module_path``) and takes

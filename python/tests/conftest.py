@@ -22,6 +22,11 @@ import pytest
 
 import kvmesh
 
+# test_pip_install.py runs test files from a venv it installed kvmesh into:
+# there, kvmesh must come from that venv, never from the build tree.
+if os.environ.get("KVMESH_EXPECT_PACKAGE_IN"):
+    assert kvmesh.__file__.startswith(os.environ["KVMESH_EXPECT_PACKAGE_IN"]), kvmesh.__file__
+
 SOURCE_DIR = os.environ.get("KVMESH_SOURCE_DIR",
                             os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 KVMESH_BIN = os.environ.get("KVMESH_BIN", os.path.join(SOURCE_DIR, "build", "bin", "kvmesh"))

@@ -33,7 +33,7 @@ from ..errors import Error
 logger = logging.getLogger(__name__)
 
 DIRECTORY_KEY = _core.text_keys(["kvmesh-adapter-directory-v1"], b"")
-MAX_ENTRIES = 32
+MAX_ENTRIES = 64
 
 
 def _entry_id(e: dict) -> str:
@@ -155,9 +155,9 @@ class Diagnoser:
         except Error as e:
             logger.debug("kvmesh: writing the adapter directory failed: %s", e)
 
-    def _others(self) -> List[dict]:
+    def _others(self, refresh_s: Optional[float] = None) -> List[dict]:
         now = time.monotonic()
-        if now - self._entries_at > self._refresh_s:
+        if now - self._entries_at > (self._refresh_s if refresh_s is None else refresh_s):
             self._entries = read_directory(self._client)
             self._entries_at = now
         me = _entry_id(self._entry)
@@ -166,7 +166,12 @@ class Diagnoser:
     def _classify(self, miss: Miss) -> str:
         if self._was_seen(miss.ident):
             return "evicted"
-        others = self._others()
+        reason = self._probe_others(miss, self._others())
+        if reason is None:  # an entry written since the last read may hold it
+            reason = self._probe_others(miss, self._others(refresh_s=1.0))
+        return reason or "no_key"
+
+    def _probe_others(self, miss: Miss, others: List[dict]) -> Optional[str]:
         probes, owners = [], []
         for e in others:
             k = miss.probe(e)
@@ -178,7 +183,7 @@ class Diagnoser:
             hits = [e for e, f in zip(owners, found) if f]
             if hits:
                 return _reason(self._entry, hits)
-        return "no_key"
+        return None
 
 
 class _Marker:

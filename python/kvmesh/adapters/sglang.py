@@ -287,21 +287,21 @@ class KvmeshHiCacheStorage:
             return 0
         plan = self._kv_plan()
         t0 = time.perf_counter()
+        errors = self.client.stats()["node_errors"]
         try:
             hit = self._leading(plan, keys)
+            down = hit < len(keys) and self.client.stats()["node_errors"] != errors
         except Error as e:
             logger.warning("kvmesh: batch_exists failed (a miss): %s", e)
-            hit = 0
-            self._stats.miss("unavailable")
-            self._stats.add(lookups=1, lookup_tokens=len(keys) * plan.page_size)
-            return 0
+            hit, down = 0, True
         self._stats.lookup_time(time.perf_counter() - t0)
         self._stats.add(lookups=1, lookup_tokens=len(keys) * plan.page_size, hit_tokens=hit * plan.page_size)
-        if self._diagnoser is not None:
-            if hit:
-                self._diagnoser.remember(list(keys[:hit]))
-            if hit < len(keys):
-                self._diagnoser.submit(self._miss(keys[hit]))
+        if down:  # a node did not answer: its pages read as misses
+            self._stats.miss("unavailable")
+        elif self._diagnoser is not None and hit < len(keys):
+            self._diagnoser.submit(self._miss(keys[hit]))
+        if self._diagnoser is not None and hit:
+            self._diagnoser.remember(list(keys[:hit]))
         return hit
 
     def exists(self, key: str) -> bool:

@@ -218,7 +218,9 @@ class KvmeshConnector:
     kv_cache_config: as vLLM passes them. Extra config
     (``kv_transfer_config.kv_connector_extra_config``): ``coordinator`` or
     ``config``, ``tenant``, ``token``, ``timeout_ms`` (the kvmesh client);
-    ``lookup`` ("sampled" | "exact"); ``layerwise`` (default true: one load
+    ``lookup`` ("sampled" | "exact"); ``lookup_timeout_ms`` (default 100: the
+    longest the scheduler thread waits for kvmesh; then the lookup is a miss);
+    ``layerwise`` (default true: one load
     and save per layer, hooks CUDA graphs cannot capture; false moves every
     layer in start_load_kv / wait_for_save); ``metrics_port`` (serve
     ``/metrics``); ``kv_cache_layout`` (the layout to ask vLLM for, default
@@ -260,7 +262,13 @@ class KvmeshConnector:
         self._tp_rank, self._tp_size, self._pp_rank, self._pp_size = _ranks(vllm_config)
         self._mla = _uses_mla(vllm_config) or any(g.kind == "mla" for g in self._groups)
         self._unsupported = [g.why for g in self._groups if g.kind == "unsupported"]
-        self._exact = extra.get("lookup", "sampled") == "exact"
+        # A hybrid model (several KV-cache groups) probes every run: vLLM at
+        # 003df29 cannot recover a load error there (its _handle_invalid_blocks
+        # reads one group and raises), so only a race with eviction between
+        # the probe and the load is left.
+        self._exact = extra.get("lookup", "exact" if len(self._groups) > 1 else "sampled") == "exact"
+        # The scheduler thread waits at most this long for a lookup (then: a miss, "unavailable").
+        self._lookup_timeout_ms = int(extra.get("lookup_timeout_ms", 100))
         self._layerwise = bool(extra.get("layerwise", True))
         rank = f"tp{self._tp_rank}/{self._tp_size}" if not self._is_scheduler else "scheduler"
         self._stats = AdapterStats("vllm", "scheduler" if self._is_scheduler else "worker", rank)
@@ -389,7 +397,8 @@ class KvmeshConnector:
         cols = self._probe_cols
         tags = [t for _, t in cols]
         keys = _core.derive_keys(chains[:blocks], tags)
-        have = np.asarray(self.client.exists_each(keys), dtype=bool).reshape(blocks, len(tags))
+        have = np.asarray(self.client.exists_each(keys, timeout_ms=self._lookup_timeout_ms), dtype=bool)
+        have = have.reshape(blocks, len(tags))
         kinds = [self._groups[g].kind if g < len(self._groups) else "full" for g, _ in cols]
         full = [i for i, k in enumerate(kinds) if k != "sliding"]
         hit = blocks
@@ -425,11 +434,14 @@ class KvmeshConnector:
             reason = "not_ready"
         else:
             chains = self._chain(request.request_id, tokens)
+            errors = self.client.stats()["node_errors"]
             try:
                 hit = self._probe(chains, blocks)
             except Error as e:
                 logger.warning("kvmesh: lookup failed (a miss): %s", e)
                 reason = "unavailable"
+            if reason is None and hit < blocks and self.client.stats()["node_errors"] != errors:
+                reason = "unavailable"  # a node did not answer: its blocks read as misses
         self._last[request.request_id] = (hit, blocks, num_computed_tokens, reason)
         self._stats.lookup_time(time.perf_counter() - t0)
         return max(0, hit * self._block_size - num_computed_tokens), False

@@ -1,0 +1,1 @@
+"""Stand-in of the ``vllm.engine`` package (argument parsing only)."""

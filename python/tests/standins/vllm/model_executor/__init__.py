@@ -1,0 +1,1 @@
+"""Stand-in of the ``vllm.model_executor`` package."""

@@ -1,0 +1,1 @@
+"""Stand-in of the ``vllm.utils`` package (only what the stand-in needs)."""

@@ -1,0 +1,1 @@
+"""Stand-in of the ``vllm.v1.attention.backends.mla`` package."""

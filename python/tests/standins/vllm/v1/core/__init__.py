@@ -1,0 +1,1 @@
+"""Stand-in of the ``vllm.v1.core`` package."""

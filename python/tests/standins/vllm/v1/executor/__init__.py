@@ -1,0 +1,3 @@
+"""Stand-in of the ``vllm.v1.executor`` package."""
+
+from .abstract import Executor  # noqa: F401
