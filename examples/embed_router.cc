@@ -1,5 +1,5 @@
 // Embedding the kvmesh router in an inference server (embedded cluster).
-// Built by CI as build/bin/example_embed_router; README shows it.
+// Built by CI as build/bin/example_embed_router; docs/guide.md shows it.
 #include <cstdio>
 #include <vector>
 

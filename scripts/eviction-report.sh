@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the eviction numbers of README.md and docs/eviction.md:
+# Reproduces the eviction numbers of docs/guide.md and docs/eviction.md:
 # `kvmesh replay --json` on the public Mooncake trace and on the held-out
 # generated traces of tests/data/traces, the markdown tables (prefix hit rate
 # with the share of the LRU-to-Belady gap closed, and prefill FLOPs saved),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the decode numbers and plot of the README:
+# Reproduces the decode numbers and plot of docs/guide.md:
 # with/without prefix reuse, the batch-size sweep drawn as
 # docs/img/decode-latency-throughput.png (gnuplot), the speculative demo, and
 # the JSON event log turned into TTFT/TPOT by scripts/decode-events.py.
