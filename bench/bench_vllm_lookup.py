@@ -100,13 +100,10 @@ def main():
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = ap.parse_args()
 
-    cfg = json.load(open(os.path.join(SOURCE_DIR, "cluster_configs", "daemons-local.json")))
+    # The README's cluster for the engines: 4 MiB slots in 8 size classes, so a run (one layer's K or
+    # V of one block: 16 x 8 x 128 x 2 B = 32 KiB) takes a 36.5 KiB chunk.
+    cfg = json.load(open(os.path.join(SOURCE_DIR, "cluster_configs", "engines-local.json")))
     cfg["nodes"] = cfg["nodes"][:args.nodes]
-    for n in cfg["nodes"]:
-        n["memory"]["host"] = "1GiB"
-    # A run (one layer's K or V of one block) is 16 x 8 x 128 x 2 B = 32 KiB: slots of that size hold
-    # one each (the 1 MiB slots of daemons-local.json would hold a run in a 1/7-slot chunk).
-    cfg["store"]["slot_bytes"] = "32KiB"
     cfg["transport"]["backend"] = args.transport
     cfg["coordinator"]["port"] = 0
     procs = []

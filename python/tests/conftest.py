@@ -31,6 +31,8 @@ SOURCE_DIR = os.environ.get("KVMESH_SOURCE_DIR",
                             os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 KVMESH_BIN = os.environ.get("KVMESH_BIN", os.path.join(SOURCE_DIR, "build", "bin", "kvmesh"))
 DAEMONS_CONFIG = os.path.join(SOURCE_DIR, "cluster_configs", "daemons-local.json")
+# The cluster the README starts for vLLM and SGLang (slots for runs of 36 KiB up to pages of 4 MiB).
+ENGINES_CONFIG = os.path.join(SOURCE_DIR, "cluster_configs", "engines-local.json")
 
 # The build's slowdown factor (cmake/KvmeshHelpers.cmake: 1, or 4 with a
 # sanitizer), as tests/test_time.h's TimeBound has it for the C++ tests.
@@ -185,6 +187,16 @@ class Daemons:
 @pytest.fixture(scope="module")
 def daemons():
     d = Daemons()
+    try:
+        yield d.start()
+    finally:
+        d.stop()
+
+
+@pytest.fixture(scope="module")
+def engine_daemons():
+    """Daemons of cluster_configs/engines-local.json, the README's cluster for the engines."""
+    d = Daemons(config=ENGINES_CONFIG)
     try:
         yield d.start()
     finally:

@@ -8,6 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import kvmesh
+
 from kvmesh.adapters.sglang import KvmeshHiCacheStorage
 
 PAGE = 16
@@ -343,3 +345,14 @@ def test_misses_say_why(client):
     assert a.batch_exists(["w0", "w1"]) == 1
     a._diagnoser.drain(5)
     assert a.stats()["misses"]["evicted"] == 1
+
+
+def test_parts_larger_than_a_slot_are_refused_without_breaking_sglang():
+    from conftest import embedded_config
+
+    with kvmesh.EmbeddedCluster(embedded_config(store={"slot_bytes": "4KiB"})) as small:
+        s = backend(small, MHAHostPool("page_first", seed=71))
+        assert s.batch_set_v1(["big"], indices([0])) == [False]
+        assert s.batch_set(["big"], [flat_page(s.mem_pool_host, 0)]) is False
+        assert s.batch_get_v1(["big"], indices([1])) == [False]
+        assert s.stats()["save_errors"] == 2

@@ -19,7 +19,7 @@ Two groups of tests:
   backend; also two backends with known bugs, to show the stand-in catches
   them. No kvmesh daemons.
 * ``test_kvmesh_*``: the shipped backend against real daemons (conftest's
-  ``daemons``): a request's pages backed up by one controller are found and
+  ``engine_daemons``: cluster_configs/engines-local.json, the README's cluster): a request's pages backed up by one controller are found and
   read back, byte for byte, by another (fresh host pool, fresh backend), for
   MHA in every layout, MLA, a Mamba hybrid; generic <-> zero-copy paths;
   context- and tensor-parallel ranks; the all_pages / trailing_pages hit
@@ -886,12 +886,12 @@ def tenant(request):
 
 
 @pytest.fixture
-def kvmesh_cfg(daemons, tenant):
+def kvmesh_cfg(engine_daemons, tenant):
     """extra_config for kvmesh's backend (a function: each controller gets its own dict)."""
 
     def make(**extra):
         cfg = {"backend_name": "kvmesh", "module_path": "kvmesh.sglang", "class_name": "KvmeshStorage",
-               "coordinator": daemons.address, "tenant": tenant}
+               "coordinator": engine_daemons.address, "tenant": tenant}
         cfg.update(extra)
         return cfg
 

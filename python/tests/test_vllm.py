@@ -557,3 +557,54 @@ def test_layerwise_off_moves_every_layer_in_start_and_wait(engines):
     for name in NAMES:
         assert torch.equal(b.kv[name][:, 7:9], a.kv[name][:, 1:3])
     b.worker.clear_connector_metadata()
+
+
+def test_a_stalled_cluster_costs_the_scheduler_a_bounded_wait():
+    """Nodes that stop answering make a lookup a miss ("unavailable") after
+    lookup_timeout_ms, never a long stall of vLLM's scheduler thread."""
+    import signal
+    import time
+
+    from conftest import Daemons
+
+    d = Daemons().start()
+    try:
+        with kvmesh.Client(d.address, tenant="tests-vllm-stall", timeout_ms=scaled(2000)) as client:
+            a = Engine(client, 90, engine="stall", lookup_timeout_ms=100)
+            try:
+                p = prompt(64, base=70000)
+                a.run("s", p, [[1, 2, 3, 4, 5]])
+                req = SimpleNamespace(request_id="s2", prompt_token_ids=p)
+                assert a.scheduler.get_num_new_matched_tokens(req, 0) == (48, False)
+                for n in d.node_ids:
+                    d.signal(n, signal.SIGSTOP)
+                t0 = time.monotonic()
+                assert a.scheduler.get_num_new_matched_tokens(req, 0) == (0, False)
+                assert time.monotonic() - t0 < scaled(1.0)
+                a.scheduler.update_state_after_alloc(req, None, 0)
+                assert a.scheduler.stats()["misses"]["unavailable"] == 1
+            finally:
+                for n in d.node_ids:
+                    d.signal(n, signal.SIGCONT)
+                a.close()
+    finally:
+        d.stop()
+
+
+def test_runs_larger_than_a_slot_are_refused_without_breaking_the_engine(caplog):
+    """A cluster whose slots are smaller than one run refuses every save: the
+    connector counts the failures and logs why once; vLLM's step goes on."""
+    from conftest import embedded_config
+
+    with kvmesh.EmbeddedCluster(embedded_config(store={"slot_bytes": "4KiB"})) as small:
+        e = Engine(small, 95, engine="small")
+        try:
+            with caplog.at_level("ERROR"):
+                assert e.run("x", prompt(40, base=80000), [[1, 2, 3]]) == 0
+                e.run("y", prompt(40, base=81000), [[4, 5, 6]])
+            s = e.worker.stats()
+            assert s["saved_blocks"] == 0 and s["save_errors"] == 2 * 2 * LAYERS
+            refused = [r for r in caplog.records if "slot_bytes" in r.getMessage()]
+            assert len(refused) == 1  # once, not once per layer and step
+        finally:
+            e.close()

@@ -14,7 +14,8 @@ byte, with what the engine computes itself, and an engine's output with a run
 without a connector.
 
 Only the vLLM contract is relied on, plus ``connector.stats()["hit_tokens"]``.
-Real daemons (conftest.py ``daemons``), a tenant per test, vLLM block size 16
+Real daemons of the README's cluster for the engines (conftest.py
+``engine_daemons``: cluster_configs/engines-local.json), a tenant per test, vLLM block size 16
 (the cluster's block_tokens).
 
 The stand-in's own self-test (python/tests/standins/vllm_selftest.py, no
@@ -116,11 +117,11 @@ def kv_transfer_config_json(daemons, tenant: str) -> str:
 
 
 @pytest.fixture
-def kvmesh_engines(daemons, request, monkeypatch):
+def kvmesh_engines(engine_daemons, request, monkeypatch):
     """make(case, tp=1, connector=True, **config) -> EngineCore; every engine of
     a test shares the test's tenant; all are shut down at the end."""
     tenant = "vllm-engine-" + re.sub(r"[^A-Za-z0-9]+", "-", request.node.name) + "-" + uuid.uuid4().hex[:8]
-    line = kv_transfer_config_json(daemons, tenant)
+    line = kv_transfer_config_json(engine_daemons, tenant)
     made = []
 
     def make(case, connector=True, **kw):

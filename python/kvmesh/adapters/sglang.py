@@ -159,6 +159,7 @@ class KvmeshHiCacheStorage:
         self.use_allocate = hasattr(client, "allocate") if use_allocate is None else bool(use_allocate)
         self._stats = AdapterStats("sglang", "storage", rank)
         self._diagnoser: Optional[Diagnoser] = None
+        self._warned: set = set()
         self._metrics_lock = threading.Lock()
         self._prefetch_pgs: List[int] = []
         self._backup_pgs: List[int] = []
@@ -325,21 +326,38 @@ class KvmeshHiCacheStorage:
                              f"{plan.name} pool)")
         return list(ptrs), sizes
 
+    def _refused(self, what: str, e: Exception, sizes: List[int]) -> None:
+        key = (what, str(e))
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.error("kvmesh: a %s of pages with parts up to %d bytes was refused: %s (the nodes' "
+                         "$.store.slot_bytes must hold the largest part: docs/engines.md, store sizing)",
+                         what, max(sizes, default=0), e)
+
     def _get_ptrs(self, plan: _Plan, keys: List[str], ptrs: List[int], sizes: List[int]) -> List[bool]:
-        res = self.client.get_into_ptrs(plan.keys(keys), ptrs, sizes)
+        try:
+            res = self.client.get_into_ptrs(plan.keys(keys), ptrs, sizes)
+        except Error as e:  # a miss for every page, never a crash of SGLang's I/O thread
+            self._refused("load", e, sizes)
+            return [False] * len(keys)
         p = plan.parts
         return [all(res[i * p + j].ok and res[i * p + j].size == sizes[i * p + j] for j in range(p))
                 for i in range(len(keys))]
 
     def _set_ptrs(self, plan: _Plan, keys: List[str], ptrs: List[int], sizes: List[int]) -> List[bool]:
         part_keys = plan.keys(keys)
-        have = self.client.exists_each(part_keys)
-        todo = [i for i, h in enumerate(have) if not h]
         ok = [True] * len(part_keys)
-        if todo:
-            res = self.client.put_from_ptrs(part_keys[todo], [ptrs[i] for i in todo], [sizes[i] for i in todo])
-            for i, r in zip(todo, res):
-                ok[i] = r.ok
+        try:
+            have = self.client.exists_each(part_keys)
+            todo = [i for i, h in enumerate(have) if not h]
+            if todo:
+                res = self.client.put_from_ptrs(part_keys[todo], [ptrs[i] for i in todo],
+                                                [sizes[i] for i in todo])
+                for i, r in zip(todo, res):
+                    ok[i] = r.ok
+        except Error as e:  # not stored (a later miss), never a crash of SGLang's backup thread
+            self._refused("save", e, sizes)
+            return [False] * len(keys)
         p = plan.parts
         return [all(ok[i * p:(i + 1) * p]) for i in range(len(keys))]
 
@@ -382,6 +400,16 @@ class KvmeshHiCacheStorage:
 
     def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None,
                   target_sizes: Any = None) -> bool:
+        """True when every page was stored (False, never an exception, when
+        kvmesh refuses: SGLang's backup thread would die of one)."""
+        try:
+            return self._batch_set(keys, values, target_locations, target_sizes)
+        except Error as e:
+            self._refused("save", e, self._plans[KV].sizes if KV in self._plans else [])
+            self._stats.add(save_errors=len(keys))
+            return False
+
+    def _batch_set(self, keys: List[str], values: Any, target_locations: Any, target_sizes: Any) -> bool:
         """True when every page was stored. A value the size of a page is
         stored as the page's parts (the zero-copy path finds it); any other
         value, or one by address, as one value of its own (not a page:
@@ -421,6 +449,16 @@ class KvmeshHiCacheStorage:
                               None if target_sizes is None else [target_sizes])
 
     def batch_get(self, keys: List[str], target_locations: Any = None, target_sizes: Any = None) -> List[Any]:
+        """One entry per key: the filled target, or None on a miss (every one
+        when kvmesh refuses the call)."""
+        try:
+            return self._batch_get(keys, target_locations, target_sizes)
+        except Error as e:
+            self._refused("load", e, self._plans[KV].sizes if KV in self._plans else [])
+            self._stats.add(load_errors=len(keys))
+            return [None] * len(keys)
+
+    def _batch_get(self, keys: List[str], target_locations: Any, target_sizes: Any) -> List[Any]:
         """One entry per key: the filled target, or None on a miss. Targets are
         tensors (SGLang's dummy flat pages: filled from the page's parts), or
         addresses in registered memory with target_sizes. Without targets the
@@ -524,28 +562,36 @@ class KvmeshHiCacheStorage:
                 out[name] = []
                 continue
             t0 = time.perf_counter()
-            if plan.zero_copy:
-                ptrs, sizes = self._meta(pool, plan, len(keys), idx)
-                ok = self._get_ptrs(plan, keys, ptrs, sizes) if load else self._set_ptrs(plan, keys, ptrs, sizes)
-            else:  # through the pool's flat pages
-                ok = []
-                for i, k in enumerate(keys):
-                    at = idx[i * plan.page_size]
-                    if load:
-                        page = pool.get_dummy_flat_data_page()
-                        cuts = self._cuts(plan, page)
-                        res = self.client.get_into(plan.keys([k]), cuts)
-                        good = all(r.ok for r in res)
-                        if good:
-                            pool.set_from_flat_data_page(at, page)
-                    else:
-                        res = self.client.put_from(plan.keys([k]), self._cuts(plan, pool.get_data_page(at, flat=True)))
-                        good = all(r.ok for r in res)
-                    ok.append(good)
-                sizes = plan.sizes * len(keys)
+            try:
+                ok, sizes = self._pool_move(pool, plan, keys, idx, load)
+            except Error as e:
+                self._refused("load" if load else "save", e, plan.sizes)
+                ok, sizes = [False] * len(keys), []
             self._moved(ok, sum(sizes), time.perf_counter() - t0, load=load)
             out[name] = ok
         return out
+
+    def _pool_move(self, pool: Any, plan: _Plan, keys: List[str], idx: Any,
+                   load: bool) -> Tuple[List[bool], List[int]]:
+        """One transfer of a v2 pool: zero copy through its page meta, else through its flat pages."""
+        if plan.zero_copy:
+            ptrs, sizes = self._meta(pool, plan, len(keys), idx)
+            ok = self._get_ptrs(plan, keys, ptrs, sizes) if load else self._set_ptrs(plan, keys, ptrs, sizes)
+            return ok, sizes
+        ok = []
+        for i, k in enumerate(keys):
+            at = idx[i * plan.page_size]
+            if load:
+                page = pool.get_dummy_flat_data_page()
+                res = self.client.get_into(plan.keys([k]), self._cuts(plan, page))
+                good = all(r.ok for r in res)
+                if good:
+                    pool.set_from_flat_data_page(at, page)
+            else:
+                res = self.client.put_from(plan.keys([k]), self._cuts(plan, pool.get_data_page(at, flat=True)))
+                good = all(r.ok for r in res)
+            ok.append(good)
+        return ok, plan.sizes * len(keys)
 
     def batch_get_v2(self, transfers: Any, extra_info: Any = None) -> Dict[str, List[bool]]:
         return self._pool_io(transfers, load=True)

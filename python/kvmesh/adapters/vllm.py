@@ -672,7 +672,12 @@ class KvmeshConnector:
         keys, ptrs, owners, n = self._moves(layer, transfers)
         if not owners:
             return set()
-        res = self.client.get_into_ptrs(keys, ptrs, layer.run_bytes)
+        try:
+            res = self.client.get_into_ptrs(keys, ptrs, layer.run_bytes)
+        except Error as e:  # the whole call refused: every block of it is a load error, never a crash
+            _warn_once(self, "load", e, layer.run_bytes)
+            self._stats.add(load_errors=len(owners))
+            return set(owners)
         bad = {owners[i // n] for i, r in enumerate(res) if not r.ok or r.size != layer.run_bytes}
         self._stats.add(loaded_blocks=len(owners) - len(bad), load_errors=len(bad))
         return bad
@@ -682,7 +687,12 @@ class KvmeshConnector:
         keys, ptrs, owners, n = self._moves(layer, transfers)
         if not owners:
             return 0
-        res = self.client.put_from_ptrs(keys, ptrs, layer.run_bytes)
+        try:
+            res = self.client.put_from_ptrs(keys, ptrs, layer.run_bytes)
+        except Error as e:  # a later miss, never a crash of the engine
+            _warn_once(self, "save", e, layer.run_bytes)
+            self._stats.add(save_errors=len(owners))
+            return len(owners)
         failed = len({i // n for i, r in enumerate(res) if not r.ok})
         self._stats.add(saved_blocks=len(owners) - failed, save_errors=failed)
         return failed
@@ -761,6 +771,18 @@ class KvmeshConnector:
         self._registered = {}
         if self._owns_client:
             self.client.close()
+
+
+def _warn_once(owner: Any, what: str, e: Exception, run_bytes: int) -> None:
+    """Logs a refused transfer once per kind and message (a misconfigured
+    cluster refuses every one: the log says why once)."""
+    seen = owner.__dict__.setdefault("_warned", set())
+    key = (what, str(e))
+    if key in seen:
+        return
+    seen.add(key)
+    logger.error("kvmesh: a %s of %d-byte runs was refused: %s (the nodes' $.store.slot_bytes must be at least "
+                 "one run: docs/engines.md, store sizing)", what, run_bytes, e)
 
 
 @dataclass
