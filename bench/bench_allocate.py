@@ -12,6 +12,7 @@ one get_into call of --batch blocks, and the ratio is register / allocate.
 """
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -53,6 +54,40 @@ def start(binary, args, timeout_s=15.0):
     raise RuntimeError(f"{' '.join(args[:1])} did not start")
 
 
+@contextlib.contextmanager
+def daemons(binary, cfg, timeout_s=15.0):
+    """A coordinator and cfg's nodes started from a temporary copy of cfg (its
+    coordinator port is made 0: a free one); yields the coordinator's
+    "host:port" once every node is listed, SIGKILLs them all at the end."""
+    cfg = dict(cfg, coordinator=dict(cfg["coordinator"], port=0))
+    procs = []
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(cfg, f)
+        f.flush()
+        try:
+            p, ev = start(binary, ["coordinator", "--config", f.name, "--port", "0"])
+            procs.append(p)
+            coordinator = f"127.0.0.1:{ev['ports']['http']}"
+            for n in cfg["nodes"]:
+                procs.append(start(binary, ["node", "--config", f.name, "--id", n["id"],
+                                            "--coordinator", coordinator])[0])
+            end = time.monotonic() + timeout_s
+            while time.monotonic() < end:
+                with urllib.request.urlopen(f"http://{coordinator}/nodes", timeout=1) as r:
+                    if len(json.loads(r.read())["nodes"]) == len(cfg["nodes"]):
+                        break
+                time.sleep(0.05)
+            yield coordinator
+        finally:
+            for p in procs:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+                p.stdout.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--transport", choices=["ucx", "tcp"], default="ucx" if kvmesh.HAVE_UCX else "tcp")
@@ -68,33 +103,8 @@ def main():
     cfg["model"]["num_layers"] = 16  # 16 layers x K,V x 4 heads x 16 tokens x 64 dims x fp16 = 256 KiB
     cfg["nodes"] = cfg["nodes"][:args.nodes]
     cfg["transport"]["backend"] = args.transport
-    cfg["coordinator"]["port"] = 0
-    procs = []
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
-        json.dump(cfg, f)
-        f.flush()
-        try:
-            p, ev = start(args.kvmesh_bin, ["coordinator", "--config", f.name, "--port", "0"])
-            procs.append(p)
-            coordinator = f"127.0.0.1:{ev['ports']['http']}"
-            for n in cfg["nodes"]:
-                procs.append(start(args.kvmesh_bin, ["node", "--config", f.name, "--id", n["id"],
-                                                     "--coordinator", coordinator])[0])
-            end = time.monotonic() + 15
-            while time.monotonic() < end:
-                with urllib.request.urlopen(f"http://{coordinator}/nodes", timeout=1) as r:
-                    if len(json.loads(r.read())["nodes"]) == args.nodes:
-                        break
-                time.sleep(0.05)
-            run(coordinator, args)
-        finally:
-            for p in procs:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait()
-                p.stdout.close()
+    with daemons(args.kvmesh_bin, cfg) as coordinator:
+        run(coordinator, args)
 
 
 def run(coordinator, args):

@@ -22,22 +22,19 @@ p99) over --rounds calls of each.
 import argparse
 import json
 import os
-import signal
 import statistics
 import sys
-import tempfile
 import time
 from types import SimpleNamespace
 
 import torch
 
-import kvmesh
 from kvmesh.adapters.vllm import KvmeshConnector
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from bench_allocate import start  # noqa: E402
+from bench_allocate import daemons  # noqa: E402
 
 LAYERS, HEADS, DIM, BS = 32, 8, 128, 16
 
@@ -105,33 +102,11 @@ def main():
     cfg = json.load(open(os.path.join(SOURCE_DIR, "cluster_configs", "engines-local.json")))
     cfg["nodes"] = cfg["nodes"][:args.nodes]
     cfg["transport"]["backend"] = args.transport
-    cfg["coordinator"]["port"] = 0
-    procs = []
     blocks = args.tokens // BS
     prompts = [[(7919 * i + 104729 * j) % 32000 for j in range(args.tokens)] for i in range(args.prompts)]
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
-        json.dump(cfg, f)
-        f.flush()
-        try:
-            p, ev = start(args.kvmesh_bin, ["coordinator", "--config", f.name, "--port", "0"])
-            procs.append(p)
-            coordinator = f"127.0.0.1:{ev['ports']['http']}"
-            for n in cfg["nodes"]:
-                procs.append(start(args.kvmesh_bin, ["node", "--config", f.name, "--id", n["id"], "--coordinator",
-                                                     coordinator])[0])
-            with kvmesh.Client(coordinator) as c:
-                end = time.monotonic() + 15
-                while c.num_nodes < args.nodes and time.monotonic() < end:
-                    time.sleep(0.05)
-            saved = store(coordinator, prompts, blocks)
-            result = measure(coordinator, prompts, blocks, args.rounds)
-        finally:
-            for p in procs:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                    p.wait(timeout=10)
-                except (ProcessLookupError, OSError):
-                    pass
+    with daemons(args.kvmesh_bin, cfg) as coordinator:
+        saved = store(coordinator, prompts, blocks)
+        result = measure(coordinator, prompts, blocks, args.rounds)
     result.update(tokens=args.tokens, blocks=blocks, layers=LAYERS, transport=args.transport, nodes=args.nodes,
                   rounds=args.rounds, saved_blocks=saved)
     if args.json:

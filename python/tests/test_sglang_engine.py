@@ -55,6 +55,7 @@ from sglang.srt.managers.standin_scheduler import StandinScheduler  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     STORAGE_BATCH_SIZE,
     HiCacheFile,
+    file_config_suffix,
     HiCacheStorage,
     HiCacheStorageConfig,
     PoolHitPolicy,
@@ -310,14 +311,7 @@ class DictBackend(HiCacheStorage):
         assert kwargs == {}, kwargs
         self.storage_config, self.calls = storage_config, []
         c = storage_config
-        suffix = "_" + "-".join((c.model_name or "").split("/"))
-        if not c.is_mla_model:
-            suffix += f"_{c.tp_rank}_{c.tp_size}"
-        if c.pp_size > 1:
-            suffix += f"_{c.pp_size}_{c.pp_rank}"
-        if c.attn_cp_size > 1:
-            suffix += f"_cp{c.attn_cp_rank}_{c.attn_cp_size}"
-        self.suffix = suffix
+        self.suffix = file_config_suffix(c)  # namespaced as HiCacheFile does
         with _STORES_LOCK:
             self.store = _STORES.setdefault(c.extra_config["store"], {})
         self.lock = _STORES_LOCK

@@ -10,7 +10,6 @@ import json
 import urllib.request
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 

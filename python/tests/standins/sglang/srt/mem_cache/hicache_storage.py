@@ -238,21 +238,25 @@ class HiCacheStorage(ABC):
         return None
 
 
+def file_config_suffix(c: "HiCacheStorageConfig") -> str:
+    """HiCacheFile's namespace of a rank: model, tp rank (not for MLA), pp, attn cp."""
+    suffix = "_" + ("-".join(c.model_name.split("/")) if c.model_name else "")
+    if not c.is_mla_model:
+        suffix += f"_{c.tp_rank}_{c.tp_size}"
+    if c.pp_size > 1:
+        suffix += f"_{c.pp_size}_{c.pp_rank}"
+    if c.attn_cp_size > 1:
+        suffix += f"_cp{c.attn_cp_rank}_{c.attn_cp_size}"
+    return suffix
+
+
 class HiCacheFile(HiCacheStorage):
     """The built-in ``file`` backend, small version (module docstring)."""
 
     def __init__(self, storage_config: HiCacheStorageConfig, file_path: str = "/tmp/hicache"):
         self.file_path = os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or file_path
         c = storage_config
-        model = "-".join(c.model_name.split("/")) if c.model_name else ""
-        suffix = f"_{model}"
-        if not c.is_mla_model:
-            suffix += f"_{c.tp_rank}_{c.tp_size}"
-        if c.pp_size > 1:
-            suffix += f"_{c.pp_size}_{c.pp_rank}"
-        if c.attn_cp_size > 1:
-            suffix += f"_cp{c.attn_cp_rank}_{c.attn_cp_size}"
-        self.config_suffix = suffix
+        self.config_suffix = file_config_suffix(c)
         if not os.path.exists(self.file_path) and c.tp_rank == 0 and c.attn_cp_rank == 0:
             os.makedirs(self.file_path, exist_ok=True)
 
