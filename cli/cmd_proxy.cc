@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/daemon_signals.h"
+#include "common/bounded_json.h"
 #include "common/credentials.h"
 #include "kvmesh/config.h"
 #include "kvmesh/network.h"
@@ -32,8 +33,9 @@ Result<RespClusterStats> CoordinatorStats(const std::string& host, uint16_t port
   h.tls = std::move(tls);
   KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/stats", "", timeout_ms, h));
   if (r.status != 200) return Unavailable("coordinator /stats: HTTP " + std::to_string(r.status));
-  nlohmann::json j = nlohmann::json::parse(r.body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Unavailable("coordinator /stats: not JSON");
+  // Bounded in depth before "totals" is copied (common/bounded_json.h).
+  const nlohmann::json j = ParseBoundedJson(r.body).value_or(nlohmann::json());
+  if (!j.is_object()) return Unavailable("coordinator /stats: not JSON");
   RespClusterStats s;
   try {  // a field of another type throws: never past this function (it runs on a proxy worker)
     s.nodes = j.value("live_nodes", uint64_t{0});
@@ -115,6 +117,7 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
     o.tenants = auth.tenants;
     o.tls = c->tls;  // node links; the client port too unless $.resp.tls is false
     o.client_tls = c->resp.tls;
+    o.limits = c->limits;  // connections, timeouts, what a client may send before AUTH, answers held
     o.map = [nc] { return nc->router().map(); };
     o.refresh = [nc] { return nc->Refresh(); };
     std::shared_ptr<const TlsClientContext> stats_tls;

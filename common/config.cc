@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/bounded_json.h"
 #include "common/config_auth.h"
 #include "common/json_reader.h"
 
@@ -11,6 +12,8 @@ namespace kvmesh {
 namespace {
 
 using nlohmann::json;
+
+constexpr size_t kMaxConfigDepth = 64;  // the deepest real config is 4 levels
 
 std::string Idx(const std::string& path, size_t i) { return path + "[" + std::to_string(i) + "]"; }
 
@@ -343,6 +346,41 @@ Status ReadSequences(const json& j, SequencesConfig* q) {
   return Status::Ok();
 }
 
+Status ReadLimits(const json& j, LimitsConfig* l) {
+  ObjectReader r(j, "$.limits");
+  r.Optional("max_connections", &l->max_connections)
+      .Optional("max_connections_per_peer", &l->max_connections_per_peer)
+      .Size("preauth_max_bytes", &l->preauth_max_bytes, false)
+      .Optional("handshake_timeout_ms", &l->handshake_timeout_ms)
+      .Optional("read_timeout_ms", &l->read_timeout_ms)
+      .Optional("write_timeout_ms", &l->write_timeout_ms)
+      .Optional("idle_timeout_ms", &l->idle_timeout_ms)
+      .Size("max_pending_answer_bytes", &l->max_pending_answer_bytes, false);
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  constexpr int64_t kDay = int64_t{24} * 3600 * 1000;
+  auto range = [](const char* key, int64_t v, int64_t lo, int64_t hi, const char* what) -> Status {
+    if (v < lo || v > hi)
+      return InvalidArgument(std::string("$.limits.") + key + ": must be in " + std::to_string(lo) + ".." +
+                             std::to_string(hi) + what + ", got " + std::to_string(v));
+    return Status::Ok();
+  };
+  KVMESH_RETURN_IF_ERROR(range("max_connections", l->max_connections, 1, 1 << 20, ""));
+  KVMESH_RETURN_IF_ERROR(range("max_connections_per_peer", l->max_connections_per_peer, 1, 1 << 20, ""));
+  if (l->max_connections_per_peer > l->max_connections)
+    return InvalidArgument("$.limits.max_connections_per_peer: must be at most max_connections (" +
+                           std::to_string(l->max_connections) + "), got " + std::to_string(l->max_connections_per_peer));
+  if (l->preauth_max_bytes < 1024 || l->preauth_max_bytes > (16u << 20))
+    return InvalidArgument("$.limits.preauth_max_bytes: must be in 1KiB..16MiB, got " + std::to_string(l->preauth_max_bytes));
+  KVMESH_RETURN_IF_ERROR(range("handshake_timeout_ms", l->handshake_timeout_ms, 1, kDay, " (1 day)"));
+  KVMESH_RETURN_IF_ERROR(range("read_timeout_ms", l->read_timeout_ms, 1, kDay, " (1 day)"));
+  KVMESH_RETURN_IF_ERROR(range("write_timeout_ms", l->write_timeout_ms, 1, kDay, " (1 day)"));
+  KVMESH_RETURN_IF_ERROR(range("idle_timeout_ms", l->idle_timeout_ms, 0, 30 * kDay, " (0: never; 30 days)"));
+  if (l->max_pending_answer_bytes < (64u << 10) || l->max_pending_answer_bytes > (1ull << 32))
+    return InvalidArgument("$.limits.max_pending_answer_bytes: must be in 64KiB..4GiB, got " +
+                           std::to_string(l->max_pending_answer_bytes));
+  return Status::Ok();
+}
+
 }  // namespace
 
 const NodeConfig* ClusterConfig::FindNode(std::string_view id) const {
@@ -352,8 +390,13 @@ const NodeConfig* ClusterConfig::FindNode(std::string_view id) const {
 }
 
 Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source) {
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false,
-                       /*ignore_comments=*/true);
+  // No real config is more than a few levels deep; a deeper one is refused
+  // before anything copies or dumps its values into a message (both recurse
+  // once per level: 200,000 levels overflowed the stack).
+  Result<json> bounded = ParseBoundedJson(text, kMaxConfigDepth, /*ignore_comments=*/true);
+  if (!bounded.ok() && bounded.status().message() != "not valid JSON")
+    return InvalidArgument("$: " + bounded.status().message());
+  json j = bounded.ok() ? std::move(bounded).value() : json(json::value_t::discarded);
   if (j.is_discarded()) {
     // Re-parse with exceptions only to get the position of the syntax error.
     try {
@@ -417,6 +460,7 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
   if (const json* k = r.Child("resp")) KVMESH_RETURN_IF_ERROR(ReadResp(*k, &c.resp));
   if (const json* k = r.Child("codec")) KVMESH_RETURN_IF_ERROR(ReadCodec(*k, c.model.num_layers, &c.codec));
   if (const json* q = r.Child("sequences")) KVMESH_RETURN_IF_ERROR(ReadSequences(*q, &c.sequences));
+  if (const json* l = r.Child("limits")) KVMESH_RETURN_IF_ERROR(ReadLimits(*l, &c.limits));
   KVMESH_RETURN_IF_ERROR(r.Finish());
   if (c.store.slot_bytes != 0 && c.store.slot_bytes < 64)
     return InvalidArgument("$.store.slot_bytes: must be at least 64 bytes");

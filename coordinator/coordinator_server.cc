@@ -24,12 +24,14 @@ class Coordinator final : public CoordinatorServer {
   ~Coordinator() override { Stop(); }
 
   Status Start(uint16_t port) {
-    HttpTls tls;
+    HttpServerOptions o;
     if (config_.tls.enabled()) {
-      KVMESH_ASSIGN_OR_RETURN(tls, MakeTlsServerContext(config_.tls, config_.tls.client_auth == "all"));
+      KVMESH_ASSIGN_OR_RETURN(o.tls, MakeTlsServerContext(config_.tls, config_.tls.client_auth == "all"));
     }
+    // Credentials and each route's body limit are decided on a request's head, before its body is read.
+    o.head_check = [this](const HttpServerRequest& head) { return members_.Admit(head); };
     auto s = HttpServer::Start(config_.coordinator.host, port,
-                               [this](const HttpServerRequest& r) { return members_.Handle(r); }, std::move(tls));
+                               [this](const HttpServerRequest& r) { return members_.Handle(r); }, std::move(o));
     if (!s.ok()) return s.status();
     http_ = std::move(*s);
     reaper_ = std::thread([this] { Reap(); });

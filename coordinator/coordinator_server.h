@@ -20,9 +20,13 @@
 // With a cluster secret ($.auth.token) every endpoint but /healthz needs
 // `Authorization: Bearer <secret>`; GET /map also takes a tenant's
 // `Authorization: Basic` (transport/http_auth.h). A refused request is
-// answered 401 (no or malformed credentials) or 403 (wrong ones) before its
-// body is read, changes nothing, and is logged as an {"event":"auth_refused"}
+// answered 401 (no or malformed credentials) or 403 (wrong ones) on its head,
+// before its body is read (a chunked body's trailer never carries
+// credentials), changes nothing, and is logged as an {"event":"auth_refused"}
 // line on stderr (at most 20 a second; "suppressed" counts the rest).
+// Bodies are bounded per route (413 at the head), JSON in depth (400), and a
+// heartbeat's stats are reduced to the counters /stats sums
+// (coordinator/membership.h; docs/security.md, "Resource limits").
 //
 // Every membership change (a node joins, rejoins with new ports, leaves, or
 // misses heartbeats for dead_after_ms) advances the epoch by one. The first

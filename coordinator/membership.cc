@@ -1,11 +1,14 @@
 #include "coordinator/membership.h"
 
+#include <cctype>
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "common/json_reader.h"
 #include "eviction/score_exchange.h"
 #include "router/map_json.h"
@@ -22,13 +25,45 @@ int64_t UnixMs() {
       .count();
 }
 
+// A heartbeat's node counters: only kHeartbeatCounters, as last reported.
+using Counters = std::map<std::string, uint64_t>;
+
 struct Member {
   ShardInfo info;
   std::string ucx;  // hex UCX worker address ("" without UCX)
   SteadyClock::time_point last;
-  json stats = json::object();
+  Counters stats;       // never a client's JSON: the counters it reported, nothing else
   PeerScores eviction;  // its eviction groups' scores, as last sent (eviction/score_exchange.h)
 };
+
+// "$.stats" of a heartbeat: an object whose known counters are non-negative
+// integers; other keys are dropped (a newer node may send more).
+Result<Counters> ParseCounters(const json& j) {
+  if (!j.is_object()) return InvalidArgument("$.stats: must be an object of counters");
+  Counters out;
+  for (const char* name : kHeartbeatCounters) {
+    auto it = j.find(name);
+    if (it == j.end()) continue;
+    if (!it->is_number_unsigned())
+      return InvalidArgument(std::string("$.stats.") + name + ": must be a non-negative integer");
+    out[name] = it->get<uint64_t>();
+  }
+  return out;
+}
+
+bool IsHex(const std::string& s) {
+  for (char c : s)
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+// The largest body each route takes (membership.h).
+uint64_t BodyLimit(const std::string& method, const std::string& path) {
+  if (method != "POST") return 0;
+  if (path == "/heartbeat") return kMaxHeartbeatBodyBytes;
+  if (path == "/register") return kMaxRegisterBodyBytes;
+  return kMaxSmallBodyBytes;
+}
 
 }  // namespace
 
@@ -74,9 +109,9 @@ struct Membership::Impl {
     return HttpAccess::kAdmin;
   }
 
-  HttpServerResponse Handle(const HttpServerRequest& r) {
-    std::string path = r.target.substr(0, r.target.find('?'));
-    // Checked before the body is read: a refused request changes nothing.
+  // The refusal of a request whose credentials do not allow it (counted and
+  // logged), or nothing. Needs the head only.
+  std::optional<HttpServerResponse> Authorize(const HttpServerRequest& r, const std::string& path) {
     const bool admin_cert = config.tls.enabled() && config.tls.client_auth != "none";  // mutual TLS for nodes
     if (HttpAuthDecision d = AuthorizeHttp(config.auth, r, AccessFor(r.method, path), admin_cert); !d.allowed) {
       uint64_t suppressed = 0;
@@ -92,6 +127,24 @@ struct Membership::Impl {
       }
       return RefusalResponse(d);
     }
+    return std::nullopt;
+  }
+
+  HttpHeadDecision Admit(const HttpServerRequest& head) {
+    const std::string path = head.target.substr(0, head.target.find('?'));
+    HttpHeadDecision d;
+    d.refuse = Authorize(head, path);
+    d.max_body_bytes = BodyLimit(head.method, path);
+    return d;
+  }
+
+  HttpServerResponse Handle(const HttpServerRequest& r) {
+    std::string path = r.target.substr(0, r.target.find('?'));
+    // Checked before the body is read (over HTTP, Admit already did on the
+    // head): a refused request changes nothing.
+    if (auto refused = Authorize(r, path)) return std::move(*refused);
+    if (const uint64_t limit = BodyLimit(r.method, path); r.body.size() > limit)
+      return Json(413, {{"error", "request body larger than " + std::to_string(limit) + " bytes"}});
     if (r.method == "GET") {
       if (path == "/healthz") return {200, "text/plain", "ok\n"};
       if (path == "/map") return {200, "application/json", MapJson() + "\n"};
@@ -100,11 +153,16 @@ struct Membership::Impl {
       return Json(404, {{"error", "no such endpoint: " + path}});
     }
     if (r.method != "POST") return Json(405, {{"error", "use GET or POST"}});
-    json body = json::parse(r.body, nullptr, false);
-    if (body.is_discarded() || !body.is_object() || !body.contains("id") || !body["id"].is_string() ||
-        body["id"].get<std::string>().empty())
+    // Bounded in depth before anything copies or dumps it (common/bounded_json.h).
+    Result<json> parsed = ParseBoundedJson(r.body, kMaxNetworkJsonDepth);
+    if (!parsed.ok() && parsed.status().message() != "not valid JSON")
+      return Json(400, {{"error", "bad body: " + parsed.status().message()}});
+    json body = parsed.ok() ? std::move(parsed).value() : json();
+    if (!body.is_object() || !body.contains("id") || !body["id"].is_string() || body["id"].get<std::string>().empty())
       return Json(400, {{"error", "body must be a JSON object with a non-empty string \"id\""}});
     const std::string id = body["id"].get<std::string>();
+    if (id.size() > kMaxNodeIdBytes)
+      return Json(400, {{"error", "$.id: longer than " + std::to_string(kMaxNodeIdBytes) + " bytes"}});
     if (path == "/register") return Register(id, body);
     if (path == "/heartbeat") {
       // Eviction groups' scores (eviction/score_exchange.h): the answer
@@ -115,11 +173,17 @@ struct Membership::Impl {
         if (!e.ok()) return Json(400, {{"error", "bad heartbeat: " + e.status().message()}});
         eviction = std::move(e).value();
       }
+      std::optional<Counters> stats;
+      if (body.contains("stats")) {
+        Result<Counters> s = ParseCounters(body["stats"]);
+        if (!s.ok()) return Json(400, {{"error", "bad heartbeat: " + s.status().message()}});
+        stats = std::move(s).value();
+      }
       std::lock_guard<std::mutex> lock(mu);
       auto it = members.find(id);
       if (it == members.end()) return Json(404, {{"error", "unknown node " + id + ": register again"}, {"epoch", epoch}});
       it->second.last = SteadyClock::now();
-      if (body.contains("stats") && body["stats"].is_object()) it->second.stats = body["stats"];
+      if (stats) it->second.stats = std::move(*stats);
       it->second.eviction = std::move(eviction);
       json answer = {{"epoch", epoch}};
       if (!it->second.eviction.empty()) {
@@ -162,10 +226,16 @@ struct Membership::Impl {
     }
     if (r.ok() && !(s.weight > 0)) r.Fail("weight", "must be > 0");
     if (r.ok() && s.host.empty()) r.Fail("host", "must not be empty");
+    if (r.ok() && s.host.size() > kMaxHostBytes) r.Fail("host", "longer than " + std::to_string(kMaxHostBytes) + " bytes");
+    if (r.ok() && ucx.size() > kMaxUcxAddressBytes)
+      r.Fail("ucx", "longer than " + std::to_string(kMaxUcxAddressBytes) + " hex digits");
+    if (r.ok() && !IsHex(ucx)) r.Fail("ucx", "must be hex digits (the UCX worker address)");
     if (Status st = r.Finish(); !st.ok()) return Json(400, {{"error", "bad registration: " + st.message()}});
     std::lock_guard<std::mutex> lock(mu);
     auto it = members.find(id);
     const bool rejoin = it != members.end();
+    if (!rejoin && members.size() >= kMaxMembers)
+      return Json(503, {{"error", "too many members (at most " + std::to_string(kMaxMembers) + ")"}});
     if (!rejoin || it->second.info.host != s.host || it->second.info.ports.data != s.ports.data ||
         it->second.info.weight != s.weight) {
       ++epoch;
@@ -212,9 +282,12 @@ struct Membership::Impl {
     json per = json::object();
     json totals = json::object();
     for (const auto& [id, m] : members) {
-      per[id] = m.stats;
-      for (auto it = m.stats.begin(); it != m.stats.end(); ++it)
-        if (it->is_number_unsigned()) totals[it.key()] = totals.value(it.key(), uint64_t{0}) + it->get<uint64_t>();
+      json mine = json::object();
+      for (const auto& [name, v] : m.stats) {
+        mine[name] = v;
+        totals[name] = totals.value(name, uint64_t{0}) + v;
+      }
+      per[id] = std::move(mine);
     }
     return {{"epoch", epoch}, {"live_nodes", members.size()}, {"registrations", registrations},
             {"removals", removals}, {"auth_refused", auth_refused}, {"totals", totals}, {"nodes", per}};
@@ -226,6 +299,7 @@ Membership::Membership(const ClusterConfig& config, EventSink sink)
 Membership::~Membership() = default;
 
 HttpServerResponse Membership::Handle(const HttpServerRequest& r) { return impl_->Handle(r); }
+HttpHeadDecision Membership::Admit(const HttpServerRequest& head) { return impl_->Admit(head); }
 
 void Membership::Reap(SteadyClock::time_point now) {
   Impl& im = *impl_;

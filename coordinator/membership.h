@@ -6,7 +6,16 @@
 //
 // Every request is authorised first (transport/http_auth.h): a refused one
 // is answered 401/403, changes nothing and is logged as an
-// {"event":"auth_refused"} line (at most 20 a second).
+// {"event":"auth_refused"} line (at most 20 a second). Served over HTTP, that
+// happens on the request's head (Admit, the server's head check), before its
+// body is read; Handle checks again for callers that have the whole request.
+//
+// Limits (docs/security.md, "Resource limits"): each route's body size
+// (below; larger: 413), JSON nesting (kMaxNetworkJsonDepth levels; deeper:
+// 400 before anything is built from it), ids, hosts and UCX addresses
+// (400 naming the path), the number of members (503 past kMaxMembers). A
+// heartbeat's "stats" keep only the counters the coordinator sums
+// (kHeartbeatCounters, non-negative integers); other keys are dropped.
 //
 // Thread-safety: all methods are thread-safe (one mutex over the state);
 // the event sink is called with it held and must not call back.
@@ -23,6 +32,18 @@
 
 namespace kvmesh {
 
+// Body limits per route (larger: refused at the request's head, 413).
+inline constexpr uint64_t kMaxHeartbeatBodyBytes = 256 << 10;  // stats + up to 64 eviction groups' scores
+inline constexpr uint64_t kMaxRegisterBodyBytes = 64 << 10;    // a registration with its UCX address
+inline constexpr uint64_t kMaxSmallBodyBytes = 4 << 10;        // /leave and any other POST; GETs take none
+// Fields a member keeps.
+inline constexpr size_t kMaxNodeIdBytes = 256;
+inline constexpr size_t kMaxHostBytes = 255;                   // a DNS name's limit
+inline constexpr size_t kMaxUcxAddressBytes = 16 << 10;        // hex digits of the UCX worker address
+inline constexpr size_t kMaxMembers = 16384;
+// The node counters a heartbeat's "stats" may carry, summed in /stats "totals".
+inline constexpr const char* kHeartbeatCounters[] = {"blocks", "bytes_stored", "hits", "misses", "puts", "evictions"};
+
 class Membership {
  public:
   // Receives each structured event as one JSON line (no newline).
@@ -35,6 +56,10 @@ class Membership {
   Membership& operator=(const Membership&) = delete;
 
   HttpServerResponse Handle(const HttpServerRequest& r);
+  // The HTTP server's head check (transport/http_server.h): credentials
+  // (refused: 401/403, counted and logged as by Handle) and the route's body
+  // limit, from the request's head alone.
+  HttpHeadDecision Admit(const HttpServerRequest& head);
   // Removes members silent for longer than $.coordinator.dead_after_ms at
   // `now` (each removal advances the epoch).
   void Reap(std::chrono::steady_clock::time_point now);

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/bounded_json.h"
 #include "common/json_reader.h"
 
 namespace kvmesh {
@@ -43,8 +44,10 @@ std::string PublishedMapToJson(const PublishedMap& m) {
 }
 
 Result<PublishedMap> ParsePublishedMap(std::string_view text) {
-  json j = json::parse(text.begin(), text.end(), nullptr, false);
-  if (j.is_discarded()) return InvalidArgument("shard map: not valid JSON");
+  // Bounded in depth (common/bounded_json.h): the map comes over the network.
+  Result<json> parsed = ParseBoundedJson(text, kMaxNetworkJsonDepth);
+  if (!parsed.ok()) return InvalidArgument("shard map: " + parsed.status().message());
+  const json j = std::move(parsed).value();
   PublishedMap m;
   ObjectReader r(j, "$");
   r.Required("epoch", &m.epoch).Required("replicas", &m.placement.replicas).Optional("transport", &m.backend);

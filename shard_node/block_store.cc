@@ -69,6 +69,10 @@ struct BlockStore::Stripe {
   std::vector<uint32_t> free_pages;                 // guarded by mu
   std::vector<Class> classes;                       // guarded by mu
   absl::flat_hash_map<BlockKey, uint32_t> index;    // guarded by mu
+  // Doomed chunks (erased, replaced, evicted by a quota, dropped as corrupt)
+  // that still hold explicit pins, by the key they had: Unpin(key) finds them
+  // here once the index no longer names them, and the last unpin frees them.
+  absl::flat_hash_map<BlockKey, std::vector<uint32_t>> doomed_pins;  // guarded by mu
   StoreStats stats;                                 // guarded by mu (counters only)
 };
 
@@ -615,6 +619,7 @@ void BlockStore::DropCorrupt(BlockRef& ref) {
     if (sl.state == SlotState::kLive) {
       s.index.erase(sl.meta.key);
       sl.state = SlotState::kDoomed;
+      if (sl.explicit_pins > 0) s.doomed_pins[sl.meta.key].push_back(ref.slot_);
       --s.stats.blocks;
       s.stats.bytes_stored -= sl.meta.size;
       s.stats.bytes_logical -= sl.meta.logical_size;
@@ -693,6 +698,8 @@ Status BlockStore::Erase(const BlockKey& key) {
   s.stats.bytes_logical -= sl.meta.logical_size;
   if (sl.pins > 0) {
     sl.state = SlotState::kDoomed;  // the last unpin frees it
+    // Unpin(key) can no longer find it through the index: it finds it here.
+    if (sl.explicit_pins > 0) s.doomed_pins[key].push_back(slot);
   } else {
     s.classes[s.pages[slot / chunk_stride_].cls].policy->Remove(slot, RemoveReason::kErased);
     FreeChunk(s, slot);
@@ -733,15 +740,48 @@ Status BlockStore::Unpin(const BlockKey& key) {
   uint32_t slot;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    auto it = s.index.find(key);
-    if (it == s.index.end()) return NotFound("block " + key.ToHex() + " is not stored");
-    slot = it->second;
-    Slot& sl = s.slots[slot];
-    if (sl.explicit_pins == 0) return FailedPrecondition("block " + key.ToHex() + " is not pinned");
-    --sl.explicit_pins;
+    // A doomed chunk the key named first (oldest pin first): it holds memory
+    // nothing can read, and its last unpin frees it, whatever removed it from
+    // the index (an erase, a replacing put, a quota eviction, a bad checksum).
+    if (auto d = s.doomed_pins.find(key); d != s.doomed_pins.end()) {
+      std::vector<uint32_t>& slots = d->second;
+      slot = slots.front();
+      if (--s.slots[slot].explicit_pins == 0) {
+        slots.erase(slots.begin());
+        if (slots.empty()) s.doomed_pins.erase(d);
+      }
+    } else {
+      auto it = s.index.find(key);
+      if (it == s.index.end()) return NotFound("block " + key.ToHex() + " is not stored");
+      slot = it->second;
+      Slot& sl = s.slots[slot];
+      if (sl.explicit_pins == 0) return FailedPrecondition("block " + key.ToHex() + " is not pinned");
+      --sl.explicit_pins;
+    }
   }
   ReleaseRef(StripeNo(s), slot);
   return Status::Ok();
+}
+
+Result<BlockRef> BlockStore::PinRef(const BlockKey& key) {
+  Stripe& s = StripeOf(key);
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.index.find(key);
+  if (it == s.index.end() || s.slots[it->second].state != SlotState::kLive)
+    return NotFound("block " + key.ToHex() + " is not stored");
+  const uint32_t slot = it->second;
+  Slot& sl = s.slots[slot];
+  if (sl.pins++ == 0) {
+    s.classes[s.pages[slot / chunk_stride_].cls].policy->Remove(slot, RemoveReason::kPinned);
+    ++s.stats.pinned_blocks;
+  }
+  BlockRef ref;
+  ref.store_ = this;
+  ref.stripe_ = StripeNo(s);
+  ref.slot_ = slot;
+  ref.data_ = ChunkData(s, slot);
+  ref.meta_ = sl.meta;
+  return ref;
 }
 
 uint64_t BlockStore::PlacementOf(const BlockKey& key) const {

@@ -27,9 +27,12 @@
 // on get: a mismatch erases the block and reads as a miss (kDataLoss).
 //
 // Pins: a pinned block is never evicted (nor is its page taken). Get() returns
-// a BlockRef that holds a pin until it is destroyed; Pin()/Unpin() hold
-// explicit pins for clients. Erasing a pinned block hides it at once and frees
-// its chunk on the last unpin.
+// a BlockRef that holds a pin until it is destroyed (PinRef() one that counts
+// no read); Pin()/Unpin() hold explicit pins by key. Erasing a pinned block
+// (an erase, a replacing put, a tenant's quota eviction, a checksum failure)
+// hides it at once and frees its chunk on the last unpin, whatever removed it
+// from the index: Unpin(key) still finds a doomed chunk that holds explicit
+// pins, oldest first.
 // The per-block operations are BlockStoreOps (shard_node/block_store_ops.h),
 // which TieredStore implements too.
 //
@@ -214,9 +217,16 @@ class BlockStore final : public BlockStoreOps {
   // NotFound when absent.
   Status Erase(const BlockKey& key) override;
   // Explicit pins (counted); NotFound when absent, FailedPrecondition on
-  // Unpin of an unpinned block.
+  // Unpin of an unpinned block. Unpin first releases a pin of a block erased
+  // (or replaced, or evicted by a quota) while pinned under `key`, the oldest
+  // first, then one of the block stored under `key` now.
   Status Pin(const BlockKey& key) override;
   Status Unpin(const BlockKey& key) override;
+  // A pin held by a handle: the block stays until the BlockRef is released,
+  // however it leaves the index (then its chunk is freed on that release).
+  // Counts no read (no hit, no recency) and verifies nothing: for holders of
+  // pins that are not reads (a connection's PIN). NotFound when absent.
+  Result<BlockRef> PinRef(const BlockKey& key);
   Status Release(const BlockKey& key) override;
 
   void SetEvictionListener(EvictionListener l);

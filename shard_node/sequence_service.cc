@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 
@@ -31,7 +32,8 @@ struct SliceKey {
 
 struct Slot {
   std::unique_ptr<SequenceTable> table;
-  size_t live = 0;  // guarded by Impl::mu
+  size_t live = 0;     // guarded by Impl::mu
+  uint32_t owner = 0;  // the tenant whose call made the table (its share of max_slices)
 };
 
 // One client-visible sequence. Its calls hold `mu`, so two clients of the
@@ -43,6 +45,7 @@ struct Entry {
   std::atomic<int64_t> last_used{0};
   std::mutex mu;
   bool released = false;  // guarded by mu
+  uint64_t charged = 0;   // guarded by mu: what `tenant`'s quota is charged for it
 };
 
 Status Unknown(SeqId id) { return NotFound("sequence " + std::to_string(id) + " does not exist on this node"); }
@@ -70,6 +73,7 @@ struct SequenceService::Impl {
   mutable std::mutex mu;
   std::map<SliceKey, std::shared_ptr<Slot>> slots;         // guarded by mu
   std::unordered_map<SeqId, std::shared_ptr<Entry>> seqs;  // guarded by mu
+  std::unordered_map<uint32_t, uint32_t> live_by_tenant;   // guarded by mu: tenants' live sequences
   SeqId next_id = FirstId();                               // guarded by mu
   SequenceServiceStats stats;                              // counters guarded by mu
   std::atomic<int64_t> next_reap_ns{0};
@@ -107,37 +111,103 @@ struct SequenceService::Impl {
     return fn(*e);
   }
 
-  // Registers `local` of `slot` under a new id, or releases it when the node
-  // is at max_sequences.
-  Result<SeqId> Add(const std::shared_ptr<Slot>& slot, SeqId local, uint32_t tenant) {
+  // A tenant's share of a node-wide limit (SequenceServiceOptions::tenants).
+  bool Shared(uint32_t tenant) const { return tenant != 0 && o.tenants > 0; }
+  uint32_t Share(uint32_t limit) const { return std::max<uint32_t>(1, limit / std::max<uint32_t>(2, o.tenants)); }
+  // Why `tenant` may not hold one more sequence now, or "". REQUIRES mu.
+  std::string SequencesFull(uint32_t tenant) {
+    if (seqs.size() >= o.max_sequences)
+      return "node holds its limit of " + std::to_string(o.max_sequences) + " live sequences; release some (idle ones go after " +
+             std::to_string(o.idle_timeout_ms) + " ms)";
+    if (Shared(tenant)) {
+      auto it = live_by_tenant.find(tenant);
+      if (it != live_by_tenant.end() && it->second >= Share(o.max_sequences))
+        return "tenant holds its share of " + std::to_string(Share(o.max_sequences)) + " of the node's " +
+               std::to_string(o.max_sequences) + " live sequences; release some";
+    }
+    return "";
+  }
+  // Tables `tenant` made. REQUIRES mu.
+  uint32_t SlicesOf(uint32_t tenant) const {
+    uint32_t n = 0;
+    for (const auto& [k, s] : slots) n += s->owner == tenant;
+    return n;
+  }
+  void Forget(const std::shared_ptr<Entry>& e) {  // REQUIRES mu; e leaves seqs
+    --e->slot->live;
+    auto it = live_by_tenant.find(e->tenant);
+    if (it != live_by_tenant.end() && --it->second == 0) live_by_tenant.erase(it);
+  }
+
+  // Quota: what tenant's sequences hold grows by `bytes` (refused: nothing changes) or shrinks.
+  Status Charge(uint32_t tenant, uint64_t bytes) {
+    if (tenant == 0 || bytes == 0 || !o.charge) return Status::Ok();
+    Status s = o.charge(tenant, bytes);
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++stats.refused_quota;
+    }
+    return s;
+  }
+  void Uncharge(uint32_t tenant, uint64_t bytes) {
+    if (tenant != 0 && bytes != 0 && o.uncharge) o.uncharge(tenant, bytes);
+  }
+  uint64_t HoldsOf(const SequenceTable& t, uint64_t length) const {
+    return HoldsLen(t.layout().bytes(), t.layout().block_tokens, length);
+  }
+  uint64_t HoldsLen(uint64_t block_bytes, uint32_t block_tokens, uint64_t length) const {
+    const uint64_t blocks = block_tokens ? (length + block_tokens - 1) / block_tokens : 0;
+    uint64_t per = store->ChunkBytesFor(std::min<uint64_t>(block_bytes, store->slot_bytes()));
+    if (per < block_bytes) per = block_bytes;  // an open block's buffer
+    if (o.codec.enabled()) per += block_bytes;  // the decoded copy beside the encoded block
+    return blocks * per + length * sizeof(TokenId);
+  }
+  // Sets e's charge to what a sequence of `length` tokens holds, when that is
+  // less than it is charged now. REQUIRES e.mu.
+  void Settle(Entry& e, uint64_t length) {
+    const uint64_t now = HoldsOf(*e.slot->table, length);
+    if (now < e.charged) {
+      Uncharge(e.tenant, e.charged - now);
+      e.charged = now;
+    }
+  }
+
+  // Registers `local` of `slot` under a new id, charged `charged`, or
+  // releases it (and its charge) when the node or the tenant is at its limit.
+  Result<SeqId> Add(const std::shared_ptr<Slot>& slot, SeqId local, uint32_t tenant, uint64_t charged) {
     auto e = std::make_shared<Entry>();
     e->slot = slot;
     e->local = local;
     e->tenant = tenant;
+    e->charged = charged;
     e->last_used.store(Now());
+    std::string full;
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (seqs.size() < o.max_sequences) {
+      full = SequencesFull(tenant);
+      if (full.empty()) {
         const SeqId id = next_id++;
         seqs.emplace(id, std::move(e));
         ++slot->live;
+        ++live_by_tenant[tenant];
         ++stats.created;
         return id;
       }
       ++stats.refused;
     }
     (void)slot->table->Release(local);
-    return ResourceExhausted("node holds its limit of " + std::to_string(o.max_sequences) +
-                             " live sequences; release some (idle ones go after " +
-                             std::to_string(o.idle_timeout_ms) + " ms)");
+    Uncharge(tenant, charged);
+    return ResourceExhausted(full);
   }
 
-  // Forgets entry e (already out of the map) and releases its sequence.
-  static void Drop(const std::shared_ptr<Entry>& e) {
+  // Forgets entry e (already out of the map) and releases its sequence and its charge.
+  void Drop(const std::shared_ptr<Entry>& e) {
     std::lock_guard<std::mutex> lock(e->mu);  // waits for a call in flight
     if (e->released) return;
     e->released = true;
     (void)e->slot->table->Release(e->local);
+    Uncharge(e->tenant, e->charged);
+    e->charged = 0;
   }
 };
 
@@ -170,26 +240,31 @@ Result<SeqCreated> SequenceService::Create(const SeqCreateArgs& a, const SeqCall
   bool full = false;
   {
     std::lock_guard<std::mutex> lock(im.mu);
-    full = im.seqs.size() >= im.o.max_sequences;
+    full = !im.SequencesFull(caller.tenant).empty();
   }
   if (full) ReapIdle();  // at the limit, idle sequences make room first
   std::shared_ptr<Slot> slot;
   {
     std::lock_guard<std::mutex> lock(im.mu);
-    if (im.seqs.size() >= im.o.max_sequences) {
+    if (std::string why = im.SequencesFull(caller.tenant); !why.empty()) {
       ++im.stats.refused;
-      return ResourceExhausted("node holds its limit of " + std::to_string(im.o.max_sequences) +
-                               " live sequences");
+      return ResourceExhausted(why);
     }
     auto it = im.slots.find(key);
     if (it != im.slots.end()) {
       slot = it->second;
     } else {
-      if (im.slots.size() >= im.o.max_slices) {  // forget tables without sequences
+      const bool shared = im.Shared(caller.tenant);
+      const uint32_t share = im.Share(im.o.max_slices);
+      if (im.slots.size() >= im.o.max_slices || (shared && im.SlicesOf(caller.tenant) >= share)) {
+        // forget tables without sequences
         for (auto s = im.slots.begin(); s != im.slots.end();) s = s->second->live == 0 ? im.slots.erase(s) : std::next(s);
       }
       if (im.slots.size() >= im.o.max_slices)
         return ResourceExhausted("node serves its limit of " + std::to_string(im.o.max_slices) + " sequence slices");
+      if (shared && im.SlicesOf(caller.tenant) >= share)
+        return ResourceExhausted("tenant uses its share of " + std::to_string(share) + " of the node's " +
+                                 std::to_string(im.o.max_slices) + " sequence slices");
       SequenceOptions so;
       so.tenant_salt = a.tenant_salt;
       so.scope = caller.ns;
@@ -199,6 +274,7 @@ Result<SeqCreated> SequenceService::Create(const SeqCreateArgs& a, const SeqCall
       KVMESH_ASSIGN_OR_RETURN(auto table, SequenceTable::Create(im.store, im.model, layers, heads, std::move(so)));
       slot = std::make_shared<Slot>();
       slot->table = std::move(table);
+      slot->owner = caller.tenant;
       im.slots.emplace(key, slot);
     }
   }
@@ -207,7 +283,13 @@ Result<SeqCreated> SequenceService::Create(const SeqCreateArgs& a, const SeqCall
   SeqCreated c;
   c.length = t.Length(local).value_or(0);
   c.attached_blocks = c.length / im.model.block_tokens;
-  KVMESH_ASSIGN_OR_RETURN(c.id, im.Add(slot, local, caller.tenant));
+  // The attached prefix blocks are the sequence's to hold now: charged.
+  const uint64_t charge = im.HoldsOf(t, c.length);
+  if (Status q = im.Charge(caller.tenant, charge); !q.ok()) {
+    (void)t.Release(local);
+    return q;
+  }
+  KVMESH_ASSIGN_OR_RETURN(c.id, im.Add(slot, local, caller.tenant, charge));
   return c;
 }
 
@@ -225,23 +307,42 @@ Result<uint32_t> SequenceService::Append(SeqId id, std::span<const TokenId> toke
     KVMESH_ASSIGN_OR_RETURN(uint32_t len, t.Length(e.local));
     if (uint64_t{len} + tokens.size() > im.o.max_sequence_tokens)
       return ResourceExhausted("a sequence holds at most " + std::to_string(im.o.max_sequence_tokens) + " tokens");
-    KVMESH_RETURN_IF_ERROR(t.Append(e.local, tokens, k, v));
+    // Charged before it grows: a tenant past its quota appends nothing.
+    const uint64_t want = im.HoldsOf(t, uint64_t{len} + tokens.size());
+    if (want > e.charged) {
+      KVMESH_RETURN_IF_ERROR(im.Charge(e.tenant, want - e.charged));
+      e.charged = want;
+    }
+    Status st = t.Append(e.local, tokens, k, v);
+    if (!st.ok()) im.Settle(e, t.Length(e.local).value_or(len));
+    KVMESH_RETURN_IF_ERROR(st);
     return len;
   });
 }
 
 Status SequenceService::Truncate(SeqId id, uint32_t n, const SeqCaller& caller) {
-  return impl_->Locked(this, id, caller.tenant, [&](Entry& e) { return e.slot->table->Truncate(e.local, n); });
+  Impl& im = *impl_;
+  return im.Locked(this, id, caller.tenant, [&](Entry& e) {
+    Status st = e.slot->table->Truncate(e.local, n);
+    if (st.ok()) im.Settle(e, e.slot->table->Length(e.local).value_or(0));
+    return st;
+  });
 }
 
 Result<SeqId> SequenceService::Fork(SeqId id, const SeqCaller& caller) {
   Impl& im = *impl_;
   std::shared_ptr<Slot> slot;
+  uint64_t charge = 0;
   KVMESH_ASSIGN_OR_RETURN(SeqId local, im.Locked(this, id, caller.tenant, [&](Entry& e) -> Result<SeqId> {
                             slot = e.slot;
-                            return e.slot->table->Fork(e.local);
+                            // The fork holds as much as its source: charged first.
+                            charge = im.HoldsOf(*e.slot->table, e.slot->table->Length(e.local).value_or(0));
+                            KVMESH_RETURN_IF_ERROR(im.Charge(caller.tenant, charge));
+                            Result<SeqId> f = e.slot->table->Fork(e.local);
+                            if (!f.ok()) im.Uncharge(caller.tenant, charge);
+                            return f;
                           }));
-  return im.Add(slot, local, caller.tenant);  // outside the entry's lock
+  return im.Add(slot, local, caller.tenant, charge);  // outside the entry's lock
 }
 
 Status SequenceService::Release(SeqId id, const SeqCaller& caller) {
@@ -253,9 +354,9 @@ Status SequenceService::Release(SeqId id, const SeqCaller& caller) {
     if (it == im.seqs.end() || it->second->tenant != caller.tenant) return Unknown(id);
     e = std::move(it->second);
     im.seqs.erase(it);
-    --e->slot->live;
+    im.Forget(e);
   }
-  Impl::Drop(e);
+  im.Drop(e);
   im.MaybeReap(this);
   return Status::Ok();
 }
@@ -331,7 +432,7 @@ size_t SequenceService::ReapIdle() {
     std::lock_guard<std::mutex> lock(im.mu);
     for (auto it = im.seqs.begin(); it != im.seqs.end();) {
       if (it->second->last_used.load(std::memory_order_relaxed) < cutoff) {
-        --it->second->slot->live;
+        im.Forget(it->second);
         idle.push_back(std::move(it->second));
         it = im.seqs.erase(it);
       } else {
@@ -340,8 +441,12 @@ size_t SequenceService::ReapIdle() {
     }
     im.stats.reaped += idle.size();
   }
-  for (auto& e : idle) Impl::Drop(e);
+  for (auto& e : idle) im.Drop(e);
   return idle.size();
+}
+
+uint64_t SequenceService::Holds(uint64_t block_bytes, uint32_t block_tokens, uint64_t length) const {
+  return impl_->HoldsLen(block_bytes, block_tokens, length);
 }
 
 SequenceServiceStats SequenceService::Stats() const {

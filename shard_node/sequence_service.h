@@ -14,6 +14,15 @@
 // forces a pass. The number of live sequences is bounded: Create / Fork past
 // max_sequences gives ResourceExhausted.
 //
+// Tenants (SeqCaller::tenant != 0, with SequenceServiceOptions::tenants set):
+// each tenant may hold at most a share of the node's sequences and slices,
+// max(1, limit / max(2, tenants)) of max_sequences and of max_slices, so no
+// tenant takes them all; and what a tenant's sequences hold (their sealed and
+// open blocks, their decoded copies and token lists: Holds() below) counts
+// against its quota (SequenceServiceOptions::charge): a Create, Append or
+// Fork that would take the tenant's sequences past it is refused with
+// ResourceExhausted and changes nothing.
+//
 //   SequenceService& s = node->sequences();
 //   SeqCreateArgs a;  a.layers = {0, 32};  a.prefix = prompt;
 //   SeqCreated c = s.Create(a).value();            // attaches cached prefix blocks
@@ -28,6 +37,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -53,6 +63,18 @@ struct SequenceServiceOptions {
   // The node's tiers over the store (ShardNode sets it): demoted prefix
   // blocks are promoted back on create (SequenceOptions::tiers).
   TieredStore* tiers = nullptr;
+  // The tenants besides the cluster identity ($.auth.tenants; ShardNode sets
+  // it). With n > 0, each tenant may hold at most max(1, limit / max(2, n))
+  // of max_sequences and of max_slices; the cluster identity is bound by the
+  // node-wide limits only. 0: no shares.
+  uint32_t tenants = 0;
+  // What a tenant's live sequences hold counts against its quota (ShardNode
+  // sets these from its TenantRegistry): charge(t, bytes) before a sequence
+  // of tenant t (t != 0) grows by `bytes` (an error: refused, nothing
+  // charged), uncharge(t, bytes) when it shrinks or goes. Called under the
+  // sequence's own lock. Empty: not counted.
+  std::function<Status(uint32_t tenant, uint64_t bytes)> charge;
+  std::function<void(uint32_t tenant, uint64_t bytes)> uncharge;
 };
 
 // Who makes a call (a SEQ frame of some connection). A sequence answers only
@@ -76,8 +98,9 @@ struct SequenceServiceStats {
   uint64_t live = 0;
   uint64_t created = 0;
   uint64_t reaped = 0;   // released for idleness
-  uint64_t refused = 0;  // creates / forks refused at max_sequences
+  uint64_t refused = 0;  // creates / forks refused at max_sequences (or a tenant's share of it)
   uint64_t tables = 0;
+  uint64_t refused_quota = 0;  // creates / appends / forks refused by a tenant's quota
 };
 
 class SequenceService {
@@ -111,6 +134,11 @@ class SequenceService {
 
   // Releases every sequence idle longer than idle_timeout now; returns how many.
   size_t ReapIdle();
+  // What a sequence of `length` tokens of a table of this service holds
+  // (what its tenant's quota is charged): per block, the chunk a sealed block
+  // takes in the store (an open block's buffer is no larger), plus the
+  // decoded copy with a codec; plus its token list.
+  uint64_t Holds(uint64_t block_bytes, uint32_t block_tokens, uint64_t length) const;
   SequenceServiceStats Stats() const;
 
  private:

@@ -1,5 +1,6 @@
 #include "shard_node/shard_node.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -92,8 +93,15 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
   }
   n->serving_ = n->tiers_ ? static_cast<BlockStoreOps*>(n->tiers_.get()) : n->store_.get();
   n->tenants_ = std::make_unique<TenantRegistry>(config.auth);
+  ShardNode* self = n.get();
+  n->tenants_->SetCharge([self](const BlockKey* stored, uint64_t payload) { return self->HeldBytes(stored, payload); });
   SequenceServiceOptions seq = sequences ? *sequences : SequenceOptions(config);
   seq.tiers = n->tiers_.get();
+  // A tenant's live sequences count against its quota, and each tenant holds
+  // a share of the node's sequences and slices (sequence_service.h).
+  seq.tenants = static_cast<uint32_t>(n->tenants_->size());
+  seq.charge = [self](uint32_t t, uint64_t bytes) { return self->ChargeSequence(t, bytes); };
+  seq.uncharge = [self](uint32_t t, uint64_t bytes) { self->tenants_->ReleaseSequence(t, bytes); };
   n->sequences_ = std::make_unique<SequenceService>(n->store_.get(), n->model_, std::move(seq), clock);
   return n;
 }
@@ -208,6 +216,32 @@ Status ShardNode::Evict(const BlockKey& key, const std::function<void(const Bloc
 }
 Status ShardNode::Pin(const BlockKey& key) { return serving_->Pin(key); }
 Status ShardNode::Unpin(const BlockKey& key) { return serving_->Unpin(key); }
+Result<BlockRef> ShardNode::PinRef(const BlockKey& key) { return tiers_ ? tiers_->PinRef(key) : store_->PinRef(key); }
+
+uint64_t ShardNode::HeldBytes(const BlockKey* stored, uint64_t payload) const {
+  uint64_t size = payload;
+  if (codec_ && (stored == nullptr || CodecMayEncode(*stored)) && payload == codec_->raw_block_bytes())
+    size = codec_->encoded_block_bytes();  // stored encoded (at most this)
+  const uint64_t chunk = store_->ChunkBytesFor(size);
+  if (chunk == 0) return size;  // larger than a slot: never stored
+  return std::max(size, chunk - chunk / 8);
+}
+
+void ShardNode::EvictForQuota(uint32_t t, std::span<const BlockKey> victims) {
+  uint64_t evicted = 0;
+  // A victim the node already dropped on its own answers NotFound: it only
+  // leaves the ledger.
+  auto dropped = [this, t](const BlockKey& k) { tenants_->Dropped(t, k); };
+  for (const BlockKey& v : victims) evicted += Evict(v, dropped).ok() ? 1 : 0;
+  if (evicted) tenants_->QuotaEvicted(t, evicted);
+}
+
+Status ShardNode::ChargeSequence(uint32_t t, uint64_t bytes) {
+  std::vector<BlockKey> victims;
+  KVMESH_RETURN_IF_ERROR(tenants_->ReserveSequence(t, bytes, &victims));
+  EvictForQuota(t, victims);
+  return Status::Ok();
+}
 Status ShardNode::Release(const BlockKey& key) { return serving_->Release(key); }
 
 bool ShardNode::GroupIntact(const BlockKey& key) {
@@ -240,7 +274,9 @@ nlohmann::json TenantJson(const TenantStats& t) {
   return {{"name", t.name},         {"namespace", t.ns},          {"quota_bytes", t.quota_bytes},
           {"bytes", t.bytes},       {"blocks", t.blocks},         {"puts", t.puts},
           {"put_bytes", t.put_bytes}, {"hits", t.hits},           {"misses", t.misses},
-          {"erases", t.erases},     {"quota_evictions", t.quota_evictions}, {"quota_refused", t.quota_refused}};
+          {"erases", t.erases},     {"quota_evictions", t.quota_evictions}, {"quota_refused", t.quota_refused},
+          {"sequence_bytes", t.sequence_bytes}, {"pinned_bytes", t.pinned_bytes},
+          {"sequence_refused", t.sequence_refused}, {"pin_refused", t.pin_refused}};
 }
 }  // namespace
 
@@ -285,8 +321,8 @@ std::string ShardNode::StatsJson() const {
   j["key_groups"] = {{"groups", g.groups}, {"keys", g.keys}, {"dropped_groups", g.dropped_groups},
                      {"dropped_keys", g.dropped_keys}};
   const SequenceServiceStats q = sequences_->Stats();
-  j["sequences"] = {{"live", q.live}, {"created", q.created}, {"reaped", q.reaped}, {"refused", q.refused},
-                    {"tables", q.tables}};
+  j["sequences"] = {{"live", q.live},       {"created", q.created}, {"reaped", q.reaped},
+                    {"refused", q.refused}, {"tables", q.tables},   {"refused_quota", q.refused_quota}};
   if (tenants_->has_tenants()) {
     nlohmann::json t = nlohmann::json::array();
     for (const TenantStats& s : tenants_->AllStats()) t.push_back(TenantJson(s));

@@ -79,7 +79,22 @@ class ShardNode {
   Status Evict(const BlockKey& key, const std::function<void(const BlockKey&)>& dropped);
   Status Pin(const BlockKey& key);
   Status Unpin(const BlockKey& key);
+  // A pin held by a handle (BlockStore::PinRef, in the primary tier after a
+  // promotion): the block stays until the ref is released, and its chunk is
+  // freed then if the block was erased, replaced or evicted by a quota
+  // meanwhile. Counts no read. For a connection's PIN frames
+  // (shard_node/server/frame_handler.h ConnectionPins).
+  Result<BlockRef> PinRef(const BlockKey& key);
   Status Release(const BlockKey& key);  // BlockStoreOps::Release
+  // What the node holds for a block of `payload` bytes put under `stored`
+  // (null: not known yet): the larger of its stored size (encoded when the
+  // codec would encode it) and 7/8 of the chunk the primary tier gives it.
+  // What a tenant's quota is charged for the block (shard_node/tenants.h).
+  uint64_t HeldBytes(const BlockKey* stored, uint64_t payload) const;
+  // Erases tenant t's quota victims (TenantRegistry::Admitted,
+  // ReserveSequence) as eviction does: a co-evicted member takes its group,
+  // whose other members leave t's ledger as quota evictions too.
+  void EvictForQuota(uint32_t t, std::span<const BlockKey> victims);
   // ---- the zero-copy paths of the transports (docs/architecture.md) ----------
   // A pinned view of the block as stored, its checksum not verified: the
   // reader verifies the bytes where they land (one hash pass per direction).
@@ -147,6 +162,8 @@ class ShardNode {
   KeyGroups groups_;
   std::unique_ptr<TenantRegistry> tenants_;
   std::atomic<int64_t> next_reconcile_ns_{0};
+  // Live sequences of tenant t grow by `bytes` (SequenceServiceOptions::charge).
+  Status ChargeSequence(uint32_t t, uint64_t bytes);
   std::unique_ptr<SequenceService> sequences_;  // pins blocks of store_: declared last, destroyed first
 };
 

@@ -3,6 +3,7 @@
 #include <sys/random.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -90,8 +91,22 @@ struct TenantRegistry::Tenant {
   mutable std::mutex mu;
   std::list<Entry> lru;                                              // guarded by mu; front = least recent
   absl::flat_hash_map<BlockKey, std::list<Entry>::iterator> index;  // guarded by mu
-  uint64_t bytes = 0;                                                // guarded by mu
-  std::atomic<uint64_t> puts{0}, put_bytes{0}, hits{0}, misses{0}, erases{0}, quota_evictions{0}, quota_refused{0};
+  uint64_t bytes = 0;                                                // guarded by mu: the ledger's charge
+  uint64_t held = 0;                                                 // guarded by mu: live sequences
+  uint64_t pinned = 0;                                               // guarded by mu: connections' pins
+  std::atomic<uint64_t> puts{0}, put_bytes{0}, hits{0}, misses{0}, erases{0}, quota_evictions{0}, quota_refused{0},
+      sequence_refused{0}, pin_refused{0};
+
+  // Appends t's least recently used blocks (never `keep`) to *victims until
+  // its blocks and sequences fit the quota. REQUIRES mu.
+  void TrimLocked(const BlockKey* keep, std::vector<BlockKey>* victims) {
+    const uint64_t quota = config.quota_bytes;
+    if (quota == 0) return;
+    while (bytes + held > quota && !lru.empty() && (keep == nullptr || lru.front().key != *keep)) {
+      victims->push_back(lru.front().key);
+      ForgetLocked(lru.front().key);
+    }
+  }
 
   // REQUIRES mu.
   void ForgetLocked(const BlockKey& k) {
@@ -142,13 +157,28 @@ BlockKey TenantRegistry::Scope(uint32_t t, const BlockKey& key) const { return S
 
 const BlockKey& TenantRegistry::Namespace(uint32_t t) const { return tenants_.at(t)->ns; }
 
+void TenantRegistry::SetCharge(BlockCharge charge) { charge_ = std::move(charge); }
+
+uint64_t TenantRegistry::Charge(const BlockKey* stored, uint64_t payload) const {
+  return charge_ ? charge_(stored, payload) : payload;
+}
+
 Status TenantRegistry::CheckFits(uint32_t t, uint64_t bytes) {
   if (t == kClusterTenant) return Status::Ok();
   Tenant& x = *tenants_[t];
-  if (x.config.quota_bytes == 0 || bytes <= x.config.quota_bytes) return Status::Ok();
+  const uint64_t quota = x.config.quota_bytes;
+  if (quota == 0) return Status::Ok();
+  const uint64_t charge = Charge(nullptr, bytes);
+  uint64_t held;
+  {
+    std::lock_guard<std::mutex> lock(x.mu);
+    held = x.held;
+  }
+  if (charge <= quota && held <= quota - charge) return Status::Ok();
   x.quota_refused.fetch_add(1, std::memory_order_relaxed);
-  return ResourceExhausted("a block of " + std::to_string(bytes) + " bytes exceeds tenant \"" + x.config.name +
-                           "\"'s quota of " + std::to_string(x.config.quota_bytes) + " bytes");
+  return ResourceExhausted("a block of " + std::to_string(bytes) + " bytes (holding " + std::to_string(charge) +
+                           ") exceeds tenant \"" + x.config.name + "\"'s quota of " + std::to_string(quota) +
+                           " bytes" + (held ? " beside the " + std::to_string(held) + " bytes its live sequences hold" : ""));
 }
 
 void TenantRegistry::Admitted(uint32_t t, const BlockKey& key, uint64_t bytes, std::vector<BlockKey>* victims) {
@@ -156,17 +186,58 @@ void TenantRegistry::Admitted(uint32_t t, const BlockKey& key, uint64_t bytes, s
   Tenant& x = *tenants_[t];
   x.puts.fetch_add(1, std::memory_order_relaxed);
   x.put_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  const uint64_t charge = Charge(&key, bytes);
   std::lock_guard<std::mutex> lock(x.mu);
   x.ForgetLocked(key);  // a refresh or a replacement: counted once, as the most recent
-  x.lru.push_back({key, bytes});
+  x.lru.push_back({key, charge});
   x.index[key] = std::prev(x.lru.end());
-  x.bytes += bytes;
+  x.bytes += charge;
+  x.TrimLocked(&key, victims);
+}
+
+Status TenantRegistry::ReserveSequence(uint32_t t, uint64_t bytes, std::vector<BlockKey>* victims) {
+  if (t == kClusterTenant || bytes == 0) return Status::Ok();
+  Tenant& x = *tenants_[t];
   const uint64_t quota = x.config.quota_bytes;
-  if (quota == 0) return;
-  while (x.bytes > quota && x.lru.front().key != key) {
-    victims->push_back(x.lru.front().key);
-    x.ForgetLocked(x.lru.front().key);
+  std::lock_guard<std::mutex> lock(x.mu);
+  if (quota != 0 && (bytes > quota || x.held > quota - bytes)) {
+    x.sequence_refused.fetch_add(1, std::memory_order_relaxed);
+    return ResourceExhausted("tenant \"" + x.config.name + "\"'s live sequences would hold " +
+                             std::to_string(x.held + bytes) + " bytes, more than its quota of " +
+                             std::to_string(quota) + " bytes: release or truncate some");
   }
+  x.held += bytes;
+  x.TrimLocked(nullptr, victims);
+  return Status::Ok();
+}
+
+void TenantRegistry::ReleaseSequence(uint32_t t, uint64_t bytes) {
+  if (t == kClusterTenant) return;
+  Tenant& x = *tenants_[t];
+  std::lock_guard<std::mutex> lock(x.mu);
+  x.held -= std::min(bytes, x.held);
+}
+
+Status TenantRegistry::ReservePin(uint32_t t, uint64_t bytes) {
+  if (t == kClusterTenant) return Status::Ok();
+  Tenant& x = *tenants_[t];
+  const uint64_t quota = x.config.quota_bytes;
+  std::lock_guard<std::mutex> lock(x.mu);
+  if (quota != 0 && (bytes > quota || x.pinned > quota - bytes)) {
+    x.pin_refused.fetch_add(1, std::memory_order_relaxed);
+    return ResourceExhausted("tenant \"" + x.config.name + "\"'s pins would hold " +
+                             std::to_string(x.pinned + bytes) + " bytes, more than its quota of " +
+                             std::to_string(quota) + " bytes: unpin some");
+  }
+  x.pinned += bytes;
+  return Status::Ok();
+}
+
+void TenantRegistry::ReleasePin(uint32_t t, uint64_t bytes) {
+  if (t == kClusterTenant) return;
+  Tenant& x = *tenants_[t];
+  std::lock_guard<std::mutex> lock(x.mu);
+  x.pinned -= std::min(bytes, x.pinned);
 }
 
 void TenantRegistry::QuotaEvicted(uint32_t t, uint64_t n) {
@@ -233,6 +304,8 @@ TenantStats TenantRegistry::Stats(uint32_t t) const {
     std::lock_guard<std::mutex> lock(x.mu);
     s.bytes = x.bytes;
     s.blocks = x.lru.size();
+    s.sequence_bytes = x.held;
+    s.pinned_bytes = x.pinned;
   }
   s.puts = x.puts.load(std::memory_order_relaxed);
   s.put_bytes = x.put_bytes.load(std::memory_order_relaxed);
@@ -241,6 +314,8 @@ TenantStats TenantRegistry::Stats(uint32_t t) const {
   s.erases = x.erases.load(std::memory_order_relaxed);
   s.quota_evictions = x.quota_evictions.load(std::memory_order_relaxed);
   s.quota_refused = x.quota_refused.load(std::memory_order_relaxed);
+  s.sequence_refused = x.sequence_refused.load(std::memory_order_relaxed);
+  s.pin_refused = x.pin_refused.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -262,6 +337,8 @@ std::string TenantRegistry::PrometheusText() const {
   family("kvmesh_tenant_bytes", "gauge", &TenantStats::bytes);
   family("kvmesh_tenant_blocks", "gauge", &TenantStats::blocks);
   family("kvmesh_tenant_quota_bytes", "gauge", &TenantStats::quota_bytes);
+  family("kvmesh_tenant_sequence_bytes", "gauge", &TenantStats::sequence_bytes);
+  family("kvmesh_tenant_pinned_bytes", "gauge", &TenantStats::pinned_bytes);
   family("kvmesh_tenant_puts_total", "counter", &TenantStats::puts);
   family("kvmesh_tenant_put_bytes_total", "counter", &TenantStats::put_bytes);
   family("kvmesh_tenant_hits_total", "counter", &TenantStats::hits);
@@ -269,6 +346,8 @@ std::string TenantRegistry::PrometheusText() const {
   family("kvmesh_tenant_erases_total", "counter", &TenantStats::erases);
   family("kvmesh_tenant_quota_evictions_total", "counter", &TenantStats::quota_evictions);
   family("kvmesh_tenant_quota_refused_total", "counter", &TenantStats::quota_refused);
+  family("kvmesh_tenant_sequence_refused_total", "counter", &TenantStats::sequence_refused);
+  family("kvmesh_tenant_pin_refused_total", "counter", &TenantStats::pin_refused);
   return out;
 }
 

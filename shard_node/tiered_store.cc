@@ -464,6 +464,11 @@ Status TieredStore::Pin(const BlockKey& key) {
 
 Status TieredStore::Unpin(const BlockKey& key) { return primary_->Unpin(key); }
 
+Result<BlockRef> TieredStore::PinRef(const BlockKey& key) {
+  if (!primary_->Exists(key, false)) KVMESH_RETURN_IF_ERROR(Promote(key));
+  return primary_->PinRef(key);
+}
+
 Status TieredStore::Release(const BlockKey& key) {
   bool any = primary_->Release(key).ok();
   if (host_) any = host_->Release(key).ok() || any;

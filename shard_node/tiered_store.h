@@ -155,6 +155,8 @@ class TieredStore final : public BlockStoreOps {
   // Pins in the primary tier, promoting the block first when it is lower.
   Status Pin(const BlockKey& key) override;
   Status Unpin(const BlockKey& key) override;
+  // BlockStore::PinRef in the primary tier, promoting the block first as Pin does.
+  Result<BlockRef> PinRef(const BlockKey& key);
   // Released in every tier above SSD that holds it.
   Status Release(const BlockKey& key) override;
   // Queues promotions of `keys` for the next maintenance tick.

@@ -165,3 +165,59 @@ TEST_CASE("A number no double holds is refused as invalid JSON, not thrown", "[c
     CHECK_THAT(r.status().message(), Catch::StartsWith("$: not valid JSON"));
   }
 }
+
+TEST_CASE("$.limits: every key optional with safe defaults, bad values name their path", "[config]") {
+  const ClusterConfig d = ParseConfig(Base().dump()).value();
+  CHECK(d.limits.max_connections == 4096);
+  CHECK(d.limits.max_connections_per_peer == 1024);
+  CHECK(d.limits.preauth_max_bytes == 64u << 10);
+  CHECK(d.limits.handshake_timeout_ms == 10000);
+  CHECK(d.limits.read_timeout_ms == 30000);
+  CHECK(d.limits.write_timeout_ms == 30000);
+  CHECK(d.limits.idle_timeout_ms == 0);
+  CHECK(d.limits.max_pending_answer_bytes == 32u << 20);
+  json j = Base();
+  j["limits"] = {{"preauth_max_bytes", "16KiB"}, {"idle_timeout_ms", 600000}, {"max_pending_answer_bytes", "8MiB"}};
+  const ClusterConfig c = ParseConfig(j.dump()).value();
+  CHECK(c.limits.preauth_max_bytes == 16u << 10);
+  CHECK(c.limits.idle_timeout_ms == 600000);
+  CHECK(c.limits.max_pending_answer_bytes == 8u << 20);
+  CHECK(c.limits.write_timeout_ms == 30000);  // untouched keys keep their defaults
+
+  struct Case {
+    json value;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {{{"max_connections", 0}}, "$.limits.max_connections: must be in 1..1048576, got 0"},
+      {{{"max_connections_per_peer", 5000}}, "$.limits.max_connections_per_peer: must be at most max_connections"},
+      {{{"preauth_max_bytes", 100}}, "$.limits.preauth_max_bytes: must be in 1KiB..16MiB, got 100"},
+      {{{"preauth_max_bytes", "1GiB"}}, "$.limits.preauth_max_bytes: must be in 1KiB..16MiB"},
+      {{{"handshake_timeout_ms", 0}}, "$.limits.handshake_timeout_ms: must be in 1.."},
+      {{{"read_timeout_ms", -1}}, "$.limits.read_timeout_ms: must be in 1.."},
+      {{{"write_timeout_ms", "5s"}}, "$.limits.write_timeout_ms: expected an integer, got a string"},
+      {{{"idle_timeout_ms", -1}}, "$.limits.idle_timeout_ms: must be in 0.."},
+      {{{"max_pending_answer_bytes", 1000}}, "$.limits.max_pending_answer_bytes: must be in 64KiB..4GiB, got 1000"},
+      {{{"max_conections", 1}}, "$.limits.max_conections: unknown key"},
+      {json::array(), "$.limits: expected an object"},
+  };
+  for (const Case& k : cases) {
+    json b = Base();
+    b["limits"] = k.value;
+    const std::string err = Error(b);
+    INFO(b["limits"].dump() << " -> " << err);
+    CHECK(err.find(k.expect) != std::string::npos);
+  }
+}
+
+TEST_CASE("A config nested deeper than any real one is refused with its path, not a crash", "[config]") {
+  std::string deep = R"({"model": {"model_id": )";
+  for (int i = 0; i < 200000; ++i) deep += "[";
+  for (int i = 0; i < 200000; ++i) deep += "]";
+  deep += "}}";
+  const std::string err = Error(json::parse("{}"));  // sanity: the helper works on a small document
+  CHECK(!err.empty());
+  auto r = ParseConfig(deep);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().message() == "$: nested deeper than 64 levels");
+}

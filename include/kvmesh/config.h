@@ -142,7 +142,7 @@ struct CoordinatorConfig {
 struct TenantConfig {
   std::string name;          // 1..64 of [A-Za-z0-9._-]
   std::string token;         // its secret, 1..256 bytes ("token" or "password" in JSON)
-  uint64_t quota_bytes = 0;  // bytes of its blocks one node keeps ("quota"); 0: no quota
+  uint64_t quota_bytes = 0;  // what one node holds for it ("quota"): chunk bytes of its blocks, live sequences, pins; 0: no quota
   // Tenants naming the same namespace share their blocks on purpose (e.g.
   // one model's system prompts); default: the tenant's own name.
   std::string ns;
@@ -227,6 +227,26 @@ struct SequencesConfig {
   uint32_t max_sequence_tokens = 1u << 20;   // tokens one sequence may hold
 };
 
+// What one connection may hold of a server, on every TCP port that serves
+// clients: a node's data port (binary frames), its RESP port and `kvmesh
+// proxy`'s RESP port ($.limits; docs/config.md, docs/security.md "Resource
+// limits"). Before a connection has authenticated (the TLS handshake, then
+// HELLO on the data port, AUTH on a RESP port that wants a password) it gets
+// nothing but the handshake: the data port refuses every frame but HELLO at
+// its header, a RESP port reads no bulk string longer than
+// preauth_max_bytes, and the whole handshake must be over within
+// handshake_timeout_ms.
+struct LimitsConfig {
+  uint32_t max_connections = 4096;           // open connections per listening port; more are closed at accept
+  uint32_t max_connections_per_peer = 1024;  // of them from one peer address
+  uint64_t preauth_max_bytes = 64u << 10;    // RESP: largest bulk string or buffered command before AUTH (the data port refuses every frame but HELLO at its header)
+  int64_t handshake_timeout_ms = 10000;      // accept to authenticated (TLS handshake, HELLO / AUTH)
+  int64_t read_timeout_ms = 30000;           // a frame or command begun: no byte of it for this long closes
+  int64_t write_timeout_ms = 30000;          // an answer the peer does not take for this long closes (pins released)
+  int64_t idle_timeout_ms = 0;               // an authenticated connection with nothing in progress; 0: never
+  uint64_t max_pending_answer_bytes = 32u << 20;  // answer bytes a connection holds unwritten before it stops reading
+};
+
 struct ClusterConfig {
   std::string name = "kvmesh";
   ModelSpec model;
@@ -241,6 +261,7 @@ struct ClusterConfig {
   TlsConfig tls;
   CodecConfig codec;
   SequencesConfig sequences;
+  LimitsConfig limits;
 
   std::string source;  // file name or "<string>", for messages
 

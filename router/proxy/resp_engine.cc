@@ -16,6 +16,9 @@ struct RespEngine::Batch {
   std::vector<OpRun> runs;
   size_t left = 0;
   std::function<void()> done;
+  AnswerBudget* budget = nullptr;                 // the connection's (null: none)
+  std::function<void(size_t, uint64_t)> op_done;  // with a budget
+  std::vector<OpRun*> parked;                     // runs whose step waits for room in the budget
 };
 
 // One op and its I/Os in flight.
@@ -24,6 +27,9 @@ struct RespEngine::OpRun {
   RespOpEnv env;
   Batch* batch = nullptr;
   size_t outstanding = 0;
+  size_t index = 0;       // in its batch
+  uint64_t pending = 0;   // reserved for the step in flight (its reads' expected sizes)
+  uint64_t reserved = 0;  // what its answered steps hold (the bytes that came)
 };
 
 // A write sent to several replicas: done when every leg has answered.
@@ -82,20 +88,34 @@ void RespEngine::Tick() {
 }
 
 void RespEngine::Run(std::span<RespOp* const> ops, const RespOpEnv& env, std::function<void()> done) {
+  Run(ops, env, std::move(done), nullptr, {});
+}
+
+void RespEngine::Run(std::span<RespOp* const> ops, const RespOpEnv& env, std::function<void()> done,
+                     AnswerBudget* budget, std::function<void(size_t, uint64_t)> op_done) {
   Batch& b = batches_.emplace_back();
   b.self = std::prev(batches_.end());
   b.done = std::move(done);
+  b.budget = budget;
+  b.op_done = std::move(op_done);
+  if (budget) {
+    budget->head_ = 0;
+    budget->parked_ = 0;
+    budget->batch_ = &b;
+  }
   b.left = ops.size() + 1;  // +1 until every op has started
   b.runs.resize(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
     b.runs[i].op = ops[i];
     b.runs[i].env = env;
     b.runs[i].batch = &b;
+    b.runs[i].index = i;
   }
   ++starting_;  // the ops' first I/Os go out together
   for (OpRun& r : b.runs) Advance(&r);
   --starting_;
   if (--b.left == 0) {
+    if (b.budget) b.budget->batch_ = nullptr;
     asio::post(io_, std::move(b.done));
     batches_.erase(b.self);
   }
@@ -105,19 +125,96 @@ void RespEngine::Run(std::span<RespOp* const> ops, const RespOpEnv& env, std::fu
   }
 }
 
+bool RespEngine::Admit(OpRun* run) {
+  AnswerBudget& budget = *run->batch->budget;
+  uint64_t need = 0;
+  for (const BlockIo& io : run->op->io())
+    if (io.kind == BlockIo::Kind::kGet) need += io.size_hint ? io.size_hint : o_.block_bytes;
+  if (need == 0) return true;
+  if (budget.held_ + need > budget.limit_ && run->index != budget.head_) return false;
+  budget.held_ += need;
+  run->pending = need;
+  return true;
+}
+
+void RespEngine::SendStep(OpRun* run) {
+  std::vector<BlockIo>& ios = run->op->io();
+  run->outstanding = ios.size();
+  for (BlockIo& io : ios) Submit(&io, run, nullptr);
+}
+
+void RespEngine::ResumeParked(Batch* b) {
+  if (b->parked.empty()) return;
+  // In op order: the connection's next answer first.
+  std::sort(b->parked.begin(), b->parked.end(), [](const OpRun* x, const OpRun* y) { return x->index < y->index; });
+  std::vector<OpRun*> go;
+  for (auto it = b->parked.begin(); it != b->parked.end();) {
+    if (Admit(*it)) {
+      go.push_back(*it);
+      it = b->parked.erase(it);
+      --b->budget->parked_;
+    } else {
+      ++it;
+    }
+  }
+  if (go.empty()) return;
+  ++starting_;  // their I/Os go out together (no completion runs in here)
+  for (OpRun* r : go) SendStep(r);
+  --starting_;
+  if (starting_ == 0 && flush_wanted_) {
+    flush_wanted_ = false;
+    ScheduleFlush();
+  }
+}
+
+void RespEngine::Taken(AnswerBudget* budget, size_t next) {
+  budget->head_ = next;
+  if (budget->batch_) ResumeParked(static_cast<Batch*>(budget->batch_));
+}
+
+void RespEngine::Written(AnswerBudget* budget, uint64_t bytes) {
+  budget->held_ -= std::min(bytes, budget->held_);
+  if (budget->batch_) ResumeParked(static_cast<Batch*>(budget->batch_));
+}
+
+void RespEngine::Abandon(AnswerBudget* budget) {
+  budget->limit_ = UINT64_MAX;
+  if (budget->batch_) ResumeParked(static_cast<Batch*>(budget->batch_));
+}
+
 void RespEngine::Advance(OpRun* run) {
+  Batch* b = run->batch;
+  bool room = false;  // the budget got room back: parked runs may go
+  if (b->budget && run->pending) {
+    // The step's reads came: its reservation becomes the bytes they hold.
+    uint64_t got = 0;
+    for (const BlockIo& io : run->op->io())
+      if (io.kind == BlockIo::Kind::kGet && io.status.ok()) got += io.value.size();
+    AnswerBudget& budget = *b->budget;
+    budget.held_ = budget.held_ - std::min(run->pending, budget.held_) + got;
+    room = got < run->pending && !b->parked.empty();
+    run->reserved += got;
+    run->pending = 0;
+  }
   if (!run->op->Step(run->env)) {
-    std::vector<BlockIo>& ios = run->op->io();
-    run->outstanding = ios.size();
-    for (BlockIo& io : ios) Submit(&io, run, nullptr);
+    if (b->budget && !Admit(run)) {  // no room: the step waits for the connection to take or write answers
+      b->parked.push_back(run);
+      ++b->budget->parked_;
+      ++stats_.parked;
+    } else {
+      SendStep(run);
+    }
+    if (room) ResumeParked(b);
     return;
   }
   for (BlockIo& a : run->op->after()) Submit(nullptr, nullptr, std::make_shared<BlockIo>(std::move(a)));
   run->op->after().clear();
-  Batch* b = run->batch;
+  if (b->op_done) b->op_done(run->index, run->reserved);
+  if (room) ResumeParked(b);
   if (--b->left == 0) {
     // The last answer came in (Run() holds the count while it starts ops):
     // resume the connection right here, not a loop turn later.
+    if (b->budget) b->budget->batch_ = nullptr;
     std::function<void()> done = std::move(b->done);
     batches_.erase(b->self);
     asio::dispatch(io_, std::move(done));

@@ -21,6 +21,10 @@
 // with the new map. A node that cannot be reached, or does not answer within
 // timeout_ms (checked every tick), fails its I/Os: reads miss, writes fail.
 //
+// Backpressure: a connection's Run may carry an AnswerBudget (below): its
+// ops fetch blocks only while the answers it has not written fit, so a
+// client that stops reading stops the fetching for itself.
+//
 // Thread-safety: none; every call runs on the loop's thread. The blocking
 // callbacks (refresh, stats) run on the helper pool.
 // Asio appears in this header: include it from .cc files only.
@@ -54,7 +58,34 @@ struct RespEngineOptions {
 };
 
 struct RespEngineStats {
-  uint64_t frames = 0, node_errors = 0, ios = 0;
+  uint64_t frames = 0, node_errors = 0, ios = 0, parked = 0;
+};
+
+// The answer bytes one client connection holds: fetched from the nodes (or
+// being fetched) and not yet written to the client. A step of an op that
+// reads blocks reserves what it will fetch (a block's size when known, else
+// the slot size) and is sent only when that fits under `limit`, or when the
+// op is the connection's next answer to take (so the connection always makes
+// progress, over the limit by at most that one op); otherwise it waits
+// (parked) until the connection takes or writes answers. When a step's
+// answers arrive the reservation becomes the bytes that came. So a client
+// that pipelines reads and never reads its answers holds at most about
+// `limit` plus one answer, whatever it asks for.
+// Used on the loop's thread only.
+class AnswerBudget {
+ public:
+  explicit AnswerBudget(uint64_t limit) : limit_(limit) {}
+  uint64_t held() const { return held_; }
+  uint64_t limit() const { return limit_; }
+  bool parked() const { return parked_ > 0; }  // an op waits for room: write answers
+
+ private:
+  friend class RespEngine;
+  uint64_t limit_;
+  uint64_t held_ = 0;
+  size_t head_ = 0;    // in the current Run: the first op whose answer the connection has not taken
+  size_t parked_ = 0;  // ops of the current Run waiting for room
+  void* batch_ = nullptr;  // the current Run's (RespEngine's), while it runs
 };
 
 class RespEngine {
@@ -66,6 +97,21 @@ class RespEngine {
   // Runs every op to its answer (their after() I/Os are sent without
   // waiting) and then posts done() on the loop. REQUIRES: the ops outlive done().
   void Run(std::span<RespOp* const> ops, const RespOpEnv& env, std::function<void()> done);
+  // The same for one connection within its answer budget (null: none):
+  // op_done(i, reserved) runs on the loop as soon as op i is answered
+  // (`reserved`: the bytes it holds against the budget, which the connection
+  // gives back with Written once its answer is written). REQUIRES: budget
+  // outlives done(); one Run per budget at a time.
+  void Run(std::span<RespOp* const> ops, const RespOpEnv& env, std::function<void()> done, AnswerBudget* budget,
+           std::function<void(size_t, uint64_t)> op_done);
+  // The connection has taken the answers of ops [0, next) of its Run: op
+  // `next` may now go over the limit.
+  void Taken(AnswerBudget* budget, size_t next);
+  // The connection wrote answers holding `bytes` of its budget.
+  void Written(AnswerBudget* budget, uint64_t bytes);
+  // The connection is going: its parked ops go at once (their answers are
+  // dropped by the connection once done).
+  void Abandon(AnswerBudget* budget);
   // Closes the node links and sends nothing more. The owner then stops the
   // loop: ops in flight are never answered (their connections go with it).
   void Stop();
@@ -80,6 +126,9 @@ class RespEngine {
   using PendingList = std::vector<PendingPtr>;
 
   void Advance(OpRun* run);
+  void SendStep(OpRun* run);      // submits the I/Os its Step() left
+  bool Admit(OpRun* run);         // reserves its step's reads in the budget (false: it must wait)
+  void ResumeParked(Batch* b);    // sends the parked runs that may go now
   void Submit(BlockIo* io, OpRun* run, std::shared_ptr<BlockIo> owned);
   void Complete(PendingPtr p, const Status& s);
   void MissOrRetry(PendingPtr p, const Status& why);

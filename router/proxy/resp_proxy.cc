@@ -10,7 +10,7 @@
 #include "kvmesh/router.h"
 #include "router/proxy/resp_engine.h"
 #include "transport/asio.h"
-#include "transport/asio_write.h"
+#include "transport/asio_listener.h"
 #include "transport/resp/resp_commands.h"
 #include "transport/resp/resp_session.h"
 #include "transport/tls_server.h"
@@ -22,20 +22,10 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 constexpr size_t kMaxRunCommands = 256;  // commands parsed per read
-constexpr size_t kFlushBytes = 8u << 20; // answers held before they are written
-constexpr size_t kFirstReadBytes = 256u << 10;  // a connection's read buffer at first ...
+constexpr size_t kFlushBytes = 8u << 20; // answers gathered before they are written (or the limit, if lower)
+constexpr size_t kFirstReadBytes = 256u << 10;  // an authenticated connection's read buffer at first ...
 constexpr size_t kMaxReadBytes = 4u << 20;      // ... and as far as pipelining grows it
-
-// Awaits RespEngine::Run.
-template <typename Token>
-auto AsyncRun(RespEngine& e, std::span<RespOp* const> ops, const RespOpEnv& env, Token&& token) {
-  return asio::async_initiate<Token, void()>(
-      [&e, ops, env](auto handler) {
-        auto h = std::make_shared<decltype(handler)>(std::move(handler));
-        e.Run(ops, env, [h] { (*h)(); });
-      },
-      token);
-}
+constexpr size_t kPreauthReadBytes = 4u << 10;  // one that has not authenticated yet (at most preauth_max_bytes)
 
 std::vector<asio::const_buffer> Buffers(const RespReply& r) {
   std::vector<asio::const_buffer> b;
@@ -44,18 +34,21 @@ std::vector<asio::const_buffer> Buffers(const RespReply& r) {
   return b;
 }
 
-// Writes `r` through TLS, small pieces merged into records.
-asio::awaitable<void> WriteReply(asio::ssl::stream<tcp::socket&>& s, const RespReply& r, boost::system::error_code& ec) {
+// Writes `r` through TLS, small pieces merged into records; the watch closes
+// the connection when the client does not take it within the write timeout.
+asio::awaitable<void> WriteReply(asio::ssl::stream<tcp::socket&>& s, const RespReply& r, ConnectionWatch& watch,
+                                 boost::system::error_code& ec) {
   std::string stage;
-  const std::vector<asio::const_buffer> bufs = CoalesceForTls(Buffers(r), &stage);
-  co_await asio::async_write(s, bufs, asio::redirect_error(asio::use_awaitable, ec));
+  std::vector<asio::const_buffer> bufs = CoalesceForTls(Buffers(r), &stage);
+  co_await WatchedWrite(s, bufs, watch, ec);
 }
 
 // Writes `r`: at once when the socket takes it all (the usual case: no loop
-// turn for the completion), else the rest asynchronously.
-asio::awaitable<void> WriteReply(tcp::socket& s, const RespReply& r, boost::system::error_code& ec) {
+// turn for the completion), else the rest asynchronously, as above.
+asio::awaitable<void> WriteReply(tcp::socket& s, const RespReply& r, ConnectionWatch& watch,
+                                 boost::system::error_code& ec) {
   std::vector<asio::const_buffer> bufs = Buffers(r);
-  co_await WriteNowThenAsync(s, bufs, ec);  // non-blocking socket
+  co_await WatchedWrite(s, bufs, watch, ec);  // non-blocking socket
 }
 
 // The keys a segment of side-by-side commands touches: a command that reads
@@ -92,7 +85,10 @@ class Segment {
 class Proxy final : public RespProxy {
  public:
   explicit Proxy(RespProxyOptions o)
-      : o_(std::move(o)), commands_(FrontOptions(o_)), helpers_(1) {
+      : o_(std::move(o)),
+        commands_(FrontOptions(o_)),
+        helpers_(1),
+        limiter_(o_.limits.max_connections, o_.limits.max_connections_per_peer) {
     const uint32_t n = std::max<uint32_t>(1, o_.io_threads);
     for (uint32_t i = 0; i < n; ++i) loops_.push_back(std::make_unique<Loop>());
     acceptor_ = std::make_unique<tcp::acceptor>(loops_[0]->io);
@@ -145,6 +141,8 @@ class Proxy final : public RespProxy {
   uint16_t port() const override { return port_; }
   uint64_t commands() const override { return commands_.commands(); }
   uint64_t tls_failures() const override { return tls_failures_.load(std::memory_order_relaxed); }
+  uint64_t connections_refused() const override { return limiter_.refused(); }
+  const WatchCounters& timeouts() const override { return timeouts_; }
 
   void Stop() override {
     if (stopped_.exchange(true)) return;
@@ -210,32 +208,42 @@ class Proxy final : public RespProxy {
       tcp::socket s = co_await acceptor_->async_accept(l.io, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) {
         if (!acceptor_->is_open()) co_return;
+        if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space) {
+          asio::steady_timer t(loops_[0]->io, std::chrono::milliseconds(50));  // no spinning on the same error
+          co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        }
         continue;
       }
-      asio::co_spawn(l.io, Connection(l, std::move(s)), asio::detached);
+      // $.limits: connections of this port and of one peer.
+      const tcp::endpoint peer = s.remote_endpoint(ec);
+      ConnectionLimiter::Slot slot = ec ? ConnectionLimiter::Slot() : limiter_.Admit(peer.address());
+      if (!slot) {
+        if (!ec && !tls_) RespRefuseConnection(s);
+        s.close(ec);
+        continue;
+      }
+      asio::co_spawn(l.io, Connection(l, std::move(s), std::move(slot)), asio::detached);
     }
   }
 
   // One client connection, on its loop: plain, or TLS after its handshake.
-  asio::awaitable<void> Connection(Loop& loop, tcp::socket s) {
+  asio::awaitable<void> Connection(Loop& loop, tcp::socket s, [[maybe_unused]] ConnectionLimiter::Slot slot) {
     boost::system::error_code ec;
     s.set_option(tcp::no_delay(true), ec);
     auto reg = loop.conns.insert(loop.conns.end(), &s);
-    if (!tls_) {
-      s.non_blocking(true, ec);  // WriteReply writes at once when it can
-      co_await Serve(loop, s);
-    } else {
-      asio::ssl::stream<tcp::socket&> tls(s, *tls_);
-      // A client that never finishes its handshake is dropped after 10 s.
-      asio::steady_timer timer(s.get_executor());
-      timer.expires_after(std::chrono::seconds(10));
-      timer.async_wait([&s](boost::system::error_code e) {
-        if (!e) s.cancel();
-      });
-      co_await tls.async_handshake(asio::ssl::stream_base::server, asio::redirect_error(asio::use_awaitable, ec));
-      timer.cancel();
-      if (ec) tls_failures_.fetch_add(1, std::memory_order_relaxed);
-      else co_await Serve(loop, tls);
+    {
+      // The TLS handshake and AUTH within handshake_timeout_ms, a command
+      // begun within read_timeout_ms, answers taken within write_timeout_ms.
+      ConnectionWatch watch(s, o_.limits, &timeouts_);
+      if (!tls_) {
+        s.non_blocking(true, ec);  // WriteReply writes at once when it can
+        co_await Serve(loop, s, watch);
+      } else {
+        asio::ssl::stream<tcp::socket&> tls(s, *tls_);
+        co_await tls.async_handshake(asio::ssl::stream_base::server, asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) tls_failures_.fetch_add(1, std::memory_order_relaxed);
+        else co_await Serve(loop, tls, watch);
+      }
     }
     loop.conns.erase(reg);
     s.shutdown(tcp::socket::shutdown_both, ec);
@@ -243,55 +251,100 @@ class Proxy final : public RespProxy {
   }
 
   // The commands of one client connection.
+  //
+  // Backpressure: the answers the connection holds (fetched, not yet
+  // written) stay within its AnswerBudget ($.limits.max_pending_answer_bytes,
+  // plus the one answer it takes next): ops whose reads would go past it
+  // wait, and answers are written as soon as they are due in order, so a
+  // client that stops reading stops the fetching (and, after the write
+  // timeout, loses its connection). Nothing more is read from the client
+  // while its answers are being written.
   template <typename Stream>
-  asio::awaitable<void> Serve(Loop& loop, Stream& s) {
+  asio::awaitable<void> Serve(Loop& loop, Stream& s, ConnectionWatch& watch) {
     boost::system::error_code ec;
     const uint64_t max_bulk = RespMaxBulk(o_.max_value_bytes);
-    const size_t max_buf = max_bulk + kRespMaxInline + 64;
-    std::vector<char> buf(kFirstReadBytes);
-    size_t filled = 0;
+    const uint64_t preauth = RespPreauthBytes(o_.limits, max_bulk);
+    const bool needs_auth = o_.auth && o_.auth->required();
+    const uint64_t flush_bytes = std::min<uint64_t>(kFlushBytes, o_.limits.max_pending_answer_bytes);
     RespSessionState state;
     state.id = commands_.NextClientId();
+    if (!needs_auth) watch.Authenticated();
+    auto authed = [&] { return !needs_auth || state.authenticated; };
+    RespReadBuffer buf;
+    size_t filled = 0;
+    RespCommandParser parser;
     std::vector<RespCommand> cmds(kMaxRunCommands);
     std::vector<std::unique_ptr<RespOp>> ops;
     std::vector<RespOp*> raw;
     Segment seg;
+    AnswerBudget budget(o_.limits.max_pending_answer_bytes);
+    uint64_t unwritten = 0;  // the budget the answers in `out` hold
+    std::vector<uint8_t> finished;
+    std::vector<uint64_t> reserved;
+    asio::steady_timer wake(loop.io);  // cancelled when an op of the segment is answered
     bool quit = false, need_read = true, broken = false;
+    RespReply out;
+    // Writes `out` and gives its bytes back to the budget; false when the client is gone.
+    auto flush = [&](RespEngine& engine) -> asio::awaitable<bool> {
+      co_await WriteReply(s, out, watch, ec);
+      out = RespReply();
+      engine.Written(&budget, unwritten);
+      unwritten = 0;
+      co_return !ec;
+    };
     while (!quit) {
       if (need_read) {
-        if (filled == buf.size()) {
-          if (buf.size() >= max_buf) break;  // cannot be a valid command
-          buf.resize(std::min(buf.size() * 2, max_buf));
+        const size_t max_buf = authed() ? max_bulk + kRespMaxInline + 64 : preauth;
+        if (filled == buf.capacity()) {
+          if (filled >= max_buf) {  // cannot be a valid command (before AUTH: larger than it may be)
+            if (!authed()) {
+              out = RespReply();
+              out.Err("ERR Protocol error: command longer than " + std::to_string(preauth) + " bytes before AUTH");
+              co_await WriteReply(s, out, watch, ec);
+            }
+            break;
+          }
+          size_t cap = buf.capacity() ? buf.capacity() * 2 : (authed() ? kFirstReadBytes : kPreauthReadBytes);
+          cap = std::min<size_t>(std::max(cap, parser.wanted()), max_buf);  // a bulk string's end: one allocation
+          buf.Resize(cap, filled);
         }
-        const size_t n = co_await s.async_read_some(asio::buffer(buf.data() + filled, buf.size() - filled),
+        if (filled > 0) watch.Reading();  // a command has begun: it must keep arriving
+        else watch.Idle();
+        const size_t n = co_await s.async_read_some(asio::buffer(buf.data() + filled, buf.capacity() - filled),
                                                     asio::redirect_error(asio::use_awaitable, ec));
         if (ec) break;
         filled += n;
         // A read that filled the buffer: the client pipelines more than it
         // holds. Grow it (up to kMaxReadBytes) so that one round trip to the
         // nodes carries the whole pipeline, not a buffer's worth of it.
-        if (filled == buf.size() && buf.size() < kMaxReadBytes) buf.resize(std::min(buf.size() * 2, kMaxReadBytes));
+        if (filled == buf.capacity() && buf.capacity() < kMaxReadBytes && authed())
+          buf.Resize(std::min(buf.capacity() * 2, kMaxReadBytes), filled);
       }
-      // Parse what has arrived (up to kMaxRunCommands).
+      // Parse what has arrived (up to kMaxRunCommands; one at a time before
+      // AUTH, so that what follows it is read with the limits it lifts).
+      const bool was_authed = authed();
+      const size_t max_cmds = was_authed ? kMaxRunCommands : 1;
       size_t used = 0, n = 0;
       bool error = false;
       std::string err;
-      while (n < kMaxRunCommands) {
+      while (n < max_cmds) {
         size_t u = 0;
-        const RespParse p = ParseRespCommand(std::string_view(buf.data() + used, filled - used), max_bulk, &cmds[n], &u, &err);
+        const RespParse p = parser.Parse(std::string_view(buf.data() + used, filled - used),
+                                         was_authed ? max_bulk : preauth, &cmds[n], &u, &err);
         if (p == RespParse::kNeedMore) break;
         if (p == RespParse::kError) {
+          if (!was_authed) err += " (at most " + std::to_string(preauth) + " bytes before AUTH)";
           error = true;
           break;
         }
         used += u;
         if (!cmds[n].empty()) ++n;
       }
-      need_read = n < kMaxRunCommands;
+      need_read = n < max_cmds;
+      if (n > 0) watch.Busy();  // waiting for the nodes is bounded by their timeout, not the client's
       // Run them: segments of commands side by side, answered in order.
-      RespReply out;
       size_t i = 0;
-      while (i < n && !quit) {
+      while (i < n && !quit && !broken) {
         ops.clear();
         seg.Clear();
         // A segment runs as one identity: an AUTH that changes it ends the segment.
@@ -303,28 +356,72 @@ class Proxy final : public RespProxy {
         }
         raw.clear();
         for (auto& op : ops) raw.push_back(op.get());
-        co_await AsyncRun(EngineFor(loop, identity), raw, commands_.Env(), asio::use_awaitable);
-        for (auto& op : ops) op->Answer(&out);
-        ops.clear();  // the answers keep what they borrow
-        if (out.bytes() > kFlushBytes && i < n) {
-          co_await WriteReply(s, out, ec);
-          if (ec) {
-            broken = true;
-            break;
+        finished.assign(ops.size(), 0);
+        reserved.assign(ops.size(), 0);
+        bool batch_done = false;
+        RespEngine& engine = EngineFor(loop, identity);
+        engine.Run(
+            raw, commands_.Env(),
+            [&batch_done, &wake] {
+              batch_done = true;
+              wake.cancel();
+            },
+            &budget,
+            [&finished, &reserved, &wake](size_t k, uint64_t r) {
+              finished[k] = 1;
+              reserved[k] = r;
+              wake.cancel();
+            });
+        // Take the answers in order as they come; write them when the budget
+        // wants room (an op waits) or they are many.
+        size_t next = 0;
+        while (next < ops.size()) {
+          const size_t before = next;
+          for (; next < ops.size() && finished[next]; ++next) {
+            if (!broken) ops[next]->Answer(&out);
+            unwritten += reserved[next];
           }
-          out = RespReply();
+          if (next != before) engine.Taken(&budget, next);
+          if (next == ops.size()) break;
+          if (!broken && !out.empty() &&
+              (budget.parked() || budget.held() > budget.limit() || out.bytes() > flush_bytes)) {
+            if (!co_await flush(engine)) {
+              broken = true;  // the client is gone: let the rest run out, answer nothing
+              engine.Abandon(&budget);
+            }
+            watch.Busy();
+            continue;
+          }
+          if (!finished[next]) {
+            wake.expires_at(asio::steady_timer::time_point::max());
+            boost::system::error_code wec;
+            co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, wec));
+          }
+        }
+        while (!batch_done) {  // the engine is done with the ops (and these callbacks)
+          wake.expires_at(asio::steady_timer::time_point::max());
+          boost::system::error_code wec;
+          co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, wec));
+        }
+        ops.clear();  // the answers keep what they borrow
+        if (!broken && !out.empty() && i < n && (out.bytes() > flush_bytes || budget.held() > budget.limit())) {
+          if (!co_await flush(engine)) broken = true;
+          watch.Busy();
         }
       }
+      if (!was_authed && authed()) watch.Authenticated();
       if (broken) break;
       if (error) out.Err("ERR Protocol error: " + err);
       if (!out.empty()) {
-        co_await WriteReply(s, out, ec);
-        if (ec) break;
+        if (!co_await flush(EngineFor(loop, state.identity))) break;
       }
       if (error) break;
       // Keep the unparsed tail (the commands that pointed into buf are answered).
-      std::memmove(buf.data(), buf.data() + used, filled - used);
-      filled -= used;
+      if (used > 0) {
+        std::memmove(buf.data(), buf.data() + used, filled - used);
+        filled -= used;
+      }
+      if (filled == 0 && buf.capacity() > kMaxReadBytes) buf.Resize(kFirstReadBytes, 0);  // after one large command
     }
   }
 
@@ -336,6 +433,8 @@ class Proxy final : public RespProxy {
   RespEngineOptions engine_options_;          // the cluster identity's; tenants' differ in the HELLO
   std::shared_ptr<asio::ssl::context> tls_;   // the client port's (null: plain)
   std::atomic<uint64_t> tls_failures_{0};
+  ConnectionLimiter limiter_;                 // $.limits: connections per port and per peer
+  WatchCounters timeouts_;
   uint16_t port_ = 0;
   std::atomic<bool> stopped_{false};
 };

@@ -48,6 +48,13 @@
 // identity only; a tenant's DBSIZE answers 0 and its INFO has no keyspace
 // figures (the coordinator's totals are every tenant's).
 //
+// Limits ($.limits, docs/security.md "Resource limits"): connections per
+// port and per peer; before AUTH nothing but the handshake (no bulk string or
+// buffered command over preauth_max_bytes, all within handshake_timeout_ms);
+// a connection's unwritten answers bounded (AnswerBudget in resp_engine.h:
+// past it the proxy fetches nothing more for it); read, write and idle
+// timeouts.
+//
 // Failure behaviour: a key whose node cannot be reached reads nil (GET/MGET),
 // counts as absent (EXISTS/DEL) and a SET to it answers "-ERR Unavailable...";
 // a value over max_value_bytes answers "-ERR ResourceExhausted: ..." and
@@ -72,6 +79,7 @@ namespace kvmesh {
 class Router;
 class ShardMap;
 class RespAuth;
+struct WatchCounters;
 
 // Cluster-wide figures for DBSIZE and INFO (e.g. the coordinator's /stats).
 struct RespClusterStats {
@@ -105,6 +113,10 @@ struct RespProxyOptions {
   // DBSIZE and INFO figures; blocking, run on a helper thread. Empty:
   // DBSIZE answers 0.
   std::function<Result<RespClusterStats>()> stats;
+  // $.limits: connections per port and per peer, what a client may send
+  // before AUTH, the handshake, read, write and idle timeouts, and the
+  // answer bytes one connection may hold before its reads stop fetching.
+  LimitsConfig limits;
 };
 
 class RespProxy {
@@ -121,6 +133,8 @@ class RespProxy {
   virtual void Stop() = 0;
   virtual uint64_t commands() const = 0;
   virtual uint64_t tls_failures() const = 0;  // client handshakes that failed
+  virtual uint64_t connections_refused() const = 0;  // closed at accept by $.limits
+  virtual const WatchCounters& timeouts() const = 0;  // connections closed by a timeout
 };
 
 }  // namespace kvmesh

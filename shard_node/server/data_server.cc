@@ -39,7 +39,10 @@ constexpr size_t kOps = proto::kMaxOpcode + 1;  // opcodes 1..kMaxOpcode
 template <typename Stream>
 class FrameReader {
  public:
-  explicit FrameReader(Stream& s) : s_(s) {}
+  FrameReader(Stream& s, ConnectionWatch* watch) : s_(s), watch_(watch) {}
+
+  // Bytes read from the stream and not yet taken.
+  size_t buffered() const { return len_ - pos_; }
 
   // Reads exactly dst.size() bytes. False when the stream ended or failed (ec).
   asio::awaitable<bool> Read(std::span<std::byte> dst, boost::system::error_code& ec) {
@@ -84,27 +87,17 @@ class FrameReader {
                                                 asio::redirect_error(asio::use_awaitable, ec));
     if (ec) co_return 0;
     drained_ = n < buf.size();
+    if (watch_) watch_->Reading();  // a frame has begun, or more of it came
     co_return n;
   }
 
   static constexpr bool kPlain = std::is_same_v<Stream, tcp::socket>;
   Stream& s_;
+  ConnectionWatch* watch_;
   std::array<std::byte, kStage> stage_;
   size_t pos_ = 0, len_ = 0;
   bool drained_ = true;  // the last read took less than it asked for
 };
-
-// Writes every buffer: at once when the socket takes them (no loop turn for
-// a completion), the rest asynchronously; over TLS all asynchronously.
-// REQUIRES: a plain socket is non-blocking.
-template <typename Stream>
-asio::awaitable<void> WriteAll(Stream& s, std::vector<asio::const_buffer>& bufs, boost::system::error_code& ec) {
-  if constexpr (std::is_same_v<Stream, tcp::socket>) {
-    co_await WriteNowThenAsync(s, bufs, ec);
-  } else {
-    co_await asio::async_write(s, bufs, asio::redirect_error(asio::use_awaitable, ec));
-  }
-}
 
 struct OpStats {
   std::atomic<uint64_t> count{0};
@@ -126,6 +119,8 @@ class Server final : public DataServer {
     l.port = o_.port;
     l.session_threads = o_.threads;
     l.what = "data";
+    l.max_connections = o_.conn_limits.max_connections;
+    l.max_connections_per_peer = o_.conn_limits.max_connections_per_peer;
     KVMESH_ASSIGN_OR_RETURN(listener_,
                             AsioListener::Start(l, [this](tcp::socket s) { return Session(std::move(s)); }));
     return Status::Ok();
@@ -153,6 +148,14 @@ class Server final : public DataServer {
     line("kvmesh_frames_rejected_total", "reason=\"truncated\"", double(truncated_.load()));
     line("kvmesh_frames_rejected_total", "reason=\"auth\"", double(handler_.auth_failures.load()));
     line("kvmesh_frames_rejected_total", "reason=\"stale_epoch\"", double(handler_.stale.load()));
+    line("kvmesh_frames_rejected_total", "reason=\"preauth\"", double(preauth_refused_.load()));
+    out += "# TYPE kvmesh_connections_refused_total counter\n";
+    line("kvmesh_connections_refused_total", "", double(listener_->refused()));
+    out += "# TYPE kvmesh_connection_timeouts_total counter\n";
+    line("kvmesh_connection_timeouts_total", "kind=\"handshake\"", double(timeouts_.handshake.load()));
+    line("kvmesh_connection_timeouts_total", "kind=\"read\"", double(timeouts_.read.load()));
+    line("kvmesh_connection_timeouts_total", "kind=\"write\"", double(timeouts_.write.load()));
+    line("kvmesh_connection_timeouts_total", "kind=\"idle\"", double(timeouts_.idle.load()));
     out += "# TYPE kvmesh_tls_handshake_failures_total counter\n";
     line("kvmesh_tls_handshake_failures_total", "", double(tls_failed_.load()));
     out += "# TYPE kvmesh_bytes_received_total counter\n";
@@ -239,21 +242,19 @@ class Server final : public DataServer {
     sock.set_option(tcp::no_delay(true), ec);
     conns_total_.fetch_add(1);
     conns_open_.fetch_add(1);
-    if (!o_.tls) {
-      sock.non_blocking(true, ec);  // FrameReader and WriteAll: no loop turn when the socket is ready
-      co_await Frames(sock);
-    } else {
-      asio::ssl::stream<tcp::socket&> tls(sock, *o_.tls);
-      // A client that never finishes its handshake is dropped after 10 s.
-      asio::steady_timer timer(sock.get_executor());
-      timer.expires_after(std::chrono::seconds(10));
-      timer.async_wait([&sock](boost::system::error_code e) {
-        if (!e) sock.cancel();
-      });
-      co_await tls.async_handshake(asio::ssl::stream_base::server, asio::redirect_error(asio::use_awaitable, ec));
-      timer.cancel();
-      if (ec) tls_failed_.fetch_add(1);
-      else co_await Frames(tls);
+    {
+      // The TLS handshake and the HELLO within handshake_timeout_ms, frames
+      // within read_timeout_ms once begun, answers taken within write_timeout_ms.
+      ConnectionWatch watch(sock, o_.conn_limits, &timeouts_);
+      if (!o_.tls) {
+        sock.non_blocking(true, ec);  // FrameReader and WatchedWrite: no loop turn when the socket is ready
+        co_await Frames(sock, watch);
+      } else {
+        asio::ssl::stream<tcp::socket&> tls(sock, *o_.tls);
+        co_await tls.async_handshake(asio::ssl::stream_base::server, asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) tls_failed_.fetch_add(1);
+        else co_await Frames(tls, watch);
+      }
     }
     sock.shutdown(tcp::socket::shutdown_both, ec);
     sock.close(ec);
@@ -262,13 +263,14 @@ class Server final : public DataServer {
 
   // The frames of one connection, over a plain or a TLS stream.
   template <typename Stream>
-  asio::awaitable<void> Frames(Stream& s) {
+  asio::awaitable<void> Frames(Stream& s, ConnectionWatch& watch) {
     boost::system::error_code ec;
-    FrameReader<Stream> in(s);
+    FrameReader<Stream> in(s, &watch);
     ConnectionAuth conn;
     Buffer body;
     std::vector<PutRecord> put_records;  // kept for the connection: no allocation per PUT once warm
     for (;;) {
+      if (in.buffered() == 0) watch.Idle();  // else the next frame has begun
       HeaderBytes hb;
       if (!co_await in.Read(hb, ec)) {
         if (ec != asio::error::eof) truncated_.fetch_add(1);
@@ -282,7 +284,14 @@ class Server final : public DataServer {
       const auto t0 = std::chrono::steady_clock::now();
       FrameReply rep;
       FrameOutcome outcome;
-      if (h.opcode == Opcode::kPut && handler_.Admits(h, conn)) {
+      size_t read_bytes = kHeaderSize + h.body_len;
+      if (!conn.hello_done && h.opcode != Opcode::kHello) {
+        // Nothing before the handshake: refused at its header (PermissionDenied,
+        // then closed), its body never read.
+        preauth_refused_.fetch_add(1, std::memory_order_relaxed);
+        outcome = handler_.Handle(h, {}, &conn, &rep);
+        read_bytes = kHeaderSize;
+      } else if (h.opcode == Opcode::kPut && handler_.Admits(h, conn)) {
         // The payloads go straight from the socket into reserved pool chunks.
         const PutRead r = co_await ReadPut(in, h, TenantView(node_, conn.tenant), body, put_records, &rep);
         if (r == PutRead::kTruncated) truncated_.fetch_add(1);
@@ -297,14 +306,15 @@ class Server final : public DataServer {
         }
         outcome = handler_.Handle(h, b, &conn, &rep);
       }
-      bytes_in_.fetch_add(kHeaderSize + h.body_len, std::memory_order_relaxed);
+      bytes_in_.fetch_add(read_bytes, std::memory_order_relaxed);
       if (outcome == FrameOutcome::kClose) break;
+      if (conn.hello_done) watch.Authenticated();
       const bool close_after = outcome == FrameOutcome::kReplyThenClose;
       std::vector<asio::const_buffer> bufs;
       bufs.reserve(rep.pieces.size());
       for (auto piece : rep.pieces) bufs.push_back(asio::buffer(piece.data(), piece.size()));
       const size_t out_bytes = rep.bytes();
-      co_await WriteAll(s, bufs, ec);
+      co_await WatchedWrite(s, bufs, watch, ec);  // closed by the watch after write_timeout_ms
       if (ec) break;
       bytes_out_.fetch_add(out_bytes, std::memory_order_relaxed);
       OpStats& st = ops_[static_cast<size_t>(h.opcode)];
@@ -322,7 +332,8 @@ class Server final : public DataServer {
   const std::atomic<uint64_t>* epoch_;
   FrameHandler handler_;
   std::atomic<uint64_t> conns_total_{0}, conns_open_{0}, malformed_{0}, truncated_{0}, tls_failed_{0};
-  std::atomic<uint64_t> bytes_in_{0}, bytes_out_{0};
+  std::atomic<uint64_t> bytes_in_{0}, bytes_out_{0}, preauth_refused_{0};
+  WatchCounters timeouts_;
   std::array<OpStats, kOps> ops_;
   std::unique_ptr<AsioListener> listener_;  // last: destroyed first, with the sessions that use the above
 };

@@ -13,7 +13,11 @@
 // own connection. The first frame must be HELLO: it carries the cluster
 // secret, or a tenant's name and token (the node's $.auth.tenants); wrong or
 // missing credentials are refused (PermissionDenied) and the connection closed
-// before any data operation. A request whose epoch is non-zero and older than
+// before any data operation; a data frame before it is refused at its header,
+// its body never read. A connection answers one frame at a time, so what it
+// holds of the node is one answer (at most max_body_bytes, the blocks pinned
+// until written); an answer the client does not take within
+// $.limits.write_timeout_ms closes the connection and releases its blocks. A request whose epoch is non-zero and older than
 // the node's current epoch is answered StaleEpoch (carrying the node's epoch).
 //
 // Thread-safety: Start/Stop from one thread; everything else is internal.
@@ -24,6 +28,7 @@
 #include <memory>
 #include <string>
 
+#include "kvmesh/config.h"
 #include "kvmesh/status.h"
 #include "transport/protocol.h"
 
@@ -41,6 +46,10 @@ struct DataServerOptions {
   uint32_t threads = 2;
   proto::ProtocolLimits limits;
   std::string token;  // the cluster secret a HELLO without a tenant name must carry (empty: none)
+  // $.limits: connections per port and per peer, the handshake, read, write
+  // and idle timeouts. Before its HELLO a connection's data frames are
+  // refused at their header (PermissionDenied, then closed): no body is read.
+  LimitsConfig conn_limits;
   // TLS on every connection ($.tls; MakeTlsServerContext): the handshake
   // comes first, then the frames as above. nullptr: plain TCP.
   std::shared_ptr<boost::asio::ssl::context> tls;

@@ -8,6 +8,63 @@ namespace kvmesh {
 
 using namespace proto;
 
+// ---- ConnectionPins -----------------------------------------------------------------
+
+ConnectionPins& ConnectionPins::operator=(ConnectionPins&& o) noexcept {
+  if (this != &o) {
+    Clear();
+    node_ = o.node_;
+    tenant_ = o.tenant_;
+    held_ = std::move(o.held_);
+    count_ = o.count_;
+    o.held_.clear();
+    o.count_ = 0;
+  }
+  return *this;
+}
+
+Status ConnectionPins::Pin(ShardNode* node, uint32_t t, const BlockKey& stored) {
+  if (count_ > 0 && (node != node_ || t != tenant_)) Clear();  // never expected: one node and identity per connection
+  node_ = node;
+  tenant_ = t;
+  if (count_ >= kMaxPinsPerConnection)
+    return ResourceExhausted("this connection holds its limit of " + std::to_string(kMaxPinsPerConnection) +
+                             " pins: unpin some");
+  KVMESH_ASSIGN_OR_RETURN(BlockRef ref, node->PinRef(stored));
+  const uint64_t charge = node->store().ChunkBytesFor(ref.meta().size);
+  KVMESH_RETURN_IF_ERROR(node->tenants().ReservePin(t, charge));  // ref unpins on the way out
+  held_[stored].push_back(Held{std::move(ref), charge});
+  ++count_;
+  return Status::Ok();
+}
+
+Status ConnectionPins::Unpin(ShardNode* node, const BlockKey& stored) {
+  auto it = held_.find(stored);
+  if (it == held_.end()) {
+    if (node->Exists(stored, false)) return FailedPrecondition("the block is not pinned by this connection");
+    return NotFound("the block is not stored (nor pinned by this connection)");
+  }
+  std::vector<Held>& v = it->second;
+  const uint64_t charge = v.front().charge;
+  v.erase(v.begin());  // releases the pin: a doomed chunk is freed here
+  if (v.empty()) held_.erase(it);
+  --count_;
+  node_->tenants().ReleasePin(tenant_, charge);
+  return Status::Ok();
+}
+
+void ConnectionPins::Clear() {
+  if (count_ == 0 || node_ == nullptr) return;
+  uint64_t charge = 0;
+  for (auto& [key, v] : held_)
+    for (const Held& h : v) charge += h.charge;
+  held_.clear();  // every pin released
+  count_ = 0;
+  node_->tenants().ReleasePin(tenant_, charge);
+}
+
+// ---- FrameHandler ---------------------------------------------------------------------
+
 FrameOutcome FrameHandler::Handle(const FrameHeader& h, std::span<const std::byte> body, ConnectionAuth* conn,
                                   FrameReply* rep) {
   if (!conn->hello_done || h.opcode == Opcode::kHello) {
@@ -29,7 +86,7 @@ FrameOutcome FrameHandler::Handle(const FrameHeader& h, std::span<const std::byt
     return FrameOutcome::kReply;
   }
   TenantView v(node_, conn->tenant);
-  if (!HandleData(h, body, v, rep).ok()) {
+  if (!HandleData(h, body, v, conn, rep).ok()) {
     malformed.fetch_add(1);
     return FrameOutcome::kClose;
   }
@@ -103,7 +160,7 @@ void FrameHandler::OkReply(const FrameHeader& req, uint32_t count, std::string b
 
 // Answers one data frame. Non-OK only for a malformed body (closes the connection).
 Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte> body, TenantView& v,
-                                FrameReply* rep) {
+                                ConnectionAuth* conn, FrameReply* rep) {
   const SeqCaller c{v.tenant(), node_->tenants().Namespace(v.tenant())};
   switch (h.opcode) {
     case Opcode::kPut: return HandlePut(h, body, v, rep);
@@ -111,9 +168,9 @@ Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte>
     case Opcode::kExists: return HandleExists(h, body, v, rep);
     case Opcode::kMatchPrefix: return HandleMatchPrefix(h, body, v, rep);
     case Opcode::kErase: return HandlePerKey(h, body, v, &TenantView::Erase, rep);
-    case Opcode::kPin: return HandlePerKey(h, body, v, &TenantView::Pin, rep);
+    case Opcode::kPin: return HandlePins(h, body, v, &conn->pins, /*pin=*/true, rep);
     case Opcode::kRelease: return HandlePerKey(h, body, v, &TenantView::Release, rep);
-    case Opcode::kUnpin: return HandlePerKey(h, body, v, &TenantView::Unpin, rep);
+    case Opcode::kUnpin: return HandlePins(h, body, v, &conn->pins, /*pin=*/false, rep);
     case Opcode::kStats: return HandleStats(h, v, rep);
     case Opcode::kSeqCreate: return HandleSeqCreate(h, body, c, rep);
     case Opcode::kSeqAppend: return HandleSeqAppend(h, body, c, rep);
@@ -260,6 +317,20 @@ Status FrameHandler::HandlePerKey(const FrameHeader& h, std::span<const std::byt
   KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
   std::string codes(keys.size(), '\0');
   for (size_t i = 0; i < keys.size(); ++i) codes[i] = static_cast<char>((v.*op)(keys[i]).code());
+  OkReply(h, h.count, std::move(codes), rep);
+  return Status::Ok();
+}
+
+Status FrameHandler::HandlePins(const FrameHeader& h, std::span<const std::byte> body, TenantView& v,
+                                ConnectionPins* pins, bool pin, FrameReply* rep) {
+  std::vector<BlockKey> keys;
+  KVMESH_RETURN_IF_ERROR(ParseKeys(h, body, &keys));
+  std::string codes(keys.size(), '\0');
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const BlockKey stored = v.Key(keys[i]);
+    const Status s = pin ? pins->Pin(node_, v.tenant(), stored) : pins->Unpin(node_, stored);
+    codes[i] = static_cast<char>(s.code());
+  }
   OkReply(h, h.count, std::move(codes), rep);
   return Status::Ok();
 }

@@ -3,7 +3,8 @@
 // Holds the per-frame logic every server shares: HELLO and its credentials
 // (the cluster secret or a tenant's name and token), the stale-epoch refusal,
 // and the batch operations, each in the namespace of the identity the
-// connection proved (TenantView). Answers are a list of byte
+// connection proved (TenantView); explicit pins (PIN / UNPIN) belong to the
+// connection that made them (ConnectionPins). Answers are a list of byte
 // pieces (header, tables, then payloads straight from pool memory, pinned by
 // the BlockRefs the reply owns) for one gathered send.
 //
@@ -15,6 +16,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include <absl/container/flat_hash_map.h>
 
 #include "shard_node/block_store.h"
 #include "shard_node/sequence_service.h"
@@ -80,12 +83,62 @@ struct FrameReply {
   }
 };
 
-// What one connection (or UCX session) has proven so far.
+// The most explicit pins (PIN frames not yet matched by an UNPIN) one
+// connection or UCX session may hold; a PIN past it answers
+// RESOURCE_EXHAUSTED for that key. (A tenant with a quota is also bound to
+// pins over at most its quota's worth of chunk bytes, summed over its
+// connections: TenantRegistry::ReservePin.)
+inline constexpr size_t kMaxPinsPerConnection = 256;
+
+// The explicit pins one connection (or UCX session) holds, by stored key.
+// Each is a handle on the pinned chunk (ShardNode::PinRef): an UNPIN
+// releases the oldest pin the connection holds on the key, and destroying
+// (or resetting) the set releases them all, so a pin never outlives its
+// connection, and a pinned block that was erased, replaced or evicted by a
+// quota meanwhile is freed at that release. A pin belongs to its connection:
+// another connection's UNPIN of the key does not release it.
+// Move-only; one thread at a time (the connection's). REQUIRES: the node
+// outlives the set.
+class ConnectionPins {
+ public:
+  ConnectionPins() = default;
+  ~ConnectionPins() { Clear(); }
+  ConnectionPins(ConnectionPins&& o) noexcept { *this = std::move(o); }
+  ConnectionPins& operator=(ConnectionPins&& o) noexcept;
+  ConnectionPins(const ConnectionPins&) = delete;
+  ConnectionPins& operator=(const ConnectionPins&) = delete;
+
+  // Pins `stored` (a stored, scoped key) for tenant t. ResourceExhausted past
+  // kMaxPinsPerConnection or the tenant's pin budget; the node's misses.
+  Status Pin(ShardNode* node, uint32_t t, const BlockKey& stored);
+  // Releases the oldest of this connection's pins on `stored`.
+  // FailedPrecondition when the connection holds none and the block is
+  // stored, NotFound when it is not.
+  Status Unpin(ShardNode* node, const BlockKey& stored);
+  // Releases every pin (what closing the connection does).
+  void Clear();
+  size_t size() const { return count_; }
+
+ private:
+  struct Held {
+    BlockRef ref;
+    uint64_t charge = 0;  // what the tenant's pin budget was charged
+  };
+  ShardNode* node_ = nullptr;
+  uint32_t tenant_ = 0;
+  absl::flat_hash_map<BlockKey, std::vector<Held>> held_;  // oldest first
+  size_t count_ = 0;
+};
+
+// What one connection (or UCX session) has proven so far, and the pins it
+// holds: destroying or resetting it (the connection closed, a session
+// dropped) releases them.
 struct ConnectionAuth {
   bool hello_done = false;
   // The identity its HELLO proved (TenantRegistry::Authenticate): every data
   // frame then acts in that tenant's namespace (TenantView).
   uint32_t tenant = 0;  // kClusterTenant
+  ConnectionPins pins;  // its PIN frames' pins
 };
 
 enum class FrameOutcome {
@@ -129,15 +182,19 @@ class FrameHandler {
   // answers into *rep and returns non-OK only for a malformed body (the
   // connection is then closed without an answer). `v` is the node as the
   // connection's tenant sees it.
-  Status HandleData(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v, FrameReply* rep);
+  Status HandleData(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v, ConnectionAuth* conn,
+                    FrameReply* rep);
   Status HandlePut(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v, FrameReply* rep);
   Status HandleGet(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v, FrameReply* rep);
   Status HandleExists(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v, FrameReply* rep);
   Status HandleMatchPrefix(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v,
                            FrameReply* rep);
-  // ERASE, PIN, UNPIN: `op` on each key, one status code byte per key.
+  // ERASE, RELEASE: `op` on each key, one status code byte per key.
   Status HandlePerKey(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v,
                       Status (TenantView::*op)(const BlockKey&), FrameReply* rep);
+  // PIN, UNPIN: the connection's own pins (ConnectionPins), one status code byte per key.
+  Status HandlePins(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v,
+                    ConnectionPins* pins, bool pin, FrameReply* rep);
   Status HandleStats(const proto::FrameHeader& h, TenantView& v, FrameReply* rep);
   // SEQ_*: a refused call is an error answer, not a malformed frame.
   Status HandleSeqCreate(const proto::FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,

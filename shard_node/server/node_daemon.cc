@@ -22,11 +22,13 @@
 #include "shard_node/server/ucx_server.h"
 #include "transport/ucx_worker.h"
 #endif
+#include "common/bounded_json.h"
 #include "common/credentials.h"
 #include "eviction/score_exchange.h"
 #include "shard_node/shard_node.h"
 #include "transport/http_auth.h"
 #include "transport/http_client.h"
+#include "transport/asio_listener.h"
 #include "transport/http_server.h"
 #include "transport/socket_util.h"
 #include "transport/tls_client.h"
@@ -36,6 +38,10 @@ namespace kvmesh {
 namespace {
 
 using nlohmann::json;
+
+// The largest body the HTTP port takes: POST /policy {"policy": NAME}; every
+// other route takes none (larger: 413 at the request's head).
+constexpr uint64_t kMaxPolicyBodyBytes = 4 << 10;
 
 void LogEvent(const std::string& node_id, json j) {
   j["ts_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -62,6 +68,7 @@ class Daemon final : public NodeDaemon {
     d.port = nc->ports.data;
     d.threads = config_.transport.io_threads;
     d.token = config_.auth.token;
+    d.conn_limits = config_.limits;
     HttpTls http_tls;
     if (config_.tls.enabled()) {
       // Data port: a certificate only with client_auth "all". HTTP: the same
@@ -101,6 +108,7 @@ class Daemon final : public NodeDaemon {
       r.port = nc->ports.resp;
       r.max_value_bytes = config_.resp.max_value_bytes;
       r.rules = RespRulesFromConfig(config_.resp);
+      r.limits = config_.limits;
       r.auth = MakeClusterAuth(config_.auth);  // identities in config order, as the node's TenantRegistry
       if (config_.resp.tls) r.tls = config_.tls;
       if (config_.resp.cluster) {
@@ -112,9 +120,12 @@ class Daemon final : public NodeDaemon {
       if (cluster_ && o_.coordinator.empty())
         cluster_->Install(SingleNodeClusterView(o_.node_id, nc->host, resp_->port(), data_->port()));
     }
+    HttpServerOptions ho;
+    ho.tls = std::move(http_tls);
+    ho.head_check = [this](const HttpServerRequest& head) { return HttpHead(head); };  // before any body is read
     KVMESH_ASSIGN_OR_RETURN(http_, HttpServer::Start(nc->host, nc->ports.http,
                                                      [this](const HttpServerRequest& r) { return Http(r); },
-                                                     std::move(http_tls)));
+                                                     std::move(ho)));
     if (!o_.coordinator.empty()) {
       KVMESH_RETURN_IF_ERROR(SplitHostPort(o_.coordinator, &coord_host_, &coord_port_));
       heart_ = std::thread([this] { Heartbeats(); });
@@ -162,10 +173,19 @@ class Daemon final : public NodeDaemon {
     return h;
   }
 
-  HttpServerResponse Http(const HttpServerRequest& r) {
-    std::string path = r.target.substr(0, r.target.find('?'));
-    if (path == "/healthz") return {200, "text/plain", "ok\n"};
-    // Everything else (statistics, metrics, the policy switch) takes the cluster secret.
+  // The HTTP server's head check: credentials and the body limit, before any body is read.
+  HttpHeadDecision HttpHead(const HttpServerRequest& head) {
+    const std::string path = head.target.substr(0, head.target.find('?'));
+    HttpHeadDecision d;
+    d.max_body_bytes = head.method == "POST" && path == "/policy" ? kMaxPolicyBodyBytes : 0;
+    d.refuse = Authorize(head, path);
+    return d;
+  }
+
+  // Everything but /healthz (statistics, metrics, the policy switch) takes the
+  // cluster secret: the refusal (counted and logged), or nothing.
+  std::optional<HttpServerResponse> Authorize(const HttpServerRequest& r, const std::string& path) {
+    if (path == "/healthz") return std::nullopt;
     const bool admin_cert = config_.tls.enabled() && config_.tls.client_auth != "none";
     if (HttpAuthDecision d = AuthorizeHttp(config_.auth, r, HttpAccess::kAdmin, admin_cert); !d.allowed) {
       http_refused_.fetch_add(1, std::memory_order_relaxed);
@@ -178,6 +198,13 @@ class Daemon final : public NodeDaemon {
       }
       return RefusalResponse(d);
     }
+    return std::nullopt;
+  }
+
+  HttpServerResponse Http(const HttpServerRequest& r) {
+    std::string path = r.target.substr(0, r.target.find('?'));
+    if (path == "/healthz") return {200, "text/plain", "ok\n"};
+    if (auto refused = Authorize(r, path)) return std::move(*refused);  // already refused at the head over HTTP
     if (path == "/stats") {
       node_->ReconcileTenants();
       return {200, "application/json", node_->StatsJson() + "\n"};
@@ -185,7 +212,7 @@ class Daemon final : public NodeDaemon {
     if (path == "/metrics") return {200, "text/plain; version=0.0.4", Metrics()};
     if (path == "/policy") {  // GET: the eviction policy; POST {"policy": NAME}: switch it at run time
       if (r.method == "POST") {
-        json body = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+        json body = ParseBoundedJson(r.body).value_or(json());
         if (!body.is_object() || !body.contains("policy") || !body["policy"].is_string())
           return {400, "application/json", json{{"error", "expected {\"policy\": NAME}"}}.dump() + "\n"};
         Status s = node_->SetEvictionPolicy(body["policy"].get<std::string>());
@@ -217,7 +244,15 @@ class Daemon final : public NodeDaemon {
     g("kvmesh_store_corrupt_total", "counter", s.corrupt);
     g("kvmesh_shard_map_epoch", "gauge", epoch_.load());
     g("kvmesh_http_auth_refused_total", "counter", http_refused_.load(std::memory_order_relaxed));
-    if (resp_) g("kvmesh_resp_commands_total", "counter", resp_->commands());
+    if (resp_) {
+      g("kvmesh_resp_commands_total", "counter", resp_->commands());
+      g("kvmesh_resp_connections_refused_total", "counter", resp_->connections_refused());
+      const WatchCounters& t = resp_->timeouts();
+      out += "# TYPE kvmesh_resp_connection_timeouts_total counter\n";
+      for (auto [kind, v] : {std::pair{"handshake", &t.handshake}, std::pair{"read", &t.read},
+                             std::pair{"write", &t.write}, std::pair{"idle", &t.idle}})
+        out += std::string("kvmesh_resp_connection_timeouts_total{kind=\"") + kind + "\"} " + std::to_string(v->load()) + "\n";
+    }
 #if defined(KVMESH_HAVE_UCX)
     if (ucx_) g("kvmesh_ucx_requests_total", "counter", ucx_->requests());
     if (ucx_) g("kvmesh_ucx_one_sided_bytes_total", "counter", ucx_->one_sided_bytes());
@@ -262,7 +297,7 @@ class Daemon final : public NodeDaemon {
     if (r.status == 401 || r.status == 403)
       return PermissionDenied("register: HTTP " + std::to_string(r.status) + " " + r.body);
     if (r.status != 200) return Unavailable("register: HTTP " + std::to_string(r.status) + " " + r.body);
-    json a = json::parse(r.body, nullptr, false);
+    json a = ParseBoundedJson(r.body).value_or(json());  // the coordinator's answer, bounded in depth
     if (!a.is_object() || !a.contains("epoch") || !a["epoch"].is_number_unsigned())
       return Unavailable("register: bad answer");
     epoch_.store(a["epoch"].get<uint64_t>());
@@ -314,7 +349,7 @@ class Daemon final : public NodeDaemon {
     }
     if (r.status == 401 || r.status == 403) return PermissionDenied("heartbeat: HTTP " + std::to_string(r.status));
     if (r.status != 200) return Unavailable("heartbeat: HTTP " + std::to_string(r.status));
-    json a = json::parse(r.body, nullptr, false);
+    json a = ParseBoundedJson(r.body).value_or(json());  // the coordinator's answer, bounded in depth
     if (a.is_object() && a.contains("epoch") && a["epoch"].is_number_unsigned()) epoch_.store(a["epoch"].get<uint64_t>());
     node_->policy_groups().SetPeers(a.is_object() ? ParsePeerScores(a.value("eviction_peers", json())) : PeerScores{});
     return Status::Ok();

@@ -1,5 +1,6 @@
 #include "shard_node/server/resp_server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -23,11 +24,11 @@ class NodeBackend final : public RespSyncBackend {
  public:
   explicit NodeBackend(ShardNode* node) : node_(node) {}
 
-  void Run(uint32_t identity, std::span<BlockIo> ios) override {
+  void Run(uint32_t identity, std::span<BlockIo> ios, uint64_t* held) override {
     TenantView v(node_, identity);
     for (BlockIo& io : ios) {  // reads first (resp_ops.h)
       switch (io.kind) {
-        case BlockIo::Kind::kGet: Get(v, io); break;
+        case BlockIo::Kind::kGet: Get(v, io, held); break;
         case BlockIo::Kind::kExists:
           io.found = v.Exists(io.key, /*touch=*/true);
           io.status = Status::Ok();
@@ -43,20 +44,26 @@ class NodeBackend final : public RespSyncBackend {
   }
 
  private:
-  void Get(TenantView& v, BlockIo& io) {
+  void Get(TenantView& v, BlockIo& io, uint64_t* held) {
     Result<BlockRef> r = v.Get(io.key);
     if (!r.ok()) {  // a miss, or a corrupt block (erased): a miss either way
       io.status = r.status();
       return;
     }
     io.status = Status::Ok();
-    if (r->meta().codec == 0 && node_->store().backend().host_accessible()) {
-      // Zero copy: the block stays pinned until the answer is written.
+    const uint64_t size = r->data().size();
+    const uint64_t chunk = std::max(node_->store().ChunkBytesFor(size), size);
+    if (r->meta().codec == 0 && node_->store().backend().host_accessible() && chunk <= 2 * size) {
+      // Zero copy: the block stays pinned until the answer is written. Its
+      // whole chunk counts against the connection's bound.
       auto d = r->data();
       io.value = std::span<const char>(reinterpret_cast<const char*>(d.data()), d.size());
       io.keep = std::make_shared<BlockRef>(std::move(*r));
+      *held += chunk - size;
       return;
     }
+    // A small value in a larger chunk (or memory the front cannot send
+    // from): copied out, so an unread answer does not keep the chunk.
     auto copy = std::make_shared<std::string>();
     if (r->meta().codec != 0) {  // stored encoded (config.codec): the decoded bytes
       copy->resize(r->meta().logical_size);
@@ -150,6 +157,8 @@ class Server final : public RespServer {
 
   Status Bind() {
     conn_.max_bulk_bytes = RespMaxBulk(o_.max_value_bytes);
+    conn_.limits = o_.limits;
+    conn_.timeouts = &timeouts_;
     if (o_.tls.enabled()) {
       KVMESH_ASSIGN_OR_RETURN(conn_.tls, MakeTlsServerContext(o_.tls, o_.tls.client_auth == "all"));
       conn_.tls_failures = &tls_failures_;
@@ -158,6 +167,9 @@ class Server final : public RespServer {
     l.host = o_.host;
     l.port = o_.port;
     l.what = "RESP";
+    l.max_connections = o_.limits.max_connections;
+    l.max_connections_per_peer = o_.limits.max_connections_per_peer;
+    if (!o_.tls.enabled()) l.on_refused = RespRefuseConnection;
     KVMESH_ASSIGN_OR_RETURN(listener_, AsioListener::Start(l, [this](tcp::socket s) {
                               return ServeRespConnection(std::move(s), &commands_, &backend_, conn_);
                             }));
@@ -166,6 +178,8 @@ class Server final : public RespServer {
   uint16_t port() const override { return listener_->port(); }
   uint64_t commands() const override { return commands_.commands(); }
   uint64_t tls_failures() const override { return tls_failures_.load(std::memory_order_relaxed); }
+  uint64_t connections_refused() const override { return listener_->refused(); }
+  const WatchCounters& timeouts() const override { return timeouts_; }
   void Stop() override {
     if (listener_) listener_->Stop();
   }
@@ -179,6 +193,8 @@ class Server final : public RespServer {
     f.auth = o.auth;
     f.role = "node";
     f.cluster = o.cluster;
+    // A SET over a tenant's quota is refused with what its blocks would hold here.
+    f.block_charge = [node](uint64_t n) { return node->HeldBytes(nullptr, n); };
     return f;
   }
 
@@ -187,6 +203,7 @@ class Server final : public RespServer {
   RespCommands commands_;
   RespConnectionOptions conn_;
   std::atomic<uint64_t> tls_failures_{0};
+  WatchCounters timeouts_;
   std::unique_ptr<AsioListener> listener_;  // last: its sessions use the members above
 };
 

@@ -9,7 +9,10 @@
 //
 // Commands run inline on the front's one I/O thread (store calls never
 // block); pipelined commands are answered in one gathered write, GET answers
-// straight from pool memory (the blocks stay pinned until written).
+// straight from pool memory (the blocks stay pinned until written). A small
+// value in a large chunk is copied out instead, so a connection's answers pin
+// at most about twice the bytes they carry, and a connection holds a bounded
+// amount of them before it stops reading (resp_session.h).
 //
 // Identities: a connection that logged in as a tenant (AUTH user password,
 // with `auth` from MakeClusterAuth over the node's $.auth, so its identities
@@ -32,6 +35,7 @@ namespace kvmesh {
 
 class ShardNode;
 class RespAuth;
+struct WatchCounters;
 class RespCluster;
 
 struct RespServerOptions {
@@ -43,6 +47,10 @@ struct RespServerOptions {
   TlsConfig tls;                         // $.tls: enabled() makes the port TLS only
   // $.resp.cluster: the slots view (shard_node/server/cluster_slots.h); null: not cluster mode.
   std::shared_ptr<const RespCluster> cluster;
+  // $.limits: connections per port and per peer, what a connection may send
+  // before AUTH, the timeouts, the answer bytes it may hold
+  // (transport/resp/resp_session.h).
+  LimitsConfig limits;
 };
 
 class RespServer {
@@ -54,6 +62,8 @@ class RespServer {
   virtual void Stop() = 0;
   virtual uint64_t commands() const = 0;
   virtual uint64_t tls_failures() const = 0;  // handshakes that failed
+  virtual uint64_t connections_refused() const = 0;  // closed at accept by $.limits
+  virtual const WatchCounters& timeouts() const = 0;  // connections closed by a timeout
 };
 
 }  // namespace kvmesh

@@ -198,6 +198,17 @@ class Server final : public UcxServer {
       self->handler_.malformed.fetch_add(1);  // dropped; a malformed peer gets no answer
       return UCS_OK;
     }
+    if (in->header.opcode != Opcode::kHello) {
+      // Nothing before the handshake: a frame of a session that has not
+      // authenticated is dropped at its header, its body never received.
+      // (A client sends no frame before its HELLO is answered, and this
+      // loop answers a HELLO only once it has handled it.)
+      auto it = self->sessions_.find(in->nonce);
+      if (it == self->sessions_.end() || it->second->failed || !it->second->auth.hello_done) {
+        self->handler_.auth_failures.fetch_add(1);
+        return UCS_OK;
+      }
+    }
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
       in->body.resize(length);  // bounded: DecodeHeader checked body_len against the limits
       in->rndv_desc = data;

@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cstdio>
@@ -132,10 +133,19 @@ class ClusterAuth final : public RespAuth {
     }
     return found;
   }
+  uint64_t QuotaBytes(uint32_t identity) const override {
+    return identity >= 1 && identity <= auth_.tenants.size() ? auth_.tenants[identity - 1].quota_bytes : 0;
+  }
+  size_t tenants() const override { return auth_.tenants.size(); }
 
  private:
   AuthConfig auth_;
 };
+
+// The smallest chunk a block store cuts (shard_node/block_store.h
+// kMinChunkBytes; this layer may not include it): a block holds at least
+// min(slot, this), and a node charges at least 7/8 of its chunk.
+constexpr uint64_t kStoreMinChunkBytes = 4096;
 
 }  // namespace
 
@@ -167,7 +177,38 @@ std::shared_ptr<const RespAuth> MakeTokenAuth(std::string token) {
   return MakeClusterAuth(a);
 }
 
-RespCommands::RespCommands(RespFrontOptions o) : o_(std::move(o)) {}
+RespCommands::RespCommands(RespFrontOptions o) : o_(std::move(o)) {
+  identities_ = 1 + (o_.auth ? o_.auth->tenants() : 0);
+  by_identity_ = std::make_unique<std::atomic<uint64_t>[]>(identities_);
+  for (size_t i = 0; i < identities_; ++i) by_identity_[i].store(0, std::memory_order_relaxed);
+}
+
+uint64_t RespCommands::commands(uint32_t identity) const {
+  return identity < identities_ ? by_identity_[identity].load(std::memory_order_relaxed) : 0;
+}
+
+uint64_t RespCommands::ValueCharge(uint64_t value_bytes) const {
+  const uint64_t floor = std::min(o_.block_bytes, kStoreMinChunkBytes);
+  auto block = [&](uint64_t n) {
+    return o_.block_charge ? o_.block_charge(n) : std::max(n, floor - floor / 8);
+  };
+  RespHead h;
+  LayoutRespValue(value_bytes, o_.block_bytes, &h);
+  if (h.is_inline()) return block(kRespHeadBytes + value_bytes);
+  return block(kRespHeadBytes) + uint64_t{h.parts - 1} * block(h.part_bytes) + block(h.PartSize(h.parts - 1));
+}
+
+std::string RespCommands::OverQuota(uint32_t identity, uint64_t value_bytes) const {
+  const uint64_t quota = o_.auth ? o_.auth->QuotaBytes(identity) : 0;
+  if (quota == 0) return "";
+  // A value is all or nothing: one whose blocks cannot all fit the quota
+  // would evict its own first parts as it is written (and read as nil).
+  const uint64_t held = ValueCharge(value_bytes);
+  if (held <= quota) return "";
+  return Error("ERR ResourceExhausted: a value of " + std::to_string(value_bytes) + " bytes holds " +
+               std::to_string(held) + " bytes of blocks, more than this tenant's quota of " + std::to_string(quota) +
+               " bytes per node");
+}
 
 RespOpEnv RespCommands::Env() const {
   RespOpEnv e;
@@ -197,6 +238,7 @@ RespCommands::KeyAccess RespCommands::Access(const RespCommand& a) {
 
 std::unique_ptr<RespOp> RespCommands::Compile(const RespCommand& a, RespSessionState* s, bool* quit) const {
   commands_.fetch_add(1, std::memory_order_relaxed);
+  if (s->identity < identities_) by_identity_[s->identity].fetch_add(1, std::memory_order_relaxed);
   const std::string_view cmd = a[0];
   const size_t argc = a.size();
   auto answer = [](std::string s) { return MakeAnsweredOp(std::move(s)); };
@@ -237,7 +279,7 @@ std::unique_ptr<RespOp> RespCommands::Compile(const RespCommand& a, RespSessionS
     if (argc != 2) return answer(Arity(cmd));
     return MakeGetOp(a[1]);
   }
-  if (Eq(cmd, "SET") || Eq(cmd, "SETNX") || Eq(cmd, "SETEX") || Eq(cmd, "PSETEX")) return Set(a);
+  if (Eq(cmd, "SET") || Eq(cmd, "SETNX") || Eq(cmd, "SETEX") || Eq(cmd, "PSETEX")) return Set(a, *s);
   if (Eq(cmd, "MGET")) {
     if (argc < 2) return answer(Arity(cmd));
     return MakeMGetOp(rest);
@@ -248,6 +290,8 @@ std::unique_ptr<RespOp> RespCommands::Compile(const RespCommand& a, RespSessionS
       if (a[i].size() > o_.max_value_bytes)
         return answer(Error("ERR ResourceExhausted: value of " + std::to_string(a[i].size()) +
                             " bytes exceeds the maximum of " + std::to_string(o_.max_value_bytes) + " bytes"));
+    for (size_t i = 2; i < argc; i += 2)
+      if (std::string e = OverQuota(s->identity, a[i].size()); !e.empty()) return answer(std::move(e));
     return MakeMSetOp(rest);
   }
   if (Eq(cmd, "EXISTS")) {
@@ -270,9 +314,12 @@ std::unique_ptr<RespOp> RespCommands::Compile(const RespCommand& a, RespSessionS
     if (argc != 2) return answer(Arity(cmd));
     return answer(Bulk(a[1]));
   }
-  if (Eq(cmd, "INFO"))
-    return MakeStatsOp(false, RespInfoHeader() + "resp_commands_processed:" + std::to_string(commands()) + "\r\n" +
+  if (Eq(cmd, "INFO")) {
+    // A tenant sees its own figures only: the commands it sent, not the front's.
+    const uint64_t n = s->identity == 0 ? commands() : commands(s->identity);
+    return MakeStatsOp(false, RespInfoHeader() + "resp_commands_processed:" + std::to_string(n) + "\r\n" +
                                   "# Cluster\r\ncluster_enabled:" + (o_.cluster ? "1" : "0") + "\r\n");
+  }
   if (Eq(cmd, "DBSIZE")) return MakeStatsOp(true, "");
   if (Eq(cmd, "SELECT")) {
     if (argc != 2) return answer(Arity(cmd));
@@ -303,7 +350,7 @@ std::unique_ptr<RespOp> RespCommands::Compile(const RespCommand& a, RespSessionS
                       "DBSIZE SELECT AUTH HELLO CLIENT COMMAND CONFIG CLUSTER QUIT)"));
 }
 
-std::unique_ptr<RespOp> RespCommands::Set(const RespCommand& a) const {
+std::unique_ptr<RespOp> RespCommands::Set(const RespCommand& a, const RespSessionState& s) const {
   const std::string_view cmd = a[0];
   const size_t argc = a.size();
   RespSetOptions o;
@@ -352,6 +399,7 @@ std::unique_ptr<RespOp> RespCommands::Set(const RespCommand& a) const {
   if (value.size() > o_.max_value_bytes)
     return MakeAnsweredOp(Error("ERR ResourceExhausted: value of " + std::to_string(value.size()) +
                                 " bytes exceeds the maximum of " + std::to_string(o_.max_value_bytes) + " bytes"));
+  if (std::string e = OverQuota(s.identity, value.size()); !e.empty()) return MakeAnsweredOp(std::move(e));
   return MakeSetOp(key, value, o, int_reply);
 }
 

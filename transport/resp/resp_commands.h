@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +49,14 @@ class RespAuth {
   // `password` (0: the cluster's own, 1..n: a tenant), or nullopt. The
   // answer and its time say nothing about which part was wrong.
   virtual std::optional<uint32_t> Login(std::string_view user, std::string_view password) const = 0;
+  // The byte quota per node of identity `identity` (0: none), and how many
+  // tenant identities there are (1..tenants()): a SET of a value whose blocks
+  // hold more than the quota is refused, and INFO counts commands per identity.
+  virtual uint64_t QuotaBytes(uint32_t identity) const {
+    (void)identity;
+    return 0;
+  }
+  virtual size_t tenants() const { return 0; }
 };
 
 // The cluster's shared secret ($.auth.token) as the password of the
@@ -104,6 +113,11 @@ struct RespFrontOptions {
   RespKeyRules rules;
   std::shared_ptr<const RespAuth> auth;   // null: no authentication
   std::string role = "node";              // INFO role: line
+  // What a node holds for a block of n bytes (its quota charge, e.g.
+  // ShardNode::HeldBytes), for refusing a SET whose value would not fit a
+  // tenant's quota. Empty: a lower bound (the block's bytes, at least 7/8 of
+  // the smallest chunk a store can have).
+  std::function<uint64_t(uint64_t)> block_charge;
   // Non-null: Redis Cluster mode. Keyed commands whose slot this front does
   // not serve are answered -MOVED (or -CLUSTERDOWN), keys of two slots in one
   // command -CROSSSLOT; CLUSTER SLOTS|SHARDS|NODES|INFO|MYID|KEYSLOT describe the
@@ -137,16 +151,25 @@ class RespCommands {
   RespOpEnv Env() const;
   const RespFrontOptions& options() const { return o_; }
   uint64_t commands() const { return commands_.load(std::memory_order_relaxed); }
+  // Commands identity `identity` sent (over every connection); what INFO shows a tenant.
+  uint64_t commands(uint32_t identity) const;
+  // What the blocks of a value of `value_bytes` hold on its node (block_charge
+  // over its head and parts).
+  uint64_t ValueCharge(uint64_t value_bytes) const;
   uint64_t NextClientId() const { return next_id_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
-  std::unique_ptr<RespOp> Set(const RespCommand& a) const;
+  std::unique_ptr<RespOp> Set(const RespCommand& a, const RespSessionState& s) const;
+  // "" when `identity`'s quota can hold a value of value_bytes, else the error to answer.
+  std::string OverQuota(uint32_t identity, uint64_t value_bytes) const;
   std::string Cluster(const RespCommand& a) const;
   // Cluster mode: "" when this front serves the command's keys, else the error to answer.
   std::string Redirect(const RespCommand& a) const;
   std::string Hello(const RespCommand& a, RespSessionState* s) const;
   RespFrontOptions o_;
   mutable std::atomic<uint64_t> commands_{0};
+  size_t identities_ = 1;  // 0 and the tenants: by_identity_'s size
+  std::unique_ptr<std::atomic<uint64_t>[]> by_identity_;
   mutable std::atomic<uint64_t> next_id_{1};
 };
 

@@ -1,15 +1,19 @@
 #include "transport/resp/resp_protocol.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 
 namespace kvmesh {
 namespace {
 
-// Reads "<digits>\r\n" at in[pos] after a type byte. kNeedMore when the line is incomplete.
+// Reads "<digits>\r\n" at in[pos] after a type byte. kNeedMore when the line is
+// incomplete (a line is at most 22 bytes: only that much is searched).
 RespParse ReadNumber(std::string_view in, size_t* pos, int64_t* out) {
-  size_t eol = in.find("\r\n", *pos);
-  if (eol == std::string_view::npos) return in.size() - *pos > 32 ? RespParse::kError : RespParse::kNeedMore;
+  const std::string_view line = in.substr(*pos, 34);
+  const size_t at = line.find("\r\n");
+  if (at == std::string_view::npos) return line.size() > 32 ? RespParse::kError : RespParse::kNeedMore;
+  const size_t eol = *pos + at;
   if (eol == *pos || eol - *pos > 20) return RespParse::kError;
   int64_t v = 0;
   bool neg = false;
@@ -31,17 +35,28 @@ RespParse ReadNumber(std::string_view in, size_t* pos, int64_t* out) {
 
 }  // namespace
 
-RespParse ParseRespCommand(std::string_view in, uint64_t max_bulk, std::vector<std::string_view>* args,
-                           size_t* consumed, std::string* err) {
+void RespCommandParser::Reset() {
+  nargs_ = -1;
+  pos_ = 0;
+  scan_ = 0;
+  wanted_ = 0;
+  spans_.clear();
+}
+
+RespParse RespCommandParser::Parse(std::string_view in, uint64_t max_bulk, std::vector<std::string_view>* args,
+                                   size_t* consumed, std::string* err) {
   args->clear();
   if (in.empty()) return RespParse::kNeedMore;
+  auto fail = [&](std::string why) {
+    *err = std::move(why);
+    Reset();
+    return RespParse::kError;
+  };
   if (in[0] != '*') {  // inline command: words up to the end of the line
-    size_t eol = in.find('\n');
+    const size_t eol = in.find('\n', scan_);
     if (eol == std::string_view::npos) {
-      if (in.size() > kRespMaxInline) {
-        *err = "inline command too long";
-        return RespParse::kError;
-      }
+      if (in.size() > kRespMaxInline) return fail("inline command too long");
+      scan_ = in.size();
       return RespParse::kNeedMore;
     }
     std::string_view line = in.substr(0, eol);
@@ -55,46 +70,54 @@ RespParse ParseRespCommand(std::string_view in, uint64_t max_bulk, std::vector<s
       i = j;
     }
     *consumed = eol + 1;
+    Reset();
     return RespParse::kCommand;
   }
-  size_t pos = 1;
-  int64_t n = 0;
-  RespParse p = ReadNumber(in, &pos, &n);
-  if (p != RespParse::kCommand) {
-    if (p == RespParse::kError) *err = "invalid multibulk length";
-    return p;
+  if (nargs_ < 0) {
+    size_t pos = 1;
+    int64_t n = 0;
+    const RespParse p = ReadNumber(in, &pos, &n);
+    if (p == RespParse::kNeedMore) return p;
+    if (p == RespParse::kError || n < 0 || n > kRespMaxArgs) return fail("invalid multibulk length");
+    nargs_ = n;
+    pos_ = pos;
+    spans_.clear();
+    spans_.reserve(static_cast<size_t>(std::min<int64_t>(n, 1024)));
   }
-  if (n < 0 || n > kRespMaxArgs) {
-    *err = "invalid multibulk length";
-    return RespParse::kError;
-  }
-  for (int64_t a = 0; a < n; ++a) {
-    if (pos >= in.size()) return RespParse::kNeedMore;
-    if (in[pos] != '$') {
-      *err = "expected '$', got '" + std::string(1, in[pos]) + "'";
-      return RespParse::kError;
-    }
-    ++pos;
+  while (static_cast<int64_t>(spans_.size()) < nargs_) {
+    if (pos_ >= in.size()) return RespParse::kNeedMore;
+    if (in[pos_] != '$') return fail("expected '$', got '" + std::string(1, in[pos_]) + "'");
+    size_t pos = pos_ + 1;
     int64_t len = 0;
-    p = ReadNumber(in, &pos, &len);
-    if (p != RespParse::kCommand) {
-      if (p == RespParse::kError) *err = "invalid bulk length";
-      return p;
-    }
-    if (len < 0 || static_cast<uint64_t>(len) > max_bulk) {
-      *err = "invalid bulk length";
-      return RespParse::kError;
-    }
-    if (in.size() - pos < static_cast<size_t>(len) + 2) return RespParse::kNeedMore;
-    if (in[pos + len] != '\r' || in[pos + len + 1] != '\n') {
-      *err = "bulk string not terminated by CRLF";
-      return RespParse::kError;
-    }
-    args->push_back(in.substr(pos, static_cast<size_t>(len)));
-    pos += static_cast<size_t>(len) + 2;
+    const RespParse p = ReadNumber(in, &pos, &len);
+    if (p == RespParse::kNeedMore) return p;  // the bulk header is read again next time (at most 22 bytes)
+    if (p == RespParse::kError || len < 0 || static_cast<uint64_t>(len) > max_bulk) return fail("invalid bulk length");
+    const size_t ulen = static_cast<size_t>(len);
+    wanted_ = std::max(wanted_, pos + ulen + 2);
+    if (in.size() - pos < ulen + 2) return RespParse::kNeedMore;
+    if (in[pos + ulen] != '\r' || in[pos + ulen + 1] != '\n') return fail("bulk string not terminated by CRLF");
+    spans_.emplace_back(pos, ulen);
+    pos_ = pos + ulen + 2;
   }
-  *consumed = pos;
+  args->reserve(spans_.size());
+  for (const auto& [off, len] : spans_) args->push_back(in.substr(off, len));
+  *consumed = pos_;
+  Reset();
   return RespParse::kCommand;
+}
+
+RespParse ParseRespCommand(std::string_view in, uint64_t max_bulk, std::vector<std::string_view>* args,
+                           size_t* consumed, std::string* err) {
+  RespCommandParser p;
+  return p.Parse(in, max_bulk, args, consumed, err);
+}
+
+void RespReadBuffer::Resize(size_t cap, size_t keep) {
+  if (cap == cap_) return;
+  std::unique_ptr<char[]> next(new char[cap]);  // not zero-filled
+  if (keep) std::memcpy(next.get(), data_.get(), keep);
+  data_ = std::move(next);
+  cap_ = cap;
 }
 
 std::string RespInfoHeader() { return "# Server\r\nredis_version:7.0.0-kvmesh\r\nkvmesh_version:0.1.0\r\n"; }
