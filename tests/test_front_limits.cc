@@ -354,6 +354,21 @@ TEST_CASE("proxy: memory stays bounded while a client pipelines GETs of a large 
     REQUIRE(IsBulk(Reply(other), value));
   }
   CHECK(Reply(other) == "$2:11");
+  // The client goes with its answers unread: what it had asked for and the
+  // proxy had not fetched yet is dropped, not fetched for nobody (before:
+  // the limit was lifted and the ~90 waiting GETs went at once, +470 MiB).
+  hostile.fd.reset();
+  const auto until = SteadyClock::now() + 3s;
+  while (SteadyClock::now() < until) {
+    peak = std::max(peak, Rss(pid));
+    std::this_thread::sleep_for(50ms);
+  }
+  WARN("proxy RSS peak " << (peak >> 20) << " MiB after the client closed");
+  CHECK(peak - before < (160u << 20));
+  Conn again(port);  // and the proxy serves on
+  REQUIRE(again.Send(Auth("bob", "bob-token") + Cmd({"GET", "big"})));
+  REQUIRE(Reply(again) == "+OK");
+  CHECK(IsBulk(Reply(again), value));
 }
 
 TEST_CASE("data port: a frame before HELLO is refused at its header, its body never read",

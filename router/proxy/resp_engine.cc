@@ -178,8 +178,37 @@ void RespEngine::Written(AnswerBudget* budget, uint64_t bytes) {
 }
 
 void RespEngine::Abandon(AnswerBudget* budget) {
-  budget->limit_ = UINT64_MAX;
-  if (budget->batch_) ResumeParked(static_cast<Batch*>(budget->batch_));
+  // Nobody will read the answers: the ops still waiting for room are dropped
+  // unsent (a parked op has no I/O in flight, and one dropped before its
+  // reads went makes no write either), and so is any op that would park
+  // later; those in flight run out. Before, the limit was lifted and every
+  // parked read went at once: a client that closed with 94 pipelined GETs of
+  // an 8 MiB value made the proxy fetch 750 MiB for nobody.
+  budget->abandoned_ = true;
+  Batch* b = static_cast<Batch*>(budget->batch_);
+  if (!b) return;
+  std::vector<OpRun*> dropped;
+  dropped.swap(b->parked);
+  budget->parked_ = 0;
+  for (OpRun* run : dropped)
+    if (Drop(run)) return;  // the batch is done
+}
+
+bool RespEngine::Drop(OpRun* run) {
+  Batch* b = run->batch;
+  if (b->op_done) b->op_done(run->index, run->reserved);
+  return Finish(b);
+}
+
+bool RespEngine::Finish(Batch* b) {
+  if (--b->left != 0) return false;
+  // The last answer came in (Run() holds the count while it starts ops):
+  // resume the connection right here, not a loop turn later.
+  if (b->budget) b->budget->batch_ = nullptr;
+  std::function<void()> done = std::move(b->done);
+  batches_.erase(b->self);
+  asio::dispatch(io_, std::move(done));
+  return true;
 }
 
 void RespEngine::Advance(OpRun* run) {
@@ -197,7 +226,12 @@ void RespEngine::Advance(OpRun* run) {
     run->pending = 0;
   }
   if (!run->op->Step(run->env)) {
-    if (b->budget && !Admit(run)) {  // no room: the step waits for the connection to take or write answers
+    if (b->budget && b->budget->abandoned_ && !run->op->io().empty() && !Admit(run)) {
+      if (Drop(run)) return;  // the connection is gone: nobody waits for this answer
+      if (room) ResumeParked(b);
+      return;
+    }
+    if (b->budget && !b->budget->abandoned_ && !Admit(run)) {  // no room: the step waits for the connection to take or write answers
       b->parked.push_back(run);
       ++b->budget->parked_;
       ++stats_.parked;
@@ -211,14 +245,7 @@ void RespEngine::Advance(OpRun* run) {
   run->op->after().clear();
   if (b->op_done) b->op_done(run->index, run->reserved);
   if (room) ResumeParked(b);
-  if (--b->left == 0) {
-    // The last answer came in (Run() holds the count while it starts ops):
-    // resume the connection right here, not a loop turn later.
-    if (b->budget) b->budget->batch_ = nullptr;
-    std::function<void()> done = std::move(b->done);
-    batches_.erase(b->self);
-    asio::dispatch(io_, std::move(done));
-  }
+  Finish(b);
 }
 
 void RespEngine::Submit(BlockIo* io, OpRun* run, std::shared_ptr<BlockIo> owned) {

@@ -86,6 +86,7 @@ class AnswerBudget {
   size_t head_ = 0;    // in the current Run: the first op whose answer the connection has not taken
   size_t parked_ = 0;  // ops of the current Run waiting for room
   void* batch_ = nullptr;  // the current Run's (RespEngine's), while it runs
+  bool abandoned_ = false;  // the connection is gone (Abandon)
 };
 
 class RespEngine {
@@ -109,8 +110,10 @@ class RespEngine {
   void Taken(AnswerBudget* budget, size_t next);
   // The connection wrote answers holding `bytes` of its budget.
   void Written(AnswerBudget* budget, uint64_t bytes);
-  // The connection is going: its parked ops go at once (their answers are
-  // dropped by the connection once done).
+  // The connection is gone: its ops waiting for room (and any that would
+  // wait later) are dropped unsent, reported done unanswered (Step() never
+  // returned true: the connection must not Answer() them); those in flight
+  // run out.
   void Abandon(AnswerBudget* budget);
   // Closes the node links and sends nothing more. The owner then stops the
   // loop: ops in flight are never answered (their connections go with it).
@@ -126,6 +129,8 @@ class RespEngine {
   using PendingList = std::vector<PendingPtr>;
 
   void Advance(OpRun* run);
+  bool Drop(OpRun* run);          // done without an answer (Abandon); true when that ended its batch
+  bool Finish(Batch* b);          // one op of b is done; true when that ended b (b is gone)
   void SendStep(OpRun* run);      // submits the I/Os its Step() left
   bool Admit(OpRun* run);         // reserves its step's reads in the budget (false: it must wait)
   void ResumeParked(Batch* b);    // sends the parked runs that may go now
