@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -140,4 +141,23 @@ TEST_CASE("RESP: a command parsed a few bytes at a time costs the same per byte 
   REQUIRE(last == RespParse::kCommand);
   CHECK(args.size() == 300001);
   CHECK(used == in.size());
+}
+
+TEST_CASE("RespReadBuffer::MakeRoom: doubles a full buffer, jumps to a bulk string's end, stops at the bound",
+          "[resp][limits]") {
+  RespReadBuffer buf;
+  REQUIRE(buf.MakeRoom(0, 4096, 0, 65536));  // nothing yet: the first size
+  CHECK(buf.capacity() == 4096);
+  REQUIRE(buf.MakeRoom(100, 4096, 0, 65536));  // room left: unchanged
+  CHECK(buf.capacity() == 4096);
+  std::memset(buf.data(), 'x', 4096);
+  REQUIRE(buf.MakeRoom(4096, 4096, 0, 65536));  // full: doubled, the bytes kept
+  CHECK(buf.capacity() == 8192);
+  CHECK(buf.data()[4095] == 'x');
+  REQUIRE(buf.MakeRoom(8192, 4096, 40000, 65536));  // the parser waits for byte 40,000: one step there
+  CHECK(buf.capacity() == 40000);
+  REQUIRE(buf.MakeRoom(40000, 4096, 0, 65536));  // never past the bound
+  CHECK(buf.capacity() == 65536);
+  CHECK_FALSE(buf.MakeRoom(65536, 4096, 0, 65536));  // full at the bound: the connection must close
+  CHECK(buf.capacity() == 65536);
 }

@@ -120,6 +120,14 @@ void RespReadBuffer::Resize(size_t cap, size_t keep) {
   cap_ = cap;
 }
 
+bool RespReadBuffer::MakeRoom(size_t filled, size_t first, size_t wanted, size_t max) {
+  if (filled < cap_) return true;
+  if (filled >= max) return false;
+  const size_t cap = cap_ ? cap_ * 2 : first;
+  Resize(std::min(std::max(cap, wanted), max), filled);
+  return true;
+}
+
 std::string RespInfoHeader() { return "# Server\r\nredis_version:7.0.0-kvmesh\r\nkvmesh_version:0.1.0\r\n"; }
 
 // ---- RespReply ------------------------------------------------------------------

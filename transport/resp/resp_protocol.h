@@ -77,6 +77,12 @@ class RespReadBuffer {
   size_t capacity() const { return cap_; }
   // Reallocates to `cap` bytes, keeping the first `keep` (REQUIRES keep <= cap).
   void Resize(size_t cap, size_t keep);
+  // Room for the next read of a connection that has `filled` bytes buffered:
+  // a full buffer grows to twice its size (`first` when it has none), at
+  // least to `wanted` (the end of the bulk string the parser waits for, in
+  // one allocation) and at most to `max`. False when it is full at `max`: no
+  // command it may take is that long, and the connection must close.
+  bool MakeRoom(size_t filled, size_t first, size_t wanted, size_t max);
 
  private:
   std::unique_ptr<char[]> data_;

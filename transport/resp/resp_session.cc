@@ -64,18 +64,13 @@ asio::awaitable<void> Serve(Stream& s, const RespCommands* commands, RespSyncBac
   while (!quit) {
     if (need_read) {
       const size_t max_buf = authed() ? o.max_bulk_bytes + kRespMaxInline + 64 : preauth;
-      if (filled == buf.capacity()) {
-        if (filled >= max_buf) {  // cannot be a valid command (before AUTH: larger than it may be)
-          if (!authed()) {
-            RespReply out;
-            out.Err("ERR Protocol error: command longer than " + std::to_string(preauth) + " bytes before AUTH");
-            co_await WriteOut(s, out, watch, ec);
-          }
-          break;
+      if (!buf.MakeRoom(filled, authed() ? kFirstReadBytes : kPreauthReadBytes, parser.wanted(), max_buf)) {
+        if (!authed()) {  // cannot be a valid command (before AUTH: larger than it may be)
+          RespReply out;
+          out.Err("ERR Protocol error: command longer than " + std::to_string(preauth) + " bytes before AUTH");
+          co_await WriteOut(s, out, watch, ec);
         }
-        size_t cap = buf.capacity() ? buf.capacity() * 2 : (authed() ? kFirstReadBytes : kPreauthReadBytes);
-        cap = std::min<size_t>(std::max(cap, parser.wanted()), max_buf);  // a bulk string's end: one allocation
-        buf.Resize(cap, filled);
+        break;
       }
       if (filled > 0) watch.Reading();  // a command has begun: it must keep arriving
       else watch.Idle();
