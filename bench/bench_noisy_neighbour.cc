@@ -920,7 +920,7 @@ int main(int argc, char** argv) {
       for (int f = 0; f < 2; ++f) {
         // Over the repetitions: the median latency, the worst of the rest.
         std::vector<double> p50, p99;
-        uint64_t gets = 0, hits = 0, wrong = 0, setref = 0, errors = 0, rss_n0 = 0, rss_proxy = 0;
+        uint64_t gets = 0, hits = 0, sets = 0, wrong = 0, setref = 0, errors = 0, rss_n0 = 0, rss_proxy = 0;
         double worst_hit = 100;
         bool seq_ok = true, alive = true;
         int seen = 0;
@@ -930,7 +930,7 @@ int main(int argc, char** argv) {
           ++seen;
           p50.push_back(r.Percentile(0.5));
           p99.push_back(r.Percentile(0.99));
-          gets += r.gets, hits += r.hits, wrong += r.wrong, setref += r.set_refused, errors += r.errors;
+          gets += r.gets, hits += r.hits, sets += r.sets, wrong += r.wrong, setref += r.set_refused, errors += r.errors;
           worst_hit = std::min(worst_hit, r.hit_rate());
           rss_n0 = std::max(rss_n0, p.rss_n0), rss_proxy = std::max(rss_proxy, p.rss_proxy);
           seq_ok = seq_ok && p.seq_ok;
@@ -961,6 +961,8 @@ int main(int argc, char** argv) {
                        {"p99_ratio", ratio},
                        {"reference_p99_ms", base_p99[f]},
                        {"wrong", wrong},
+                       {"hits", hits},
+                       {"sets", sets},
                        {"set_refused", setref},
                        {"errors", errors},
                        {"sequence_ok", seq_ok},

@@ -195,16 +195,25 @@ void TenantRegistry::Admitted(uint32_t t, const BlockKey& key, uint64_t bytes, s
   x.TrimLocked(&key, victims);
 }
 
+namespace {
+// Whether `used + bytes` stays within `quota` (0: none), without overflow.
+bool FitsQuota(uint64_t used, uint64_t bytes, uint64_t quota) {
+  return quota == 0 || (bytes <= quota && used <= quota - bytes);
+}
+Status OverQuota(const std::string& tenant, const char* what, uint64_t would, uint64_t quota, const char* advice) {
+  return ResourceExhausted("tenant \"" + tenant + "\"'s " + what + " would hold " + std::to_string(would) +
+                           " bytes, more than its quota of " + std::to_string(quota) + " bytes: " + advice);
+}
+}  // namespace
+
 Status TenantRegistry::ReserveSequence(uint32_t t, uint64_t bytes, std::vector<BlockKey>* victims) {
   if (t == kClusterTenant || bytes == 0) return Status::Ok();
   Tenant& x = *tenants_[t];
   const uint64_t quota = x.config.quota_bytes;
   std::lock_guard<std::mutex> lock(x.mu);
-  if (quota != 0 && (bytes > quota || x.held > quota - bytes)) {
+  if (!FitsQuota(x.held, bytes, quota)) {
     x.sequence_refused.fetch_add(1, std::memory_order_relaxed);
-    return ResourceExhausted("tenant \"" + x.config.name + "\"'s live sequences would hold " +
-                             std::to_string(x.held + bytes) + " bytes, more than its quota of " +
-                             std::to_string(quota) + " bytes: release or truncate some");
+    return OverQuota(x.config.name, "live sequences", x.held + bytes, quota, "release or truncate some");
   }
   x.held += bytes;
   x.TrimLocked(nullptr, victims);
@@ -223,11 +232,9 @@ Status TenantRegistry::ReservePin(uint32_t t, uint64_t bytes) {
   Tenant& x = *tenants_[t];
   const uint64_t quota = x.config.quota_bytes;
   std::lock_guard<std::mutex> lock(x.mu);
-  if (quota != 0 && (bytes > quota || x.pinned > quota - bytes)) {
+  if (!FitsQuota(x.pinned, bytes, quota)) {
     x.pin_refused.fetch_add(1, std::memory_order_relaxed);
-    return ResourceExhausted("tenant \"" + x.config.name + "\"'s pins would hold " +
-                             std::to_string(x.pinned + bytes) + " bytes, more than its quota of " +
-                             std::to_string(quota) + " bytes: unpin some");
+    return OverQuota(x.config.name, "pins", x.pinned + bytes, quota, "unpin some");
   }
   x.pinned += bytes;
   return Status::Ok();
