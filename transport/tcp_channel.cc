@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "common/checksum.h"
+#include "transport/frame_plan.h"
 #include "transport/seq_calls.h"
 #include "transport/socket_util.h"
 #include "transport/sync_over_async.h"
@@ -409,9 +410,13 @@ class TcpChannelImpl final : public SeqOverFrames<SyncOverAsync<TcpChannel>> {
   // The frame goes on *conn when set (consumed), else on the pool's next connection.
   Status SendPart(Opcode op, uint8_t flags, size_t count, uint64_t body_len, TcpCallState* st, size_t begin,
                   std::shared_ptr<Pending> p, std::shared_ptr<Connection>* conn);
-  Status SendPut(std::span<PutItem> items, size_t begin, const RequestOptions& o, TcpCallState* st,
+  // Sends frame f of a PUT batch (the frame plan, transport/frame_plan.h).
+  Status SendPut(std::span<PutItem> items, FrameSpan f, const RequestOptions& o, TcpCallState* st,
                  std::shared_ptr<Connection>* conn);
-  Status SendKeys(Opcode op, uint8_t flags, std::span<const BlockKey> keys, TcpCallState* st);
+  template <typename KeyOf, typename ItemBytes, typename MakePending>
+  Status SendKeys(Opcode op, uint8_t flags, size_t n, KeyOf key_of, ItemBytes item_bytes, MakePending make,
+                  TcpCallState* st, std::shared_ptr<Connection>* conn);
+  Status SendKeyList(Opcode op, uint8_t flags, std::span<const BlockKey> keys, TcpCallState* st);
   TcpCallState* BeginCall(ChannelCall* call, TcpCallKind kind, const RequestOptions& o);
 
   ProtocolLimits limits() const {
@@ -588,30 +593,34 @@ Status TcpChannelImpl::SendPart(Opcode op, uint8_t flags, size_t count, uint64_t
   return Status::Ok();
 }
 
-Status TcpChannelImpl::SendPut(std::span<PutItem> items, size_t begin, const RequestOptions& o, TcpCallState* st,
+Status TcpChannelImpl::SendPut(std::span<PutItem> items, FrameSpan f, const RequestOptions& o, TcpCallState* st,
                                std::shared_ptr<Connection>* conn) {
-  st->table.assign(items.size() * kPutItemSize, '\0');
   st->iov.clear();
   st->iov.push_back({});  // header
-  st->iov.push_back({st->table.data(), st->table.size()});
-  uint64_t body = st->table.size();
-  for (size_t i = 0; i < items.size(); ++i) {
-    const PutItem& it = items[i];
-    PutRecord r{it.key, static_cast<uint32_t>(it.data.size()), o.priority, 0,
-                Checksum64(it.data.data(), it.data.size())};
-    EncodePutRecord(r, reinterpret_cast<std::byte*>(st->table.data()) + i * kPutItemSize);
-    st->iov.push_back({const_cast<std::byte*>(it.data.data()), it.data.size()});
-    body += it.data.size();
-  }
-  return SendPart(Opcode::kPut, o.replace ? kFlagReplace : 0, items.size(), body, st, begin,
+  st->iov.push_back({});  // the item table, once built
+  auto piece = [&](size_t i) { return PutPiece{items[i].key, {}, items[i].data, o.priority}; };
+  auto payload = [&](std::span<const std::byte> b) { st->iov.push_back({const_cast<std::byte*>(b.data()), b.size()}); };
+  const uint64_t body = BuildPutTable(f, piece, &st->table, payload);
+  st->iov[1] = {st->table.data(), st->table.size()};
+  return SendPart(Opcode::kPut, o.replace ? kFlagReplace : 0, f.size(), body, st, f.begin,
                   std::make_shared<Pending>(), conn);
 }
 
-Status TcpChannelImpl::SendKeys(Opcode op, uint8_t flags, std::span<const BlockKey> keys, TcpCallState* st) {
-  st->table.clear();
-  for (const BlockKey& k : keys) AppendKey(&st->table, k);
-  st->iov.assign({{}, {st->table.data(), st->table.size()}});
-  return SendPart(op, flags, keys.size(), st->table.size(), st, 0, std::make_shared<Pending>(), nullptr);
+// Sends the key lists of items [0, n) (key_of(i)) in the frames the node's
+// limits allow (item_bytes(i): what item i adds to a frame); make(f) gives
+// frame f's Pending.
+template <typename KeyOf, typename ItemBytes, typename MakePending>
+Status TcpChannelImpl::SendKeys(Opcode op, uint8_t flags, size_t n, KeyOf key_of, ItemBytes item_bytes,
+                                MakePending make, TcpCallState* st, std::shared_ptr<Connection>* conn) {
+  const ProtocolLimits lim = limits();
+  for (size_t at = 0; at < n;) {
+    const FrameSpan f{at, FrameEnd(at, n, lim, item_bytes)};
+    const uint64_t len = BuildKeyTable(f, key_of, &st->table);
+    st->iov.assign({{}, {st->table.data(), st->table.size()}});
+    KVMESH_RETURN_IF_ERROR(SendPart(op, flags, f.size(), len, st, f.begin, make(f), conn));
+    at = f.end;
+  }
+  return Status::Ok();
 }
 
 void TcpChannelImpl::StartPut(std::span<PutItem> items, const RequestOptions& o, ChannelCall* call) {
@@ -628,18 +637,14 @@ void TcpChannelImpl::StartPut(std::span<PutItem> items, const RequestOptions& o,
   }
   std::shared_ptr<Connection> conn = std::move(*first);
   const ProtocolLimits lim = limits();
-  size_t begin = 0;
-  while (begin < items.size()) {
-    size_t end = begin;
-    uint64_t bytes = 0;
-    while (end < items.size() && end - begin < lim.max_items &&
-           (end == begin || bytes + kPutItemSize + items[end].data.size() <= lim.max_body_bytes)) {
-      bytes += kPutItemSize + items[end].data.size();
-      ++end;
-    }
-    st->unsent = SendPut(items.subspan(begin, end - begin), begin, o, st, &conn);
+  auto size_of = [&](size_t i) -> uint64_t { return items[i].data.size(); };
+  auto refuse = [&](size_t i, Status s) { items[i].status = std::move(s); };
+  for (size_t at = 0; at < items.size();) {
+    const FrameSpan f = NextPutFrame(at, items.size(), lim, size_of, refuse);
+    if (f.empty()) return;
+    st->unsent = SendPut(items, f, o, st, &conn);
     if (!st->unsent.ok()) return;
-    begin = end;
+    at = f.end;
   }
 }
 
@@ -652,39 +657,36 @@ void TcpChannelImpl::StartGet(std::span<GetItem> items, const RequestOptions& o,
   }
   std::shared_ptr<Connection> conn = std::move(*first);
   const ProtocolLimits lim = limits();
-  size_t begin = 0;
-  while (begin < items.size()) {
-    size_t end = begin;
-    uint64_t bytes = 0;
-    while (end < items.size() && end - begin < lim.max_items) {
-      uint64_t want = kGetItemSize + std::min<uint64_t>(items[end].dst.size(), lim.max_block_bytes);
-      if (end > begin && bytes + want > lim.max_body_bytes) break;
-      bytes += want;
-      ++end;
-    }
-    st->table.clear();
-    for (size_t i = begin; i < end; ++i) AppendKey(&st->table, items[i].key);
-    st->iov.assign({{}, {st->table.data(), st->table.size()}});
+  auto pending = [&](FrameSpan f) {
     auto p = std::make_shared<Pending>();
-    p->get_items = items.subspan(begin, end - begin);  // the reader fills them
-    st->unsent = SendPart(Opcode::kGet, 0, end - begin, st->table.size(), st, begin, std::move(p), &conn);
-    if (!st->unsent.ok()) return;
-    begin = end;
-  }
+    p->get_items = items.subspan(f.begin, f.size());  // the reader fills them
+    return p;
+  };
+  st->unsent = SendKeys(
+      Opcode::kGet, 0, items.size(), [&](size_t i) { return items[i].key; },
+      [&](size_t i) { return GetItemBytes(items[i].dst.size(), lim); }, pending, st, &conn);
 }
 
 void TcpChannelImpl::StartExists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch,
                                  const RequestOptions& o, ChannelCall* call) {
   TcpCallState* st = BeginCall(call, TcpCallKind::kExists, o);
   st->found = found;
-  if (!keys.empty()) st->unsent = SendKeys(Opcode::kExists, touch ? kFlagTouch : 0, keys, st);
+  st->unsent = SendKeyList(Opcode::kExists, touch ? kFlagTouch : 0, keys, st);
 }
 
 void TcpChannelImpl::StartErase(std::span<const BlockKey> keys, std::span<Status> statuses, const RequestOptions& o,
                                 ChannelCall* call) {
   TcpCallState* st = BeginCall(call, TcpCallKind::kErase, o);
   st->statuses = statuses;
-  if (!keys.empty()) st->unsent = SendKeys(Opcode::kErase, 0, keys, st);
+  st->unsent = SendKeyList(Opcode::kErase, 0, keys, st);
+}
+
+Status TcpChannelImpl::SendKeyList(Opcode op, uint8_t flags, std::span<const BlockKey> keys, TcpCallState* st) {
+  if (keys.empty()) return Status::Ok();
+  KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<Connection> conn, Acquire());  // the node's limits, as in StartPut
+  return SendKeys(
+      op, flags, keys.size(), [&](size_t i) { return keys[i]; }, [](size_t) { return kKeyItemBytes; },
+      [](FrameSpan) { return std::make_shared<Pending>(); }, st, &conn);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include "common/checksum.h"
 #include "kvmesh/clock.h"
+#include "transport/frame_plan.h"
 #include "transport/seq_calls.h"
 #include "transport/sync_over_async.h"
 #include "transport/ucx_worker.h"
@@ -43,13 +44,15 @@ class Channel;
 class UcxCallState;
 bool StartRegistered(Channel* ch, UcxCallState* st, std::span<PutItem> put, std::span<GetItem> get,
                      const RequestOptions& o);
-void StartKeys(Channel* ch, UcxCallState* st, Opcode op, uint8_t flags, std::span<const BlockKey> keys,
+template <typename KeyOf, typename ItemBytes>
+void StartKeys(Channel* ch, UcxCallState* st, Opcode op, uint8_t flags, size_t n, KeyOf key_of, ItemBytes item_bytes,
                const RequestOptions& o);
 
 class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   friend class UcxCallState;
   friend bool StartRegistered(Channel*, UcxCallState*, std::span<PutItem>, std::span<GetItem>, const RequestOptions&);
-  friend void StartKeys(Channel*, UcxCallState*, Opcode, uint8_t, std::span<const BlockKey>, const RequestOptions&);
+  template <typename KeyOf, typename ItemBytes>
+  friend void StartKeys(Channel*, UcxCallState*, Opcode, uint8_t, size_t, KeyOf, ItemBytes, const RequestOptions&);
 
  public:
   explicit Channel(UcxChannelOptions o) : o_(std::move(o)) {}
@@ -629,60 +632,97 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
 
 enum class UcxCallKind : uint8_t { kPut, kGet, kExists, kErase, kGetInto, kPutFrom };
 
-// One UCX call in flight (ChannelCall state): the request's buffers, which
-// UCX reads until the send completes, and where the answer goes.
+// One UCX call in flight (ChannelCall state): its frames (several when the
+// batch exceeds the node's limits, as the frame plan splits it,
+// transport/frame_plan.h) and where the answers go. Post copies each frame's
+// bytes into its send, so body and iov are scratch, reused frame to frame.
 class UcxCallState final : public ChannelCallState {
  public:
+  struct Frame {
+    Channel::Posted x;
+    FrameSpan f;  // its items in the call's batch
+  };
+
   Status Wait() override {
-    Status s = posted.ok() ? ch->Await(x) : posted;
-    if (s.ok()) {
-      switch (kind) {
-        case UcxCallKind::kGet:
-          s = ch->FinishGet(*x.p, get);
-          break;
-        case UcxCallKind::kGetInto:
-          s = ch->FinishGetInto(*x.p, get);
-          break;
-        case UcxCallKind::kPutFrom:
-        case UcxCallKind::kPut:
-        case UcxCallKind::kExists:
-        case UcxCallKind::kErase:
-          s = Channel::FinishCodes(*x.p, n, &codes);
-          if (!s.ok()) break;
-          for (size_t i = 0; i < n; ++i) {
-            if (kind == UcxCallKind::kPut || kind == UcxCallKind::kPutFrom) put[i].status = ItemStatus(codes[i]);
-            if (kind == UcxCallKind::kExists) found[i] = codes[i] ? 1 : 0;
-            if (kind == UcxCallKind::kErase) statuses[i] = ItemStatus(codes[i]);
-          }
-          break;
-      }
+    Status first = Status::Ok();
+    for (Frame& fr : frames) {
+      Status s = ch->Await(fr.x);
+      if (s.ok()) s = Collect(fr);
+      if (!s.ok() && first.ok()) first = std::move(s);
     }
-    x = {};  // the Pending goes; buffers keep their capacity
-    return s;
+    if (first.ok()) first = std::move(unsent);  // frames never sent fail the call after those that were
+    frames.clear();                             // the Pendings go; buffers keep their capacity
+    unsent = Status::Ok();
+    return first;
+  }
+
+  // Posts frame f, its body in `body` (the first `table` bytes) and iov.
+  bool PostFrame(Opcode op, uint8_t flags, FrameSpan f, uint64_t len, const RequestOptions& o) {
+    Frame& fr = frames.emplace_back();
+    fr.f = f;
+    fr.x.p = std::make_shared<Pending>();
+    unsent = ch->Post(op, flags, f.size(), iov, len, o, &fr.x);
+    if (unsent.ok()) return true;
+    frames.pop_back();
+    return false;
   }
 
   Channel* ch = nullptr;
   UcxCallKind kind = UcxCallKind::kPut;
-  Channel::Posted x;
-  Status posted;  // why Post failed (OK: posted)
-  size_t n = 0;
+  std::vector<Frame> frames;
+  Status unsent;  // why the rest of the batch was not sent (OK: all of it was)
   std::span<PutItem> put;
   std::span<GetItem> get;
   std::span<uint8_t> found;
   std::span<Status> statuses;
-  std::string body;  // PUT item table, or the key list
+  std::string body;  // the frame's item table, or its key list
   std::vector<ucp_dt_iov_t> iov;
   std::vector<uint8_t> codes;
+
+ private:
+  // Copies frame fr's answers into the caller's items.
+  Status Collect(const Frame& fr) {
+    const FrameSpan f = fr.f;
+    switch (kind) {
+      case UcxCallKind::kGet: return ch->FinishGet(*fr.x.p, get.subspan(f.begin, f.size()));
+      case UcxCallKind::kGetInto: return ch->FinishGetInto(*fr.x.p, get.subspan(f.begin, f.size()));
+      case UcxCallKind::kPutFrom:
+      case UcxCallKind::kPut:
+      case UcxCallKind::kExists:
+      case UcxCallKind::kErase: break;
+    }
+    KVMESH_RETURN_IF_ERROR(Channel::FinishCodes(*fr.x.p, f.size(), &codes));
+    for (size_t i = 0; i < f.size(); ++i) {
+      const size_t at = f.begin + i;
+      if (kind == UcxCallKind::kPut || kind == UcxCallKind::kPutFrom) put[at].status = ItemStatus(codes[i]);
+      if (kind == UcxCallKind::kExists) found[at] = codes[i] ? 1 : 0;
+      if (kind == UcxCallKind::kErase) statuses[at] = ItemStatus(codes[i]);
+    }
+    return Status::Ok();
+  }
 };
 
-// Builds the key-list body of a GET / EXISTS / ERASE and posts it.
-void StartKeys(Channel* ch, UcxCallState* st, Opcode op, uint8_t flags, std::span<const BlockKey> keys,
+UcxCallState* BeginCall(Channel* ch, ChannelCall* call, UcxCallKind kind) {
+  UcxCallState* st = call->StartAs<UcxCallState>();
+  st->ch = ch;
+  st->kind = kind;
+  st->frames.clear();
+  st->unsent = Status::Ok();
+  return st;
+}
+
+// Posts the key lists of items [0, n) (key_of(i)) in the frames the node's
+// limits allow (item_bytes(i): what item i adds to a frame).
+template <typename KeyOf, typename ItemBytes>
+void StartKeys(Channel* ch, UcxCallState* st, Opcode op, uint8_t flags, size_t n, KeyOf key_of, ItemBytes item_bytes,
                const RequestOptions& o) {
-  st->body.clear();
-  for (const BlockKey& k : keys) AppendKey(&st->body, k);
-  st->iov.assign(1, {st->body.data(), st->body.size()});
-  st->x.p = std::make_shared<Pending>();
-  st->posted = ch->Post(op, flags, keys.size(), st->iov, st->body.size(), o, &st->x);
+  for (size_t at = 0; at < n;) {
+    const FrameSpan f{at, FrameEnd(at, n, ch->server_limits_, item_bytes)};
+    const uint64_t len = BuildKeyTable(f, key_of, &st->body);
+    st->iov.assign(1, {st->body.data(), st->body.size()});
+    if (!st->PostFrame(op, flags, f, len, o)) return;
+    at = f.end;
+  }
 }
 
 // When every item's bytes lie in memory registered with this channel, posts
@@ -702,99 +742,92 @@ bool StartRegistered(Channel* ch, UcxCallState* st, std::span<PutItem> put, std:
       if (region[i] == 0) return false;
     }
   }
-  st->n = n;
-  if (!put.empty()) {
-    st->kind = UcxCallKind::kPutFrom;
-    st->put = put;
-    st->body.assign(n * kPutFromItemSize, '\0');
-    for (size_t i = 0; i < n; ++i) {
-      PutFromRecord r;
-      r.put = PutRecord{put[i].key, static_cast<uint32_t>(put[i].data.size()), o.priority, 0,
-                        Checksum64(put[i].data.data(), put[i].data.size())};
-      r.region = region[i];
-      r.addr = reinterpret_cast<uint64_t>(put[i].data.data());
-      EncodePutFromRecord(r, reinterpret_cast<std::byte*>(st->body.data()) + i * kPutFromItemSize);
+  st->kind = put.empty() ? UcxCallKind::kGetInto : UcxCallKind::kPutFrom;
+  st->put = put;
+  st->get = get;
+  // The call's deadline (the one Post sets), for a node on this host: it
+  // writes nothing into our memory once we may have given up on it.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(o.timeout_ms > 0 ? o.timeout_ms : ch->o_.timeout_ms);
+  uint32_t deadline_ms = static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline.time_since_epoch()).count());
+  if (deadline_ms == 0) deadline_ms = 1;  // 0 means none
+  const size_t item = put.empty() ? kGetIntoItemSize : kPutFromItemSize;
+  for (size_t at = 0; at < n;) {
+    const FrameSpan f{at, FrameEnd(at, n, ch->server_limits_, [&](size_t) { return item; })};
+    st->body.assign(f.size() * item, '\0');
+    std::byte* out = reinterpret_cast<std::byte*>(st->body.data());
+    for (size_t i = f.begin; i < f.end; ++i, out += item) {
+      if (!put.empty()) {
+        PutFromRecord r;
+        r.put = PutRecord{put[i].key, static_cast<uint32_t>(put[i].data.size()), o.priority, 0,
+                          PayloadChecksum({}, put[i].data)};
+        r.region = region[i];
+        r.addr = reinterpret_cast<uint64_t>(put[i].data.data());
+        EncodePutFromRecord(r, out);
+      } else {
+        GetIntoRecord r{get[i].key, region[i], reinterpret_cast<uint64_t>(get[i].dst.data()),
+                        static_cast<uint32_t>(std::min<size_t>(get[i].dst.size(), UINT32_MAX)), deadline_ms};
+        EncodeGetIntoRecord(r, out);
+      }
     }
-  } else {
-    st->kind = UcxCallKind::kGetInto;
-    st->get = get;
-    st->body.assign(n * kGetIntoItemSize, '\0');
-    // The call's deadline (the one Post sets), for a node on this host: it
-    // writes nothing into our memory once we may have given up on it.
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::milliseconds(o.timeout_ms > 0 ? o.timeout_ms : ch->o_.timeout_ms);
-    uint32_t deadline_ms = static_cast<uint32_t>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline.time_since_epoch()).count());
-    if (deadline_ms == 0) deadline_ms = 1;  // 0 means none
-    for (size_t i = 0; i < n; ++i) {
-      GetIntoRecord r{get[i].key, region[i], reinterpret_cast<uint64_t>(get[i].dst.data()),
-                      static_cast<uint32_t>(std::min<size_t>(get[i].dst.size(), UINT32_MAX)), deadline_ms};
-      EncodeGetIntoRecord(r, reinterpret_cast<std::byte*>(st->body.data()) + i * kGetIntoItemSize);
-    }
+    st->iov.assign(1, {st->body.data(), st->body.size()});
+    if (!st->PostFrame(put.empty() ? Opcode::kGetInto : Opcode::kPutFrom, o.replace ? kFlagReplace : 0, f,
+                       st->body.size(), o))
+      break;
+    at = f.end;
   }
-  st->iov.assign(1, {st->body.data(), st->body.size()});
-  st->x.p = std::make_shared<Pending>();
-  st->posted = ch->Post(put.empty() ? Opcode::kGetInto : Opcode::kPutFrom, o.replace ? kFlagReplace : 0, n, st->iov,
-                        st->body.size(), o, &st->x);
   return true;
 }
 
 void Channel::StartPut(std::span<PutItem> items, const RequestOptions& o, ChannelCall* call) {
   if (items.empty()) return call->Finish(Status::Ok());
-  UcxCallState* st = call->StartAs<UcxCallState>();
-  st->ch = this;
+  UcxCallState* st = BeginCall(this, call, UcxCallKind::kPut);
   if (StartRegistered(this, st, items, {}, o)) return;
-  st->kind = UcxCallKind::kPut;
-  st->n = items.size();
   st->put = items;
-  st->body.assign(items.size() * kPutItemSize, '\0');
-  st->iov.assign(1, {st->body.data(), st->body.size()});
-  uint64_t len = st->body.size();
-  for (size_t i = 0; i < items.size(); ++i) {
-    PutRecord r{items[i].key, static_cast<uint32_t>(items[i].data.size()), o.priority, 0,
-                Checksum64(items[i].data.data(), items[i].data.size())};
-    EncodePutRecord(r, reinterpret_cast<std::byte*>(st->body.data()) + i * kPutItemSize);
-    st->iov.push_back({const_cast<std::byte*>(items[i].data.data()), items[i].data.size()});
-    len += items[i].data.size();
+  auto size_of = [&](size_t i) -> uint64_t { return items[i].data.size(); };
+  auto refuse = [&](size_t i, Status s) { items[i].status = std::move(s); };
+  auto piece = [&](size_t i) { return PutPiece{items[i].key, {}, items[i].data, o.priority}; };
+  auto payload = [&](std::span<const std::byte> b) { st->iov.push_back({const_cast<std::byte*>(b.data()), b.size()}); };
+  for (size_t at = 0; at < items.size();) {
+    const FrameSpan f = NextPutFrame(at, items.size(), server_limits_, size_of, refuse);
+    if (f.empty()) return;
+    st->iov.assign(1, {});  // the item table, once built
+    const uint64_t len = BuildPutTable(f, piece, &st->body, payload);
+    st->iov[0] = {st->body.data(), st->body.size()};
+    if (!st->PostFrame(Opcode::kPut, o.replace ? kFlagReplace : 0, f, len, o)) return;
+    at = f.end;
   }
-  st->x.p = std::make_shared<Pending>();
-  st->posted = Post(Opcode::kPut, o.replace ? kFlagReplace : 0, items.size(), st->iov, len, o, &st->x);
 }
 
 void Channel::StartGet(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call) {
   if (items.empty()) return call->Finish(Status::Ok());
-  UcxCallState* st = call->StartAs<UcxCallState>();
-  st->ch = this;
+  UcxCallState* st = BeginCall(this, call, UcxCallKind::kGet);
   if (StartRegistered(this, st, {}, items, o)) return;
-  st->kind = UcxCallKind::kGet;
-  st->n = items.size();
   st->get = items;
-  thread_local std::vector<BlockKey> keys;
-  keys.clear();
-  for (const GetItem& it : items) keys.push_back(it.key);
-  StartKeys(this, st, Opcode::kGet, 0, keys, o);
+  StartKeys(
+      this, st, Opcode::kGet, 0, items.size(), [&](size_t i) { return items[i].key; },
+      [&](size_t i) { return GetItemBytes(items[i].dst.size(), server_limits_); }, o);
 }
 
 void Channel::StartExists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch,
                           const RequestOptions& o, ChannelCall* call) {
   if (keys.empty()) return call->Finish(Status::Ok());
-  UcxCallState* st = call->StartAs<UcxCallState>();
-  st->ch = this;
-  st->kind = UcxCallKind::kExists;
-  st->n = keys.size();
+  UcxCallState* st = BeginCall(this, call, UcxCallKind::kExists);
   st->found = found;
-  StartKeys(this, st, Opcode::kExists, touch ? kFlagTouch : 0, keys, o);
+  StartKeys(
+      this, st, Opcode::kExists, touch ? kFlagTouch : 0, keys.size(), [&](size_t i) { return keys[i]; },
+      [](size_t) { return kKeyItemBytes; }, o);
 }
 
 void Channel::StartErase(std::span<const BlockKey> keys, std::span<Status> statuses, const RequestOptions& o,
                          ChannelCall* call) {
   if (keys.empty()) return call->Finish(Status::Ok());
-  UcxCallState* st = call->StartAs<UcxCallState>();
-  st->ch = this;
-  st->kind = UcxCallKind::kErase;
-  st->n = keys.size();
+  UcxCallState* st = BeginCall(this, call, UcxCallKind::kErase);
   st->statuses = statuses;
-  StartKeys(this, st, Opcode::kErase, 0, keys, o);
+  StartKeys(
+      this, st, Opcode::kErase, 0, keys.size(), [&](size_t i) { return keys[i]; },
+      [](size_t) { return kKeyItemBytes; }, o);
 }
 
 }  // namespace
