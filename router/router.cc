@@ -9,6 +9,7 @@
 #include <shared_mutex>
 
 #include "router/device_copy.h"
+#include "router/replica_plan.h"
 #include "router/shard_map.h"
 #include "transport/shard_channel.h"
 
@@ -45,7 +46,8 @@ struct NodeBatch {
 struct Scratch {
   std::vector<NodeBatch> nodes;  // by node index
   std::vector<uint32_t> active;  // nodes with items this round, ascending
-  std::vector<uint8_t> done;     // per item of the caller's batch (stored / answered)
+  std::vector<uint8_t> pending;  // per item of the caller's batch: asked at the next rank
+  std::vector<WriteMerge> merged;  // per item of the caller's batch: its replicas' PUT answers
   void Reset(size_t n) {
     if (nodes.size() < n) nodes.resize(n);
     for (NodeBatch& b : nodes) b.idx.clear();
@@ -70,20 +72,27 @@ struct Router::Impl {
     std::lock_guard<std::mutex> lock(mu);
     return view;
   }
-  // Runs pass(view, &stale) on the current view; when a node answered
-  // StaleEpoch and a refresh hook is set, refreshes the map once and reruns it.
+  // The replica plan's stale-epoch rule (router/replica_plan.h): after a
+  // pass that saw StaleEpoch (stale), true when the map was refreshed (once
+  // per operation, with the refresh hook) and the operation is to run again.
+  bool Refreshed(Router& self, EpochRetry& retry, bool stale) {
+    return retry.WantsRefresh(stale) && options.refresh && retry.Refreshed(options.refresh(self));
+  }
+  // Runs pass(view, &stale) on the current view, and once more on the
+  // refreshed view when a node answered StaleEpoch (Refreshed).
   template <typename Pass>
   void WithRefresh(Router& self, Pass pass) {
-    for (int attempt = 0; attempt < 2; ++attempt) {
+    EpochRetry retry;
+    for (;;) {
       bool stale = false;
       pass(*Snapshot(), &stale);
-      if (!(stale && attempt == 0 && options.refresh && options.refresh(self).ok())) return;
+      if (!Refreshed(self, retry, stale)) return;
     }
   }
   // Bookkeeping shared by every node call: a StaleEpoch answer asks for a
   // refresh; any call-level failure counts as a node error (its items miss).
   void NoteCall(const Status& s, bool* stale) {
-    if (s.code() == StatusCode::kStaleEpoch) *stale = true;
+    if (EpochRetry::IsStale(s)) *stale = true;
     if (!s.ok()) counters.node_errors.fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -154,14 +163,14 @@ struct Router::Impl {
   // (when a hook is set) and retries once.
   template <typename T, typename Call>
   Result<T> OnSequenceNode(Router& self, const SequenceHandle& h, Call call) {
-    for (int attempt = 0;; ++attempt) {
+    EpochRetry retry;
+    for (;;) {
       std::shared_ptr<const View> v = Snapshot();
       KVMESH_ASSIGN_OR_RETURN(size_t node, Resolve(*v, h));
       Result<T> r = call(*v->channels[node]);
       bool stale = false;
       if (!r.ok()) NoteCall(r.status(), &stale);
-      if (stale && attempt == 0 && options.refresh && options.refresh(self).ok()) continue;
-      return r;
+      if (!Refreshed(self, retry, stale)) return r;
     }
   }
   std::atomic<uint64_t> spread{0};  // places sequences without a full prefix block
@@ -294,18 +303,15 @@ std::vector<BlockKey> Router::Keys(std::span<const TokenId> tokens, const Reques
 
 namespace {
 
-// Groups the indices i < n for which want(i) holds by the node at replica
-// position `rank` of key_of(i)'s placement (into sc.nodes[node].idx, the
-// nodes used into sc.active). Returns false when no index was placed.
+// One round of the replica plan (router/replica_plan.h PlaceRank): groups
+// the indices i < n for which want(i) holds by the node at replica `rank` of
+// key_of(i) (into sc.nodes[node].idx, the nodes used into sc.active).
+// Returns false when no index was placed.
 template <typename KeyOf, typename Want>
 bool GroupByNode(const ShardMap& map, size_t n, const Affinity& hint, uint32_t rank, KeyOf key_of, Want want,
                  Scratch& sc) {
   sc.Reset(map.nodes().size());
-  for (size_t i = 0; i < n; ++i) {
-    if (!want(i)) continue;
-    uint32_t place[ShardMap::kMaxReplicas];
-    if (rank < map.Place(key_of(i), hint, place)) sc.nodes[place[rank]].idx.push_back(i);
-  }
+  PlaceRank(map, n, hint, rank, key_of, want, [&](size_t i, uint32_t node) { sc.nodes[node].idx.push_back(i); });
   for (uint32_t node = 0; node < map.nodes().size(); ++node)
     if (!sc.nodes[node].idx.empty()) sc.active.push_back(node);
   return !sc.active.empty();
@@ -344,11 +350,10 @@ Status Router::PutBatchHost(std::span<PutItem> items, const RequestOptions& o) {
   SteadyClock::time_point deadline{};
   im.WithRefresh(*this, [&](const View& view, bool* stale) {
     Scratch& sc = t_scratch;
-    std::vector<uint8_t>& stored = sc.done;
-    stored.assign(items.size(), 0);
-    for (PutItem& it : items) it.status = Unavailable("no live node for this key");
-    // Every replica gets every block; a block counts as stored when any replica stored it.
-    for (uint32_t rank = 0; rank < view.map->replicas(); ++rank) {
+    std::vector<WriteMerge>& merged = sc.merged;
+    merged.assign(items.size(), WriteMerge{});
+    // Every replica gets every block; the replica plan merges their answers (WriteMerge).
+    for (uint32_t rank = 0; rank < StartRanks(*view.map, ReplicaOp::kPut); ++rank) {
       auto key_of = [&](size_t i) { return items[i].key; };
       if (!GroupByNode(*view.map, items.size(), o.affinity, rank, key_of, [](size_t) { return true; }, sc)) break;
       auto call = [&](ShardChannel& ch, NodeBatch& b, const RequestOptions& ro, ChannelCall* c) {
@@ -359,19 +364,11 @@ Status Router::PutBatchHost(std::span<PutItem> items, const RequestOptions& o) {
         return Status::Ok();
       };
       auto merge = [&](NodeBatch& b, const Status& s) {
-        for (size_t k = 0; k < b.idx.size(); ++k) {
-          PutItem& it = items[b.idx[k]];
-          const Status& r = s.ok() ? b.put[k].status : s;
-          if (r.ok()) {
-            it.status = Status::Ok();
-            stored[b.idx[k]] = 1;
-          } else if (!stored[b.idx[k]] && rank == 0) {
-            it.status = r;
-          }
-        }
+        for (size_t k = 0; k < b.idx.size(); ++k) merged[b.idx[k]].Add(rank, s.ok() ? b.put[k].status : s);
       };
       im.FanOut(view, sc, o, &deadline, stale, call, merge);
     }
+    for (size_t i = 0; i < items.size(); ++i) items[i].status = merged[i].Result();
   });
   for (const PutItem& it : items)
     if (!it.status.ok()) return it.status;
@@ -420,11 +417,13 @@ Status Router::GetBatchHost(std::span<GetItem> items, const RequestOptions& o) {
   im.WithRefresh(*this, [&](const View& view, bool* stale) {
     Scratch& sc = t_scratch;
     for (GetItem& it : items) it.status = NotFound("not stored");
-    // Replica r is asked only for the items every earlier replica missed.
+    // Replica r is asked only for the items the replica plan sends on (AskNextRank).
+    std::vector<uint8_t>& pending = sc.pending;
+    pending.assign(items.size(), 1);
     for (uint32_t rank = 0; rank < view.map->replicas(); ++rank) {
       auto key_of = [&](size_t i) { return items[i].key; };
-      auto missed = [&](size_t i) { return IsMiss(items[i].status); };
-      if (!GroupByNode(*view.map, items.size(), o.affinity, rank, key_of, missed, sc)) break;
+      auto ask = [&](size_t i) { return pending[i] != 0; };
+      if (!GroupByNode(*view.map, items.size(), o.affinity, rank, key_of, ask, sc)) break;
       auto call = [&](ShardChannel& ch, NodeBatch& b, const RequestOptions& ro, ChannelCall* c) {
         b.get.clear();
         for (size_t i : b.idx) b.get.push_back(GetItem{items[i].key, items[i].dst, 0, {}});
@@ -437,6 +436,7 @@ Status Router::GetBatchHost(std::span<GetItem> items, const RequestOptions& o) {
           GetItem& it = items[b.idx[k]];
           it.status = s.ok() ? b.get[k].status : s;
           it.size = s.ok() ? b.get[k].size : 0;
+          pending[b.idx[k]] = AskNextRank(ReplicaOp::kGet, it.status);
         }
       };
       im.FanOut(view, sc, o, &deadline, stale, call, merge);
@@ -455,13 +455,13 @@ Status Router::ExistsBatch(std::span<const BlockKey> keys, std::span<uint8_t> fo
   im.WithRefresh(*this, [&](const View& view, bool* stale) {
     Scratch& sc = t_scratch;
     std::fill(found.begin(), found.begin() + static_cast<ptrdiff_t>(keys.size()), 0);
-    // Primary first; a key whose primary is unreachable is asked of its next replica.
-    std::vector<uint8_t>& answered = sc.done;
-    answered.assign(keys.size(), 0);
+    // Primary first; a key whose node did not answer is asked of its next replica (AskNextRank).
+    std::vector<uint8_t>& pending = sc.pending;
+    pending.assign(keys.size(), 1);
     for (uint32_t rank = 0; rank < view.map->replicas(); ++rank) {
       auto key_of = [&](size_t i) { return keys[i]; };
-      auto pending = [&](size_t i) { return answered[i] == 0; };
-      if (!GroupByNode(*view.map, keys.size(), o.affinity, rank, key_of, pending, sc)) break;
+      auto ask = [&](size_t i) { return pending[i] != 0; };
+      if (!GroupByNode(*view.map, keys.size(), o.affinity, rank, key_of, ask, sc)) break;
       auto call = [&](ShardChannel& ch, NodeBatch& b, const RequestOptions& ro, ChannelCall* c) {
         b.keys.clear();
         for (size_t i : b.idx) b.keys.push_back(keys[i]);
@@ -471,10 +471,9 @@ Status Router::ExistsBatch(std::span<const BlockKey> keys, std::span<uint8_t> fo
         return Status::Ok();
       };
       auto merge = [&](NodeBatch& b, const Status& s) {
-        if (!s.ok()) return;
         for (size_t k = 0; k < b.idx.size(); ++k) {
-          found[b.idx[k]] = b.found[k];
-          answered[b.idx[k]] = 1;
+          if (s.ok()) found[b.idx[k]] = b.found[k];
+          pending[b.idx[k]] = AskNextRank(ReplicaOp::kExists, s);
         }
       };
       im.FanOut(view, sc, o, &deadline, stale, call, merge);
@@ -524,7 +523,7 @@ Status Router::Impl::ToEveryReplica(Router& self, std::span<const BlockKey> keys
   WithRefresh(self, [&](const View& view, bool* stale) {
     Scratch& sc = t_scratch;
     first = Status::Ok();
-    for (uint32_t rank = 0; rank < view.map->replicas(); ++rank) {
+    for (uint32_t rank = 0; rank < StartRanks(*view.map, ReplicaOp::kErase); ++rank) {
       auto key_of = [&](size_t i) { return keys[i]; };
       if (!GroupByNode(*view.map, keys.size(), o.affinity, rank, key_of, [](size_t) { return true; }, sc)) break;
       auto call = [&](ShardChannel& ch, NodeBatch& b, const RequestOptions& ro, ChannelCall* c) {
@@ -610,7 +609,8 @@ Result<SequenceHandle> Router::CreateSequence(std::span<const TokenId> prefix, c
   a.prefix = prefix;
   a.max_blocks = max_blocks;
   Status last = Unavailable("no live node for this sequence");
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  EpochRetry retry;
+  for (;;) {
     std::shared_ptr<const View> v = im.Snapshot();
     uint32_t place[ShardMap::kMaxReplicas];
     const size_t cands = v->map->Place(anchor, o.affinity, place, ShardMap::kMaxReplicas);
@@ -633,7 +633,7 @@ Result<SequenceHandle> Router::CreateSequence(std::span<const TokenId> prefix, c
       h.prefix_tokens = r->length;
       return h;
     }
-    if (!(stale && attempt == 0 && im.options.refresh && im.options.refresh(*this).ok())) break;
+    if (!im.Refreshed(*this, retry, stale)) break;
   }
   return last;
 }

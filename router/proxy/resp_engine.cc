@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "common/checksum.h"
+#include "router/replica_plan.h"
+#include "transport/frame_plan.h"
 
 namespace kvmesh {
 
@@ -32,11 +34,11 @@ struct RespEngine::OpRun {
   uint64_t reserved = 0;  // what its answered steps hold (the bytes that came)
 };
 
-// A write sent to several replicas: done when every leg has answered.
+// A write sent to several replicas: done when every leg has answered, its
+// answers merged by the replica plan (router/replica_plan.h).
 struct RespEngine::Fanout {
   size_t left = 0;
-  bool any_ok = false;
-  Status first_error;
+  WriteMerge merge;
 };
 
 // One I/O to one replica rank.
@@ -47,23 +49,22 @@ struct RespEngine::Pending {
   std::shared_ptr<Fanout> fan;       // writes to several replicas
   uint8_t rank = 0;
   uint8_t busy_retries = 0;
-  bool refreshed = false;            // placed again after a StaleEpoch once already
+  EpochRetry retry;                  // the replica plan's stale-epoch rule for this I/O
 };
 
 namespace {
 constexpr uint8_t kMaxBusyRetries = 4;
 
-uint64_t BlockChecksum(std::span<const char> a, std::span<const char> b) {
-  if (a.empty()) return Checksum64(b.data(), b.size());
-  if (b.empty()) return Checksum64(a.data(), a.size());
-  XXH3_state_t st;
-  XXH3_64bits_reset(&st);
-  XXH3_64bits_update(&st, a.data(), a.size());
-  XXH3_64bits_update(&st, b.data(), b.size());
-  return XXH3_64bits_digest(&st);
+ReplicaOp ReplicaOpOf(BlockIo::Kind k) {
+  switch (k) {
+    case BlockIo::Kind::kPut: return ReplicaOp::kPut;
+    case BlockIo::Kind::kErase: return ReplicaOp::kErase;
+    case BlockIo::Kind::kExists: return ReplicaOp::kExists;
+    case BlockIo::Kind::kGet:
+    case BlockIo::Kind::kStats: break;
+  }
+  return ReplicaOp::kGet;
 }
-
-bool IsWrite(BlockIo::Kind k) { return k == BlockIo::Kind::kPut || k == BlockIo::Kind::kErase; }
 }  // namespace
 
 RespEngine::RespEngine(asio::io_context& io, asio::thread_pool& helpers, RespEngineOptions o)
@@ -252,7 +253,7 @@ void RespEngine::Submit(BlockIo* io, OpRun* run, std::shared_ptr<BlockIo> owned)
   if (owned) io = owned.get();
   ++stats_.ios;
   io->status = Status::Ok();
-  const uint32_t legs = IsWrite(io->kind) && map_ ? std::max<uint32_t>(1, map_->replicas()) : 1;
+  const uint32_t legs = map_ ? StartRanks(*map_, ReplicaOpOf(io->kind)) : 1;
   std::shared_ptr<Fanout> fan;
   if (legs > 1) {
     fan = std::make_shared<Fanout>();
@@ -273,10 +274,9 @@ void RespEngine::Submit(BlockIo* io, OpRun* run, std::shared_ptr<BlockIo> owned)
 void RespEngine::Complete(PendingPtr p, const Status& s) {
   if (p->fan) {
     Fanout& f = *p->fan;
-    if (s.ok()) f.any_ok = true;
-    else if (f.first_error.ok()) f.first_error = s;
+    f.merge.Add(p->rank, s);
     if (--f.left > 0) return;
-    p->io->status = f.any_ok ? Status::Ok() : f.first_error;
+    p->io->status = f.merge.Result();
   } else {
     p->io->status = s;
   }
@@ -287,8 +287,8 @@ void RespEngine::Complete(PendingPtr p, const Status& s) {
 }
 
 void RespEngine::MissOrRetry(PendingPtr p, const Status& why) {
-  const bool read = !IsWrite(p->io->kind);
-  if (read && map_ && p->rank + 1u < map_->replicas() && p->rank + 1u < map_->nodes().size()) {
+  if (map_ && AskNextRank(ReplicaOpOf(p->io->kind), why) &&
+      NodeAtRank(*map_, p->io->key, Affinity{}, p->rank + 1u) != kNoNode) {
     ++p->rank;
     return Requeue(std::move(p));
   }
@@ -369,13 +369,11 @@ void RespEngine::FlushReady() {
       AskStats(std::move(p));
       continue;
     }
-    uint32_t place[ShardMap::kMaxReplicas];
-    const size_t n = nodes ? map_->Place(p->io->key, Affinity{}, place) : 0;
-    if (p->rank >= n) {  // no node (or fewer live nodes than replicas)
+    const uint32_t node = nodes ? NodeAtRank(*map_, p->io->key, Affinity{}, p->rank) : kNoNode;
+    if (node == kNoNode) {  // no node (or fewer live nodes than replicas)
       Complete(std::move(p), Unavailable("no live node for this key"));
       continue;
     }
-    const uint32_t node = place[p->rank];
     NodeLink& link = *links_[node];
     const NodeLink::State st = link.state();
     if (st == NodeLink::State::kBackoff) {
@@ -430,60 +428,55 @@ void RespEngine::SendNode(size_t node, PendingList& gets, PendingList& exists, P
     ++stats_.frames;
     link.Send(std::move(f), epoch);
   };
-  // Key lists (GET, EXISTS, ERASE), split by items and, for GET, by the
-  // answer's expected size.
+  // Frames as the frame plan (transport/frame_plan.h) splits and builds
+  // them. Key lists (GET, EXISTS, ERASE); a GET's answer is sized by the
+  // block's size when known, else the slot size.
+  auto take = [](PendingList& list, FrameSpan f) {
+    auto items = std::make_shared<PendingList>();
+    items->reserve(f.size());
+    for (size_t i = f.begin; i < f.end; ++i) items->push_back(std::move(list[i]));
+    return items;
+  };
   auto keys = [&](Opcode op, uint8_t flags, PendingList& list) {
-    size_t i = 0;
-    while (i < list.size()) {
-      auto items = std::make_shared<PendingList>();
+    auto key_of = [&](size_t i) { return list[i]->io->key; };
+    auto item_bytes = [&](size_t i) {
+      const BlockIo& io = *list[i]->io;
+      return op == Opcode::kGet ? GetItemBytes(io.size_hint ? io.size_hint : o_.block_bytes, lim) : kKeyItemBytes;
+    };
+    for (size_t at = 0; at < list.size();) {
+      const FrameSpan f{at, FrameEnd(at, list.size(), lim, item_bytes)};
       std::string table;
-      uint64_t expect = 0;
-      while (i < list.size() && items->size() < lim.max_items) {
-        const BlockIo& io = *list[i]->io;
-        const uint64_t want = kKeySize + (op == Opcode::kGet ? (io.size_hint ? io.size_hint : o_.block_bytes) : 0);
-        if (!items->empty() && (expect + want > lim.max_body_bytes || table.size() + kKeySize > lim.max_body_bytes))
-          break;
-        expect += want;
-        AppendKey(&table, io.key);
-        items->push_back(std::move(list[i++]));
-      }
-      const uint64_t len = table.size();
-      send(op, flags, std::move(items), std::move(table), {}, len);
+      const uint64_t len = BuildKeyTable(f, key_of, &table);
+      send(op, flags, take(list, f), std::move(table), {}, len);
+      at = f.end;
     }
   };
   keys(Opcode::kGet, 0, gets);
   keys(Opcode::kExists, kFlagTouch, exists);
-  // PUT: runs of equal REPLACE flag, in order, split by the node's limits.
-  size_t i = 0;
-  while (i < puts.size()) {
-    const bool replace = puts[i]->io->replace;
-    auto items = std::make_shared<PendingList>();
-    std::vector<asio::const_buffer> payload;
-    uint64_t body = 0;
-    while (i < puts.size() && puts[i]->io->replace == replace && items->size() < lim.max_items) {
-      const BlockIo& io = *puts[i]->io;
-      const uint64_t size = io.head.size() + io.data.size();
-      if (size == 0 || size > lim.max_block_bytes) {  // never sent: the node would drop the connection
-        Complete(std::move(puts[i++]), ResourceExhausted("block of " + std::to_string(size) +
-                                                         " bytes is over the node's block limit"));
-        continue;
-      }
-      if (!items->empty() && body + kPutItemSize * (items->size() + 1) + size > lim.max_body_bytes) break;
-      body += size;
-      if (!io.head.empty()) payload.emplace_back(io.head.data(), io.head.size());
-      if (!io.data.empty()) payload.emplace_back(io.data.data(), io.data.size());
-      items->push_back(std::move(puts[i++]));
+  // PUT: runs of equal REPLACE flag, in order. A block the plan refuses is
+  // never sent (the node would drop the connection).
+  auto size_of = [&](size_t i) -> uint64_t { return puts[i]->io->head.size() + puts[i]->io->data.size(); };
+  auto refuse = [&](size_t i, Status s) { Complete(std::move(puts[i]), s); };
+  auto piece = [&](size_t i) {
+    const BlockIo& io = *puts[i]->io;
+    return PutPiece{io.key, std::as_bytes(io.head), std::as_bytes(io.data), kDefaultPriority};
+  };
+  for (size_t run = 0; run < puts.size();) {
+    const bool replace = puts[run]->io->replace;
+    size_t run_end = run;
+    while (run_end < puts.size() && puts[run_end]->io->replace == replace) ++run_end;
+    for (size_t at = run; at < run_end;) {
+      const FrameSpan f = NextPutFrame(at, run_end, lim, size_of, refuse);
+      if (f.empty()) break;
+      std::string table;
+      std::vector<asio::const_buffer> payload;
+      const uint64_t len = BuildPutTable(f, piece, &table, [&](std::span<const std::byte> b) {
+        payload.emplace_back(b.data(), b.size());
+      });
+      send(Opcode::kPut, replace ? kFlagReplace : 0, take(puts, f), std::move(table), std::move(payload), len);
+      at = f.end;
     }
-    if (items->empty()) continue;
-    std::string table(items->size() * kPutItemSize, '\0');
-    for (size_t k = 0; k < items->size(); ++k) {
-      const BlockIo& io = *(*items)[k]->io;
-      PutRecord r{io.key, static_cast<uint32_t>(io.head.size() + io.data.size()), kDefaultPriority, 0,
-                  BlockChecksum(io.head, io.data)};
-      EncodePutRecord(r, reinterpret_cast<std::byte*>(table.data()) + k * kPutItemSize);
-    }
-    const uint64_t len = table.size() + body;
-    send(Opcode::kPut, replace ? kFlagReplace : 0, std::move(items), std::move(table), std::move(payload), len);
+    run = run_end;
   }
   keys(Opcode::kErase, 0, erases);
 }
@@ -493,10 +486,10 @@ void RespEngine::OnAnswer(Opcode op, std::shared_ptr<PendingList> items, const S
   PendingList& list = *items;
   if (!call.ok()) {
     ++stats_.node_errors;
-    if (call.code() == StatusCode::kStaleEpoch) {
+    if (EpochRetry::IsStale(call)) {
       for (PendingPtr& p : list) {
-        if (p->refreshed) Complete(std::move(p), call);
-        else AskRefresh(std::move(p));
+        if (p->retry.WantsRefresh(true)) AskRefresh(std::move(p));
+        else Complete(std::move(p), call);
       }
       return;
     }
@@ -557,18 +550,26 @@ void RespEngine::OnAnswer(Opcode op, std::shared_ptr<PendingList> items, const S
 }
 
 void RespEngine::AskRefresh(PendingPtr p) {
-  p->refreshed = true;
   stale_.push_back(std::move(p));
   if (refreshing_) return;
   refreshing_ = true;
   asio::post(helpers_, [this, alive = alive_] {
     Status s = o_.refresh ? o_.refresh() : Unavailable("no map refresh");
-    (void)s;  // placed again either way: with the new map, or failing as before
-    asio::post(io_, [this, alive] {
+    asio::post(io_, [this, alive, s = std::move(s)] {
       if (!*alive) return;
       refreshing_ = false;
-      for (PendingPtr& q : stale_) ready_.push_back(std::move(q));
-      stale_.clear();
+      PendingList stale;
+      stale.swap(stale_);
+      // Placed again with the new map when the refresh succeeded (a read
+      // from rank 0); otherwise the I/O fails with why.
+      for (PendingPtr& q : stale) {
+        if (q->retry.Refreshed(s)) {
+          q->rank = static_cast<uint8_t>(EpochRetry::RankAfterRefresh(ReplicaOpOf(q->io->kind), q->rank));
+          ready_.push_back(std::move(q));
+        } else {
+          Complete(std::move(q), StaleEpoch("shard map refresh failed: " + s.message()));
+        }
+      }
       ScheduleFlush();
     });
   });
