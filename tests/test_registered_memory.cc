@@ -186,14 +186,14 @@ struct Served {
     REQUIRE(r.ok());
     return std::move(*r);
   }
-  std::shared_ptr<ShardChannel> Tcp() {
+  std::shared_ptr<TcpChannel> Tcp() {
     TcpChannelOptions o;
     o.port = tcp->port();
     o.limits.max_block_bytes = 2 << 20;
     return TcpChannel::Create(o);
   }
 #if defined(KVMESH_HAVE_UCX)
-  std::shared_ptr<ShardChannel> Ucx(std::shared_ptr<UcxContext> ctx = nullptr) {
+  std::shared_ptr<UcxChannel> Ucx(std::shared_ptr<UcxContext> ctx = nullptr) {
     UcxChannelOptions o;
     o.node_address = ucx->address();
     o.timeout_ms = 5000;
@@ -201,7 +201,7 @@ struct Served {
     o.context = std::move(ctx);
     auto c = UcxChannel::Connect(o);
     REQUIRE(c.ok());
-    return std::shared_ptr<ShardChannel>(std::move(*c));
+    return std::shared_ptr<UcxChannel>(std::move(*c));
   }
 #endif
   std::atomic<uint64_t> epoch{0};
@@ -275,7 +275,67 @@ void RegisteredRoundTrip(Router& r, ShardNode& node, bool allocate = false) {
   CHECK(r.UnregisterMemory(region->id).code() == StatusCode::kNotFound);
 }
 
+// The Router executes the replica plan's stale-epoch rule
+// (router/replica_plan.h) over channel `ch` (whose shard-map epoch
+// set_epoch sets): a PutFrom and a GetInto of registered memory answered
+// StaleEpoch refresh the map once and land; a refresh that brings no newer
+// map is tried once per call, not twice, and the call fails StaleEpoch.
+template <typename Channel>
+void StaleEpochRoundTrip(Served& s, std::shared_ptr<Channel> ch) {
+  ch->set_epoch(1);
+  int refreshes = 0;
+  uint64_t publish = 1;  // the epoch a refresh brings
+  RouterOptions ro;
+  ro.refresh = [&](Router&) {
+    ++refreshes;
+    ch->set_epoch(publish);
+    return Status::Ok();
+  };
+  auto r = s.RouterOver(ch, ro);
+  constexpr size_t kBlock = 65536;
+  std::vector<std::byte> heap(4 * kBlock);
+  auto region = r->RegisterMemory(heap.data(), heap.size());
+  REQUIRE(region.ok());
+  auto block = [&](size_t slot) { return std::span<std::byte>(heap.data() + slot * kBlock, kBlock); };
+  const auto data = Bytes(kBlock, 77);
+  std::memcpy(block(0).data(), data.data(), kBlock);
+
+  s.epoch = 2;  // the coordinator moved on: the node refuses epoch 1
+  publish = 2;
+  PutItem p{Key(500), block(0), {}};
+  REQUIRE(r->PutFrom(std::span(&p, 1)).ok());
+  CHECK(p.status.ok());
+  CHECK(refreshes == 1);
+  GetItem g{Key(500), block(1), 0, {}};
+  REQUIRE(r->GetInto(std::span(&g, 1)).ok());
+  REQUIRE(g.status.ok());
+  CHECK(std::memcmp(block(1).data(), data.data(), kBlock) == 0);
+  CHECK(refreshes == 1);
+
+  s.epoch = 3;  // a refresh that brings no newer map
+  GetItem stale{Key(500), block(2), 0, {}};
+  REQUIRE(r->GetInto(std::span(&stale, 1)).ok());
+  CHECK(stale.status.code() == StatusCode::kStaleEpoch);
+  CHECK(refreshes == 2);
+  PutItem p2{Key(501), block(0), {}};
+  CHECK(r->PutFrom(std::span(&p2, 1)).code() == StatusCode::kStaleEpoch);
+  CHECK(refreshes == 3);
+
+  publish = 3;
+  GetItem again{Key(500), block(3), 0, {}};
+  REQUIRE(r->GetInto(std::span(&again, 1)).ok());
+  REQUIRE(again.status.ok());
+  CHECK(std::memcmp(block(3).data(), data.data(), kBlock) == 0);
+  CHECK(refreshes == 4);
+}
+
 }  // namespace
+
+TEST_CASE("Registered memory over TCP: a StaleEpoch answer refreshes the router's map once and the call lands",
+          "[cluster][zerocopy][faults]") {
+  Served s;
+  StaleEpochRoundTrip(s, s.Tcp());
+}
 
 TEST_CASE("Registered memory in process: GetInto/PutFrom byte for byte, misses, corruption", "[router][zerocopy]") {
   Served s;
@@ -482,6 +542,17 @@ TEST_CASE("Registered memory over UCX to a node that encodes on put: staged, sto
   REQUIRE(g.status.ok());
   CHECK(g.size == block);
   CHECK(std::memcmp(pool.data(), pool.data() + 2 * block, block) == 0);
+}
+
+TEST_CASE("Registered memory over UCX: a StaleEpoch answer to GET_INTO / PUT_FROM refreshes the router's map once "
+          "and the call lands", "[cluster][ucx][zerocopy][faults]") {
+  Served s;
+  auto ctx = UcxContext::Create(true);
+  REQUIRE(ctx.ok());
+  const uint64_t before = s.ucx->one_sided_bytes();
+  StaleEpochRoundTrip(s, s.Ucx(*ctx));
+  // The blocks that landed went one-sided: a PUT_FROM and two GET_INTOs of 64 KiB.
+  CHECK(s.ucx->one_sided_bytes() - before >= 3 * 65536);
 }
 
 TEST_CASE("Registered memory over UCX: after UnregisterMemory the same memory works through the bounce path",

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -75,11 +76,16 @@ struct ProxyRig {
       }
       infos.push_back(s);
     }
+    this->infos = infos;
     map = ShardMap::Build(1, infos, {}, {}, 1).value();
+    published = map;
     po.timeout_ms = timeout_ms;
     po.connect_timeout_ms = timeout_ms;
     po.block_bytes = kSlot;
-    po.map = [m = map] { return m; };
+    po.map = [this] {
+      std::lock_guard<std::mutex> lock(map_mu);
+      return published;
+    };
     auto p = RespProxy::Start(po);
     REQUIRE(p.ok());
     proxy = std::move(*p);
@@ -94,6 +100,13 @@ struct ProxyRig {
       if (map->Primary(RespKey(k), {}) == node) return k;
     }
   }
+  // The coordinator publishes the same nodes under a new epoch: the map the
+  // proxy places with from its next flush on.
+  void Publish(uint64_t e) {
+    auto m = ShardMap::Build(e, infos, {}, {}, 1).value();
+    std::lock_guard<std::mutex> lock(map_mu);
+    published = std::move(m);
+  }
   uint64_t Frames() {
     RespTestClient c(proxy->port());
     const std::string info = c.Call({"INFO"}).str;
@@ -107,7 +120,10 @@ struct ProxyRig {
   std::unique_ptr<StalledNode> stall;
   std::vector<std::unique_ptr<ShardNode>> nodes;
   std::vector<std::unique_ptr<DataServer>> servers;
-  std::shared_ptr<const ShardMap> map;
+  std::shared_ptr<const ShardMap> map;  // epoch 1
+  std::vector<ShardInfo> infos;
+  std::mutex map_mu;
+  std::shared_ptr<const ShardMap> published;  // what po.map answers; guarded by map_mu
   std::unique_ptr<RespProxy> proxy;
 };
 
@@ -320,4 +336,54 @@ TEST_CASE("RESP proxy loop: AUTH guards every data command", "[resp][proxy][auth
   CHECK(c.Read().ok());
   CHECK(c.Read().ok());
   CHECK(c.Read().str == "v");
+}
+
+TEST_CASE("RESP proxy loop: a node's StaleEpoch makes the proxy refresh its map once, then SET and GET land",
+          "[resp][proxy][faults]") {
+  // The proxy's engine executes the replica plan (router/replica_plan.h):
+  // the first StaleEpoch answer of an I/O refreshes the map once and places
+  // it again; a second is the answer.
+  std::atomic<int> refreshes{0};
+  std::atomic<uint64_t> publish{0};  // the epoch a refresh publishes
+  ProxyRig* rig_ptr = nullptr;
+  RespProxyOptions po;
+  po.refresh = [&] {
+    ++refreshes;
+    rig_ptr->Publish(publish.load());
+    return Status::Ok();
+  };
+  ProxyRig rig(2, po);
+  rig_ptr = &rig;
+  RespTestClient c(rig.proxy->port());
+  CHECK(c.Call({"SET", "before", "v0"}).ok());  // the nodes hold no epoch yet (0: unversioned)
+  CHECK(refreshes == 0);
+
+  // The coordinator moved on: both nodes refuse the proxy's epoch-1 map.
+  // A small SET is one I/O (its head, value inline): one refresh.
+  rig.epoch = 2;
+  publish = 2;
+  CHECK(c.Call({"SET", "after", "v1"}).ok());
+  CHECK(refreshes == 1);
+  CHECK(c.Call({"GET", "after"}).str == "v1");
+  CHECK(c.Call({"GET", "before"}).str == "v0");
+  const std::string value(3 * kSlot + 123, 'x');  // parts and a head, on both nodes
+  CHECK(c.Call({"SET", "big", value}).ok());
+  CHECK(c.Call({"GET", "big"}).str == value);
+  CHECK(refreshes == 1);  // the new map is current: no more StaleEpoch
+
+  // A refresh that brings no newer map: one refresh per I/O, not two, and it fails.
+  rig.epoch = 3;
+  RespValue set = c.Call({"SET", "stale", "v"});
+  CHECK(set.is_error());
+  CHECK(refreshes == 2);
+  CHECK(c.Call({"GET", "after"}).nil);  // the read missed
+  CHECK(refreshes == 3);
+
+  // The next refresh brings epoch 3: the same commands land.
+  publish = 3;
+  CHECK(c.Call({"SET", "stale", "v"}).ok());
+  CHECK(refreshes == 4);
+  CHECK(c.Call({"GET", "stale"}).str == "v");
+  CHECK(c.Call({"GET", "after"}).str == "v1");
+  CHECK(refreshes == 4);
 }
