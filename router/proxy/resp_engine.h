@@ -14,12 +14,15 @@
 // connections that arrive together cost one round trip per node, and a
 // step's reads run before its writes on every node (the ops' contract).
 //
-// Replicas (like the Router): a PUT or ERASE goes to every replica (a PUT is
-// stored when any replica stored it); a GET or EXISTS asks the primary and,
-// on a miss or an unreachable node, the next replica. A frame answered
-// StaleEpoch asks for a map refresh (off the loop) and is placed again once,
-// with the new map. A node that cannot be reached, or does not answer within
-// timeout_ms (checked every tick), fails its I/Os: reads miss, writes fail.
+// Replicas: the engine executes the Router's replica plan
+// (router/replica_plan.h) one I/O at a time: a PUT or ERASE goes to every
+// replica (a PUT is stored when any replica stored it); a GET or EXISTS asks
+// the primary and, on a miss or an unreachable node, the next replica. A
+// frame answered StaleEpoch asks for a map refresh (off the loop) and its
+// I/Os are placed again once, with the new map, when the refresh succeeded.
+// Frames are split and built by the frame plan (transport/frame_plan.h). A
+// node that cannot be reached, or does not answer within timeout_ms
+// (checked every tick), fails its I/Os: reads miss, writes fail.
 //
 // Backpressure: a connection's Run may carry an AnswerBudget (below): its
 // ops fetch blocks only while the answers it has not written fit, so a
