@@ -116,22 +116,20 @@ class Server final : public UcxServer {
 
  private:
   // The Asio loop: progress, handle what arrived, arm, sleep on the efd.
+  // The spin and its report to the budget are UcxPacer's
+  // (transport/ucx_worker.h): a wait is a gap between two activities, and
+  // only an idle one (nothing in flight) is reported.
   asio::awaitable<void> Loop() {
     using Clock = std::chrono::steady_clock;
-    // kAdaptive: spin for the budget while idle, and report each idle gap's
-    // length to it (SpinBudget).
-    const bool adaptive = o_.progress == UcxProgress::kAdaptive;
     SpinBudget budget(o_.spin_us);
-    const auto fixed_spin = std::chrono::duration_cast<Clock::duration>(FixedSpin(o_.progress, o_.spin_us));
-    auto last_activity = Clock::now();
-    bool idle = false;   // adaptive: an idle gap began at last_activity
-    bool slept = false;  // adaptive: the loop slept on the wakeup fd in this gap
+    UcxPacer pace(o_.progress, o_.spin_us, &budget);
+    pace.Begin(Clock::now());
+    bool idle = false;  // the gap since the last activity had nothing in flight
     auto active = [&] {
       const auto now = Clock::now();
-      if (adaptive && idle) budget.Waited(now - last_activity, slept);
+      if (idle) pace.End(now);
       idle = false;
-      slept = false;
-      last_activity = now;
+      pace.Begin(now);
     };
     for (;;) {
       if (ucp_worker_progress(worker_->get()) != 0) {
@@ -147,9 +145,8 @@ class Server final : public UcxServer {
         continue;
       }
       const bool busy = !inflight_.empty() || !receiving_.empty() || !closing_.empty() || rma_->in_flight() > 0;
-      if (adaptive && !busy) idle = true;
-      const auto spin = adaptive ? std::chrono::duration_cast<Clock::duration>(budget.budget()) : fixed_spin;
-      if (spin == Clock::duration::max() || (spin > Clock::duration::zero() && Clock::now() - last_activity < spin)) {
+      if (!busy) idle = true;
+      if (pace.Spinning(Clock::now())) {
         // Spinning: the next request is served without a wakeup. Yield to the
         // io_context between rounds so Stop's cancel gets in.
         co_await asio::post(io_, asio::use_awaitable);
@@ -170,11 +167,10 @@ class Server final : public UcxServer {
         continue;
       }
       if (!worker_->Arm()) continue;  // events pending: progress again
-      slept = idle;
       boost::system::error_code ec;
       co_await sd_.async_wait(asio::posix::descriptor_base::wait_read, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) co_return;
-      if (!adaptive) last_activity = Clock::now();
+      pace.Slept(Clock::now());
     }
   }
 
