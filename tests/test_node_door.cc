@@ -7,6 +7,7 @@
 // every PUT path runs (TenantView::StartPut / FinishPut), on its own.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <random>
@@ -33,25 +34,22 @@ namespace {
 
 BlockKey Key(uint64_t i) { return BlockKey{i * 0x9E3779B97F4A7C15ull + 3, i}; }
 
+// `n` bytes drawn from `seed`.
 std::vector<std::byte> Bytes(size_t n, uint64_t seed) {
-  std::vector<std::byte> v(n);
   std::mt19937_64 rng(seed);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
+  std::vector<std::byte> v(n);
+  std::generate(v.begin(), v.end(), [&] { return std::byte(rng() & 0xFF); });
   return v;
 }
 
 uint64_t Sum(std::span<const std::byte> b) { return Checksum64(b.data(), b.size()); }
 
+// Node "d0": 16 MiB of host memory in chunks of up to 2 MiB; `extra` adds config keys.
 std::unique_ptr<ShardNode> Node(const std::string& extra = "") {
-  auto c = ParseConfig(R"({
-    "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
-    "nodes": [{"id": "d0", "memory": {"host": "16MiB"}}],
-    "store": {"slot_bytes": "2MiB", "stripes": 1})" + extra + "}");
-  INFO(c.status().ToString());
-  REQUIRE(c.ok());
-  auto n = ShardNode::Create(*c, "d0");
-  REQUIRE(n.ok());
-  return std::move(*n);
+  const std::string json = R"({"model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64,)"
+                           R"( "block_tokens": 16}, "nodes": [{"id": "d0", "memory": {"host": "16MiB"}}],)"
+                           R"( "store": {"slot_bytes": "2MiB", "stripes": 1})" + extra + "}";
+  return ShardNode::Create(ParseConfig(json).value(), "d0").value();
 }
 
 // The bytes stored under `key`, empty when it is not stored.
@@ -66,19 +64,14 @@ std::vector<std::byte> Stored(ShardNode& node, const BlockKey& key) {
 // One node at epoch 4 behind a TCP data server and (built with UCX) a UCX server.
 struct Door {
   static constexpr uint64_t kEpoch = 4;
-  Door() {
-    node = Node();
+  Door() : node(Node()) {
     DataServerOptions d;
     d.limits.max_block_bytes = 2 << 20;
-    auto ds = DataServer::Start(node.get(), d, &epoch);
-    REQUIRE(ds.ok());
-    tcp = std::move(*ds);
+    tcp = DataServer::Start(node.get(), d, &epoch).value();
 #if defined(KVMESH_HAVE_UCX)
     UcxServerOptions u;
     u.limits.max_block_bytes = 2 << 20;
-    auto us = UcxServer::Start(node.get(), u, &epoch);
-    REQUIRE(us.ok());
-    ucx = std::move(*us);
+    ucx = UcxServer::Start(node.get(), u, &epoch).value();
 #endif
   }
   std::unique_ptr<TcpChannel> Tcp() {
@@ -103,9 +96,7 @@ struct Door {
     o.node_address = ucx->address();
     o.timeout_ms = 5000;
     o.limits.max_block_bytes = 2 << 20;
-    auto c = UcxChannel::Connect(o);
-    REQUIRE(c.ok());
-    return std::move(*c);
+    return UcxChannel::Connect(o).value();
   }
 #endif
   std::atomic<uint64_t> epoch{kEpoch};
