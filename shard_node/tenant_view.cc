@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "common/checksum.h"
 #include "shard_node/shard_node.h"
 
 namespace kvmesh {
@@ -91,6 +92,29 @@ Status TenantView::CommitPut(BlockReservation& r, uint64_t checksum, bool verify
   KVMESH_RETURN_IF_ERROR(node_->CommitPut(r, checksum, verify));
   Admitted(stored, bytes);
   return Status::Ok();
+}
+
+TenantView::PutLanding TenantView::StartPut(const BlockKey& key, size_t size, uint64_t checksum, const PutOptions& o) {
+  PutLanding p;
+  p.key_ = key;
+  p.options_ = o;
+  p.checksum_ = checksum;
+  Result<BlockReservation> r = ReservePut(key, size, o);
+  if (r.ok()) {
+    p.res_ = std::move(*r);
+  } else if (r.status().code() == StatusCode::kFailedPrecondition) {
+    p.staged_ = true;  // this node changes blocks on the way in: stage, then Put
+  } else if (r.status().code() != StatusCode::kAlreadyExists) {
+    p.status_ = r.status();  // AlreadyExists: stored already, OK
+  }
+  return p;
+}
+
+Status TenantView::FinishPut(PutLanding& p, std::span<const std::byte> staged) {
+  if (p.reserved()) return CommitPut(p.res_, p.checksum_);
+  if (!p.staged_) return p.status_;
+  if (Checksum64(staged.data(), staged.size()) != p.checksum_) return DataLoss("payload checksum mismatch");
+  return Put(p.key_, staged, p.options_);
 }
 
 }  // namespace kvmesh

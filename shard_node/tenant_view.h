@@ -46,6 +46,43 @@ class TenantView {
   Result<BlockReservation> ReservePut(const BlockKey& key, size_t size, const PutOptions& o);
   Status CommitPut(BlockReservation& r, uint64_t checksum, bool verify = true);
 
+  // The PUT ladder: one block of a PUT frame, the same steps on every path
+  // (a frame whose body is here, TCP reading its socket, UCX reading the
+  // client's memory one-sided):
+  //
+  //   TenantView::PutLanding p = v.StartPut(key, size, checksum, po);  // reserve a chunk
+  //   land the bytes: in p.chunk() when p.reserved(); in a buffer of the
+  //     caller's when p.staged(); otherwise read and drop them
+  //   Status s = v.FinishPut(p, staged);                               // verify and commit
+  //
+  // StartPut reserves a chunk (ReservePut). A key stored already is OK, with
+  // nothing to land (keys name their content); a node that changes blocks on
+  // the way in (a codec, a device pool: FailedPrecondition) has the caller
+  // stage the bytes; any other refusal is the block's answer. FinishPut
+  // verifies the checksum where the bytes landed (one pass) and commits the
+  // chunk, or verifies the staged bytes and Puts them: a mismatch is DataLoss
+  // and stores nothing (a block stored before stays as it was).
+  // Move-only; an unfinished landing frees its chunk.
+  class PutLanding {
+   public:
+    bool reserved() const { return res_.valid(); }
+    bool staged() const { return staged_; }
+    // The reserved chunk (pool memory, exactly the block's size).
+    std::span<std::byte> chunk() const { return res_.data(); }
+
+   private:
+    friend class TenantView;
+    BlockKey key_;
+    PutOptions options_;
+    uint64_t checksum_ = 0;
+    BlockReservation res_;
+    bool staged_ = false;
+    Status status_;  // neither reserved nor staged: the block's answer
+  };
+  PutLanding StartPut(const BlockKey& key, size_t size, uint64_t checksum, const PutOptions& o);
+  // `staged`: the landed bytes when p.staged() (ignored otherwise).
+  Status FinishPut(PutLanding& p, std::span<const std::byte> staged = {});
+
  private:
   // After a successful put of `bytes` under stored key `stored`: account and
   // enforce the quota.

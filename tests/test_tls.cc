@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cluster_process.h"
+#include "stale_epoch_answer.h"
 #include "test_time.h"
 #include "common/credentials.h"
 #include "kvmesh/config.h"
@@ -167,6 +168,24 @@ TEST_CASE("TLS: a node's data port round-trips blocks over TLS and refuses plain
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(10ms);
   CHECK_THAT(n.server->MetricsText(), Catch::Contains(want));
+}
+
+TEST_CASE("TLS: a stale epoch is refused as on every other path into the node (its one door)",
+          "[cluster][security][tls][door]") {
+  TlsNode n(ServerTls());
+  n.epoch = 4;
+  auto ch = n.Channel(ClientTls());
+  const auto data = Payload(3, 5000);
+  PutItem p{BlockKey{8, 1}, data, {}};
+  std::vector<BlockKey> keys = {BlockKey{8, 1}};
+  std::vector<uint8_t> found(1);
+  ch->set_epoch(2);
+  kvmesh::testing::CheckStaleAnswer(ch->Exists(keys, found, false, {}), 2, "n0", 4);
+  kvmesh::testing::CheckStaleAnswer(ch->Put(std::span(&p, 1), {}), 2, "n0", 4);
+  CHECK_THAT(n.server->MetricsText(), Catch::Contains("kvmesh_frames_rejected_total{reason=\"stale_epoch\"} 2\n"));
+  ch->set_epoch(4);
+  REQUIRE(ch->Put(std::span(&p, 1), {}).ok());
+  CHECK(p.status.ok());
 }
 
 TEST_CASE("TLS: a server presenting a certificate the CA did not sign or for another host is refused",

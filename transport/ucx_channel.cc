@@ -446,18 +446,12 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   // progressing caller sleeps on the worker's wakeup fd.
   template <typename Pred>
   bool Progress(Pred pred, Clock::time_point deadline) {
-    // kHybrid spins up to spin_us after the last event before sleeping; kPoll
-    // never sleeps; kEvent sleeps whenever a progress call found nothing;
-    // kAdaptive spins for spin_budget_'s budget from the start of this wait,
-    // then sleeps, and reports how long the wait took.
-    const bool adaptive = o_.progress == UcxProgress::kAdaptive;
-    const auto spin = std::chrono::duration_cast<Clock::duration>(adaptive ? spin_budget_.budget()
-                                                                              : FixedSpin(o_.progress, o_.spin_us));
-    const auto start = Clock::now();
-    auto last_event = start;
-    bool slept = false;  // this wait slept on the wakeup fd
+    // The spin, the arming and the report to spin_budget_ are UcxPacer's
+    // (transport/ucx_worker.h); a wait that times out reports nothing.
+    UcxPacer pace(o_.progress, o_.spin_us, &spin_budget_);
+    pace.Begin(Clock::now());
     auto done = [&] {
-      if (adaptive) spin_budget_.Waited(Clock::now() - start, slept);
+      pace.End(Clock::now());
       return true;
     };
     for (;;) {
@@ -468,24 +462,21 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       if (!plk.owns_lock()) {
         std::unique_lock<std::mutex> w(idle_mu_);
         idle_cv_.wait_for(w, std::chrono::microseconds(200));
-        slept = true;
+        pace.Yielded();
         continue;
       }
       if (ucp_worker_progress(worker_->get()) != 0) {
         StartRendezvous();
-        if (!adaptive) last_event = Clock::now();
+        pace.Event(Clock::now());
         continue;
       }
       StartRendezvous();
       if (pred()) return done();
-      if (spin == Clock::duration::max() || now - last_event < spin) continue;
-      if (ucp_worker_arm(worker_->get()) != UCS_OK) continue;  // events pending
+      if (pace.Spinning(now) || !worker_->Arm()) continue;  // spinning, or events pending
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
       pollfd pf{worker_->efd(), POLLIN, 0};
       ::poll(&pf, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 1)));
-      slept = true;
-      if (!adaptive) last_event = Clock::now();
-      else last_event = start - spin;  // slept: no more spinning in this wait
+      pace.Slept(Clock::now());
       plk.unlock();
       idle_cv_.notify_all();
     }

@@ -206,6 +206,74 @@ class SpinBudget {
   std::atomic<uint32_t> skip_{0};       // waits left before the next probe
 };
 
+// The spin -> arm -> sleep pacing of a thread that progresses a UCX worker
+// while it waits: a channel's caller waiting for its answer (UcxChannel), a
+// node's loop waiting for the next request (UcxServer). After the last event
+// the thread spins for its mode's spin (FixedSpin; kAdaptive: its
+// SpinBudget's budget from the start of the wait), then arms the worker and
+// sleeps on its wakeup fd; each finished wait is reported to the budget. The
+// caller owns the loop and the sleep itself (a bounded poll, an Asio wait on
+// the fd); the pacer decides when.
+//
+//   UcxPacer pace(mode, spin_us, &budget);
+//   pace.Begin(Clock::now());                 // a wait begins
+//   for (;;) {
+//     if (ucp_worker_progress(w) != 0) { pace.Event(Clock::now()); continue; }
+//     if (done) { pace.End(Clock::now()); break; }
+//     if (pace.Spinning(Clock::now()) || !worker.Arm()) continue;
+//     sleep on worker.efd(); pace.Slept(Clock::now());
+//   }
+//
+// Thread-safety: one waiting thread per pacer (the budget may be shared).
+class UcxPacer {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // REQUIRES: budget (kAdaptive's; unused by the fixed modes) outlives the pacer.
+  UcxPacer(UcxProgress mode, int64_t spin_us, SpinBudget* budget)
+      : adaptive_(mode == UcxProgress::kAdaptive),
+        fixed_(std::chrono::duration_cast<Clock::duration>(FixedSpin(mode, spin_us))),
+        budget_(budget) {}
+
+  // A wait begins: the spin counts from `now`.
+  void Begin(Clock::time_point now) {
+    start_ = last_ = now;
+    slept_ = asleep_ = false;
+    spin_ = adaptive_ ? std::chrono::duration_cast<Clock::duration>(budget_->budget()) : fixed_;
+  }
+  // Progress found events within the wait: the fixed modes spin again from
+  // `now`; kAdaptive's spin stays counted from the wait's start.
+  void Event(Clock::time_point now) {
+    if (!adaptive_) last_ = now;
+  }
+  // True while the thread should progress again rather than sleep.
+  bool Spinning(Clock::time_point now) const {
+    if (adaptive_ && asleep_) return false;  // it slept in this wait: no more spinning
+    return spin_ == Clock::duration::max() || (spin_ > Clock::duration::zero() && now - last_ < spin_);
+  }
+  // The thread slept on the wakeup fd: the fixed modes spin again from `now`;
+  // kAdaptive spins no more in this wait, and reports it slept.
+  void Slept(Clock::time_point now) {
+    slept_ = asleep_ = true;
+    if (!adaptive_) last_ = now;
+  }
+  // The thread gave the core away briefly (another thread progresses the
+  // worker): kAdaptive reports the wait as slept; the spin goes on.
+  void Yielded() { slept_ = true; }
+  // The wait ended (what it waited for came): kAdaptive reports it to the budget.
+  void End(Clock::time_point now) {
+    if (adaptive_) budget_->Waited(now - start_, slept_);
+  }
+
+ private:
+  const bool adaptive_;
+  const Clock::duration fixed_;
+  SpinBudget* const budget_;
+  Clock::duration spin_{};
+  Clock::time_point start_, last_;
+  bool slept_ = false;   // the wait gave the core away (reported to the budget)
+  bool asleep_ = false;  // the wait slept on the wakeup fd
+};
+
 class UcxWorker {
  public:
   // multi_thread: callers on several threads may post operations (UCS_THREAD_MODE_MULTI).

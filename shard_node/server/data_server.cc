@@ -11,7 +11,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "common/checksum.h"
 #include "common/histogram.h"
 #include "shard_node/shard_node.h"
 #include "transport/asio_listener.h"
@@ -199,9 +198,10 @@ class Server final : public DataServer {
   enum class PutRead { kDone, kTruncated, kMalformed };
 
   // Reads an admitted PUT: its item table, then each payload straight into a
-  // chunk the node reserved for it (ShardNode::ReservePut), verified once
-  // there and committed. Payloads the node does not take directly (stored
-  // already, a node that encodes on put, a refusal) land in `scratch`.
+  // chunk the node reserved for it, verified once there and committed (the
+  // PUT ladder, TenantView::StartPut). Payloads the node does not take
+  // directly (stored already, a node that encodes on put, a refusal) land in
+  // `scratch`.
   template <typename Stream>
   asio::awaitable<PutRead> ReadPut(FrameReader<Stream>& in, const FrameHeader& h, TenantView v, Buffer& scratch,
                                    std::vector<PutRecord>& recs, FrameReply* rep) {
@@ -213,25 +213,10 @@ class Server final : public DataServer {
     std::string codes(recs.size(), '\0');
     for (size_t i = 0; i < recs.size(); ++i) {
       const PutRecord& r = recs[i];
-      PutOptions po;
-      po.priority = r.priority;
-      po.codec = r.codec;
-      po.replace = h.flags & kFlagReplace;
-      Result<BlockReservation> res = v.ReservePut(r.key, r.size, po);
-      std::span<std::byte> dst = res.ok() ? res->data() : scratch.Get(r.size);
+      TenantView::PutLanding p = v.StartPut(r.key, r.size, r.checksum, PutOptionsOf(r, h.flags));
+      std::span<std::byte> dst = p.reserved() ? p.chunk() : scratch.Get(r.size);
       if (!co_await in.Read(dst, ec)) co_return PutRead::kTruncated;  // an unfilled reservation frees its chunk
-      Status st;
-      if (res.ok()) {
-        st = v.CommitPut(*res, r.checksum);
-      } else if (res.status().code() == StatusCode::kAlreadyExists) {
-        st = Status::Ok();  // stored already: a key names its content
-      } else if (res.status().code() == StatusCode::kFailedPrecondition) {
-        st = Checksum64(dst.data(), dst.size()) == r.checksum ? v.Put(r.key, dst, po)
-                                                              : DataLoss("payload checksum mismatch");
-      } else {
-        st = res.status();
-      }
-      codes[i] = static_cast<char>(st.code());
+      codes[i] = static_cast<char>(v.FinishPut(p, dst).code());
     }
     handler_.OkReply(h, h.count, std::move(codes), rep);
     co_return PutRead::kDone;
@@ -291,7 +276,7 @@ class Server final : public DataServer {
         preauth_refused_.fetch_add(1, std::memory_order_relaxed);
         outcome = handler_.Handle(h, {}, &conn, &rep);
         read_bytes = kHeaderSize;
-      } else if (h.opcode == Opcode::kPut && handler_.Admits(h, conn)) {
+      } else if (h.opcode == Opcode::kPut && handler_.Admit(h, conn)) {
         // The payloads go straight from the socket into reserved pool chunks.
         const PutRead r = co_await ReadPut(in, h, TenantView(node_, conn.tenant), body, put_records, &rep);
         if (r == PutRead::kTruncated) truncated_.fetch_add(1);

@@ -1,5 +1,7 @@
 #include "shard_node/server/frame_handler.h"
 
+#include <cstring>
+
 #include "common/checksum.h"
 #include "common/credentials.h"
 #include "shard_node/shard_node.h"
@@ -77,20 +79,72 @@ FrameOutcome FrameHandler::Handle(const FrameHeader& h, std::span<const std::byt
     conn->hello_done = true;
     return FrameOutcome::kReply;
   }
-  const uint64_t node_epoch = epoch_->load(std::memory_order_acquire);
-  if (h.epoch != 0 && h.epoch < node_epoch) {
+  if (!Admit(h, *conn)) {
     stale.fetch_add(1);
     ErrorReply(h, StaleEpoch("shard-map epoch " + std::to_string(h.epoch) + " is stale; node " + node_->id() +
-                             " is at epoch " + std::to_string(node_epoch) + ": refresh the map"),
+                             " is at epoch " + std::to_string(epoch_->load(std::memory_order_acquire)) +
+                             ": refresh the map"),
                rep);
     return FrameOutcome::kReply;
   }
   TenantView v(node_, conn->tenant);
+  if (IsRemoteMemoryOpcode(h.opcode)) {
+    bool later = false;
+    if (!HandleRemoteMemory(h, body, v, conn->memory, rep, &later).ok()) {
+      malformed.fetch_add(1);
+      return FrameOutcome::kClose;
+    }
+    return later ? FrameOutcome::kLater : FrameOutcome::kReply;
+  }
   if (!HandleData(h, body, v, conn, rep).ok()) {
     malformed.fetch_add(1);
     return FrameOutcome::kClose;
   }
   return FrameOutcome::kReply;
+}
+
+bool FrameHandler::Admit(const FrameHeader& h, const ConnectionAuth& conn) {
+  if (!conn.hello_done || h.opcode == Opcode::kHello) return false;
+  const uint64_t node_epoch = epoch_->load(std::memory_order_acquire);
+  if (h.epoch != 0 && h.epoch < node_epoch) return false;
+  admitted_[static_cast<uint8_t>(h.opcode)].fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+Status FrameHandler::HandleRemoteMemory(const FrameHeader& h, std::span<const std::byte> body, TenantView& v,
+                                        RemoteMemory* memory, FrameReply* rep, bool* later) {
+  if (memory == nullptr) {
+    // One-sided transfers need a transport with remote memory access.
+    ErrorReply(h, Unimplemented(std::string(OpcodeName(h.opcode)) + " is served over UCX only"), rep);
+    return Status::Ok();
+  }
+  switch (h.opcode) {
+    case Opcode::kMemRegister: {
+      MemRegister m;
+      KVMESH_RETURN_IF_ERROR(ParseMemRegister(body, &m));
+      const Status s = memory->Register(m);
+      if (s.ok()) OkReply(h, 0, {}, rep);
+      else ErrorReply(h, s, rep);
+      return Status::Ok();
+    }
+    case Opcode::kMemUnregister: {
+      uint64_t id = 0;
+      KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &id));
+      memory->Unregister(id);
+      OkReply(h, 0, {}, rep);
+      return Status::Ok();
+    }
+    case Opcode::kGetInto:
+      KVMESH_RETURN_IF_ERROR(memory->GetInto(h, body, v));
+      *later = true;
+      return Status::Ok();
+    case Opcode::kPutFrom:
+      KVMESH_RETURN_IF_ERROR(memory->PutFrom(h, body, v));
+      *later = true;
+      return Status::Ok();
+    default:
+      return InvalidArgument("not a remote-memory opcode");
+  }
 }
 
 // Returns OK when the connection is now authenticated; non-OK closes it
@@ -132,29 +186,28 @@ Status FrameHandler::HandleHello(const FrameHeader& h, std::span<const std::byte
   return Status::Ok();
 }
 
-void FrameHandler::ErrorReply(const FrameHeader& req, const Status& s, FrameReply* rep) {
+HeaderBytes FrameHandler::AnswerHeader(const FrameHeader& req, StatusCode status, uint32_t count,
+                                      uint32_t body_len) const {
   FrameHeader h;
-  h.epoch = epoch_->load(std::memory_order_relaxed);
   h.opcode = req.opcode;
   h.flags = kFlagResponse;
   h.request_id = req.request_id;
-  h.status = s.code();
+  h.epoch = epoch_->load(std::memory_order_relaxed);
+  h.status = status;
+  h.count = count;
+  h.body_len = body_len;
+  return EncodeHeader(h);
+}
+
+void FrameHandler::ErrorReply(const FrameHeader& req, const Status& s, FrameReply* rep) {
   rep->body = s.message().substr(0, 1024);
-  h.body_len = static_cast<uint32_t>(rep->body.size());
-  rep->header = EncodeHeader(h);
+  rep->header = AnswerHeader(req, s.code(), 0, static_cast<uint32_t>(rep->body.size()));
   rep->SetHeaderAndBody();
 }
 
 void FrameHandler::OkReply(const FrameHeader& req, uint32_t count, std::string body, FrameReply* rep) {
-  FrameHeader h;
-  h.opcode = req.opcode;
-  h.flags = kFlagResponse;
-  h.request_id = req.request_id;
-  h.epoch = epoch_->load(std::memory_order_relaxed);
-  h.count = count;
   rep->body = std::move(body);
-  h.body_len = static_cast<uint32_t>(rep->body.size());
-  rep->header = EncodeHeader(h);
+  rep->header = AnswerHeader(req, StatusCode::kOk, count, static_cast<uint32_t>(rep->body.size()));
   rep->SetHeaderAndBody();
 }
 
@@ -182,20 +235,11 @@ Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte>
     case Opcode::kMemRegister:
     case Opcode::kMemUnregister:
     case Opcode::kGetInto:
-    case Opcode::kPutFrom:
-      // One-sided transfers need a transport with remote memory access.
-      ErrorReply(h, Unimplemented(std::string(OpcodeName(h.opcode)) + " is served over UCX only"), rep);
-      return Status::Ok();
-    case Opcode::kHello:  // answered by Handle() before any data frame
+    case Opcode::kPutFrom:  // HandleRemoteMemory
+    case Opcode::kHello:    // answered by Handle() before any data frame
       break;
   }
   return InvalidArgument("unexpected opcode");
-}
-
-bool FrameHandler::Admits(const FrameHeader& h, const ConnectionAuth& conn) const {
-  if (!conn.hello_done || h.opcode == Opcode::kHello) return false;
-  const uint64_t node_epoch = epoch_->load(std::memory_order_acquire);
-  return h.epoch == 0 || h.epoch >= node_epoch;
 }
 
 Status FrameHandler::HandlePut(const FrameHeader& h, std::span<const std::byte> body, TenantView& v,
@@ -206,19 +250,13 @@ Status FrameHandler::HandlePut(const FrameHeader& h, std::span<const std::byte> 
   std::string codes(h.count, '\0');
   size_t off = table;
   for (size_t i = 0; i < recs.size(); ++i) {
-    std::span<const std::byte> data = body.subspan(off, recs[i].size);
-    off += recs[i].size;
-    Status s;
-    if (Checksum64(data.data(), data.size()) != recs[i].checksum) {
-      s = DataLoss("payload checksum mismatch");
-    } else {
-      PutOptions po;
-      po.priority = recs[i].priority;
-      po.codec = recs[i].codec;
-      po.replace = h.flags & kFlagReplace;
-      s = v.Put(recs[i].key, data, po);
-    }
-    codes[i] = static_cast<char>(s.code());
+    const PutRecord& r = recs[i];
+    std::span<const std::byte> data = body.subspan(off, r.size);
+    off += r.size;
+    // The PUT ladder; the body is here, so it is the staging buffer too.
+    TenantView::PutLanding p = v.StartPut(r.key, r.size, r.checksum, PutOptionsOf(r, h.flags));
+    if (p.reserved()) std::memcpy(p.chunk().data(), data.data(), data.size());
+    codes[i] = static_cast<char>(v.FinishPut(p, data).code());
   }
   OkReply(h, h.count, std::move(codes), rep);
   return Status::Ok();
@@ -275,15 +313,8 @@ Status FrameHandler::HandleGet(const FrameHeader& h, std::span<const std::byte> 
     EncodeGetRecord(r, reinterpret_cast<std::byte*>(table.data()) + i * kGetItemSize);
   }
   OkReply(h, h.count, std::move(table), rep);
-  // Re-encode the header for the full body (table + payloads).
-  FrameHeader fh;
-  fh.opcode = h.opcode;
-  fh.flags = kFlagResponse;
-  fh.request_id = h.request_id;
-  fh.epoch = epoch_->load(std::memory_order_relaxed);
-  fh.count = h.count;
-  fh.body_len = static_cast<uint32_t>(total);
-  rep->header = EncodeHeader(fh);
+  // The header for the full body (table + payloads).
+  rep->header = AnswerHeader(h, StatusCode::kOk, h.count, static_cast<uint32_t>(total));
   for (auto p : payloads) rep->pieces.push_back(p);
   return Status::Ok();
 }
@@ -431,13 +462,7 @@ Status FrameHandler::HandleSeqRead(const FrameHeader& h, std::span<const std::by
           EncodeSeqReadAnswerHead(rows->n, rows->layers, rows->row_bytes, Checksum64(k.data(), k.size()),
                                   Checksum64(v.data(), v.size())),
           rep);
-  FrameHeader fh;
-  fh.opcode = h.opcode;
-  fh.flags = kFlagResponse;
-  fh.request_id = h.request_id;
-  fh.epoch = epoch_->load(std::memory_order_relaxed);
-  fh.body_len = static_cast<uint32_t>(rep->body.size() + k.size() + v.size());
-  rep->header = EncodeHeader(fh);
+  rep->header = AnswerHeader(h, StatusCode::kOk, 0, static_cast<uint32_t>(rep->body.size() + k.size() + v.size()));
   rep->buffers.push_back(std::move(k));
   rep->buffers.push_back(std::move(v));
   for (const auto& b : rep->buffers) rep->pieces.push_back(std::span<const std::byte>(b));

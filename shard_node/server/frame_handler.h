@@ -1,16 +1,23 @@
-// shard_node/server/frame_handler.h — answers kvmesh protocol frames for one
-// ShardNode, whatever transport carried them (Asio TCP, UCX active messages).
-// Holds the per-frame logic every server shares: HELLO and its credentials
-// (the cluster secret or a tenant's name and token), the stale-epoch refusal,
-// and the batch operations, each in the namespace of the identity the
-// connection proved (TenantView); explicit pins (PIN / UNPIN) belong to the
-// connection that made them (ConnectionPins). Answers are a list of byte
-// pieces (header, tables, then payloads straight from pool memory, pinned by
-// the BlockRefs the reply owns) for one gathered send.
+// shard_node/server/frame_handler.h — the node's one door for kvmesh
+// protocol frames, whatever transport carried them (Asio TCP and TLS, UCX
+// active messages, UCX one-sided transfers). Holds the per-frame logic every
+// server shares: HELLO and its credentials (the cluster secret or a tenant's
+// name and token), admission and the stale-epoch refusal (Admit), the answer
+// headers (AnswerHeader), and the batch operations, each in the namespace of
+// the identity the connection proved (TenantView); explicit pins (PIN /
+// UNPIN) belong to the connection that made them (ConnectionPins). A
+// transport that reaches the client's memory one-sided gives its connections
+// a remote-memory capability (RemoteMemory, ggml-backend style): MEM_REGISTER,
+// MEM_UNREGISTER, GET_INTO and PUT_FROM enter here like every frame and are
+// then handed to it; without one (TCP) they are answered Unimplemented.
+// Answers are a list of byte pieces (header, tables, then payloads straight
+// from pool memory, pinned by the BlockRefs the reply owns) for one gathered
+// send.
 //
 // Thread-safety: Handle() may run concurrently for different connections.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <span>
@@ -130,6 +137,29 @@ class ConnectionPins {
   size_t count_ = 0;
 };
 
+// A connection's remote-memory capability: what its transport does for the
+// frames that move bytes one-sided between the node's pool and the client's
+// registered memory (docs/protocol.md "Registered memory"). FrameHandler
+// admits each such frame (authenticated, epoch current), parses what it can
+// and calls this in the connection's tenant namespace; UCX sessions have one
+// (UcxSessionMemory, shard_node/server/ucx_rma.h), TCP connections none.
+// Called on the connection's thread only.
+class RemoteMemory {
+ public:
+  virtual ~RemoteMemory() = default;
+  // MEM_REGISTER: the client's region `r` (a known id is replaced).
+  // InvalidArgument when its key does not unpack: the answer.
+  virtual Status Register(const proto::MemRegister& r) = 0;
+  // MEM_UNREGISTER: forgets region `id` (unknown: nothing to do).
+  virtual void Unregister(uint64_t id) = 0;
+  // GET_INTO, PUT_FROM: start the frame's transfers for tenant view `v`. The
+  // capability answers once the bytes have moved, its answer header from
+  // FrameHandler::OkReply. A body that does not parse returns
+  // InvalidArgument and starts nothing (the connection is then closed).
+  virtual Status GetInto(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView v) = 0;
+  virtual Status PutFrom(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView v) = 0;
+};
+
 // What one connection (or UCX session) has proven so far, and the pins it
 // holds: destroying or resetting it (the connection closed, a session
 // dropped) releases them.
@@ -139,13 +169,33 @@ struct ConnectionAuth {
   // frame then acts in that tenant's namespace (TenantView).
   uint32_t tenant = 0;  // kClusterTenant
   ConnectionPins pins;  // its PIN frames' pins
+  // Its transport's remote-memory capability (not owned); null: none.
+  RemoteMemory* memory = nullptr;
+
+  // Forgets the handshake and releases the pins (the capability stays).
+  void Reset() {
+    hello_done = false;
+    tenant = 0;
+    pins.Clear();
+  }
 };
 
 enum class FrameOutcome {
   kReply,           // send the reply, keep the connection
   kReplyThenClose,  // send the reply (an error answer), then close
   kClose,           // malformed: close without answering
+  kLater,           // handed to the connection's RemoteMemory, which answers when its transfer is done
 };
+
+// A PUT record's options (PutOptions) for the PUT ladder (TenantView::StartPut),
+// with the frame's flags.
+inline PutOptions PutOptionsOf(const proto::PutRecord& r, uint16_t flags) {
+  PutOptions po;
+  po.priority = r.priority;
+  po.codec = r.codec;
+  po.replace = flags & proto::kFlagReplace;
+  return po;
+}
 
 class FrameHandler {
  public:
@@ -163,15 +213,22 @@ class FrameHandler {
 
   const proto::ProtocolLimits& limits() const { return limits_; }
 
-  // For a server that reads a data frame's body itself (a PUT straight into
-  // pool memory): true when frame h would run now, its connection being
-  // authenticated and its epoch current. When false, read the body and pass
-  // the frame to Handle, which refuses it as the protocol says.
-  bool Admits(const proto::FrameHeader& h, const ConnectionAuth& conn) const;
+  // Admission, for Handle and for a server that reads a data frame's body
+  // itself (a PUT straight into pool memory): true when data frame h runs
+  // now, its connection being authenticated and h's epoch current (0, or not
+  // older than the node's: the one stale-epoch check); the frame is then
+  // counted as admitted. When false, read the body and pass the frame to
+  // Handle, which refuses it as the protocol says.
+  bool Admit(const proto::FrameHeader& h, const ConnectionAuth& conn);
 
   // Answers to `req`, for servers that run an operation themselves.
   void ErrorReply(const proto::FrameHeader& req, const Status& s, FrameReply* rep);
   void OkReply(const proto::FrameHeader& req, uint32_t count, std::string body, FrameReply* rep);
+
+  // Data frames of `op` admitted (Admit) so far.
+  uint64_t admitted(proto::Opcode op) const {
+    return admitted_[static_cast<uint8_t>(op)].load(std::memory_order_relaxed);
+  }
 
   std::atomic<uint64_t> auth_failures{0}, stale{0}, malformed{0};
 
@@ -196,6 +253,10 @@ class FrameHandler {
   Status HandlePins(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v,
                     ConnectionPins* pins, bool pin, FrameReply* rep);
   Status HandleStats(const proto::FrameHeader& h, TenantView& v, FrameReply* rep);
+  // MEM_REGISTER, MEM_UNREGISTER (answered here), GET_INTO, PUT_FROM (*later:
+  // the capability answers) through the connection's RemoteMemory.
+  Status HandleRemoteMemory(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v,
+                            RemoteMemory* memory, FrameReply* rep, bool* later);
   // SEQ_*: a refused call is an error answer, not a malformed frame.
   Status HandleSeqCreate(const proto::FrameHeader& h, std::span<const std::byte> body, const SeqCaller& c,
                          FrameReply* rep);
@@ -213,11 +274,16 @@ class FrameHandler {
                        FrameReply* rep);
   // Answers `s` as an error, or OK with `ok_body`; returns OK.
   Status SeqAnswer(const proto::FrameHeader& h, const Status& s, std::string ok_body, FrameReply* rep);
+  // The header of every answer to `req`: the node's epoch, `status`, `count`
+  // records and a body of body_len bytes.
+  proto::HeaderBytes AnswerHeader(const proto::FrameHeader& req, StatusCode status, uint32_t count,
+                                  uint32_t body_len) const;
 
   ShardNode* node_;
   const proto::ProtocolLimits limits_;
   const std::string token_;
   const std::atomic<uint64_t>* epoch_;
+  std::array<std::atomic<uint64_t>, proto::kMaxOpcode + 1> admitted_{};
 };
 
 }  // namespace kvmesh

@@ -45,7 +45,6 @@ ucp_rkey_h UcxRegionTable::Find(uint64_t id, uint64_t addr, uint64_t n) const {
 struct UcxRma::Transfer {
   UcxRma* rma = nullptr;
   FrameHeader h;
-  uint64_t epoch = 0;
   std::shared_ptr<UcxRegionTable> regions;
   uint32_t tenant = 0;  // the session's identity: the keys' namespace
   Done done;
@@ -58,7 +57,7 @@ struct UcxRma::Transfer {
   std::vector<std::vector<std::byte>> decoded;    // blocks stored encoded, decoded for the client
   // PUT_FROM
   std::vector<PutFromRecord> put;
-  std::vector<BlockReservation> res;              // chunks being filled
+  std::vector<TenantView::PutLanding> landing;    // the PUT ladder of each block
   std::vector<std::vector<std::byte>> staged;     // nodes that encode on put: the raw bytes
   std::vector<uint8_t> codes;
 };
@@ -72,7 +71,7 @@ Result<UcxRma::Pools> UcxRma::MapPools(ShardNode* node, UcxContext& context) {
   return pools;
 }
 
-Result<std::unique_ptr<UcxRma>> UcxRma::Create(ShardNode* node, UcxWorker* worker, ProtocolLimits limits,
+Result<std::unique_ptr<UcxRma>> UcxRma::Create(ShardNode* node, UcxWorker* worker, FrameHandler* handler,
                                                Pools pools) {
   for (const auto& m : pools)
     if (m->context() != worker->context().get())
@@ -80,7 +79,7 @@ Result<std::unique_ptr<UcxRma>> UcxRma::Create(ShardNode* node, UcxWorker* worke
   std::unique_ptr<UcxRma> r(new UcxRma());
   r->node_ = node;
   r->worker_ = worker;
-  r->limits_ = limits;
+  r->handler_ = handler;
   r->pools_ = std::move(pools);
   return r;
 }
@@ -126,17 +125,6 @@ bool PastDeadline(uint32_t deadline_ms) {
   return static_cast<int32_t>(deadline_ms - now) < kMarginMs;
 }
 
-FrameHeader AnswerHeader(const FrameHeader& req, uint64_t epoch, uint32_t body_len) {
-  FrameHeader h;
-  h.opcode = req.opcode;
-  h.flags = kFlagResponse;
-  h.request_id = req.request_id;
-  h.epoch = epoch;
-  h.count = req.count;
-  h.body_len = body_len;
-  return h;
-}
-
 }  // namespace
 
 void UcxRma::Settle(Transfer* t) {
@@ -144,41 +132,25 @@ void UcxRma::Settle(Transfer* t) {
   --in_flight_;
   auto rep = std::make_unique<FrameReply>();
   if (!t->failed) bytes_moved_.fetch_add(t->moved, std::memory_order_relaxed);
+  std::string body;
   if (t->h.opcode == Opcode::kGetInto) {
-    rep->body.assign(t->out.size() * kGetItemSize, '\0');
+    body.assign(t->out.size() * kGetItemSize, '\0');
     for (size_t i = 0; i < t->out.size(); ++i) {
       GetRecord r = t->out[i];
       if (t->failed && r.status == StatusCode::kOk) r = GetRecord{StatusCode::kUnavailable, 0, 0};
-      EncodeGetRecord(r, reinterpret_cast<std::byte*>(rep->body.data()) + i * kGetItemSize);
+      EncodeGetRecord(r, reinterpret_cast<std::byte*>(body.data()) + i * kGetItemSize);
     }
     t->refs.clear();  // the client has its bytes (flushed): unpin
   } else {
     TenantView v(node_, t->tenant);
     for (size_t i = 0; i < t->put.size(); ++i) {
-      const PutRecord& pr = t->put[i].put;
-      if (t->res[i].valid()) {
-        t->codes[i] = static_cast<uint8_t>(
-            t->failed ? StatusCode::kUnavailable : v.CommitPut(t->res[i], pr.checksum).code());
-      } else if (!t->staged[i].empty()) {
-        Status s;
-        if (t->failed) {
-          s = Unavailable("UCX get from the client failed");
-        } else if (Checksum64(t->staged[i].data(), t->staged[i].size()) != pr.checksum) {
-          s = DataLoss("payload checksum mismatch");
-        } else {
-          PutOptions po;
-          po.priority = pr.priority;
-          po.codec = pr.codec;
-          po.replace = t->h.flags & kFlagReplace;
-          s = v.Put(pr.key, t->staged[i], po);
-        }
-        t->codes[i] = static_cast<uint8_t>(s.code());
-      }
+      TenantView::PutLanding& p = t->landing[i];
+      if (!p.reserved() && !p.staged()) continue;  // answered when the transfer started
+      t->codes[i] = static_cast<uint8_t>(t->failed ? StatusCode::kUnavailable : v.FinishPut(p, t->staged[i]).code());
     }
-    rep->body.assign(reinterpret_cast<const char*>(t->codes.data()), t->codes.size());
+    body.assign(reinterpret_cast<const char*>(t->codes.data()), t->codes.size());
   }
-  rep->header = EncodeHeader(AnswerHeader(t->h, t->epoch, static_cast<uint32_t>(rep->body.size())));
-  rep->SetHeaderAndBody();
+  handler_->OkReply(t->h, t->h.count, std::move(body), rep.get());
   Done done = std::move(t->done);
   delete t;
   done(std::move(rep));
@@ -194,15 +166,14 @@ void SettleCallback(void* req, ucs_status_t st, void* user) {
 }  // namespace
 
 Status UcxRma::GetInto(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, TenantView v, const FrameHeader& h,
-                       std::span<const std::byte> body, uint64_t epoch, Done done) {
+                       std::span<const std::byte> body, const Done& done) {
   thread_local std::vector<GetIntoRecord> in;
   KVMESH_RETURN_IF_ERROR(ParseGetIntoTable(h, body, &in));
   auto* t = new Transfer;
   t->rma = this;
   t->h = h;
-  t->epoch = epoch;
   t->regions = std::move(regions);
-  t->done = std::move(done);
+  t->done = done;
   t->out.resize(in.size());
   t->refs.reserve(in.size());
   ++in_flight_;
@@ -266,21 +237,20 @@ Status UcxRma::GetInto(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, Ten
 }
 
 Status UcxRma::PutFrom(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, TenantView v, const FrameHeader& h,
-                       std::span<const std::byte> body, uint64_t epoch, Done done) {
+                       std::span<const std::byte> body, const Done& done) {
   auto* t = new Transfer;
-  Status parsed = ParsePutFromTable(h, body, limits_, &t->put);
+  Status parsed = ParsePutFromTable(h, body, handler_->limits(), &t->put);
   if (!parsed.ok()) {
     delete t;
     return parsed;
   }
   t->rma = this;
   t->h = h;
-  t->epoch = epoch;
   t->regions = std::move(regions);
   t->tenant = v.tenant();
-  t->done = std::move(done);
+  t->done = done;
   const size_t n = t->put.size();
-  t->res.resize(n);
+  t->landing.resize(n);
   t->staged.resize(n);
   t->codes.assign(n, 0);
   ++in_flight_;
@@ -291,22 +261,16 @@ Status UcxRma::PutFrom(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, Ten
       t->codes[i] = static_cast<uint8_t>(StatusCode::kInvalidArgument);
       continue;
     }
-    PutOptions po;
-    po.priority = f.put.priority;
-    po.codec = f.put.codec;
-    po.replace = h.flags & kFlagReplace;
-    Result<BlockReservation> res = v.ReservePut(f.put.key, f.put.size, po);
+    TenantView::PutLanding& p = t->landing[i] =
+        v.StartPut(f.put.key, f.put.size, f.put.checksum, PutOptionsOf(f.put, h.flags));
     std::byte* dst;
-    if (res.ok()) {
-      t->res[i] = std::move(*res);
-      dst = t->res[i].data().data();
-    } else if (res.status().code() == StatusCode::kFailedPrecondition) {
+    if (p.reserved()) {
+      dst = p.chunk().data();
+    } else if (p.staged()) {
       t->staged[i].resize(f.put.size);  // this node encodes on put: stage, then Put
       dst = t->staged[i].data();
     } else {
-      // AlreadyExists: stored already (keys name their content) — OK, nothing to move.
-      t->codes[i] = static_cast<uint8_t>(
-          res.status().code() == StatusCode::kAlreadyExists ? StatusCode::kOk : res.status().code());
+      t->codes[i] = static_cast<uint8_t>(v.FinishPut(p).code());  // refused, or stored already (OK): nothing to move
       continue;
     }
     PostOp(t, MemhOf(dst, f.put.size), &t->failed, &t->pending,

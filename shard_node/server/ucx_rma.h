@@ -10,7 +10,9 @@
 // registering per request or per worker. No payload byte passes
 // through an intermediate buffer, except for blocks stored encoded (decoded
 // into a scratch buffer on GET_INTO) and for nodes that encode on put
-// (staged, then ShardNode::Put).
+// (staged, then ShardNode::Put). The frames reach it through the server's
+// FrameHandler (admission, tenant scope, epoch): each session's
+// UcxSessionMemory is its RemoteMemory capability.
 //
 // Thread-safety: everything runs on the UCX server's loop thread (UCX
 // callbacks run inside its progress calls); not thread-safe.
@@ -74,9 +76,10 @@ class UcxRma {
   // registers the memory with the NIC: done once per node, whatever the
   // number of workers (each a worker of this one context).
   static Result<Pools> MapPools(ShardNode* node, UcxContext& context);
-  // REQUIRES: node and worker outlive this object; `pools` were mapped on
-  // worker->context().
-  static Result<std::unique_ptr<UcxRma>> Create(ShardNode* node, UcxWorker* worker, proto::ProtocolLimits limits,
+  // Answers are built by `handler` (FrameHandler::OkReply).
+  // REQUIRES: node, worker and handler outlive this object; `pools` were
+  // mapped on worker->context().
+  static Result<std::unique_ptr<UcxRma>> Create(ShardNode* node, UcxWorker* worker, FrameHandler* handler,
                                                 Pools pools);
 
   // Called with the finished reply, on the loop thread, once the transfer's
@@ -86,9 +89,9 @@ class UcxRma {
   // InvalidArgument and starts nothing (the caller closes the session).
   // `v` is the node as the session's tenant sees it (keys in its namespace).
   Status GetInto(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, TenantView v, const proto::FrameHeader& h,
-                 std::span<const std::byte> body, uint64_t epoch, Done done);
+                 std::span<const std::byte> body, const Done& done);
   Status PutFrom(ucp_ep_h ep, std::shared_ptr<UcxRegionTable> regions, TenantView v, const proto::FrameHeader& h,
-                 std::span<const std::byte> body, uint64_t epoch, Done done);
+                 std::span<const std::byte> body, const Done& done);
 
   // The pool mappings it moves from and into (shared with the node's other workers).
   const Pools& pools() const { return pools_; }
@@ -108,10 +111,36 @@ class UcxRma {
 
   ShardNode* node_ = nullptr;
   UcxWorker* worker_ = nullptr;
-  proto::ProtocolLimits limits_;
+  FrameHandler* handler_ = nullptr;
   Pools pools_;
   uint64_t in_flight_ = 0;
   std::atomic<uint64_t> bytes_moved_{0};
+};
+
+// One UCX session's remote-memory capability (RemoteMemory): the client
+// regions it registered and the endpoint its transfers go on, served by the
+// worker's UcxRma. `done` sends a finished transfer's answer.
+// REQUIRES: rma outlives it. Not thread-safe (the loop thread's).
+class UcxSessionMemory final : public RemoteMemory {
+ public:
+  UcxSessionMemory(UcxRma* rma, ucp_ep_h ep, UcxRma::Done done) : rma_(rma), ep_(ep), done_(std::move(done)) {}
+
+  Status Register(const proto::MemRegister& r) override { return regions_->Add(ep_, r); }
+  void Unregister(uint64_t id) override { regions_->Remove(id); }
+  Status GetInto(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView v) override {
+    return rma_->GetInto(ep_, regions_, v, h, body, done_);
+  }
+  Status PutFrom(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView v) override {
+    return rma_->PutFrom(ep_, regions_, v, h, body, done_);
+  }
+  // Transfers in flight and a closing endpoint keep the table alive.
+  const std::shared_ptr<UcxRegionTable>& regions() const { return regions_; }
+
+ private:
+  UcxRma* rma_;
+  ucp_ep_h ep_;
+  UcxRma::Done done_;
+  std::shared_ptr<UcxRegionTable> regions_ = std::make_shared<UcxRegionTable>();
 };
 
 }  // namespace kvmesh

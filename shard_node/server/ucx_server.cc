@@ -60,20 +60,20 @@ class Server final : public UcxServer {
     ConnectionAuth auth;  // the HELLO's identity: its frames act in that tenant's namespace
     bool failed = false;  // the error callback ran: no more sends, close it
     uint64_t last_used = 0;
-    // Client memory registered on this session (MEM_REGISTER); transfers in
-    // flight and a closing endpoint keep it alive.
-    std::shared_ptr<UcxRegionTable> regions = std::make_shared<UcxRegionTable>();
+    // Its remote-memory capability (auth.memory): the client memory it
+    // registered (MEM_REGISTER) and its one-sided transfers.
+    std::unique_ptr<UcxSessionMemory> memory;
   };
 
   Server(ShardNode* node, UcxServerOptions o, const std::atomic<uint64_t>* epoch)
-      : node_(node), o_(o), epoch_(epoch), handler_(node, o.limits, o.token, epoch), sd_(io_) {}
+      : node_(node), o_(o), handler_(node, o.limits, o.token, epoch), sd_(io_) {}
   ~Server() override { Stop(); }
 
   // A worker of `context` (shared with the node's other workers) serving
   // one-sided transfers over `pools`, mapped on that context.
   Status Init(std::shared_ptr<UcxContext> context, UcxRma::Pools pools) {
     KVMESH_ASSIGN_OR_RETURN(worker_, UcxWorker::Create(std::move(context), /*multi_thread=*/false));
-    KVMESH_ASSIGN_OR_RETURN(rma_, UcxRma::Create(node_, worker_.get(), handler_.limits(), std::move(pools)));
+    KVMESH_ASSIGN_OR_RETURN(rma_, UcxRma::Create(node_, worker_.get(), &handler_, std::move(pools)));
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
                     UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -94,6 +94,8 @@ class Server final : public UcxServer {
   uint64_t requests() const override { return requests_.load(); }
   std::vector<uint64_t> worker_requests() const override { return {requests()}; }
   uint64_t one_sided_bytes() const override { return rma_->bytes_moved(); }
+  uint64_t admitted(Opcode op) const override { return handler_.admitted(op); }
+  uint64_t stale_refused() const override { return handler_.stale.load(); }
   size_t pool_mappings() const override { return rma_->pools().size(); }
   const UcxRma::Pools& pools() const { return rma_->pools(); }
 
@@ -116,22 +118,20 @@ class Server final : public UcxServer {
 
  private:
   // The Asio loop: progress, handle what arrived, arm, sleep on the efd.
+  // The spin and its report to the budget are UcxPacer's
+  // (transport/ucx_worker.h): a wait is a gap between two activities, and
+  // only an idle one (nothing in flight) is reported.
   asio::awaitable<void> Loop() {
     using Clock = std::chrono::steady_clock;
-    // kAdaptive: spin for the budget while idle, and report each idle gap's
-    // length to it (SpinBudget).
-    const bool adaptive = o_.progress == UcxProgress::kAdaptive;
     SpinBudget budget(o_.spin_us);
-    const auto fixed_spin = std::chrono::duration_cast<Clock::duration>(FixedSpin(o_.progress, o_.spin_us));
-    auto last_activity = Clock::now();
-    bool idle = false;   // adaptive: an idle gap began at last_activity
-    bool slept = false;  // adaptive: the loop slept on the wakeup fd in this gap
+    UcxPacer pace(o_.progress, o_.spin_us, &budget);
+    pace.Begin(Clock::now());
+    bool idle = false;  // the gap since the last activity had nothing in flight
     auto active = [&] {
       const auto now = Clock::now();
-      if (adaptive && idle) budget.Waited(now - last_activity, slept);
+      if (idle) pace.End(now);
       idle = false;
-      slept = false;
-      last_activity = now;
+      pace.Begin(now);
     };
     for (;;) {
       if (ucp_worker_progress(worker_->get()) != 0) {
@@ -147,9 +147,8 @@ class Server final : public UcxServer {
         continue;
       }
       const bool busy = !inflight_.empty() || !receiving_.empty() || !closing_.empty() || rma_->in_flight() > 0;
-      if (adaptive && !busy) idle = true;
-      const auto spin = adaptive ? std::chrono::duration_cast<Clock::duration>(budget.budget()) : fixed_spin;
-      if (spin == Clock::duration::max() || (spin > Clock::duration::zero() && Clock::now() - last_activity < spin)) {
+      if (!busy) idle = true;
+      if (pace.Spinning(Clock::now())) {
         // Spinning: the next request is served without a wakeup. Yield to the
         // io_context between rounds so Stop's cancel gets in.
         co_await asio::post(io_, asio::use_awaitable);
@@ -170,11 +169,10 @@ class Server final : public UcxServer {
         continue;
       }
       if (!worker_->Arm()) continue;  // events pending: progress again
-      slept = idle;
       boost::system::error_code ec;
       co_await sd_.async_wait(asio::posix::descriptor_base::wait_read, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) co_return;
-      if (!adaptive) last_activity = Clock::now();
+      pace.Slept(Clock::now());
     }
   }
 
@@ -263,78 +261,23 @@ class Server final : public UcxServer {
       }
       Session& ss = *it->second;
       ss.last_used = ++use_clock_;
-      if (ss.auth.hello_done && IsRemoteMemoryOpcode(in->header.opcode)) {
-        if (!HandleRemoteMemory(ss, *in)) CloseSession(it);
-        continue;
-      }
+      // Every frame, one-sided ones included, enters through the handler;
+      // those it hands to the session's UcxSessionMemory are answered when
+      // their transfer is done.
       auto out = std::make_unique<Outgoing>();
       const FrameOutcome oc = handler_.Handle(in->header, in->body, &ss.auth, &out->rep);
       if (oc == FrameOutcome::kClose) {
         CloseSession(it);
         continue;
       }
+      if (oc == FrameOutcome::kLater) continue;
       // "Closing" a UCX peer otherwise forgets its handshake: its next frame
       // must be a (valid) HELLO again.
-      if (oc != FrameOutcome::kReply) ss.auth = ConnectionAuth{};
+      if (oc != FrameOutcome::kReply) ss.auth.Reset();
       // HELLO answers go on the watch endpoint: its connection then exists
       // both ways, so either side's death is seen.
       Send(in->header.opcode == Opcode::kHello ? ss.watch : ss.ep, std::move(out));
     }
-  }
-
-  // MEM_REGISTER, MEM_UNREGISTER, GET_INTO, PUT_FROM of an authenticated
-  // session (docs/protocol.md "Registered memory"). False: malformed, close it.
-  bool HandleRemoteMemory(Session& ss, const Incoming& in) {
-    const FrameHeader& h = in.header;
-    auto out = std::make_unique<Outgoing>();
-    const uint64_t node_epoch = epoch_->load(std::memory_order_acquire);
-    if (h.epoch != 0 && h.epoch < node_epoch) {
-      handler_.stale.fetch_add(1);
-      handler_.ErrorReply(h, StaleEpoch("shard-map epoch " + std::to_string(h.epoch) + " is stale; node is at epoch " +
-                                        std::to_string(node_epoch) + ": refresh the map"),
-                          &out->rep);
-      Send(ss.ep, std::move(out));
-      return true;
-    }
-    const uint64_t nonce = ss.nonce;
-    auto reply = [this, nonce](std::unique_ptr<FrameReply> rep) {
-      auto it = sessions_.find(nonce);
-      if (it == sessions_.end() || it->second->failed) return;  // the client is gone
-      auto o = std::make_unique<Outgoing>();
-      o->rep = std::move(*rep);
-      Send(it->second->ep, std::move(o));
-    };
-    switch (h.opcode) {
-      case Opcode::kMemRegister: {
-        MemRegister m;
-        if (!ParseMemRegister(in.body, &m).ok()) break;
-        Status s = ss.regions->Add(ss.ep, m);
-        if (s.ok()) handler_.OkReply(h, 0, {}, &out->rep);
-        else handler_.ErrorReply(h, s, &out->rep);
-        Send(ss.ep, std::move(out));
-        return true;
-      }
-      case Opcode::kMemUnregister: {
-        uint64_t id = 0;
-        if (!ParseSeqId(in.body, &id).ok()) break;
-        ss.regions->Remove(id);
-        handler_.OkReply(h, 0, {}, &out->rep);
-        Send(ss.ep, std::move(out));
-        return true;
-      }
-      case Opcode::kGetInto:
-        if (!rma_->GetInto(ss.ep, ss.regions, TenantView(node_, ss.auth.tenant), h, in.body, node_epoch, reply).ok())
-          break;
-        return true;
-      case Opcode::kPutFrom:
-        if (!rma_->PutFrom(ss.ep, ss.regions, TenantView(node_, ss.auth.tenant), h, in.body, node_epoch, reply).ok())
-          break;
-        return true;
-      default:
-        break;
-    }
-    handler_.malformed.fetch_add(1);
-    return false;
   }
 
   using Sessions = std::map<uint64_t, std::unique_ptr<Session>>;
@@ -371,6 +314,15 @@ class Server final : public UcxServer {
       CloseEp(ss->ep, 0, nullptr);
       return sessions_.end();
     }
+    // A finished transfer's answer goes to the session if it is still there.
+    ss->memory = std::make_unique<UcxSessionMemory>(rma_.get(), ss->ep, [this, nonce](std::unique_ptr<FrameReply> rep) {
+      auto it = sessions_.find(nonce);
+      if (it == sessions_.end() || it->second->failed) return;  // the client is gone
+      auto o = std::make_unique<Outgoing>();
+      o->rep = std::move(*rep);
+      Send(it->second->ep, std::move(o));
+    });
+    ss->auth.memory = ss->memory.get();
     return sessions_.emplace(nonce, std::move(ss)).first;
   }
 
@@ -381,7 +333,7 @@ class Server final : public UcxServer {
   // with them (no operation is left on them then).
   void CloseSession(Sessions::iterator it) {
     CloseEp(it->second->watch, UCP_EP_CLOSE_FLAG_FORCE, nullptr);
-    CloseEp(it->second->ep, UCP_EP_CLOSE_FLAG_FORCE, it->second->regions);
+    CloseEp(it->second->ep, UCP_EP_CLOSE_FLAG_FORCE, it->second->memory->regions());
     sessions_.erase(it);
   }
   void CloseEp(ucp_ep_h ep, uint32_t flags, std::shared_ptr<UcxRegionTable> regions) {
@@ -456,7 +408,6 @@ class Server final : public UcxServer {
 
   ShardNode* node_;
   UcxServerOptions o_;
-  const std::atomic<uint64_t>* epoch_;
   FrameHandler handler_;
   std::unique_ptr<UcxRma> rma_;  // holds the pool mappings; declared before worker_, so they outlive it
   asio::io_context io_{1};
@@ -502,6 +453,16 @@ class Workers final : public UcxServer {
   uint64_t one_sided_bytes() const override {
     uint64_t n = 0;
     for (auto& s : servers_) n += s->one_sided_bytes();
+    return n;
+  }
+  uint64_t admitted(Opcode op) const override {
+    uint64_t n = 0;
+    for (auto& s : servers_) n += s->admitted(op);
+    return n;
+  }
+  uint64_t stale_refused() const override {
+    uint64_t n = 0;
+    for (auto& s : servers_) n += s->stale_refused();
     return n;
   }
   size_t pool_mappings() const override {

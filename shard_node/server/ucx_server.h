@@ -56,6 +56,10 @@ class UcxServer {
   virtual std::vector<uint64_t> worker_requests() const = 0;
   // Payload bytes moved with one-sided puts and gets (GET_INTO, PUT_FROM).
   virtual uint64_t one_sided_bytes() const = 0;
+  // Data frames of `op` its FrameHandler admitted (FrameHandler::Admit), and
+  // frames it refused as StaleEpoch, summed over the workers.
+  virtual uint64_t admitted(proto::Opcode op) const = 0;
+  virtual uint64_t stale_refused() const = 0;
   // Distinct mappings of the node's pool memory (ucp_mem_map) the server
   // holds: one per pool region, shared by every worker.
   virtual size_t pool_mappings() const = 0;
