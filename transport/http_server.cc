@@ -13,7 +13,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
-#include "transport/tls_server.h"
+#include "transport/asio_tls.h"
 
 namespace kvmesh {
 namespace {

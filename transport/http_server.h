@@ -1,6 +1,6 @@
 // transport/http_server.h — a small HTTP/1.1 server (Boost.Beast) for the
 // daemons' control surfaces: /metrics and /healthz on nodes, the control API
-// on the coordinator; HTTPS when given a TLS context (transport/tls_server.h).
+// on the coordinator; HTTPS when given a TLS context (transport/asio_tls.h).
 // Handlers run on the server's own I/O thread and must not block.
 //
 // A request is read in two steps (docs/security.md, "Resource limits"):

@@ -13,7 +13,7 @@
 #include "transport/asio_listener.h"
 #include "transport/resp/resp_commands.h"
 #include "transport/resp/resp_session.h"
-#include "transport/tls_server.h"
+#include "transport/asio_tls.h"
 
 namespace kvmesh {
 namespace {
@@ -124,7 +124,7 @@ class Proxy final : public RespProxy {
       if (o_.client_tls) {
         KVMESH_ASSIGN_OR_RETURN(tls_, MakeTlsServerContext(o_.tls, o_.tls.client_auth == "all"));
       }
-      KVMESH_ASSIGN_OR_RETURN(eo.link.tls, MakeTlsClientContext(o_.tls));
+      KVMESH_ASSIGN_OR_RETURN(eo.link.tls, MakeAsioTlsClientContext(o_.tls));
       eo.link.verify_hostname = o_.tls.verify_hostname;
     }
     engine_options_ = eo;

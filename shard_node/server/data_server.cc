@@ -16,7 +16,7 @@
 #include "shard_node/shard_node.h"
 #include "transport/asio_listener.h"
 #include "transport/asio_write.h"
-#include "transport/tls_server.h"
+#include "transport/asio_tls.h"
 
 namespace kvmesh {
 namespace {

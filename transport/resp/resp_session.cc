@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/tls_server.h"
+#include "transport/asio_tls.h"
 
 namespace kvmesh {
 namespace {
