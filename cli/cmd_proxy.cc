@@ -19,7 +19,7 @@
 #include "transport/resp/resp_commands.h"
 #include "transport/http_client.h"
 #include "transport/socket_util.h"
-#include "transport/tls_client.h"
+#include "transport/fd_tls_client.h"
 
 namespace kvmesh::cli {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "coordinator/membership.h"
 #include "transport/http_server.h"
-#include "transport/tls_server.h"
+#include "transport/asio_tls.h"
 
 namespace kvmesh {
 namespace {

@@ -14,7 +14,7 @@
 #include "transport/http_client.h"
 #include "transport/socket_util.h"
 #include "transport/tcp_channel.h"
-#include "transport/tls_client.h"
+#include "transport/fd_tls_client.h"
 #if defined(KVMESH_HAVE_UCX)
 #include "transport/ucx_channel.h"
 #include "transport/ucx_worker.h"
@@ -174,6 +174,7 @@ Result<std::unique_ptr<NetworkClient>> NetworkClient::Connect(NetworkClientOptio
     t.ca = impl->o.tls_ca;
     t.cert = impl->o.tls_cert;
     t.key = impl->o.tls_key;
+    t.setting = "tls_";  // errors name NetworkClientOptions::tls_ca etc.
     KVMESH_ASSIGN_OR_RETURN(impl->tls, TlsClientContext::Create(t));
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(impl->o.timeout_ms);

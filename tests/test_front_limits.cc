@@ -37,7 +37,7 @@
 #include "transport/http_client.h"
 #include "transport/protocol.h"
 #include "transport/socket_util.h"
-#include "transport/tls_client.h"
+#include "transport/fd_tls_client.h"
 
 using namespace kvmesh;
 using kvmesh::testing::Process;

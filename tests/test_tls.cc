@@ -22,8 +22,8 @@
 #include "shard_node/shard_node.h"
 #include "transport/http_client.h"
 #include "transport/tcp_channel.h"
-#include "transport/tls_client.h"
-#include "transport/tls_server.h"
+#include "transport/fd_tls_client.h"
+#include "transport/asio_tls.h"
 
 using namespace kvmesh;
 using kvmesh::testing::Process;

@@ -9,7 +9,7 @@
 #include <poll.h>
 
 #include "transport/socket_util.h"
-#include "transport/tls_client.h"
+#include "transport/fd_tls_client.h"
 
 namespace kvmesh {
 namespace {

@@ -13,7 +13,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
-#include "transport/tls_server.h"
+#include "transport/asio_tls.h"
 
 namespace kvmesh {
 namespace {
@@ -115,18 +115,26 @@ class BeastServer final : public HttpServer {
     const tcp::endpoint ep = socket.remote_endpoint(ec);
     const std::string peer = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
     beast::tcp_stream stream(std::move(socket));
-    if (!options_.tls) {
-      co_await Serve(stream, peer, /*client_cert=*/false);
-      stream.socket().shutdown(tcp::socket::shutdown_send, ec);
-      co_return;
+    AcceptOptions accept;
+    accept.tls = options_.tls.get();
+    accept.limits.handshake_timeout_ms = options_.handshake_timeout.count();  // a handshake that stalls is dropped
+    co_await ServeAccepted<beast::ssl_stream<beast::tcp_stream&>>(
+        stream, accept, [this, &peer](auto& s, ConnectionWatch& watch) { return Connection(s, watch, peer); });
+  }
+
+  // The requests of one connection (credentials come with each request: the
+  // connection is authenticated once accepted), then TLS's close_notify.
+  template <typename Stream>
+  asio::awaitable<void> Connection(Stream& s, ConnectionWatch& watch, const std::string& peer) {
+    watch.Authenticated();
+    if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
+      co_await Serve(s, peer, /*client_cert=*/false);
+    } else {
+      co_await Serve(s, peer, TlsPeerVerified(s.native_handle()));
+      boost::system::error_code ec;
+      beast::get_lowest_layer(s).expires_after(std::chrono::seconds(2));
+      co_await s.async_shutdown(asio::redirect_error(asio::use_awaitable, ec));  // close_notify
     }
-    beast::ssl_stream<beast::tcp_stream&> s(stream, *options_.tls);
-    stream.expires_after(std::chrono::seconds(10));  // a handshake that stalls is dropped
-    co_await s.async_handshake(asio::ssl::stream_base::server, asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) co_return;  // not TLS, an unknown CA, no certificate where one is required
-    co_await Serve(s, peer, TlsPeerVerified(s.native_handle()));
-    stream.expires_after(std::chrono::seconds(2));
-    co_await s.async_shutdown(asio::redirect_error(asio::use_awaitable, ec));  // close_notify
   }
 
   template <typename Stream>

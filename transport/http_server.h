@@ -1,6 +1,6 @@
 // transport/http_server.h — a small HTTP/1.1 server (Boost.Beast) for the
 // daemons' control surfaces: /metrics and /healthz on nodes, the control API
-// on the coordinator; HTTPS when given a TLS context (transport/tls_server.h).
+// on the coordinator; HTTPS when given a TLS context (transport/asio_tls.h).
 // Handlers run on the server's own I/O thread and must not block.
 //
 // A request is read in two steps (docs/security.md, "Resource limits"):
@@ -52,6 +52,7 @@ inline constexpr std::chrono::seconds kHttpHeadTimeout{30};  // an idle keep-ali
 inline constexpr std::chrono::seconds kHttpBodyTimeout{30};  // the whole body, once the head is admitted
 inline constexpr uint64_t kHttpDrainBytes = 1 << 20;         // discarded after refusing a request with a body
 inline constexpr std::chrono::seconds kHttpDrainTimeout{1};
+inline constexpr std::chrono::milliseconds kHttpHandshakeTimeout{10000};  // accept to the end of the TLS handshake
 
 struct HttpServerRequest {
   std::string method;  // "GET", "POST", ...
@@ -84,6 +85,9 @@ using HttpTls = std::shared_ptr<boost::asio::ssl::context>;
 struct HttpServerOptions {
   HttpTls tls;                // nullptr: plain HTTP
   HttpHeadCheck head_check;   // nullptr: every head admitted, bodies up to kHttpMaxBodyBytes
+  // HTTPS: a client that has not finished the TLS handshake this long after
+  // it connected is dropped (ServeAccepted, transport/asio_tls.h).
+  std::chrono::milliseconds handshake_timeout = kHttpHandshakeTimeout;
 };
 
 class HttpServer {

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "transport/asio_write.h"
-#include "transport/tls_server.h"
+#include "transport/asio_tls.h"
 
 namespace kvmesh {
 namespace {

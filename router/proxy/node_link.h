@@ -55,7 +55,7 @@ struct NodeLinkOptions {
   int64_t connect_timeout_ms = 1000;
   int64_t backoff_ms = 100;
   proto::ProtocolLimits limits;  // bounds on answers this side accepts
-  // Non-null: TLS to the node (transport/tls_server.h MakeTlsClientContext).
+  // Non-null: TLS to the node (transport/asio_tls.h MakeAsioTlsClientContext).
   std::shared_ptr<boost::asio::ssl::context> tls;
   bool verify_hostname = true;  // the node's certificate must name `host`
 };

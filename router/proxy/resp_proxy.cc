@@ -11,9 +11,10 @@
 #include "router/proxy/resp_engine.h"
 #include "transport/asio.h"
 #include "transport/asio_listener.h"
+#include "transport/asio_tls.h"
 #include "transport/resp/resp_commands.h"
+#include "transport/resp/resp_connection.h"
 #include "transport/resp/resp_session.h"
-#include "transport/tls_server.h"
 
 namespace kvmesh {
 namespace {
@@ -25,31 +26,6 @@ constexpr size_t kMaxRunCommands = 256;  // commands parsed per read
 constexpr size_t kFlushBytes = 8u << 20; // answers gathered before they are written (or the limit, if lower)
 constexpr size_t kFirstReadBytes = 256u << 10;  // an authenticated connection's read buffer at first ...
 constexpr size_t kMaxReadBytes = 4u << 20;      // ... and as far as pipelining grows it
-constexpr size_t kPreauthReadBytes = 4u << 10;  // one that has not authenticated yet (at most preauth_max_bytes)
-
-std::vector<asio::const_buffer> Buffers(const RespReply& r) {
-  std::vector<asio::const_buffer> b;
-  b.reserve(r.pieces().size());
-  for (auto p : r.pieces()) b.emplace_back(p.data(), p.size());
-  return b;
-}
-
-// Writes `r` through TLS, small pieces merged into records; the watch closes
-// the connection when the client does not take it within the write timeout.
-asio::awaitable<void> WriteReply(asio::ssl::stream<tcp::socket&>& s, const RespReply& r, ConnectionWatch& watch,
-                                 boost::system::error_code& ec) {
-  std::string stage;
-  std::vector<asio::const_buffer> bufs = CoalesceForTls(Buffers(r), &stage);
-  co_await WatchedWrite(s, bufs, watch, ec);
-}
-
-// Writes `r`: at once when the socket takes it all (the usual case: no loop
-// turn for the completion), else the rest asynchronously, as above.
-asio::awaitable<void> WriteReply(tcp::socket& s, const RespReply& r, ConnectionWatch& watch,
-                                 boost::system::error_code& ec) {
-  std::vector<asio::const_buffer> bufs = Buffers(r);
-  co_await WatchedWrite(s, bufs, watch, ec);  // non-blocking socket
-}
 
 // The keys a segment of side-by-side commands touches: a command that reads
 // a key another one writes, or writes one another reads (or writes, unless
@@ -124,7 +100,7 @@ class Proxy final : public RespProxy {
       if (o_.client_tls) {
         KVMESH_ASSIGN_OR_RETURN(tls_, MakeTlsServerContext(o_.tls, o_.tls.client_auth == "all"));
       }
-      KVMESH_ASSIGN_OR_RETURN(eo.link.tls, MakeTlsClientContext(o_.tls));
+      KVMESH_ASSIGN_OR_RETURN(eo.link.tls, MakeAsioTlsClientContext(o_.tls));
       eo.link.verify_hostname = o_.tls.verify_hostname;
     }
     engine_options_ = eo;
@@ -226,31 +202,29 @@ class Proxy final : public RespProxy {
     }
   }
 
-  // One client connection, on its loop: plain, or TLS after its handshake.
+  // One client connection, on its loop: plain, or TLS after its handshake
+  // (ServeAccepted). The TLS handshake and AUTH within handshake_timeout_ms,
+  // a command begun within read_timeout_ms, answers taken within
+  // write_timeout_ms.
   asio::awaitable<void> Connection(Loop& loop, tcp::socket s, [[maybe_unused]] ConnectionLimiter::Slot slot) {
-    boost::system::error_code ec;
-    s.set_option(tcp::no_delay(true), ec);
     auto reg = loop.conns.insert(loop.conns.end(), &s);
-    {
-      // The TLS handshake and AUTH within handshake_timeout_ms, a command
-      // begun within read_timeout_ms, answers taken within write_timeout_ms.
-      ConnectionWatch watch(s, o_.limits, &timeouts_);
-      if (!tls_) {
-        s.non_blocking(true, ec);  // WriteReply writes at once when it can
-        co_await Serve(loop, s, watch);
-      } else {
-        asio::ssl::stream<tcp::socket&> tls(s, *tls_);
-        co_await tls.async_handshake(asio::ssl::stream_base::server, asio::redirect_error(asio::use_awaitable, ec));
-        if (ec) tls_failures_.fetch_add(1, std::memory_order_relaxed);
-        else co_await Serve(loop, tls, watch);
-      }
-    }
+    RespLoopOptions lo;
+    lo.max_bulk = RespMaxBulk(o_.max_value_bytes);
+    lo.preauth = RespPreauthBytes(o_.limits, lo.max_bulk);
+    lo.flush_bytes = std::min<uint64_t>(kFlushBytes, o_.limits.max_pending_answer_bytes);
+    lo.max_run = kMaxRunCommands;
+    lo.first_read_bytes = kFirstReadBytes;
+    lo.grow_read_bytes = kMaxReadBytes;
+    lo.keep_read_bytes = kMaxReadBytes;
+    Runner runner(*this, loop);
+    co_await ServeAccepted(s, {tls_.get(), o_.limits, &timeouts_, &tls_failures_},
+                           [&](auto& stream, ConnectionWatch& watch) {
+                             return ServeRespCommands(stream, watch, commands_, lo, runner);
+                           });
     loop.conns.erase(reg);
-    s.shutdown(tcp::socket::shutdown_both, ec);
-    s.close(ec);
   }
 
-  // The commands of one client connection.
+  // The commands of one client connection, run by the loop's engines.
   //
   // Backpressure: the answers the connection holds (fetched, not yet
   // written) stay within its AnswerBudget ($.limits.max_pending_answer_bytes,
@@ -259,166 +233,105 @@ class Proxy final : public RespProxy {
   // client that stops reading stops the fetching (and, after the write
   // timeout, loses its connection). Nothing more is read from the client
   // while its answers are being written.
-  template <typename Stream>
-  asio::awaitable<void> Serve(Loop& loop, Stream& s, ConnectionWatch& watch) {
-    boost::system::error_code ec;
-    const uint64_t max_bulk = RespMaxBulk(o_.max_value_bytes);
-    const uint64_t preauth = RespPreauthBytes(o_.limits, max_bulk);
-    const bool needs_auth = o_.auth && o_.auth->required();
-    const uint64_t flush_bytes = std::min<uint64_t>(kFlushBytes, o_.limits.max_pending_answer_bytes);
-    RespSessionState state;
-    state.id = commands_.NextClientId();
-    if (!needs_auth) watch.Authenticated();
-    auto authed = [&] { return !needs_auth || state.authenticated; };
-    RespReadBuffer buf;
-    size_t filled = 0;
-    RespCommandParser parser;
-    std::vector<RespCommand> cmds(kMaxRunCommands);
-    std::vector<std::unique_ptr<RespOp>> ops;
-    std::vector<RespOp*> raw;
-    Segment seg;
-    AnswerBudget budget(o_.limits.max_pending_answer_bytes);
-    uint64_t unwritten = 0;  // the budget the answers in `out` hold
-    std::vector<uint8_t> finished;
-    std::vector<uint64_t> reserved;
-    asio::steady_timer wake(loop.io);  // cancelled when an op of the segment is answered
-    bool quit = false, need_read = true, broken = false;
-    RespReply out;
-    // Writes `out` and gives its bytes back to the budget; false when the client is gone.
-    auto flush = [&](RespEngine& engine) -> asio::awaitable<bool> {
-      co_await WriteReply(s, out, watch, ec);
-      out = RespReply();
-      engine.Written(&budget, unwritten);
-      unwritten = 0;
-      co_return !ec;
-    };
-    while (!quit) {
-      if (need_read) {
-        const size_t max_buf = authed() ? max_bulk + kRespMaxInline + 64 : preauth;
-        if (!buf.MakeRoom(filled, authed() ? kFirstReadBytes : kPreauthReadBytes, parser.wanted(), max_buf)) {
-          if (!authed()) {  // cannot be a valid command (before AUTH: larger than it may be)
-            out = RespReply();
-            out.Err("ERR Protocol error: command longer than " + std::to_string(preauth) + " bytes before AUTH");
-            co_await WriteReply(s, out, watch, ec);
-          }
-          break;
-        }
-        if (filled > 0) watch.Reading();  // a command has begun: it must keep arriving
-        else watch.Idle();
-        const size_t n = co_await s.async_read_some(asio::buffer(buf.data() + filled, buf.capacity() - filled),
-                                                    asio::redirect_error(asio::use_awaitable, ec));
-        if (ec) break;
-        filled += n;
-        // A read that filled the buffer: the client pipelines more than it
-        // holds. Grow it (up to kMaxReadBytes) so that one round trip to the
-        // nodes carries the whole pipeline, not a buffer's worth of it.
-        if (filled == buf.capacity() && buf.capacity() < kMaxReadBytes && authed())
-          buf.Resize(std::min(buf.capacity() * 2, kMaxReadBytes), filled);
-      }
-      // Parse what has arrived (up to kMaxRunCommands; one at a time before
-      // AUTH, so that what follows it is read with the limits it lifts).
-      const bool was_authed = authed();
-      const size_t max_cmds = was_authed ? kMaxRunCommands : 1;
-      size_t used = 0, n = 0;
-      bool error = false;
-      std::string err;
-      while (n < max_cmds) {
-        size_t u = 0;
-        const RespParse p = parser.Parse(std::string_view(buf.data() + used, filled - used),
-                                         was_authed ? max_bulk : preauth, &cmds[n], &u, &err);
-        if (p == RespParse::kNeedMore) break;
-        if (p == RespParse::kError) {
-          if (!was_authed) err += " (at most " + std::to_string(preauth) + " bytes before AUTH)";
-          error = true;
-          break;
-        }
-        used += u;
-        if (!cmds[n].empty()) ++n;
-      }
-      need_read = n < max_cmds;
-      if (n > 0) watch.Busy();  // waiting for the nodes is bounded by their timeout, not the client's
-      // Run them: segments of commands side by side, answered in order.
+  class Runner final : public RespRunner {
+   public:
+    Runner(Proxy& p, Loop& loop) : p_(p), loop_(loop), budget_(p.o_.limits.max_pending_answer_bytes), wake_(loop.io) {}
+
+    // Segments of commands side by side, answered in order.
+    asio::awaitable<bool> Run(std::span<const RespCommand> cmds, RespConnection& c) override {
+      c.watch.Busy();  // waiting for the nodes is bounded by their timeout, not the client's
+      const size_t n = cmds.size();
       size_t i = 0;
-      while (i < n && !quit && !broken) {
-        ops.clear();
-        seg.Clear();
+      while (i < n && !c.quit && !broken_) {
+        ops_.clear();
+        seg_.Clear();
         // A segment runs as one identity: an AUTH that changes it ends the segment.
-        const uint32_t identity = state.identity;
-        while (i < n && !quit && (ops.empty() || !seg.Conflicts(cmds[i])) && state.identity == identity) {
-          seg.Add(cmds[i]);
-          ops.push_back(commands_.Compile(cmds[i], &state, &quit));
+        const uint32_t identity = c.state.identity;
+        while (i < n && !c.quit && (ops_.empty() || !seg_.Conflicts(cmds[i])) && c.state.identity == identity) {
+          seg_.Add(cmds[i]);
+          ops_.push_back(p_.commands_.Compile(cmds[i], &c.state, &c.quit));
           ++i;
         }
-        raw.clear();
-        for (auto& op : ops) raw.push_back(op.get());
-        finished.assign(ops.size(), 0);
-        reserved.assign(ops.size(), 0);
+        raw_.clear();
+        for (auto& op : ops_) raw_.push_back(op.get());
+        finished_.assign(ops_.size(), 0);
+        reserved_.assign(ops_.size(), 0);
         bool batch_done = false;
-        RespEngine& engine = EngineFor(loop, identity);
+        RespEngine& engine = p_.EngineFor(loop_, identity);
+        engine_ = &engine;
         engine.Run(
-            raw, commands_.Env(),
-            [&batch_done, &wake] {
+            raw_, p_.commands_.Env(),
+            [&batch_done, this] {
               batch_done = true;
-              wake.cancel();
+              wake_.cancel();
             },
-            &budget,
-            [&finished, &reserved, &wake](size_t k, uint64_t r) {
-              finished[k] = 1;
-              reserved[k] = r;
-              wake.cancel();
+            &budget_,
+            [this](size_t k, uint64_t r) {
+              finished_[k] = 1;
+              reserved_[k] = r;
+              wake_.cancel();
             });
         // Take the answers in order as they come; write them when the budget
         // wants room (an op waits) or they are many.
         size_t next = 0;
-        while (next < ops.size()) {
+        while (next < ops_.size()) {
           const size_t before = next;
-          for (; next < ops.size() && finished[next]; ++next) {
-            if (!broken) ops[next]->Answer(&out);
-            unwritten += reserved[next];
+          for (; next < ops_.size() && finished_[next]; ++next) {
+            if (!broken_) ops_[next]->Answer(&c.out);
+            unwritten_ += reserved_[next];
           }
-          if (next != before) engine.Taken(&budget, next);
-          if (next == ops.size()) break;
-          if (!broken && !out.empty() &&
-              (budget.parked() || budget.held() > budget.limit() || out.bytes() > flush_bytes)) {
-            if (!co_await flush(engine)) {
-              broken = true;  // the client is gone: let the rest run out, answer nothing
-              engine.Abandon(&budget);
+          if (next != before) engine.Taken(&budget_, next);
+          if (next == ops_.size()) break;
+          if (!broken_ && !c.out.empty() &&
+              (budget_.parked() || budget_.held() > budget_.limit() || c.out.bytes() > c.flush_bytes)) {
+            if (!co_await c.Flush()) {
+              broken_ = true;  // the client is gone: let the rest run out, answer nothing
+              engine.Abandon(&budget_);
             }
-            watch.Busy();
+            c.watch.Busy();
             continue;
           }
-          if (!finished[next]) {
-            wake.expires_at(asio::steady_timer::time_point::max());
-            boost::system::error_code wec;
-            co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, wec));
-          }
+          if (!finished_[next]) co_await Wait();
         }
-        while (!batch_done) {  // the engine is done with the ops (and these callbacks)
-          wake.expires_at(asio::steady_timer::time_point::max());
-          boost::system::error_code wec;
-          co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, wec));
+        while (!batch_done) co_await Wait();  // the engine is done with the ops (and these callbacks)
+        ops_.clear();  // the answers keep what they borrow
+        if (!broken_ && !c.out.empty() && i < n && (c.out.bytes() > c.flush_bytes || budget_.held() > budget_.limit())) {
+          if (!co_await c.Flush()) broken_ = true;
+          c.watch.Busy();
         }
-        ops.clear();  // the answers keep what they borrow
-        if (!broken && !out.empty() && i < n && (out.bytes() > flush_bytes || budget.held() > budget.limit())) {
-          if (!co_await flush(engine)) broken = true;
-          watch.Busy();
-        }
+        engine_ = nullptr;
       }
-      if (!was_authed && authed()) watch.Authenticated();
-      if (broken) break;
-      if (error) out.Err("ERR Protocol error: " + err);
-      if (!out.empty()) {
-        if (!co_await flush(EngineFor(loop, state.identity))) break;
-      }
-      if (error) break;
-      // Keep the unparsed tail (the commands that pointed into buf are answered).
-      if (used > 0) {
-        std::memmove(buf.data(), buf.data() + used, filled - used);
-        filled -= used;
-      }
-      if (filled == 0 && buf.capacity() > kMaxReadBytes) buf.Resize(kFirstReadBytes, 0);  // after one large command
+      co_return !broken_;
     }
-  }
+
+    // The answers written give their bytes back to the budget (through the
+    // segment's engine, else the connection's identity's).
+    void Written(RespConnection& c) override {
+      (engine_ ? *engine_ : p_.EngineFor(loop_, c.state.identity)).Written(&budget_, unwritten_);
+      unwritten_ = 0;
+    }
+
+   private:
+    // Until an op of the segment is answered (the engine's callbacks cancel the wait).
+    asio::awaitable<void> Wait() {
+      wake_.expires_at(asio::steady_timer::time_point::max());
+      boost::system::error_code ec;
+      co_await wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+
+    Proxy& p_;
+    Loop& loop_;
+    AnswerBudget budget_;
+    asio::steady_timer wake_;
+    RespEngine* engine_ = nullptr;  // the engine of the segment running now
+    std::vector<std::unique_ptr<RespOp>> ops_;
+    std::vector<RespOp*> raw_;
+    Segment seg_;
+    std::vector<uint8_t> finished_;
+    std::vector<uint64_t> reserved_;
+    uint64_t unwritten_ = 0;  // the budget the answers in `out` hold
+    bool broken_ = false;
+  };
 
   RespProxyOptions o_;
   RespCommands commands_;

@@ -15,7 +15,7 @@
 #include "shard_node/shard_node.h"
 #include "transport/asio_listener.h"
 #include "transport/asio_write.h"
-#include "transport/tls_server.h"
+#include "transport/asio_tls.h"
 
 namespace kvmesh {
 namespace {
@@ -223,26 +223,14 @@ class Server final : public DataServer {
   }
 
   asio::awaitable<void> Session(tcp::socket sock) {
-    boost::system::error_code ec;
-    sock.set_option(tcp::no_delay(true), ec);
     conns_total_.fetch_add(1);
     conns_open_.fetch_add(1);
-    {
-      // The TLS handshake and the HELLO within handshake_timeout_ms, frames
-      // within read_timeout_ms once begun, answers taken within write_timeout_ms.
-      ConnectionWatch watch(sock, o_.conn_limits, &timeouts_);
-      if (!o_.tls) {
-        sock.non_blocking(true, ec);  // FrameReader and WatchedWrite: no loop turn when the socket is ready
-        co_await Frames(sock, watch);
-      } else {
-        asio::ssl::stream<tcp::socket&> tls(sock, *o_.tls);
-        co_await tls.async_handshake(asio::ssl::stream_base::server, asio::redirect_error(asio::use_awaitable, ec));
-        if (ec) tls_failed_.fetch_add(1);
-        else co_await Frames(tls, watch);
-      }
-    }
-    sock.shutdown(tcp::socket::shutdown_both, ec);
-    sock.close(ec);
+    // The TLS handshake and the HELLO within handshake_timeout_ms, frames
+    // within read_timeout_ms once begun, answers taken within write_timeout_ms.
+    // A plain socket is non-blocking: FrameReader and WatchedWrite take no
+    // loop turn when it is ready.
+    co_await ServeAccepted(sock, {o_.tls.get(), o_.conn_limits, &timeouts_, &tls_failed_},
+                           [this](auto& s, ConnectionWatch& watch) { return Frames(s, watch); });
     conns_open_.fetch_sub(1);
   }
 

@@ -31,8 +31,8 @@
 #include "transport/asio_listener.h"
 #include "transport/http_server.h"
 #include "transport/socket_util.h"
-#include "transport/tls_client.h"
-#include "transport/tls_server.h"
+#include "transport/fd_tls_client.h"
+#include "transport/asio_tls.h"
 
 namespace kvmesh {
 namespace {

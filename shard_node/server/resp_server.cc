@@ -10,7 +10,7 @@
 #include "shard_node/tenants.h"
 #include "transport/asio_listener.h"
 #include "transport/resp/resp_session.h"
-#include "transport/tls_server.h"
+#include "transport/asio_tls.h"
 
 namespace kvmesh {
 namespace {

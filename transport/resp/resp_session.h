@@ -1,9 +1,10 @@
 // transport/resp/resp_session.h — one RESP connection of a front whose store
-// answers at once (the node-local front): read, parse (resp_protocol.h,
-// incrementally), run each command to its answer (resp_commands.h,
-// resp_ops.h) on the connection's Asio I/O thread, and write the answers of a
-// pipelined run in one gathered write, in command order. The proxy, whose
-// answers come from other nodes, runs its connections on its own event loop
+// answers at once (the node-local front): the connection loop both fronts
+// share (resp_connection.h: read, parse incrementally, write the answers of
+// a pipelined run in one gathered write, in command order) with a runner
+// that runs each command to its answer (resp_commands.h, resp_ops.h) on the
+// connection's Asio I/O thread. The proxy, whose answers come from other
+// nodes, runs the same loop with a runner over its engines
 // (router/proxy/resp_proxy.cc).
 //
 // Backpressure: a connection reads nothing more until its run is answered,

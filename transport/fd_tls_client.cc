@@ -1,6 +1,5 @@
-#include "transport/tls_client.h"
+#include "transport/fd_tls_client.h"
 
-#include <arpa/inet.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
@@ -17,7 +16,6 @@
 namespace kvmesh {
 namespace {
 
-using tls_util::IsIpAddress;
 using tls_util::OpensslError;
 
 using Clock = std::chrono::steady_clock;
@@ -78,24 +76,13 @@ bool WaitFor(int fd, short events, Clock::time_point deadline) {
 }  // namespace
 
 Result<std::shared_ptr<const TlsClientContext>> TlsClientContext::Create(const TlsClientOptions& o) {
-  if (o.ca.empty()) return InvalidArgument("TLS client: a CA file is required (the servers' certificates chain to it)");
-  if (o.cert.empty() != o.key.empty()) return InvalidArgument("TLS client: give both a certificate and its key, or neither");
   std::shared_ptr<TlsClientContext> c(new TlsClientContext());
   c->ctx_ = SSL_CTX_new(TLS_client_method());
   if (c->ctx_ == nullptr) return Internal("TLS client: " + OpensslError());
   SSL_CTX_set_min_proto_version(c->ctx_, TLS1_2_VERSION);
   SSL_CTX_set_mode(c->ctx_, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   SSL_CTX_set_verify(c->ctx_, SSL_VERIFY_PEER, nullptr);
-  if (SSL_CTX_load_verify_locations(c->ctx_, o.ca.c_str(), nullptr) != 1)
-    return InvalidArgument("TLS client: CA file " + o.ca + ": " + OpensslError());
-  if (!o.cert.empty()) {
-    if (SSL_CTX_use_certificate_chain_file(c->ctx_, o.cert.c_str()) != 1)
-      return InvalidArgument("TLS client: certificate " + o.cert + ": " + OpensslError());
-    if (SSL_CTX_use_PrivateKey_file(c->ctx_, o.key.c_str(), SSL_FILETYPE_PEM) != 1)
-      return InvalidArgument("TLS client: key " + o.key + ": " + OpensslError());
-    if (SSL_CTX_check_private_key(c->ctx_) != 1)
-      return InvalidArgument("TLS client: key " + o.key + " does not match certificate " + o.cert);
-  }
+  KVMESH_RETURN_IF_ERROR(LoadTlsIdentity(c->ctx_, {o.ca, o.cert, o.key, o.setting}, /*require_cert=*/false));
   c->verify_hostname_ = o.verify_hostname;
   return std::shared_ptr<const TlsClientContext>(std::move(c));
 }
@@ -113,14 +100,7 @@ Result<std::unique_ptr<TlsConn>> TlsClientContext::Connect(int fd, const std::st
   if (bio == nullptr) return Internal("TLS: " + OpensslError());
   BIO_set_data(bio, reinterpret_cast<void*>(static_cast<intptr_t>(fd)));
   SSL_set_bio(ssl, bio, bio);  // the SSL owns the BIO
-  if (verify_hostname_) {
-    X509_VERIFY_PARAM* p = SSL_get0_param(ssl);
-    X509_VERIFY_PARAM_set_hostflags(p, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
-    const bool ok = IsIpAddress(host) ? X509_VERIFY_PARAM_set1_ip_asc(p, host.c_str()) == 1
-                                      : X509_VERIFY_PARAM_set1_host(p, host.c_str(), 0) == 1;
-    if (!ok) return InvalidArgument("TLS: cannot verify against host name \"" + host + "\"");
-  }
-  if (!IsIpAddress(host)) SSL_set_tlsext_host_name(ssl, host.c_str());
+  KVMESH_RETURN_IF_ERROR(PrepareTlsClient(ssl, host, verify_hostname_));
   for (;;) {
     ERR_clear_error();
     const int r = SSL_connect(ssl);

@@ -1,19 +1,10 @@
-#include "transport/tls_server.h"
+#include "transport/asio_tls.h"
 
-#include <arpa/inet.h>
-#include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
-#include <cstring>
-
-#include "transport/openssl_util.h"
-
 namespace kvmesh {
 namespace {
-
-using tls_util::IsIpAddress;
-using tls_util::OpensslError;
 
 constexpr size_t kSmallPiece = 16u << 10;
 
@@ -25,15 +16,7 @@ Result<std::shared_ptr<boost::asio::ssl::context>> MakeTlsServerContext(const Tl
   SSL_CTX* c = ctx->native_handle();
   SSL_CTX_set_min_proto_version(c, TLS1_2_VERSION);
   SSL_CTX_set_options(c, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
-  ERR_clear_error();
-  if (SSL_CTX_use_certificate_chain_file(c, tls.cert.c_str()) != 1)
-    return InvalidArgument("$.tls.cert: \"" + tls.cert + "\": " + OpensslError());
-  if (SSL_CTX_use_PrivateKey_file(c, tls.key.c_str(), SSL_FILETYPE_PEM) != 1)
-    return InvalidArgument("$.tls.key: \"" + tls.key + "\": " + OpensslError());
-  if (SSL_CTX_check_private_key(c) != 1)
-    return InvalidArgument("$.tls.key: \"" + tls.key + "\" does not match $.tls.cert \"" + tls.cert + "\"");
-  if (SSL_CTX_load_verify_locations(c, tls.ca.c_str(), nullptr) != 1)
-    return InvalidArgument("$.tls.ca: \"" + tls.ca + "\": " + OpensslError());
+  KVMESH_RETURN_IF_ERROR(LoadTlsIdentity(c, {tls.ca, tls.cert, tls.key}, /*require_cert=*/true));
   // The CA names clients may choose a certificate by.
   if (STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(tls.ca.c_str())) SSL_CTX_set_client_CA_list(c, names);
   // Ask every client for a certificate; a shown one must verify. Without
@@ -51,38 +34,15 @@ bool TlsPeerVerified(SSL* ssl) {
   return SSL_get_verify_result(ssl) == X509_V_OK;
 }
 
-Result<std::shared_ptr<boost::asio::ssl::context>> MakeTlsClientContext(const TlsConfig& tls) {
+Result<std::shared_ptr<boost::asio::ssl::context>> MakeAsioTlsClientContext(const TlsConfig& tls) {
   namespace ssl = boost::asio::ssl;
   auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
   SSL_CTX* c = ctx->native_handle();
   SSL_CTX_set_min_proto_version(c, TLS1_2_VERSION);
   SSL_CTX_set_options(c, SSL_OP_NO_RENEGOTIATION);
-  ERR_clear_error();
-  if (SSL_CTX_load_verify_locations(c, tls.ca.c_str(), nullptr) != 1)
-    return InvalidArgument("$.tls.ca: \"" + tls.ca + "\": " + OpensslError());
-  if (!tls.cert.empty()) {
-    if (SSL_CTX_use_certificate_chain_file(c, tls.cert.c_str()) != 1)
-      return InvalidArgument("$.tls.cert: \"" + tls.cert + "\": " + OpensslError());
-    if (SSL_CTX_use_PrivateKey_file(c, tls.key.c_str(), SSL_FILETYPE_PEM) != 1)
-      return InvalidArgument("$.tls.key: \"" + tls.key + "\": " + OpensslError());
-    if (SSL_CTX_check_private_key(c) != 1)
-      return InvalidArgument("$.tls.key: \"" + tls.key + "\" does not match $.tls.cert \"" + tls.cert + "\"");
-  }
+  KVMESH_RETURN_IF_ERROR(LoadTlsIdentity(c, {tls.ca, tls.cert, tls.key}, /*require_cert=*/false));
   SSL_CTX_set_verify(c, SSL_VERIFY_PEER, nullptr);
   return ctx;
-}
-
-Status PrepareTlsClient(SSL* ssl, const std::string& host, bool verify_hostname) {
-  const bool ip = IsIpAddress(host);
-  if (verify_hostname) {
-    X509_VERIFY_PARAM* p = SSL_get0_param(ssl);
-    X509_VERIFY_PARAM_set_hostflags(p, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
-    const bool ok = ip ? X509_VERIFY_PARAM_set1_ip_asc(p, host.c_str()) == 1
-                       : X509_VERIFY_PARAM_set1_host(p, host.c_str(), 0) == 1;
-    if (!ok) return InvalidArgument("TLS: cannot verify against host name \"" + host + "\"");
-  }
-  if (!ip) SSL_set_tlsext_host_name(ssl, host.c_str());
-  return Status::Ok();
 }
 
 std::string TlsErrorMessage(const boost::system::error_code& ec, SSL* ssl) {
