@@ -6,6 +6,7 @@
 // working-set size (reserve with capacity_hint).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -21,6 +22,11 @@ inline constexpr uint32_t kNil = UINT32_MAX;
 // frequency sketches): the key hash when the owner gives one (a block store's
 // EntryIds are slot numbers, reused by other keys), else the id itself.
 inline uint64_t GhostId(EntryId id, const AccessInfo& info) { return info.key_hash ? info.key_hash : id; }
+
+// PolicyOptions::priority_classes clamped to 1..kMaxPriorityClasses.
+inline uint8_t ClassCount(const PolicyOptions& o) {
+  return static_cast<uint8_t>(std::clamp<uint32_t>(o.priority_classes, 1, kMaxPriorityClasses));
+}
 
 struct Node {
   EntryId id = 0;
@@ -165,6 +171,20 @@ struct ChainPlacer {
   // Call when node `i` leaves its list for good (Remove, before NodePool::Free).
   void Forget(uint32_t i) {
     if (last == i) last = kNil;
+  }
+};
+
+// The victim search of a policy that compares the tails of its lists: keeps
+// the tail offered with the lowest value, a tie going to the older entry.
+struct LowestTail {
+  uint32_t best = kNil;
+  double value = 0;
+
+  void Offer(const NodePool& p, uint32_t t, double v) {
+    if (best == kNil || v < value || (v == value && p[t].last_ns < p[best].last_ns)) {
+      best = t;
+      value = v;
+    }
   }
 };
 
