@@ -206,7 +206,7 @@ TEST_CASE("Tenants: live sequences answer only their tenant and seal into its na
   // One full block of tokens with its K and V: sealed into the store.
   std::vector<TokenId> toks(m.block_tokens);
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<TokenId>(7 + i);
-  const size_t side = size_t{m.num_layers} * toks.size() * m.num_kv_heads * m.head_dim * DTypeSize(m.dtype);
+  const size_t side = BlockLayout::Full(m).side_bytes(toks.size());
   const auto k = Payload(11, side), v = Payload(12, side);
   REQUIRE(a->SeqAppend(id, toks, k, v, m.num_layers, {}).ok());
   // B cannot reach A's sequence by its id, whatever it does.

@@ -79,7 +79,7 @@ TEST_CASE("Sequence quota: alice (8 MiB) appending 40 x 1024 tokens is refused p
   Result<SeqCreated> made = alice->SeqCreate(args, {});
   REQUIRE(made.ok());
   constexpr uint32_t kTokens = 1024;
-  const size_t side = size_t{m.num_layers} * kTokens * m.num_kv_heads * m.head_dim * 2;  // fp16
+  const size_t side = BlockLayout::Full(m).side_bytes(kTokens);
   const auto k = Payload(2, side), v = Payload(3, side);
   int appended = 0, refused = 0;
   for (int round = 0; round < 40; ++round) {
@@ -124,7 +124,7 @@ TEST_CASE("Sequence quota: a tenant's sequences and its blocks share its quota",
   Result<SeqCreated> made = alice->SeqCreate(SeqCreateArgs{}, {});
   REQUIRE(made.ok());
   const uint32_t n_tok = 512;  // 32 blocks: 2 MiB
-  const size_t side = size_t{m.num_layers} * n_tok * m.num_kv_heads * m.head_dim * 2;
+  const size_t side = BlockLayout::Full(m).side_bytes(n_tok);
   std::vector<TokenId> toks(n_tok, 3);
   REQUIRE(alice->SeqAppend(made->id, toks, Payload(2, side), Payload(3, side), m.num_layers, {}).ok());
   CHECK_FALSE(Has(*alice, Key(0)));
