@@ -1,77 +1,60 @@
-// "adaptive" (the default): follow the best of several policies, each
-// simulated on the same accesses (shadow caches of identities only).
+// "adaptive" (the default): follows the best of several expert policies,
+// each simulated on the same accesses (shadow caches of identities only).
+// Why: no fixed policy wins on every workload; ARC and S3-FIFO adapt one knob
+// between recency and frequency with ghost lists, this generalises the ghost
+// list to whole policies and adapts the choice of policy. docs/eviction.md
+// ("The adaptive default", "Measured figures behind adaptive") has the
+// measurements behind each choice below.
 //
-// Why: every fixed policy wins on some workload and loses on another (on the
-// replayed traces: freq-class at small caches of chat traffic, s3-fifo and
-// freq-class-turnover on agent loops, turnover-priority on RAG and at larger
-// caches; docs/eviction.md has the table). Ghost lists let ARC and S3-FIFO
-// adapt one knob between recency and frequency; this generalises the ghost
-// list to whole policies and adapts the choice of policy.
-//
-// Shadows. The policy holds E expert policies (the factory's code, the same a
-// store runs alone), built with PolicyOptions::leaf_first: a block accessed
-// after its parent goes right behind it in the expert's recency order, so an
-// expert evicts a chain's deepest block first instead of a parent whose
-// cached children its eviction would strand. Every access the owner reports
-// (Touch on a hit, Admit on a miss, an Insert that no Admit announced, such
-// as a block store's re-insert after the last unpin of a read) is replayed
-// into every expert as if it alone managed a cache of c entries: a hit is
-// Touched, a miss evicts the expert's own victims until there is room and is
-// Inserted. Experts key entries by GhostId (the key hash), so they remember
-// blocks the real cache no longer holds. Each expert scores the hits it would have had, decayed by
-// 1 - 1/W per access (W = max(4096, 4c) accesses). Only prefix hits count:
-// AccessInfo::depth == 0 starts a request's chain and a miss breaks the rest
-// of it (an owner that passes no depth, like a block store, gets block hits;
-// a Touch marked AccessInfo::refresh, a duplicate put, is no hit).
+// Shadows. E expert policies (the factory's code, built with
+// PolicyOptions::leaf_first so an expert evicts a chain's deepest block
+// before its parent) each see every access the owner reports (Touch on a hit,
+// Admit on a miss, an Insert that no Admit announced, such as a block store's
+// re-insert after the last unpin) as if each alone managed a cache of c
+// entries: a hit is Touched, a miss evicts the expert's own victims until
+// there is room and is Inserted. Experts key entries by GhostId, so they
+// remember blocks the real cache no longer holds. Each expert scores the hits
+// it would have had, decayed by 1 - 1/W per access (W = max(4096, 4c)). Only
+// prefix hits count: AccessInfo::depth == 0 starts a request's chain and a
+// miss breaks the rest of it (an owner that passes no depth gets block hits; a
+// Touch marked AccessInfo::refresh, a duplicate put, is no hit).
 // "adaptive-cost" weights each hit by AccessInfo::cost (prefill FLOPs).
 //
-// Following. The expert with the best score leads; a challenger must beat it
-// by 2% (and one hit) on prefix hits, by 10% on block hits, so the lead does
-// not flap. The real cache converges to
-// the leader's contents: for every expert it keeps the list of resident
-// entries that expert does not hold, updated in O(1) whenever an expert
-// evicts or admits a resident key, and Victim() is the oldest entry of the
-// leader's list. Once the real cache holds what the leader holds it stays so,
-// because both see the same accesses: it then evicts exactly what the leader
-// evicts. Admit always admits (no expert has an admission filter). If the
-// owner needs room while the leader holds every resident entry, Victim() is
-// the leader's own victim when resident, else the cache's least recently used
-// entry; evicting an entry the leader keeps shows that the owner's real
-// capacity is below c (a store class whose pages went to other classes,
-// pinned entries, pressure), so the experts shrink to the count it held, their
-// own victims first. c grows again with the resident count. Victim() changes
-// nothing but the experts' internal order (the store also asks it of classes
-// that need no room).
+// Following. The expert with the best score leads once it beats the leader by
+// a margin (kChainMargin, kBlockMargin), so the lead does not flap. For every
+// tracked simulation the policy keeps the list of resident entries that
+// simulation does not hold (diff_, updated in O(1) whenever it evicts or
+// admits a resident key), and Victim() is the oldest entry of the leader's
+// list: the real cache converges to the leader's contents and, seeing the
+// same accesses, then evicts exactly what the leader evicts. Admit always
+// admits. With the leader holding every resident entry, Victim() is the
+// leader's own victim when resident, else the least recently used entry;
+// evicting an entry the leader keeps shows that the owner's real capacity is
+// below c (a store class whose pages went to other classes, pinned entries,
+// pressure), so the experts shrink to the count it held, their own victims
+// first; c grows again with the resident count. Victim() changes nothing but
+// the experts' internal order.
 //
-// Groups. An owner that splits its cache (a block store: one policy per
-// stripe and size class, each over a share of the keys) passes one
-// PolicyGroup to the parts: every 64 accesses a member publishes its scores
-// and the group's leader is chosen on their sum with the same margins, so all
-// parts follow one expert and switch together. Deciding alone, stripes ended
-// on different experts at different times, and a chain spread over stripes
-// that evict by different rules loses its prefix (docs/eviction.md, "Through
-// the nodes": 16.97% against 20.34% for the leader alone at 5% of the public
-// trace on 8 stripes).
+// Groups. An owner that splits its cache (a block store: one policy per stripe
+// and size class) passes one PolicyGroup to the parts: every kPublishEvery
+// accesses a member publishes its scores and the group's leader is chosen on
+// their sum with the same margins, so a chain spread over the parts is evicted
+// by one rule.
 //
-// Sampled shadows. On a large cache, seven full simulations cost most of an
-// access (their working sets leave the CPU caches: at 10% of the public
-// trace, 3.3 us per lookup against 0.05-0.13 us for each expert alone;
-// bench/bench_eviction.cc). Scores only rank the experts, so, as SHARDS-style
-// miniature simulations do, each expert simulates the keys of one hash bucket
-// in R at capacity c / R, a sampled hit counting R; R is the largest power of
-// two (<= 64) that leaves c / R >= PolicyOptions::shadow_sample_floor (2048;
-// 0 turns it off). The real cache then needs one full simulation, of the
-// leader: it is the one whose contents the real cache tracks (in place of
-// the E lists), and on a change of leader it starts over from the resident
-// entries, oldest first (its ghosts and counts are lost; a few switches per
-// trace). An owner whose real capacity falls far below the hint lowers R
-// (the experts start over from the resident entries). With R = 1 (c < 4096
-// by default) nothing of this happens, and the policy is exactly the one
-// above.
+// Sampled shadows. Full simulations of a large cache cost most of an access
+// (their working sets leave the CPU caches), and scores only rank the experts:
+// so, as SHARDS-style miniature simulations do, each expert simulates the keys
+// of one hash bucket in R at capacity c / R, a sampled hit counting R; R is the
+// largest power of two (<= kMaxRate) that leaves c / R >=
+// PolicyOptions::shadow_sample_floor (0 turns it off). The real cache then
+// tracks one full simulation, of the leader (in place of the E lists), which
+// starts over from the resident entries, oldest first, when the leader
+// changes. An owner whose real capacity falls far below the hint lowers R
+// (the experts start over from the resident entries). With R = 1 none of this
+// happens.
 //
 // c is PolicyOptions::capacity_hint, or the largest resident count seen.
-// Cost: O(E) per access, E = 7 experts, each O(1) (with R > 1: one in R
-// accesses, plus the full copy's, also O(1)); memory: E + 1 entry pools of c
+// Cost: O(E) per access, each expert O(1); memory: E + 1 entry pools of c
 // entries (with R > 1: E pools of c / R and 2 of c). EffectiveClass is the
 // leader's for entries it holds, the latest AccessInfo::priority for the
 // others. Thread-safety: none (the owner's lock).
@@ -116,8 +99,7 @@ class AdaptivePolicy final : public EvictionPolicy {
       slot_ = o.group->Join(names);
       if (slot_ >= 0) group_ = o.group;
     }
-    nodes_.reserve(o.capacity_hint);
-    by_id_.reserve(o.capacity_hint);
+    nodes_.Reserve(o.capacity_hint);
     by_gid_.reserve(o.capacity_hint);
     window_ = std::max<double>(4096.0, 4.0 * static_cast<double>(c_));
   }
@@ -140,34 +122,31 @@ class AdaptivePolicy final : public EvictionPolicy {
     announced_ = false;
     const uint32_t i = Alloc(id, gid);
     nodes_[i].cls = info.priority;
-    lru_.PushFront(*this, i, kLru);
+    lru_.PushFront(Links(kLru), i);
     for (size_t s = FirstTracked(); s < EndTracked(); ++s) {
       if (Sim(s).Contains(gid)) nodes_[i].in |= Bit(s);
-      else diff_[s].PushFront(*this, i, s);
+      else diff_[s].PushFront(Links(s), i);
     }
-    c_ = std::max(c_, by_id_.size());
+    c_ = std::max(c_, nodes_.size());
   }
   void Touch(EntryId id, const AccessInfo& info) override {
-    auto it = by_id_.find(id);
-    if (it == by_id_.end()) return;
-    const uint32_t i = it->second;
+    const uint32_t i = nodes_.Find(id);
+    if (i == kNil) return;
     Access(nodes_[i].gid, info);
     nodes_[i].cls = info.priority;
-    lru_.Unlink(*this, i, kLru);
-    lru_.PushFront(*this, i, kLru);
+    lru_.Unlink(Links(kLru), i);
+    lru_.PushFront(Links(kLru), i);
   }
   void Remove(EntryId id, RemoveReason reason) override {
-    auto it = by_id_.find(id);
-    if (it == by_id_.end()) return;
-    const uint32_t i = it->second;
+    const uint32_t i = nodes_.Take(id);
+    if (i == kNil) return;
     const uint64_t gid = nodes_[i].gid;
-    const size_t resident = by_id_.size();
+    const size_t resident = nodes_.size() + 1;  // counting this entry
     const bool leader_keeps = !experts_.empty() && (nodes_[i].in & Bit(LeadSlot()));
     if (reason == RemoveReason::kErased) {  // gone for every expert too
       for (Expert& x : experts_) x.policy->Remove(gid, RemoveReason::kErased);
       if (full_) full_->Remove(gid, RemoveReason::kErased);
     }
-    by_id_.erase(it);
     Free(i);
     if (reason == RemoveReason::kEvicted && leader_keeps) {
       // The owner evicted an entry the leader keeps: it holds fewer than c_
@@ -186,7 +165,7 @@ class AdaptivePolicy final : public EvictionPolicy {
     }
   }
   std::optional<EntryId> Victim() override {
-    if (by_id_.empty()) return std::nullopt;
+    if (nodes_.size() == 0) return std::nullopt;
     if (experts_.empty()) return nodes_[lru_.tail].id;
     const size_t leader = LeadSlot();
     if (!diff_[leader].empty()) return nodes_[diff_[leader].tail].id;
@@ -197,10 +176,10 @@ class AdaptivePolicy final : public EvictionPolicy {
     return nodes_[lru_.tail].id;
   }
   Priority EffectiveClass(EntryId id) const override {
-    auto it = by_id_.find(id);
-    if (it == by_id_.end()) return 0;
-    if (experts_.empty()) return nodes_[it->second].cls;
-    const Node& n = nodes_[it->second];
+    const uint32_t i = nodes_.Find(id);
+    if (i == kNil) return 0;
+    const Node& n = nodes_[i];
+    if (experts_.empty()) return n.cls;
     size_t leader = Leader();
     if (rate_ > 1) {  // the full copy, when it copies the leader now
       if (!full_ || full_for_ != leader) return n.cls;
@@ -213,16 +192,15 @@ class AdaptivePolicy final : public EvictionPolicy {
   // and in the cache's own LRU order; the leader's victim is then this entry
   // unless the leader has dropped resident entries that go first anyway.
   void Release(EntryId id) override {
-    auto it = by_id_.find(id);
-    if (it == by_id_.end()) return;
-    const uint32_t i = it->second;
+    const uint32_t i = nodes_.Find(id);
+    if (i == kNil) return;
     for (Expert& x : experts_) x.policy->Release(nodes_[i].gid);
     if (full_) full_->Release(nodes_[i].gid);
-    lru_.Unlink(*this, i, kLru);
-    lru_.PushBack(*this, i, kLru);
+    lru_.Unlink(Links(kLru), i);
+    lru_.PushBack(Links(kLru), i);
   }
-  bool Contains(EntryId id) const override { return by_id_.contains(id); }
-  size_t size() const override { return by_id_.size(); }
+  bool Contains(EntryId id) const override { return nodes_.Find(id) != kNil; }
+  size_t size() const override { return nodes_.size(); }
 
   std::string_view following() const override {
     return experts_.empty() ? std::string_view("lru") : experts_[Leader()].policy->name();
@@ -241,6 +219,8 @@ class AdaptivePolicy final : public EvictionPolicy {
     return l < experts_.size() ? l : 0;
   }
 
+  // A resident entry, on the LRU list and on the list of every tracked
+  // simulation that does not hold it: one link pair per list (slot s).
   struct Node {
     EntryId id = 0;
     uint64_t gid = 0;
@@ -248,34 +228,15 @@ class AdaptivePolicy final : public EvictionPolicy {
     Priority cls = 0;  // AccessInfo::priority of the latest access
     std::array<uint32_t, kMaxExperts + 1> prev{}, next{};
   };
-  // An intrusive list over nodes_ using link slot `s` of each node.
-  struct List {
-    uint32_t head = kNil, tail = kNil;
-    size_t size = 0;
-    bool empty() const { return size == 0; }
-    void PushFront(AdaptivePolicy& p, uint32_t i, size_t s) {
-      p.nodes_[i].prev[s] = kNil;
-      p.nodes_[i].next[s] = head;
-      if (head != kNil) p.nodes_[head].prev[s] = i;
-      head = i;
-      if (tail == kNil) tail = i;
-      ++size;
-    }
-    void PushBack(AdaptivePolicy& p, uint32_t i, size_t s) {
-      p.nodes_[i].next[s] = kNil;
-      p.nodes_[i].prev[s] = tail;
-      if (tail != kNil) p.nodes_[tail].next[s] = i;
-      tail = i;
-      if (head == kNil) head = i;
-      ++size;
-    }
-    void Unlink(AdaptivePolicy& p, uint32_t i, size_t s) {
-      Node& n = p.nodes_[i];
-      if (n.prev[s] != kNil) p.nodes_[n.prev[s]].next[s] = n.next[s]; else head = n.next[s];
-      if (n.next[s] != kNil) p.nodes_[n.next[s]].prev[s] = n.prev[s]; else tail = n.prev[s];
-      --size;
-    }
+  using Pool = BasicNodePool<Node>;
+  struct SlotLinks {
+    Pool& pool;
+    size_t s;
+    uint32_t& prev(uint32_t i) const { return pool[i].prev[s]; }
+    uint32_t& next(uint32_t i) const { return pool[i].next[s]; }
   };
+  using List = BasicDList<SlotLinks>;
+  SlotLinks Links(size_t s) { return {nodes_, s}; }
   struct Expert {
     std::unique_ptr<EvictionPolicy> policy;
     double score = 0;    // decayed prefix hits (or cost saved)
@@ -283,18 +244,8 @@ class AdaptivePolicy final : public EvictionPolicy {
   };
 
   uint32_t Alloc(EntryId id, uint64_t gid) {
-    uint32_t i;
-    if (!free_.empty()) {
-      i = free_.back();
-      free_.pop_back();
-      nodes_[i] = Node{};
-    } else {
-      i = static_cast<uint32_t>(nodes_.size());
-      nodes_.emplace_back();
-    }
-    nodes_[i].id = id;
+    const uint32_t i = nodes_.Alloc(id);
     nodes_[i].gid = gid;
-    by_id_[id] = i;
     by_gid_[gid] = i;
     return i;
   }
@@ -375,14 +326,14 @@ class AdaptivePolicy final : public EvictionPolicy {
     }
   }
 
-  // Unlinks node i and frees it; the caller has erased it from by_id_.
+  // Unlinks node i and recycles it; the caller has taken it from nodes_ (Pool::Take).
   void Free(uint32_t i) {
     Node& n = nodes_[i];
-    lru_.Unlink(*this, i, kLru);
+    lru_.Unlink(Links(kLru), i);
     for (size_t s = FirstTracked(); s < EndTracked(); ++s)
-      if (!(n.in & Bit(s))) diff_[s].Unlink(*this, i, s);
+      if (!(n.in & Bit(s))) diff_[s].Unlink(Links(s), i);
     if (auto g = by_gid_.find(n.gid); g != by_gid_.end() && g->second == i) by_gid_.erase(g);
-    free_.push_back(i);
+    nodes_.Recycle(i);
   }
   uint32_t Resident(uint64_t gid) const {
     auto g = by_gid_.find(gid);
@@ -400,7 +351,7 @@ class AdaptivePolicy final : public EvictionPolicy {
       if (!tracked) continue;
       if (const uint32_t r = Resident(*v); r != kNil && (nodes_[r].in & Bit(s))) {
         nodes_[r].in &= static_cast<uint16_t>(~Bit(s));
-        diff_[s].PushFront(*this, r, s);
+        diff_[s].PushFront(Links(s), r);
       }
     }
   }
@@ -468,7 +419,7 @@ class AdaptivePolicy final : public EvictionPolicy {
   void Track(size_t s, uint32_t resident) {
     if (resident != kNil && !(nodes_[resident].in & Bit(s))) {
       nodes_[resident].in |= Bit(s);
-      diff_[s].Unlink(*this, resident, s);
+      diff_[s].Unlink(Links(s), resident);
     }
   }
 
@@ -497,9 +448,7 @@ class AdaptivePolicy final : public EvictionPolicy {
   bool chain_seen_ = false;  // the owner passes AccessInfo::depth: scores are prefix hits
   bool announced_ = false;   // Admit already replayed the access of announced_gid_
   uint64_t announced_gid_ = 0;
-  std::vector<Node> nodes_;
-  std::vector<uint32_t> free_;
-  absl::flat_hash_map<EntryId, uint32_t> by_id_;
+  Pool nodes_;  // resident entries by EntryId
   absl::flat_hash_map<uint64_t, uint32_t> by_gid_;
   List lru_;
   std::array<List, kMaxExperts> diff_;
@@ -508,16 +457,15 @@ class AdaptivePolicy final : public EvictionPolicy {
 }  // namespace
 
 // The experts, in order of preference on ties (the first leads at start).
-// Each earns its place on some workload (docs/eviction.md, "adaptive"):
-// lru-priority is the configured class policy, s3-fifo adapts recency and
-// frequency with a ghost list, turnover-priority ages classes by the cache's
-// own turnover, freq-class and freq-class-turnover rank by class, then by
-// accumulated request sharing, lru keeps the cache near LRU where every class
-// rule loses (large caches: the 20% point of docs/img/replay_heldout_mix.png),
-// and turnover-freq (turnover-priority plus two classes per doubling of a
-// block's accesses; not a factory policy) keeps re-read blocks of mixed
-// traffic. ARC was dropped: on the tuning traces it never added hits over
-// these (and each expert costs every access).
+// Each earns its place on some workload (docs/eviction.md, "The adaptive
+// default"): lru-priority is the configured class policy, s3-fifo adapts
+// recency and frequency with a ghost list, turnover-priority ages classes by
+// the cache's own turnover, freq-class and freq-class-turnover rank by class,
+// then by accumulated request sharing, lru keeps the cache near LRU where every
+// class rule loses, and turnover-freq (turnover-priority plus two classes per
+// doubling of a block's accesses; not a factory policy) keeps re-read blocks
+// of mixed traffic. Each expert costs every access, so one that adds no hits
+// over these (ARC) is left out.
 const std::vector<ExpertMaker>& Experts() {
   static const std::vector<ExpertMaker> kExperts{&MakeLruPriority, &MakeS3Fifo,            &MakeTurnoverPriority,
                                                  &MakeFreqClass,   &MakeFreqClassTurnover, &MakeLru,

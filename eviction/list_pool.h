@@ -1,10 +1,12 @@
 // eviction/list_pool.h — index-linked doubly linked lists over a node pool,
-// the building block of the list-based policies (LRU, LRU-priority, ...).
-// Nodes live in one vector and are recycled through a free list; an open
-// addressing map finds a node by id. No allocation per operation once the
-// pool and map have grown to the working-set size (reserve with capacity_hint).
+// the building block of the list-based policies (LRU, LRU-priority, ...) and
+// of adaptive's resident-entry lists. Nodes live in one vector and are
+// recycled through a free list; an open addressing map finds a node by id. No
+// allocation per operation once the pool and map have grown to the
+// working-set size (reserve with capacity_hint).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -21,6 +23,11 @@ inline constexpr uint32_t kNil = UINT32_MAX;
 // EntryIds are slot numbers, reused by other keys), else the id itself.
 inline uint64_t GhostId(EntryId id, const AccessInfo& info) { return info.key_hash ? info.key_hash : id; }
 
+// PolicyOptions::priority_classes clamped to 1..kMaxPriorityClasses.
+inline uint8_t ClassCount(const PolicyOptions& o) {
+  return static_cast<uint8_t>(std::clamp<uint32_t>(o.priority_classes, 1, kMaxPriorityClasses));
+}
+
 struct Node {
   EntryId id = 0;
   uint32_t prev = kNil;
@@ -34,7 +41,10 @@ struct Node {
   bool released = false;  // on the policy's list of released entries (EvictionPolicy::Release)
 };
 
-class NodePool {
+// A pool of nodes of type N, which has an `EntryId id` field; NodePool (of
+// Node) serves the list-based policies, adaptive.cc keeps its own node type.
+template <class N>
+class BasicNodePool {
  public:
   void Reserve(size_t n) {
     nodes_.reserve(n);
@@ -46,7 +56,7 @@ class NodePool {
     if (!free_.empty()) {
       i = free_.back();
       free_.pop_back();
-      nodes_[i] = Node{};
+      nodes_[i] = N{};
     } else {
       i = static_cast<uint32_t>(nodes_.size());
       nodes_.emplace_back();
@@ -74,56 +84,70 @@ class NodePool {
     auto it = index_.find(id);
     return it == index_.end() ? kNil : it->second;
   }
-  Node& operator[](uint32_t i) { return nodes_[i]; }
-  const Node& operator[](uint32_t i) const { return nodes_[i]; }
+  N& operator[](uint32_t i) { return nodes_[i]; }
+  const N& operator[](uint32_t i) const { return nodes_[i]; }
   size_t size() const { return index_.size(); }
 
  private:
-  std::vector<Node> nodes_;
+  std::vector<N> nodes_;
   std::vector<uint32_t> free_;
   absl::flat_hash_map<EntryId, uint32_t> index_;
 };
+using NodePool = BasicNodePool<Node>;
 
-// head = most recently used, tail = least recently used.
-struct DList {
+// The links a list threads through: Node::prev/next of a NodePool's nodes.
+// Implicit from the pool, so a policy passes its pool to the list calls.
+struct NodeLinks {
+  NodePool& pool;
+  NodeLinks(NodePool& p) : pool(p) {}  // NOLINT(google-explicit-constructor)
+  uint32_t& prev(uint32_t i) const { return pool[i].prev; }
+  uint32_t& next(uint32_t i) const { return pool[i].next; }
+};
+
+// A doubly linked list of pool nodes by index: head = most recently used,
+// tail = least recently used. `Links` gives a node's prev and next on this
+// list (a node on several lists at once keeps a pair per list; adaptive.cc).
+template <class Links>
+struct BasicDList {
   uint32_t head = kNil;
   uint32_t tail = kNil;
   size_t size = 0;
 
   bool empty() const { return size == 0; }
-  void PushFront(NodePool& p, uint32_t i) {
-    p[i].prev = kNil;
-    p[i].next = head;
-    if (head != kNil) p[head].prev = i;
+  void PushFront(Links l, uint32_t i) {
+    l.prev(i) = kNil;
+    l.next(i) = head;
+    if (head != kNil) l.prev(head) = i;
     head = i;
     if (tail == kNil) tail = i;
     ++size;
   }
-  void PushBack(NodePool& p, uint32_t i) {
-    p[i].next = kNil;
-    p[i].prev = tail;
-    if (tail != kNil) p[tail].next = i;
+  void PushBack(Links l, uint32_t i) {
+    l.next(i) = kNil;
+    l.prev(i) = tail;
+    if (tail != kNil) l.next(tail) = i;
     tail = i;
     if (head == kNil) head = i;
     ++size;
   }
   // Links `i` right behind `after` (one step older). REQUIRES: after is on this list.
-  void InsertAfter(NodePool& p, uint32_t after, uint32_t i) {
-    Node& a = p[after];
-    p[i].prev = after;
-    p[i].next = a.next;
-    if (a.next != kNil) p[a.next].prev = i; else tail = i;
-    a.next = i;
+  void InsertAfter(Links l, uint32_t after, uint32_t i) {
+    const uint32_t next = l.next(after);
+    l.prev(i) = after;
+    l.next(i) = next;
+    if (next != kNil) l.prev(next) = i; else tail = i;
+    l.next(after) = i;
     ++size;
   }
-  void Unlink(NodePool& p, uint32_t i) {
-    Node& n = p[i];
-    if (n.prev != kNil) p[n.prev].next = n.next; else head = n.next;
-    if (n.next != kNil) p[n.next].prev = n.prev; else tail = n.prev;
-    n.prev = n.next = kNil;
+  void Unlink(Links l, uint32_t i) {
+    const uint32_t prev = l.prev(i), next = l.next(i);
+    if (prev != kNil) l.next(prev) = next; else head = next;
+    if (next != kNil) l.prev(next) = prev; else tail = prev;
+    l.prev(i) = l.next(i) = kNil;
     --size;
   }
 };
+using DList = BasicDList<NodeLinks>;
 
 // Leaf-first placement of a request's chain (PolicyOptions::leaf_first). A
 // policy that places every accessed entry at the front of a recency list
@@ -147,6 +171,20 @@ struct ChainPlacer {
   // Call when node `i` leaves its list for good (Remove, before NodePool::Free).
   void Forget(uint32_t i) {
     if (last == i) last = kNil;
+  }
+};
+
+// The victim search of a policy that compares the tails of its lists: keeps
+// the tail offered with the lowest value, a tie going to the older entry.
+struct LowestTail {
+  uint32_t best = kNil;
+  double value = 0;
+
+  void Offer(const NodePool& p, uint32_t t, double v) {
+    if (best == kNil || v < value || (v == value && p[t].last_ns < p[best].last_ns)) {
+      best = t;
+      value = v;
+    }
   }
 };
 

@@ -61,7 +61,7 @@ class LruPolicy final : public EvictionPolicy {
 class LruPriorityPolicy final : public EvictionPolicy {
  public:
   explicit LruPriorityPolicy(const PolicyOptions& o)
-      : classes_(static_cast<uint8_t>(std::clamp<uint32_t>(o.priority_classes, 1, kMaxPriorityClasses))),
+      : classes_(ClassCount(o)),
         aging_ns_(o.aging_ns),
         clock_(o.clock ? o.clock : SystemClock()) {
     pool_.Reserve(o.capacity_hint);
@@ -101,19 +101,11 @@ class LruPriorityPolicy final : public EvictionPolicy {
   std::optional<EntryId> Victim() override {
     if (!released_.empty()) return pool_[released_.tail].id;
     const int64_t now = clock_->NowNanos();
-    uint32_t best = kNil;
-    int best_eff = 0;
-    for (uint8_t c = 0; c < classes_; ++c) {
-      if (lists_[c].empty()) continue;
-      uint32_t t = lists_[c].tail;
-      int eff = Effective(pool_[t], now);
-      if (best == kNil || eff < best_eff || (eff == best_eff && pool_[t].last_ns < pool_[best].last_ns)) {
-        best = t;
-        best_eff = eff;
-      }
-    }
-    if (best == kNil) return std::nullopt;
-    return pool_[best].id;
+    LowestTail low;
+    for (uint8_t c = 0; c < classes_; ++c)
+      if (!lists_[c].empty()) low.Offer(pool_, lists_[c].tail, Effective(pool_[lists_[c].tail], now));
+    if (low.best == kNil) return std::nullopt;
+    return pool_[low.best].id;
   }
   Priority EffectiveClass(EntryId id) const override {
     uint32_t i = pool_.Find(id);

@@ -29,7 +29,7 @@ namespace {
 class ScorePolicy final : public EvictionPolicy {
  public:
   explicit ScorePolicy(const PolicyOptions& o)
-      : classes_(static_cast<uint8_t>(std::clamp<uint32_t>(o.priority_classes, 1, kMaxPriorityClasses))),
+      : classes_(ClassCount(o)),
         aging_ns_(o.aging_ns),
         clock_(o.clock ? o.clock : SystemClock()) {
     pool_.Reserve(o.capacity_hint);

@@ -55,34 +55,25 @@ class Turnover {
   bool seen_ = false;
 };
 
-uint8_t ClassCount(const PolicyOptions& o) {
-  return static_cast<uint8_t>(std::clamp<uint32_t>(o.priority_classes, 1, kMaxPriorityClasses));
-}
-
 constexpr double kFreqBonus = 2.0;  // turnover-freq: classes per doubling of accesses
 
-class TurnoverPriorityPolicy final : public EvictionPolicy {
+// What the policies of this file share: one LRU list per (class, bucket), a
+// list of released entries, leaf-first placement, and the turnover measured on
+// evictions. Derived::Place(i, info) sets node i's class and bucket (Node::cls,
+// Node::list) and links it with chain_.Place; Derived has the Victim rule.
+template <class Derived>
+class ClassBucketPolicy : public EvictionPolicy {
  public:
-  static constexpr int kBuckets = 8;  // log2 access-count buckets (turnover-freq)
-  TurnoverPriorityPolicy(const PolicyOptions& o, double freq_bonus)
-      : classes_(ClassCount(o)), freq_bonus_(freq_bonus), clock_(o.clock ? o.clock : SystemClock()) {
-    pool_.Reserve(o.capacity_hint);
-    chain_.enabled = o.leaf_first;
-  }
-  std::string_view name() const override { return freq_bonus_ > 0 ? "turnover-freq" : "turnover-priority"; }
+  static constexpr int kBuckets = 8;
 
-  void Insert(EntryId id, const AccessInfo& info) override {
-    const uint32_t i = pool_.Alloc(id);
-    pool_[i].freq = 0;
-    Place(i, info);
-  }
+  void Insert(EntryId id, const AccessInfo& info) override { Self().Place(pool_.Alloc(id), info); }
   void Touch(EntryId id, const AccessInfo& info) override { TouchIfPresent(id, info); }
   bool TouchIfPresent(EntryId id, const AccessInfo& info) override {
     const uint32_t i = pool_.Find(id);
     if (i == kNil) return false;
     ListOf(pool_[i]).Unlink(pool_, i);
     pool_[i].released = false;
-    Place(i, info);
+    Self().Place(i, info);
     return true;
   }
   void Remove(EntryId id, RemoveReason reason) override {
@@ -98,25 +89,45 @@ class TurnoverPriorityPolicy final : public EvictionPolicy {
   void Release(EntryId id) override {
     if (const uint32_t i = pool_.Find(id); i != kNil) MoveToReleased(pool_, i, ListOf(pool_[i]), released_, chain_);
   }
+  bool Contains(EntryId id) const override { return pool_.Find(id) != kNil; }
+  size_t size() const override { return pool_.size(); }
+
+ protected:
+  explicit ClassBucketPolicy(const PolicyOptions& o)
+      : classes_(ClassCount(o)), clock_(o.clock ? o.clock : SystemClock()) {
+    pool_.Reserve(o.capacity_hint);
+    chain_.enabled = o.leaf_first;
+  }
+  Derived& Self() { return static_cast<Derived&>(*this); }
+  DList& ListOf(const Node& n) { return n.released ? released_ : lists_[n.cls][n.list]; }
+  uint8_t ClampClass(Priority p) const { return p < classes_ ? p : static_cast<uint8_t>(classes_ - 1); }
+
+  uint8_t classes_;
+  Clock* clock_;
+  Turnover turnover_;
+  NodePool pool_;
+  DList lists_[kMaxPriorityClasses][kBuckets];
+  DList released_;  // Release()d entries, the latest at the tail
+  ChainPlacer chain_;
+};
+
+class TurnoverPriorityPolicy final : public ClassBucketPolicy<TurnoverPriorityPolicy> {
+ public:
+  TurnoverPriorityPolicy(const PolicyOptions& o, double freq_bonus) : ClassBucketPolicy(o), freq_bonus_(freq_bonus) {}
+  std::string_view name() const override { return freq_bonus_ > 0 ? "turnover-freq" : "turnover-priority"; }
+
   std::optional<EntryId> Victim() override {
     if (!released_.empty()) return pool_[released_.tail].id;
     const int64_t now = clock_->NowNanos();
-    uint32_t best = kNil;
-    double best_eff = 0;
+    LowestTail low;
     for (uint8_t c = 0; c < classes_; ++c) {
       for (int b = 0; b < (freq_bonus_ > 0 ? kBuckets : 1); ++b) {
         const DList& l = lists_[c][b];
-        if (l.empty()) continue;
-        const uint32_t t = l.tail;
-        const double eff = Effective(pool_[t], now);
-        if (best == kNil || eff < best_eff || (eff == best_eff && pool_[t].last_ns < pool_[best].last_ns)) {
-          best = t;
-          best_eff = eff;
-        }
+        if (!l.empty()) low.Offer(pool_, l.tail, Effective(pool_[l.tail], now));
       }
     }
-    if (best == kNil) return std::nullopt;
-    return pool_[best].id;
+    if (low.best == kNil) return std::nullopt;
+    return pool_[low.best].id;
   }
   Priority EffectiveClass(EntryId id) const override {
     const uint32_t i = pool_.Find(id);
@@ -125,14 +136,12 @@ class TurnoverPriorityPolicy final : public EvictionPolicy {
     const double eff = std::min<double>(n.cls, Effective(n, clock_->NowNanos()));
     return static_cast<Priority>(std::max(0.0, std::ceil(eff)));
   }
-  bool Contains(EntryId id) const override { return pool_.Find(id) != kNil; }
-  size_t size() const override { return pool_.size(); }
 
  private:
-  DList& ListOf(const Node& n) { return n.released ? released_ : lists_[n.cls][n.list]; }
+  friend class ClassBucketPolicy<TurnoverPriorityPolicy>;
   void Place(uint32_t i, const AccessInfo& info) {
     Node& n = pool_[i];
-    n.cls = info.priority < classes_ ? info.priority : static_cast<uint8_t>(classes_ - 1);
+    n.cls = ClampClass(info.priority);
     n.last_ns = clock_->NowNanos();
     if (freq_bonus_ > 0) {
       ++n.freq;
@@ -150,73 +159,27 @@ class TurnoverPriorityPolicy final : public EvictionPolicy {
     return base - static_cast<double>(now - n.last_ns) / t;
   }
 
-  uint8_t classes_;
   double freq_bonus_;
-  Clock* clock_;
-  Turnover turnover_;
-  NodePool pool_;
-  DList lists_[kMaxPriorityClasses][kBuckets];
-  DList released_;  // Release()d entries, the latest at the tail
-  ChainPlacer chain_;
 };
 
-class FreqClassPolicy final : public EvictionPolicy {
+class FreqClassPolicy final : public ClassBucketPolicy<FreqClassPolicy> {  // kBuckets: log2 importance 0..7+
  public:
-  static constexpr int kBuckets = 8;  // log2 importance 0..7+
   static constexpr double kTurnoverPeriods = 3.0;
 
   FreqClassPolicy(const PolicyOptions& o, bool turnover)
-      : classes_(ClassCount(o)), aging_ns_(o.aging_ns), turnover_aging_(turnover),
-        clock_(o.clock ? o.clock : SystemClock()) {
-    pool_.Reserve(o.capacity_hint);
-    chain_.enabled = o.leaf_first;
-  }
+      : ClassBucketPolicy(o), aging_ns_(o.aging_ns), turnover_aging_(turnover) {}
   std::string_view name() const override { return turnover_aging_ ? "freq-class-turnover" : "freq-class"; }
 
-  void Insert(EntryId id, const AccessInfo& info) override {
-    const uint32_t i = pool_.Alloc(id);
-    pool_[i].score = 0.0f;
-    Place(i, info);
-  }
-  void Touch(EntryId id, const AccessInfo& info) override { TouchIfPresent(id, info); }
-  bool TouchIfPresent(EntryId id, const AccessInfo& info) override {
-    const uint32_t i = pool_.Find(id);
-    if (i == kNil) return false;
-    ListOf(pool_[i]).Unlink(pool_, i);
-    pool_[i].released = false;
-    Place(i, info);
-    return true;
-  }
-  void Remove(EntryId id, RemoveReason reason) override {
-    const uint32_t i = pool_.Take(id);
-    if (i == kNil) return;
-    // A released entry's idle time says nothing of how long entries last here.
-    if (reason == RemoveReason::kEvicted && !pool_[i].released)
-      turnover_.Evicted(clock_->NowNanos() - pool_[i].last_ns);
-    ListOf(pool_[i]).Unlink(pool_, i);
-    chain_.Forget(i);
-    pool_.Recycle(i);
-  }
-  void Release(EntryId id) override {
-    if (const uint32_t i = pool_.Find(id); i != kNil) MoveToReleased(pool_, i, ListOf(pool_[i]), released_, chain_);
-  }
   std::optional<EntryId> Victim() override {
     if (!released_.empty()) return pool_[released_.tail].id;
     const int64_t now = clock_->NowNanos();
     for (uint8_t c = 0; c < classes_; ++c) {
-      uint32_t best = kNil;
-      double best_imp = 0;
+      LowestTail low;
       for (int b = 0; b < kBuckets; ++b) {
         const DList& l = lists_[c][b];
-        if (l.empty()) continue;
-        const uint32_t t = l.tail;
-        const double imp = DecayedLog2(pool_[t], now);
-        if (best == kNil || imp < best_imp || (imp == best_imp && pool_[t].last_ns < pool_[best].last_ns)) {
-          best = t;
-          best_imp = imp;
-        }
+        if (!l.empty()) low.Offer(pool_, l.tail, DecayedLog2(pool_[l.tail], now));
       }
-      if (best != kNil) return pool_[best].id;
+      if (low.best != kNil) return pool_[low.best].id;
     }
     return std::nullopt;
   }
@@ -224,18 +187,9 @@ class FreqClassPolicy final : public EvictionPolicy {
     const uint32_t i = pool_.Find(id);
     return i == kNil ? 0 : pool_[i].cls;
   }
-  bool Contains(EntryId id) const override { return pool_.Find(id) != kNil; }
-  size_t size() const override { return pool_.size(); }
 
  private:
-  DList& ListOf(const Node& n) { return n.released ? released_ : lists_[n.cls][n.list]; }
-  // The idle time that halves importance; 0 = no decay.
-  double HalfLife() const { return turnover_aging_ ? kTurnoverPeriods * turnover_.mean() : static_cast<double>(aging_ns_); }
-  double DecayedLog2(const Node& n, int64_t now) const {
-    const double h = HalfLife();
-    const double lg = std::log2(1.0 + n.score);
-    return h > 0 ? lg - static_cast<double>(now - n.last_ns) / h : lg;
-  }
+  friend class ClassBucketPolicy<FreqClassPolicy>;
   void Place(uint32_t i, const AccessInfo& info) {
     Node& n = pool_[i];
     const int64_t now = clock_->NowNanos();
@@ -243,21 +197,21 @@ class FreqClassPolicy final : public EvictionPolicy {
     if (const double h = HalfLife(); h > 0 && imp > 0) imp *= std::exp2(-static_cast<double>(now - n.last_ns) / h);
     imp += std::max(0.0f, info.score);
     n.score = static_cast<float>(imp);
-    n.cls = info.priority < classes_ ? info.priority : static_cast<uint8_t>(classes_ - 1);
+    n.cls = ClampClass(info.priority);
     n.list = static_cast<uint8_t>(std::clamp(static_cast<int>(std::log2(1.0 + imp)), 0, kBuckets - 1));
     n.last_ns = now;
     chain_.Place(ListOf(n), pool_, i, info);
   }
+  // The idle time that halves importance; 0 = no decay.
+  double HalfLife() const { return turnover_aging_ ? kTurnoverPeriods * turnover_.mean() : static_cast<double>(aging_ns_); }
+  double DecayedLog2(const Node& n, int64_t now) const {
+    const double h = HalfLife();
+    const double lg = std::log2(1.0 + n.score);
+    return h > 0 ? lg - static_cast<double>(now - n.last_ns) / h : lg;
+  }
 
-  uint8_t classes_;
   int64_t aging_ns_;
   bool turnover_aging_;
-  Clock* clock_;
-  Turnover turnover_;
-  NodePool pool_;
-  DList lists_[kMaxPriorityClasses][kBuckets];
-  DList released_;  // Release()d entries, the latest at the tail
-  ChainPlacer chain_;
 };
 
 }  // namespace

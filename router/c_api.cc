@@ -360,7 +360,7 @@ uint32_t kvmesh_seq_prefix_tokens(const kvmesh_seq* s) { return s ? s->h.prefix_
 size_t kvmesh_seq_kv_bytes(const kvmesh_client* c, const kvmesh_seq* s, size_t n) {
   if (!c || !s) return 0;
   const kvmesh::ModelSpec& m = c->net->router().model();
-  return size_t{s->h.layers.size()} * n * s->h.heads.size() * m.head_dim * kvmesh::DTypeSize(m.dtype);
+  return kvmesh::BlockLayout{s->h.layers, s->h.heads, m.block_tokens, m.head_dim, m.dtype}.side_bytes(n);
 }
 
 }  // extern "C"

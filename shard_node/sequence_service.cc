@@ -299,7 +299,7 @@ Result<uint32_t> SequenceService::Append(SeqId id, std::span<const TokenId> toke
   return im.Locked(this, id, caller.tenant, [&](Entry& e) -> Result<uint32_t> {
     SequenceTable& t = *e.slot->table;
     const BlockLayout& L = t.layout();
-    const uint64_t side = uint64_t{L.layers.size()} * tokens.size() * L.heads.size() * L.head_dim * DTypeSize(L.dtype);
+    const uint64_t side = L.side_bytes(tokens.size());
     if (k.size() != side || v.size() != side)
       return InvalidArgument("append of " + std::to_string(tokens.size()) + " tokens needs K and V of " +
                              std::to_string(side) + " bytes each ([layer][n][heads][head_dim]), got " +

@@ -3,19 +3,61 @@
 // access hits exactly when the id is tracked, Remove (erase or pin) forgets,
 // Release only reorders, Victim names a tracked id, and the size never
 // exceeds the owner's capacity. Used by test_eviction_policies.cc (every
-// factory policy) and test_eviction_adaptive.cc (sampled shadows).
+// factory policy) and test_eviction_adaptive.cc (sampled shadows), with the
+// owner's side the eviction tests share: making a policy, the owner's
+// protocol for one access, and draining a policy in eviction order.
 #pragma once
 
 #include <catch2/catch.hpp>
 
 #include <functional>
+#include <memory>
 #include <random>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "eviction/eviction_policy.h"
 #include "kvmesh/clock.h"
 
 namespace kvmesh::testing {
+
+// The factory's policy `name` with options `o`; REQUIREs a known name.
+inline std::unique_ptr<EvictionPolicy> MakePolicy(const std::string& name, const PolicyOptions& o) {
+  auto r = MakeEvictionPolicy(name, o);
+  REQUIRE(r.ok());
+  return std::move(r).value();
+}
+
+// Evicts everything; returns the order.
+inline std::vector<EntryId> Drain(EvictionPolicy& p) {
+  std::vector<EntryId> out;
+  while (auto v = p.Victim()) {
+    out.push_back(*v);
+    p.Remove(*v, RemoveReason::kEvicted);
+  }
+  return out;
+}
+
+// The owner's protocol (as in the replay and the block store): a hit Touches;
+// a miss asks Admit, evicts Victims until there is room, then Inserts.
+// Returns true on a hit; appends evicted ids to *evicted (may be null).
+inline bool OwnerAccess(EvictionPolicy& p, EntryId id, size_t capacity, const AccessInfo& info,
+                        std::vector<EntryId>* evicted) {
+  if (p.Contains(id)) {
+    p.Touch(id, info);
+    return true;
+  }
+  if (!p.Admit(id, info)) return false;
+  while (p.size() >= capacity) {
+    auto v = p.Victim();
+    REQUIRE(v.has_value());
+    if (evicted) evicted->push_back(*v);
+    p.Remove(*v, RemoveReason::kEvicted);
+  }
+  p.Insert(id, info);
+  return false;
+}
 
 struct ContractRun {
   size_t capacity = 64;     // the owner's: access evicts down to it

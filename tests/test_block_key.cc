@@ -71,3 +71,24 @@ TEST_CASE("BlockKey hex round trip", "[block_key]") {
   CHECK(*BlockKey::FromHex(k.ToHex()) == k);
   CHECK_FALSE(BlockKey::FromHex("xyz").ok());
 }
+
+TEST_CASE("BlockLayout: a block holds K and V of block_tokens tokens; side_bytes(n) is one side of n tokens",
+          "[block_key][layout]") {
+  ModelSpec m;
+  m.model_id = "m";
+  m.num_layers = 4;
+  m.num_kv_heads = 8;
+  m.head_dim = 128;
+  m.block_tokens = 16;
+  const BlockLayout full = BlockLayout::Full(m);
+  CHECK(full.side_bytes(1) == 4 * 8 * 128 * 2);
+  CHECK(full.side_bytes(16) == 4 * 8 * 16 * 128 * 2);
+  CHECK(full.bytes() == 2 * full.side_bytes(16));
+  CHECK(m.FullBlockBytes() == 262144);
+  // A slice of layers [1, 3) and heads [2, 6), in fp32.
+  m.dtype = DType::kFp32;
+  auto slice = BlockLayout::Slice(m, {1, 3}, {2, 6});
+  REQUIRE(slice.ok());
+  CHECK(slice->side_bytes(5) == 2 * 4 * 5 * 128 * 4);
+  CHECK(slice->bytes() == 2 * 2 * 4 * 16 * 128 * 4);
+}

@@ -5,27 +5,14 @@
 #include <random>
 
 #include "eviction/eviction_policy.h"
+#include "tests/eviction_contract.h"
 
 using namespace kvmesh;
 
 namespace {
+using testing::Drain;
 std::unique_ptr<EvictionPolicy> Make(const char* name, Clock* clock, int64_t aging_ns = 0) {
-  PolicyOptions o;
-  o.clock = clock;
-  o.aging_ns = aging_ns;
-  o.priority_classes = 4;
-  auto r = MakeEvictionPolicy(name, o);
-  REQUIRE(r.ok());
-  return std::move(r).value();
-}
-// Evicts everything and returns the order.
-std::vector<EntryId> Drain(EvictionPolicy& p) {
-  std::vector<EntryId> out;
-  while (auto v = p.Victim()) {
-    out.push_back(*v);
-    p.Remove(*v, RemoveReason::kEvicted);
-  }
-  return out;
+  return testing::MakePolicy(name, {.priority_classes = 4, .aging_ns = aging_ns, .clock = clock});
 }
 AccessInfo Pri(Priority p) { return AccessInfo{p, 0, 0}; }
 }  // namespace

@@ -14,15 +14,11 @@ using namespace kvmesh;
 
 namespace {
 
+using testing::Drain;
+
 std::unique_ptr<EvictionPolicy> Make(const std::string& name, size_t capacity, Clock* clock = nullptr,
                                      int64_t aging_ns = 0) {
-  PolicyOptions o;
-  o.capacity_hint = capacity;
-  o.clock = clock;
-  o.aging_ns = aging_ns;
-  auto r = MakeEvictionPolicy(name, o);
-  REQUIRE(r.ok());
-  return std::move(r).value();
+  return testing::MakePolicy(name, {.aging_ns = aging_ns, .capacity_hint = capacity, .clock = clock});
 }
 
 AccessInfo Info(Priority pr, float score = 0.0f, uint32_t depth = 0) {
@@ -34,42 +30,13 @@ AccessInfo Info(Priority pr, float score = 0.0f, uint32_t depth = 0) {
 }
 
 std::unique_ptr<EvictionPolicy> MakeLeafFirst(const std::string& name, size_t capacity, bool leaf_first) {
-  PolicyOptions o;
-  o.capacity_hint = capacity;
-  o.aging_ns = 0;
-  o.leaf_first = leaf_first;
-  auto r = MakeEvictionPolicy(name, o);
-  REQUIRE(r.ok());
-  return std::move(r).value();
+  return testing::MakePolicy(name, {.aging_ns = 0, .capacity_hint = capacity, .leaf_first = leaf_first});
 }
 
-// Evicts everything; returns the order.
-std::vector<EntryId> Drain(EvictionPolicy& p) {
-  std::vector<EntryId> order;
-  while (auto v = p.Victim()) {
-    order.push_back(*v);
-    p.Remove(*v, RemoveReason::kEvicted);
-  }
-  return order;
-}
-
-// The owner's protocol: a hit Touches; a miss asks Admit, evicts Victims until
-// there is room, then Inserts. Returns true on a hit; appends victims to *evicted.
+// testing::OwnerAccess: true on a hit; appends victims to *evicted.
 bool Access(EvictionPolicy& p, EntryId id, size_t capacity, const AccessInfo& info = {},
             std::vector<EntryId>* evicted = nullptr) {
-  if (p.Contains(id)) {
-    p.Touch(id, info);
-    return true;
-  }
-  if (!p.Admit(id, info)) return false;
-  while (p.size() >= capacity) {
-    auto v = p.Victim();
-    REQUIRE(v.has_value());
-    if (evicted) evicted->push_back(*v);
-    p.Remove(*v, RemoveReason::kEvicted);
-  }
-  p.Insert(id, info);
-  return false;
+  return testing::OwnerAccess(p, id, capacity, info, evicted);
 }
 
 // `n` reads, half of a hot set of `hot` blocks, half of one-time blocks
@@ -480,13 +447,7 @@ TEST_CASE("score exchange: a node's scores are read strictly, peers are summed p
 namespace {
 
 std::unique_ptr<EvictionPolicy> MakeSampled(const std::string& name, size_t capacity, size_t floor) {
-  PolicyOptions o;
-  o.capacity_hint = capacity;
-  o.aging_ns = 0;
-  o.shadow_sample_floor = floor;
-  auto r = MakeEvictionPolicy(name, o);
-  REQUIRE(r.ok());
-  return std::move(r).value();
+  return testing::MakePolicy(name, {.aging_ns = 0, .capacity_hint = capacity, .shadow_sample_floor = floor});
 }
 
 }  // namespace

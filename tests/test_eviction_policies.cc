@@ -13,44 +13,17 @@ using namespace kvmesh;
 
 namespace {
 
+using testing::Drain;
+
 std::unique_ptr<EvictionPolicy> Make(const std::string& name, size_t capacity, Clock* clock = nullptr,
                                      int64_t aging_ns = 0) {
-  PolicyOptions o;
-  o.capacity_hint = capacity;
-  o.clock = clock;
-  o.aging_ns = aging_ns;
-  auto r = MakeEvictionPolicy(name, o);
-  REQUIRE(r.ok());
-  return std::move(r).value();
+  return testing::MakePolicy(name, {.aging_ns = aging_ns, .capacity_hint = capacity, .clock = clock});
 }
 
-// The owner's protocol (as in the replay and the block store): a hit Touches;
-// a miss asks Admit, evicts Victims until there is room, then Inserts.
-// Returns true on a hit; appends evicted ids to *evicted.
+// testing::OwnerAccess: true on a hit; appends evicted ids to *evicted.
 bool Access(EvictionPolicy& p, EntryId id, size_t capacity, std::vector<EntryId>* evicted = nullptr,
             AccessInfo info = {}) {
-  if (p.Contains(id)) {
-    p.Touch(id, info);
-    return true;
-  }
-  if (!p.Admit(id, info)) return false;
-  while (p.size() >= capacity) {
-    auto v = p.Victim();
-    REQUIRE(v.has_value());
-    if (evicted) evicted->push_back(*v);
-    p.Remove(*v, RemoveReason::kEvicted);
-  }
-  p.Insert(id, info);
-  return false;
-}
-
-std::vector<EntryId> Drain(EvictionPolicy& p) {
-  std::vector<EntryId> out;
-  while (auto v = p.Victim()) {
-    out.push_back(*v);
-    p.Remove(*v, RemoveReason::kEvicted);
-  }
-  return out;
+  return testing::OwnerAccess(p, id, capacity, info, evicted);
 }
 
 AccessInfo Hint(Priority pr, float score) {

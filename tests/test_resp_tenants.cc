@@ -21,6 +21,7 @@
 #include "shard_node/tenant_view.h"
 #include "shard_node/tenants.h"
 #include "tests/resp_client.h"
+#include "tests/resp_tenant_fronts.h"
 #include "transport/resp/resp_commands.h"
 #include "transport/resp/resp_value.h"
 
@@ -31,100 +32,11 @@ using kvmesh::testing::RespValue;
 
 namespace {
 
-constexpr uint64_t kSlot = 64 << 10;
-constexpr uint64_t kQuota = 256 << 10;  // tenant "alpha"'s bytes per node
-
-ClusterConfig Config(int nodes) {
-  std::string j = R"({"model": {"model_id": "rt", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
-                                 "block_tokens": 4}, "store": {"slot_bytes": "64KiB", "size_classes": 8},
-                      "auth": {"token": "cluster-secret", "tenants": [
-                        {"name": "alpha", "password": "alpha-pw", "quota": "256KiB"},
-                        {"name": "beta", "token": "beta-pw"}]},
-                      "nodes": [)";
-  for (int i = 0; i < nodes; ++i)
-    j += std::string(i ? "," : "") + R"({"id": "n)" + std::to_string(i) + R"(", "memory": {"host": "16MiB"}})";
-  j += "]}";
-  auto c = ParseConfig(j);
-  REQUIRE(c.ok());
-  return *c;
-}
-
-std::string Pattern(size_t n, uint64_t seed) {
-  std::string s(n, '\0');
-  std::mt19937_64 rng(seed);
-  for (char& c : s) c = static_cast<char>(rng());
-  return s;
-}
-
-// One ShardNode with tenants and its node-local RESP front.
-struct LocalFront {
-  LocalFront() {
-    cfg = Config(1);
-    auto n = ShardNode::Create(cfg, "n0");
-    REQUIRE(n.ok());
-    node = std::move(*n);
-    RespServerOptions o;
-    o.max_value_bytes = 8u << 20;
-    o.auth = MakeClusterAuth(cfg.auth);
-    auto s = RespServer::Start(node.get(), o);
-    REQUIRE(s.ok());
-    server = std::move(*s);
-  }
-  uint16_t port() const { return server->port(); }
-  ShardNode* node_of(const std::string&) const { return node.get(); }
-  ClusterConfig cfg;
-  std::unique_ptr<ShardNode> node;
-  std::unique_ptr<RespServer> server;
-};
-
-// Two ShardNodes with tenants behind TCP data servers that want the
-// cluster secret, and a proxy over them that knows the tenants.
-struct ProxyFront {
-  ProxyFront() {
-    cfg = Config(2);
-    std::vector<ShardInfo> infos;
-    for (const NodeConfig& nc : cfg.nodes) {
-      auto node = ShardNode::Create(cfg, nc.id);
-      REQUIRE(node.ok());
-      DataServerOptions d;
-      d.token = cfg.auth.token;
-      auto srv = DataServer::Start(node->get(), d, &epoch);
-      REQUIRE(srv.ok());
-      ShardInfo s;
-      s.id = nc.id;
-      s.host = "127.0.0.1";
-      s.ports.data = (*srv)->port();
-      infos.push_back(s);
-      nodes.push_back(std::move(*node));
-      servers.push_back(std::move(*srv));
-    }
-    map = ShardMap::Build(1, infos, {}, {}, 1).value();
-    RespProxyOptions po;
-    po.block_bytes = kSlot;
-    po.max_value_bytes = 8u << 20;
-    po.token = cfg.auth.token;
-    po.auth = MakeClusterAuth(cfg.auth);
-    po.tenants = cfg.auth.tenants;
-    po.map = [m = map] { return m; };
-    auto p = RespProxy::Start(po);
-    REQUIRE(p.ok());
-    proxy = std::move(*p);
-  }
-  ~ProxyFront() {
-    if (proxy) proxy->Stop();
-  }
-  uint16_t port() const { return proxy->port(); }
-  // The node that owns a RESP key.
-  ShardNode* node_of(const std::string& key) const {
-    return nodes[map->Primary(RespKey(key, RespKeyRules{}), {})].get();
-  }
-  ClusterConfig cfg;
-  std::atomic<uint64_t> epoch{0};
-  std::vector<std::unique_ptr<ShardNode>> nodes;
-  std::vector<std::unique_ptr<DataServer>> servers;
-  std::shared_ptr<const ShardMap> map;
-  std::unique_ptr<RespProxy> proxy;
-};
+constexpr uint64_t kSlot = testing::kRespSlot;
+constexpr uint64_t kQuota = testing::kRespQuota;
+using testing::LocalFront;
+using testing::Pattern;
+using testing::ProxyFront;
 
 void Login(RespTestClient& c, const std::string& user, const std::string& pw) {
   const RespValue v = c.Call({"AUTH", user, pw});
@@ -257,7 +169,7 @@ TEST_CASE("Tenants: a grouped key stays a grouped key of its kind and members wh
 }
 
 TEST_CASE("Tenants: a quota eviction of a co-evicted member drops its whole group", "[tenants][groups]") {
-  const ClusterConfig cfg = Config(1);
+  const ClusterConfig cfg = testing::RespTenantConfig(1);
   auto n = ShardNode::Create(cfg, "n0");
   REQUIRE(n.ok());
   ShardNode* node = n->get();

@@ -26,6 +26,7 @@
 #include "shard_node/block_store.h"
 #include "shard_node/server/data_server.h"
 #include "shard_node/shard_node.h"
+#include "tests/tenant_node.h"
 #include "transport/tcp_channel.h"
 #if defined(KVMESH_HAVE_UCX)
 #include "shard_node/server/ucx_server.h"
@@ -33,6 +34,9 @@
 #endif
 
 using namespace kvmesh;
+using kvmesh::testing::Has;
+using kvmesh::testing::PutOne;
+using kvmesh::testing::TenantMetric;
 
 namespace {
 
@@ -79,34 +83,9 @@ ClusterConfig Config() {
   return *c;
 }
 
-struct Node {
-  ClusterConfig cfg = Config();
-  std::atomic<uint64_t> epoch{0};
-  std::unique_ptr<ShardNode> node;
-  std::unique_ptr<DataServer> server;
-  Node() {
-    auto n = ShardNode::Create(cfg, "n0");
-    REQUIRE(n.ok());
-    node = std::move(*n);
-    DataServerOptions o;
-    o.token = cfg.auth.token;
-    o.limits.max_block_bytes = kMiB;
-    auto s = DataServer::Start(node.get(), o, &epoch);
-    REQUIRE(s.ok());
-    server = std::move(*s);
-  }
-  ~Node() {
-    if (server) server->Stop();
-  }
-  // One connection as `tenant` (a pin belongs to the connection that made it).
-  std::unique_ptr<TcpChannel> As(const std::string& tenant, const std::string& token) const {
-    TcpChannelOptions o;
-    o.port = server->port();
-    o.tenant = tenant;
-    o.token = token;
-    o.connections = 1;
-    return TcpChannel::Create(o);
-  }
+// As() opens one connection as a tenant: a pin belongs to the connection that made it.
+struct Node : testing::TenantNode {
+  Node() : TenantNode(Config(), {.max_block_bytes = kMiB}) {}
   StoreStats Stats() const { return node->Stats().store; }
   // Waits (a connection closes asynchronously on the server) until pred holds.
   template <typename Pred>
@@ -119,14 +98,6 @@ struct Node {
     return true;
   }
 };
-
-Status PutOne(ShardChannel& ch, const BlockKey& k, const std::vector<std::byte>& data, bool replace = false) {
-  PutItem p{k, data, {}};
-  RequestOptions o;
-  o.replace = replace;
-  KVMESH_RETURN_IF_ERROR(ch.Put(std::span<PutItem>(&p, 1), o));
-  return p.status;
-}
 
 // One per-key op (ERASE, PIN, UNPIN) of one key: the key's status.
 template <typename Op>
@@ -143,21 +114,6 @@ Status UnpinOne(ShardChannel& ch, const BlockKey& k) {
 }
 Status EraseOne(ShardChannel& ch, const BlockKey& k) {
   return One([&](auto keys, auto st) { return ch.Erase(keys, st); }, k);
-}
-
-bool Has(ShardChannel& ch, const BlockKey& k) {
-  uint8_t found = 0;
-  REQUIRE(ch.Exists(std::span<const BlockKey>(&k, 1), std::span<uint8_t>(&found, 1), /*touch=*/false, {}).ok());
-  return found != 0;
-}
-
-// A gauge of tenant `name` in the node's Prometheus text (-1: absent).
-int64_t TenantGauge(ShardNode& node, const std::string& family, const std::string& name) {
-  const std::string text = node.tenants().PrometheusText();
-  const std::string key = family + "{tenant=\"" + name + "\"} ";
-  const size_t at = text.find(key);
-  if (at == std::string::npos) return -1;
-  return std::stoll(text.substr(at + key.size()));
 }
 
 // A figure of the node's STATS frame (cluster identity): pinned_blocks, blocks, ...
@@ -315,11 +271,11 @@ TEST_CASE("Pins: a connection that closes releases its pins, erased blocks inclu
     for (uint64_t i = 0; i < 3; ++i) REQUIRE(EraseOne(*alice, Key(i)).ok());
     CHECK(n.Stats().pinned_blocks == before.pinned_blocks + 6);
     CHECK(n.Stats().bytes_held == before.bytes_held + 6 * kMiB);
-    CHECK(TenantGauge(*n.node, "kvmesh_tenant_pinned_bytes", "alice") == int64_t{7 * kMiB});
+    CHECK(TenantMetric(*n.node, "kvmesh_tenant_pinned_bytes", "alice") == int64_t{7 * kMiB});
   }  // the connection closes without an UNPIN
   CHECK(n.Eventually([&] { return n.Stats().pinned_blocks == before.pinned_blocks; }));
   CHECK(n.Stats().bytes_held == before.bytes_held + 3 * kMiB);  // the three blocks still stored, evictable
-  CHECK(TenantGauge(*n.node, "kvmesh_tenant_pinned_bytes", "alice") == 0);
+  CHECK(TenantMetric(*n.node, "kvmesh_tenant_pinned_bytes", "alice") == 0);
   // Another connection of the same tenant cannot release a pin it did not make.
   auto a1 = n.As("alice", "alice-pass");
   auto a2 = n.As("alice", "alice-pass");
@@ -362,7 +318,7 @@ TEST_CASE("Pins: a connection holds at most 256 pins (kMaxPinsPerConnection), a 
   }
   REQUIRE(PutOne(*alice, Key(20), mib).ok());  // evicts Key(10), pinned
   CHECK(PinOne(*alice, Key(20)).code() == StatusCode::kResourceExhausted);
-  CHECK(TenantGauge(*n.node, "kvmesh_tenant_pin_refused_total", "alice") == 1);
+  CHECK(TenantMetric(*n.node, "kvmesh_tenant_pin_refused_total", "alice") == 1);
   CHECK(UnpinOne(*alice, Key(10)).ok());
   CHECK(PinOne(*alice, Key(20)).ok());
 }

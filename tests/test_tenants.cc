@@ -13,6 +13,7 @@
 #include "kvmesh/config.h"
 #include "shard_node/server/data_server.h"
 #include "shard_node/shard_node.h"
+#include "tests/tenant_node.h"
 #include "transport/tcp_channel.h"
 #if defined(KVMESH_HAVE_UCX)
 #include "shard_node/server/ucx_server.h"
@@ -20,6 +21,8 @@
 #endif
 
 using namespace kvmesh;
+using kvmesh::testing::Has;
+using kvmesh::testing::PutOne;
 
 namespace {
 
@@ -41,48 +44,13 @@ ClusterConfig Config() {
   return *c;
 }
 
-struct Node {
-  ClusterConfig cfg = Config();
-  std::atomic<uint64_t> epoch{0};
-  std::unique_ptr<ShardNode> node;
-  std::unique_ptr<DataServer> server;
-  Node() {
-    auto n = ShardNode::Create(cfg, "n0");
-    REQUIRE(n.ok());
-    node = std::move(*n);
-    DataServerOptions o;
-    o.token = cfg.auth.token;
-    o.limits.max_block_bytes = 8 << 10;
-    auto s = DataServer::Start(node.get(), o, &epoch);
-    REQUIRE(s.ok());
-    server = std::move(*s);
-  }
-  std::unique_ptr<TcpChannel> As(const std::string& tenant, const std::string& token) const {
-    TcpChannelOptions o;
-    o.port = server->port();
-    o.tenant = tenant;
-    o.token = token;
-    o.connections = 1;
-    return TcpChannel::Create(o);
-  }
+struct Node : testing::TenantNode {
+  Node() : TenantNode(Config(), {.max_block_bytes = 8 << 10}) {}
 };
 
-std::vector<std::byte> Payload(uint64_t seed, size_t n = kBlock) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::byte> v(n);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
+std::vector<std::byte> Payload(uint64_t seed, size_t n = kBlock) { return testing::RandomBytes(seed, n); }
 
 BlockKey Key(uint64_t i) { return BlockKey{0xA5A5A5A5ull * (i + 1), i}; }
-
-Status PutOne(ShardChannel& ch, const BlockKey& k, const std::vector<std::byte>& data, bool replace = false) {
-  PutItem p{k, data, {}};
-  RequestOptions o;
-  o.replace = replace;
-  KVMESH_RETURN_IF_ERROR(ch.Put(std::span<PutItem>(&p, 1), o));
-  return p.status;
-}
 
 // The block under k as `ch` sees it: its bytes, or the miss.
 Result<std::vector<std::byte>> GetOne(ShardChannel& ch, const BlockKey& k) {
@@ -92,12 +60,6 @@ Result<std::vector<std::byte>> GetOne(ShardChannel& ch, const BlockKey& k) {
   KVMESH_RETURN_IF_ERROR(g.status);
   dst.resize(g.size);
   return dst;
-}
-
-bool Has(ShardChannel& ch, const BlockKey& k) {
-  uint8_t found = 0;
-  REQUIRE(ch.Exists(std::span<const BlockKey>(&k, 1), std::span<uint8_t>(&found, 1), /*touch=*/false, {}).ok());
-  return found != 0;
 }
 
 Status EraseOne(ShardChannel& ch, const BlockKey& k) {
@@ -244,7 +206,7 @@ TEST_CASE("Tenants: live sequences answer only their tenant and seal into its na
   // One full block of tokens with its K and V: sealed into the store.
   std::vector<TokenId> toks(m.block_tokens);
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<TokenId>(7 + i);
-  const size_t side = size_t{m.num_layers} * toks.size() * m.num_kv_heads * m.head_dim * DTypeSize(m.dtype);
+  const size_t side = BlockLayout::Full(m).side_bytes(toks.size());
   const auto k = Payload(11, side), v = Payload(12, side);
   REQUIRE(a->SeqAppend(id, toks, k, v, m.num_layers, {}).ok());
   // B cannot reach A's sequence by its id, whatever it does.

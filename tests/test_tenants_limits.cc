@@ -22,11 +22,17 @@
 #include "shard_node/shard_node.h"
 #include "shard_node/tenants.h"
 #include "tests/resp_client.h"
+#include "tests/resp_tenant_fronts.h"
+#include "tests/tenant_node.h"
 #include "transport/resp/resp_commands.h"
 #include "transport/resp/resp_value.h"
 #include "transport/tcp_channel.h"
 
 using namespace kvmesh;
+using kvmesh::testing::Has;
+using kvmesh::testing::PutOne;
+using kvmesh::testing::Pattern;
+using kvmesh::testing::TenantMetric;
 using kvmesh::testing::RespTestClient;
 using kvmesh::testing::RespValue;
 
@@ -34,61 +40,14 @@ namespace {
 
 constexpr uint64_t kMiB = 1 << 20;
 
-std::vector<std::byte> Payload(uint64_t seed, size_t n) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::byte> v(n);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
-
-std::string Pattern(size_t n, uint64_t seed) {
-  std::string s(n, '\0');
-  std::mt19937_64 rng(seed);
-  for (char& c : s) c = static_cast<char>(rng());
-  return s;
-}
+std::vector<std::byte> Payload(uint64_t seed, size_t n) { return testing::RandomBytes(seed, n); }
 
 BlockKey Key(uint64_t i) { return BlockKey{0xB10C5EEDull * (i + 1), i}; }
 
-Status PutOne(ShardChannel& ch, const BlockKey& k, const std::vector<std::byte>& data) {
-  PutItem p{k, data, {}};
-  KVMESH_RETURN_IF_ERROR(ch.Put(std::span<PutItem>(&p, 1), {}));
-  return p.status;
-}
-
-bool Has(ShardChannel& ch, const BlockKey& k) {
-  uint8_t found = 0;
-  REQUIRE(ch.Exists(std::span<const BlockKey>(&k, 1), std::span<uint8_t>(&found, 1), /*touch=*/false, {}).ok());
-  return found != 0;
-}
-
 // A node with tenants behind a data server (the issue's: 128 MiB, alice 8 MiB, bob 64 MiB).
-struct DataNode {
-  ClusterConfig cfg;
-  std::atomic<uint64_t> epoch{0};
-  std::unique_ptr<ShardNode> node;
-  std::unique_ptr<DataServer> server;
-  explicit DataNode(ClusterConfig c, std::optional<SequenceServiceOptions> seq = std::nullopt) : cfg(std::move(c)) {
-    auto n = ShardNode::Create(cfg, "n0", nullptr, seq);
-    REQUIRE(n.ok());
-    node = std::move(*n);
-    DataServerOptions o;
-    o.token = cfg.auth.token;
-    auto s = DataServer::Start(node.get(), o, &epoch);
-    REQUIRE(s.ok());
-    server = std::move(*s);
-  }
-  ~DataNode() {
-    if (server) server->Stop();
-  }
-  std::unique_ptr<TcpChannel> As(const std::string& tenant, const std::string& token) const {
-    TcpChannelOptions o;
-    o.port = server->port();
-    o.tenant = tenant;
-    o.token = token;
-    o.connections = 1;
-    return TcpChannel::Create(o);
-  }
+struct DataNode : testing::TenantNode {
+  explicit DataNode(ClusterConfig c, std::optional<SequenceServiceOptions> seq = std::nullopt)
+      : TenantNode(std::move(c), {.sequences = std::move(seq)}) {}
 };
 
 // Blocks of 16 tokens x 2 layers x 8 heads x 64 dims, fp16: 64 KiB.
@@ -102,15 +61,6 @@ ClusterConfig SeqConfig() {
   })");
   REQUIRE(c.ok());
   return *c;
-}
-
-// A tenant's gauge or counter in the node's Prometheus text (-1: absent).
-int64_t TenantMetric(ShardNode& node, const std::string& family, const std::string& name) {
-  const std::string text = node.tenants().PrometheusText();
-  const std::string key = family + "{tenant=\"" + name + "\"} ";
-  const size_t at = text.find(key);
-  if (at == std::string::npos) return -1;
-  return std::stoll(text.substr(at + key.size()));
 }
 
 }  // namespace
@@ -129,7 +79,7 @@ TEST_CASE("Sequence quota: alice (8 MiB) appending 40 x 1024 tokens is refused p
   Result<SeqCreated> made = alice->SeqCreate(args, {});
   REQUIRE(made.ok());
   constexpr uint32_t kTokens = 1024;
-  const size_t side = size_t{m.num_layers} * kTokens * m.num_kv_heads * m.head_dim * 2;  // fp16
+  const size_t side = BlockLayout::Full(m).side_bytes(kTokens);
   const auto k = Payload(2, side), v = Payload(3, side);
   int appended = 0, refused = 0;
   for (int round = 0; round < 40; ++round) {
@@ -174,7 +124,7 @@ TEST_CASE("Sequence quota: a tenant's sequences and its blocks share its quota",
   Result<SeqCreated> made = alice->SeqCreate(SeqCreateArgs{}, {});
   REQUIRE(made.ok());
   const uint32_t n_tok = 512;  // 32 blocks: 2 MiB
-  const size_t side = size_t{m.num_layers} * n_tok * m.num_kv_heads * m.head_dim * 2;
+  const size_t side = BlockLayout::Full(m).side_bytes(n_tok);
   std::vector<TokenId> toks(n_tok, 3);
   REQUIRE(alice->SeqAppend(made->id, toks, Payload(2, side), Payload(3, side), m.num_layers, {}).ok());
   CHECK_FALSE(Has(*alice, Key(0)));
@@ -299,90 +249,10 @@ TEST_CASE("Chunk-byte quotas: 2,000 small RESP values count what their chunks ho
 
 namespace {
 
-constexpr uint64_t kSlot = 64 << 10;
-constexpr uint64_t kQuota = 256 << 10;  // tenant "alpha"'s bytes per node
-
-// test_resp_tenants.cc's cluster: 64 KiB blocks, alpha with 256 KiB, beta without.
-ClusterConfig RespConfig(int nodes) {
-  std::string j = R"({"model": {"model_id": "rt", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
-                                 "block_tokens": 4}, "store": {"slot_bytes": "64KiB", "size_classes": 8},
-                      "auth": {"token": "cluster-secret", "tenants": [
-                        {"name": "alpha", "password": "alpha-pw", "quota": "256KiB"},
-                        {"name": "beta", "token": "beta-pw"}]},
-                      "nodes": [)";
-  for (int i = 0; i < nodes; ++i)
-    j += std::string(i ? "," : "") + R"({"id": "n)" + std::to_string(i) + R"(", "memory": {"host": "16MiB"}})";
-  j += "]}";
-  auto c = ParseConfig(j);
-  REQUIRE(c.ok());
-  return *c;
-}
-
-struct LocalFront {
-  LocalFront() {
-    cfg = RespConfig(1);
-    auto n = ShardNode::Create(cfg, "n0");
-    REQUIRE(n.ok());
-    node = std::move(*n);
-    RespServerOptions o;
-    o.max_value_bytes = 8u << 20;
-    o.auth = MakeClusterAuth(cfg.auth);
-    auto s = RespServer::Start(node.get(), o);
-    REQUIRE(s.ok());
-    server = std::move(*s);
-  }
-  ~LocalFront() {
-    if (server) server->Stop();
-  }
-  uint16_t port() const { return server->port(); }
-  ClusterConfig cfg;
-  std::unique_ptr<ShardNode> node;
-  std::unique_ptr<RespServer> server;
-};
-
-struct ProxyFront {
-  ProxyFront() {
-    cfg = RespConfig(2);
-    std::vector<ShardInfo> infos;
-    for (const NodeConfig& nc : cfg.nodes) {
-      auto node = ShardNode::Create(cfg, nc.id);
-      REQUIRE(node.ok());
-      DataServerOptions d;
-      d.token = cfg.auth.token;
-      auto srv = DataServer::Start(node->get(), d, &epoch);
-      REQUIRE(srv.ok());
-      ShardInfo s;
-      s.id = nc.id;
-      s.host = "127.0.0.1";
-      s.ports.data = (*srv)->port();
-      infos.push_back(s);
-      nodes.push_back(std::move(*node));
-      servers.push_back(std::move(*srv));
-    }
-    map = ShardMap::Build(1, infos, {}, {}, 1).value();
-    RespProxyOptions po;
-    po.block_bytes = kSlot;
-    po.max_value_bytes = 8u << 20;
-    po.token = cfg.auth.token;
-    po.auth = MakeClusterAuth(cfg.auth);
-    po.tenants = cfg.auth.tenants;
-    po.map = [m = map] { return m; };
-    auto p = RespProxy::Start(po);
-    REQUIRE(p.ok());
-    proxy = std::move(*p);
-  }
-  ~ProxyFront() {
-    if (proxy) proxy->Stop();
-    for (auto& s : servers) s->Stop();
-  }
-  uint16_t port() const { return proxy->port(); }
-  ClusterConfig cfg;
-  std::atomic<uint64_t> epoch{0};
-  std::vector<std::unique_ptr<ShardNode>> nodes;
-  std::vector<std::unique_ptr<DataServer>> servers;
-  std::shared_ptr<const ShardMap> map;
-  std::unique_ptr<RespProxy> proxy;
-};
+constexpr uint64_t kSlot = testing::kRespSlot;
+constexpr uint64_t kQuota = testing::kRespQuota;
+using testing::LocalFront;
+using testing::ProxyFront;
 
 template <typename Front>
 void SetOverQuotaRefused(Front& f) {

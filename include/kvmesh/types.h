@@ -67,9 +67,13 @@ struct BlockLayout {
   // A slice of the model's block. REQUIRES: the ranges lie inside the model.
   static Result<BlockLayout> Slice(const ModelSpec& m, Range layers, Range heads);
 
-  size_t bytes() const {
-    return size_t{2} * layers.size() * heads.size() * block_tokens * head_dim * DTypeSize(dtype);
+  // Bytes of K (or of V) of `tokens` tokens of this slice: a block holds both
+  // sides of block_tokens (bytes()); a sequence append or read carries K and V
+  // of side_bytes(n) each, as [layer][n][heads][head_dim].
+  size_t side_bytes(size_t tokens) const {
+    return size_t{layers.size()} * heads.size() * tokens * head_dim * DTypeSize(dtype);
   }
+  size_t bytes() const { return 2 * side_bytes(block_tokens); }
   // Bytes of one [token][dim] plane of one head.
   size_t head_plane_bytes() const { return size_t{block_tokens} * head_dim * DTypeSize(dtype); }
   // Byte offset of (layer, kv (0=K, 1=V), head, token) inside the payload.

@@ -35,7 +35,7 @@ std::vector<TokenId> Conversation(uint64_t seed, uint32_t c, uint32_t bt) {
 void SeqKv(uint64_t seed, const ModelSpec& m, std::span<const TokenId> toks, uint32_t pos0, uint32_t kv,
            std::vector<std::byte>* out) {
   const size_t n = toks.size(), row = size_t{m.head_dim} * DTypeSize(m.dtype);
-  out->resize(m.num_layers * n * m.num_kv_heads * row);
+  out->resize(BlockLayout::Full(m).side_bytes(n));
   for (uint32_t l = 0; l < m.num_layers; ++l)
     for (size_t i = 0; i < n; ++i)
       for (uint32_t h = 0; h < m.num_kv_heads; ++h)
@@ -276,8 +276,7 @@ class SeqClient {
   }
 
   void Verify(const LiveSeq& s, uint32_t from, const std::vector<std::byte>& k, const std::vector<std::byte>& v) {
-    const uint32_t n = static_cast<uint32_t>(k.size() / (size_t{m_.num_layers} * m_.num_kv_heads * m_.head_dim *
-                                                          DTypeSize(m_.dtype)));
+    const uint32_t n = static_cast<uint32_t>(k.size() / BlockLayout::Full(m_).side_bytes(1));
     std::span<const TokenId> toks = std::span(s.toks).subspan(from, n);
     SeqKv(c_.o.seed, m_, toks, from, 0, &ek_);
     SeqKv(c_.o.seed, m_, toks, from, 1, &ev_);
@@ -405,7 +404,7 @@ class SeqClient {
     Status st = r_.ReadSequence(s.h, from, n, &k, &v);
     if (!c_.Count(kSeqRead, st, t0)) return Lost(s, st);
     s.touched = SteadyClock::now();
-    const size_t per = size_t{m_.num_layers} * m_.num_kv_heads * m_.head_dim * DTypeSize(m_.dtype);
+    const size_t per = BlockLayout::Full(m_).side_bytes(1);
     if (k.size() != per * n) {
       c_.st.wrong_bytes++;
       c_.inv.Violation("wrong_bytes", "ReadSequence of " + std::to_string(n) + " positions returned " +
