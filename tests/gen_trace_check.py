@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/gen-trace.py and scripts/eviction-bounds.py session-close.
+"""scripts/gen-trace.py and scripts/research/eviction-bounds.py session-close.
 
 1. The held-out traces of tests/data/traces regenerate byte-identically (the
    commands of tests/data/traces/README.md).
@@ -42,7 +42,7 @@ def main():
     ap.add_argument("--source", required=True)
     a = ap.parse_args()
     gen = os.path.join(a.source, "scripts", "gen-trace.py")
-    bounds = os.path.join(a.source, "scripts", "eviction-bounds.py")
+    bounds = os.path.join(a.source, "scripts", "research", "eviction-bounds.py")
     data = os.path.join(a.source, "tests", "data", "traces")
     HELD_OUT = held_out(a.source)
     assert len(HELD_OUT) == 4, HELD_OUT

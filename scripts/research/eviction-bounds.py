@@ -416,7 +416,7 @@ def session_close(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kvmesh", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin", "kvmesh"))
+    ap.add_argument("--kvmesh", default=os.path.join(os.path.dirname(__file__), "..", "..", "build", "bin", "kvmesh"))
     ap.add_argument("--block-tokens", type=int, default=512)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("popularity", help="the static popularity oracle (A0)")

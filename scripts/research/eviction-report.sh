@@ -11,9 +11,9 @@
 # then the same traces through the nodes of the built-in cluster, and of the
 # same with one stripe per node (--through-cluster, docs/eviction.md "Through
 # the nodes").
-#   scripts/eviction-report.sh [build-dir]      (default: build; JSON in /tmp/kvmesh-eviction)
+#   scripts/research/eviction-report.sh [build-dir]      (default: build; JSON in /tmp/kvmesh-eviction)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
 KVMESH=$BUILD/bin/kvmesh
 OUT=/tmp/kvmesh-eviction
