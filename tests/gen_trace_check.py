@@ -11,7 +11,7 @@
 4. `kvmesh replay --session-closes` on held-out RAG with sessions: the
    default policy, told of closes, closes at least a quarter of the gap
    between LRU (told nothing) and Belady, mean over 1/2/5/10%, and is at
-   least LRU at every capacity (docs/eviction.md, "A fifth round").
+   least LRU at every capacity (docs/eviction-experiments.md, "Round 5").
 
 Usage: gen_trace_check.py --kvmesh BIN --source DIR
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Offline bounds that say how much of the LRU-to-Belady gap a policy could
-close on a trace, and with what knowledge (docs/eviction.md, "A fourth round").
+close on a trace, and with what knowledge (docs/eviction-experiments.md, "Round 4").
 
   popularity TRACE
       The static popularity oracle: keep the C blocks requested most often over
