@@ -22,6 +22,7 @@ bin="${KVMESH_BIN:-$here/build/bin/kvmesh}"
 dir="$(mktemp -d "${TMPDIR:-/tmp}/kvmesh-decode-tcp.XXXXXX")"
 file="$dir/rendezvous"
 pids=()
+# shellcheck disable=SC2317  # reached through the traps below, which shellcheck does not follow
 cleanup() {
   trap - EXIT INT TERM
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done

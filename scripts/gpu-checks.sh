@@ -12,7 +12,7 @@
 #
 #   scripts/gpu-checks.sh [--arch 90]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 arch=90
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -49,4 +49,4 @@ step model_test build-cuda/decode/gpu_model_test
 step codec_bench build-cuda/kernels/gpu_codec_bench --json
 step model_bench build-cuda/decode/gpu_model_bench --json
 echo "gpu-checks: done, exit $rc (logs in $out)"
-exit $rc
+exit "$rc"

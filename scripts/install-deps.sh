@@ -15,6 +15,7 @@ PKGS=(
   redis-server redis-tools   # the Redis baseline in benchmarks and the redis-cli tests
   gnuplot-nox                # PNG plots (replay, decode curves)
   python3                    # small helper scripts
+  shellcheck                 # the shell scripts' lint (ctest shellcheck, scripts/shellcheck.sh)
   python3-dev pybind11-dev python3-pybind11        # the Python package (python/)
   python3-numpy python3-torch python3-pytest       # its tests and the PyTorch example
   libopenblas0-pthread       # BLAS for Debian's torch and numpy (the reference libblas3 is ~30x slower)

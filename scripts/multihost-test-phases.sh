@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced by scripts/multihost.sh (no shebang)
 # scripts/multihost-test-phases.sh — the phases of `scripts/multihost.sh test`
 # and its entry point mh_test (sourced through scripts/multihost-test.sh, which
 # describes them and defines the helpers and MT_* settings used here).

@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced by scripts/multihost.sh (no shebang)
 # scripts/multihost-test.sh — `scripts/multihost.sh test`, sourced by it
 # (docs/multihost.md). Five hosts: h0 coordinator (rank 0), h1..h3 nodes n0..n2
 # (ranks 1..3), h4 the launch host (mpirun) with the clients and the RESP proxy.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/gen-trace.py and scripts/eviction-bounds.py session-close.
+"""scripts/gen-trace.py and scripts/research/eviction-bounds.py session-close.
 
 1. The held-out traces of tests/data/traces regenerate byte-identically (the
    commands of tests/data/traces/README.md).
@@ -11,7 +11,7 @@
 4. `kvmesh replay --session-closes` on held-out RAG with sessions: the
    default policy, told of closes, closes at least a quarter of the gap
    between LRU (told nothing) and Belady, mean over 1/2/5/10%, and is at
-   least LRU at every capacity (docs/eviction.md, "A fifth round").
+   least LRU at every capacity (docs/eviction-experiments.md, "Round 5").
 
 Usage: gen_trace_check.py --kvmesh BIN --source DIR
 """
@@ -42,7 +42,7 @@ def main():
     ap.add_argument("--source", required=True)
     a = ap.parse_args()
     gen = os.path.join(a.source, "scripts", "gen-trace.py")
-    bounds = os.path.join(a.source, "scripts", "eviction-bounds.py")
+    bounds = os.path.join(a.source, "scripts", "research", "eviction-bounds.py")
     data = os.path.join(a.source, "tests", "data", "traces")
     HELD_OUT = held_out(a.source)
     assert len(HELD_OUT) == 4, HELD_OUT

@@ -7,7 +7,7 @@ no-reuse). TTFT = first_token - admit; TPOT = (finish - first_token) /
 (tokens - 1). Prints medians and p99 per run.
 
     build/bin/kvmesh decode --events /tmp/decode.jsonl --sweep ''
-    scripts/decode-events.py /tmp/decode.jsonl
+    scripts/research/decode-events.py /tmp/decode.jsonl
 """
 import json
 import sys

@@ -7,13 +7,13 @@
 # docs/img/replay_heldout_mix.png (hit rate and FLOPs saved vs capacity);
 # then the held-out generated traces written again with session fields
 # (gen-trace.py --sessions, the args of tests/data/traces/heldout-args.txt)
-# and replayed with --session-closes (docs/eviction.md, "A fifth round");
+# and replayed with --session-closes (docs/eviction-experiments.md, "Round 5");
 # then the same traces through the nodes of the built-in cluster, and of the
 # same with one stripe per node (--through-cluster, docs/eviction.md "Through
 # the nodes").
-#   scripts/eviction-report.sh [build-dir]      (default: build; JSON in /tmp/kvmesh-eviction)
+#   scripts/research/eviction-report.sh [build-dir]      (default: build; JSON in /tmp/kvmesh-eviction)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
 KVMESH=$BUILD/bin/kvmesh
 OUT=/tmp/kvmesh-eviction

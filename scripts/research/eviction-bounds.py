@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Offline bounds that say how much of the LRU-to-Belady gap a policy could
-close on a trace, and with what knowledge (docs/eviction.md, "A fourth round").
+close on a trace, and with what knowledge (docs/eviction-experiments.md, "Round 4").
 
   popularity TRACE
       The static popularity oracle: keep the C blocks requested most often over
@@ -416,7 +416,7 @@ def session_close(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kvmesh", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin", "kvmesh"))
+    ap.add_argument("--kvmesh", default=os.path.join(os.path.dirname(__file__), "..", "..", "build", "bin", "kvmesh"))
     ap.add_argument("--block-tokens", type=int, default=512)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("popularity", help="the static popularity oracle (A0)")
