@@ -19,7 +19,6 @@
 #include <thread>
 #include <unordered_map>
 
-#include "common/checksum.h"
 #include "transport/frame_plan.h"
 #include "transport/seq_calls.h"
 #include "transport/socket_util.h"
@@ -228,12 +227,8 @@ class Connection {
       GetItem& it = p->get_items[i];
       const GetRecord& r = recs[i];
       it.size = r.size;
-      if (r.status != StatusCode::kOk) {
-        it.status = r.status == StatusCode::kNotFound
-                        ? NotFound("not stored")
-                        : Status(r.status, "node answered " + std::string(StatusCodeName(r.status)));
-        continue;
-      }
+      it.status = GetRecordStatus(r);
+      if (!it.status.ok()) continue;
       if (it.dst.size() < r.size) {
         std::vector<std::byte> sink(r.size);
         KVMESH_RETURN_IF_ERROR(Read(sink.data(), r.size));
@@ -241,8 +236,7 @@ class Connection {
         continue;
       }
       KVMESH_RETURN_IF_ERROR(Read(it.dst.data(), r.size));
-      it.status = Checksum64(it.dst.data(), r.size) == r.checksum ? Status::Ok()
-                                                                  : DataLoss("payload checksum mismatch in transit");
+      it.status = VerifyPayload(it.dst.first(r.size), r.checksum);
     }
     p->call = Status::Ok();
     return Status::Ok();
