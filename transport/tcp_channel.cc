@@ -408,8 +408,8 @@ class TcpChannelImpl final : public SeqOverFrames<SyncOverAsync<TcpChannel>> {
   Status SendPut(std::span<PutItem> items, FrameSpan f, const RequestOptions& o, TcpCallState* st,
                  std::shared_ptr<Connection>* conn);
   template <typename KeyOf, typename ItemBytes, typename MakePending>
-  Status SendKeys(Opcode op, uint8_t flags, size_t n, KeyOf key_of, ItemBytes item_bytes, MakePending make,
-                  TcpCallState* st, std::shared_ptr<Connection>* conn);
+  Status SendKeys(Opcode op, uint8_t flags, size_t n, const ProtocolLimits& lim, KeyOf key_of, ItemBytes item_bytes,
+                  MakePending make, TcpCallState* st, std::shared_ptr<Connection>* conn);
   Status SendKeyList(Opcode op, uint8_t flags, std::span<const BlockKey> keys, TcpCallState* st);
   TcpCallState* BeginCall(ChannelCall* call, TcpCallKind kind, const RequestOptions& o);
 
@@ -601,12 +601,12 @@ Status TcpChannelImpl::SendPut(std::span<PutItem> items, FrameSpan f, const Requ
 }
 
 // Sends the key lists of items [0, n) (key_of(i)) in the frames the node's
-// limits allow (item_bytes(i): what item i adds to a frame); make(f) gives
-// frame f's Pending.
+// limits `lim` allow (item_bytes(i): what item i adds to a frame); make(f)
+// gives frame f's Pending.
 template <typename KeyOf, typename ItemBytes, typename MakePending>
-Status TcpChannelImpl::SendKeys(Opcode op, uint8_t flags, size_t n, KeyOf key_of, ItemBytes item_bytes,
-                                MakePending make, TcpCallState* st, std::shared_ptr<Connection>* conn) {
-  const ProtocolLimits lim = limits();
+Status TcpChannelImpl::SendKeys(Opcode op, uint8_t flags, size_t n, const ProtocolLimits& lim, KeyOf key_of,
+                                ItemBytes item_bytes, MakePending make, TcpCallState* st,
+                                std::shared_ptr<Connection>* conn) {
   for (size_t at = 0; at < n;) {
     const FrameSpan f{at, FrameEnd(at, n, lim, item_bytes)};
     const uint64_t len = BuildKeyTable(f, key_of, &st->table);
@@ -657,7 +657,7 @@ void TcpChannelImpl::StartGet(std::span<GetItem> items, const RequestOptions& o,
     return p;
   };
   st->unsent = SendKeys(
-      Opcode::kGet, 0, items.size(), [&](size_t i) { return items[i].key; },
+      Opcode::kGet, 0, items.size(), lim, [&](size_t i) { return items[i].key; },
       [&](size_t i) { return GetItemBytes(items[i].dst.size(), lim); }, pending, st, &conn);
 }
 
@@ -679,7 +679,7 @@ Status TcpChannelImpl::SendKeyList(Opcode op, uint8_t flags, std::span<const Blo
   if (keys.empty()) return Status::Ok();
   KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<Connection> conn, Acquire());  // the node's limits, as in StartPut
   return SendKeys(
-      op, flags, keys.size(), [&](size_t i) { return keys[i]; }, [](size_t) { return kKeyItemBytes; },
+      op, flags, keys.size(), limits(), [&](size_t i) { return keys[i]; }, [](size_t) { return kKeyItemBytes; },
       [](FrameSpan) { return std::make_shared<Pending>(); }, st, &conn);
 }
 
