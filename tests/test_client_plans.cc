@@ -183,6 +183,21 @@ TEST_CASE("Frame plan: a key table is the key list the node parses", "[unit][pla
   CHECK(parsed == std::vector<BlockKey>(keys.begin() + 1, keys.end()));
 }
 
+TEST_CASE("Frame plan: a GET record makes the item's status; a hit is verified where it landed",
+          "[unit][plan][frame]") {
+  CHECK(GetRecordStatus(GetRecord{StatusCode::kOk, 10, 0}).ok());
+  const Status miss = GetRecordStatus(GetRecord{StatusCode::kNotFound, 0, 0});
+  CHECK(miss.code() == StatusCode::kNotFound);
+  CHECK(miss.message() == "not stored");
+  CHECK(GetRecordStatus(GetRecord{StatusCode::kPermissionDenied, 0, 0}).code() == StatusCode::kPermissionDenied);
+  const auto b = Bytes(4096, 5);
+  CHECK(VerifyPayload(b, Checksum64(b.data(), b.size())).ok());
+  auto bad = b;
+  bad[100] ^= std::byte{1};
+  CHECK(VerifyPayload(bad, Checksum64(b.data(), b.size())).code() == StatusCode::kDataLoss);
+  CHECK(IsMiss(VerifyPayload(bad, 0)));  // corrupt in transit: a miss, the next replica is asked
+}
+
 // ---- replica plan ----------------------------------------------------------
 
 TEST_CASE("Replica plan: writes start on every replica rank, reads on rank 0; ranks follow the map's placement",

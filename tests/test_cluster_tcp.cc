@@ -190,6 +190,14 @@ TEST_CASE("TCP channel: batches over the node's limits are split into several fr
     REQUIRE(gets[i].status.ok());
     CHECK(dst[i] == data[i]);
   }
+  // Empty blocks and blocks over the node's 64 KiB limit fail alone, never sent
+  // (the node would close the connection): the others of the batch are stored.
+  std::vector<std::byte> over((64 << 10) + 1);
+  std::vector<PutItem> odd = {{Key(3, 0), {}, {}}, {Key(3, 1), data[0], {}}, {Key(3, 2), over, {}}};
+  REQUIRE(ch->Put(odd, {}).ok());
+  CHECK(odd[0].status.code() == StatusCode::kResourceExhausted);
+  CHECK(odd[1].status.ok());
+  CHECK(odd[2].status.code() == StatusCode::kResourceExhausted);
 }
 
 TEST_CASE("TCP channel: many threads pipeline on shared connections", "[cluster][tcp]") {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
@@ -259,6 +260,45 @@ TEST_CASE("UCX: the same over UCX_TLS=tcp", "[cluster][ucx]") {
   RoundTrip();
   if (old) ::setenv("UCX_TLS", saved.c_str(), 1);
   else ::unsetenv("UCX_TLS");
+}
+
+TEST_CASE("UCX channel: batches over the node's limits are split into several frames", "[cluster][ucx]") {
+  // The frame plan (transport/frame_plan.h) splits by the limits the node
+  // announced: 16 MiB of body, 4096 items.
+  Fixture f;
+  auto ch = f.Channel();
+  REQUIRE(ch.ok());
+  std::mt19937_64 rng(11);
+  std::vector<std::vector<std::byte>> data(10, std::vector<std::byte>(2 << 20));  // 20 MiB: two frames each way
+  for (auto& d : data)
+    for (auto& b : d) b = static_cast<std::byte>(rng());
+  std::vector<PutItem> puts;
+  for (size_t i = 0; i < data.size(); ++i) puts.push_back(PutItem{Key(600 + i), data[i], {}});
+  REQUIRE((*ch)->Put(puts, {}).ok());
+  for (auto& p : puts) CHECK(p.status.ok());
+  std::vector<std::vector<std::byte>> dst(data.size(), std::vector<std::byte>(2 << 20));
+  std::vector<GetItem> gets;
+  for (size_t i = 0; i < data.size(); ++i) gets.push_back(GetItem{Key(600 + i), dst[i], 0, {}});
+  REQUIRE((*ch)->Get(gets, {}).ok());
+  for (size_t i = 0; i < data.size(); ++i) {
+    INFO(i << " " << gets[i].status.ToString());
+    REQUIRE(gets[i].status.ok());
+    CHECK(dst[i] == data[i]);
+  }
+  // 5000 keys: over the 4096 items of one frame.
+  std::vector<BlockKey> keys;
+  for (size_t i = 0; i < 5000; ++i) keys.push_back(Key(i < data.size() ? 600 + i : 10000 + i));
+  std::vector<uint8_t> found(keys.size());
+  REQUIRE((*ch)->Exists(keys, found, false, {}).ok());
+  CHECK(std::accumulate(found.begin(), found.end(), 0) == static_cast<int>(data.size()));
+  // An empty block and one over the node's block limit fail alone; the others are stored.
+  std::vector<std::byte> big((2 << 20) + 1), small(100);
+  std::vector<PutItem> mixed = {{Key(700), {}, {}}, {Key(701), small, {}}, {Key(702), big, {}}, {Key(703), small, {}}};
+  REQUIRE((*ch)->Put(mixed, {}).ok());  // the call went; its items say which blocks were stored
+  CHECK(mixed[0].status.code() == StatusCode::kResourceExhausted);
+  CHECK(mixed[1].status.ok());
+  CHECK(mixed[2].status.code() == StatusCode::kResourceExhausted);
+  CHECK(mixed[3].status.ok());
 }
 
 TEST_CASE("UCX: wrong token refused, stale epoch answered", "[cluster][ucx]") {

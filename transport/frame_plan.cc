@@ -20,4 +20,15 @@ uint64_t PayloadChecksum(std::span<const std::byte> head, std::span<const std::b
   return XXH3_64bits_digest(&st);
 }
 
+Status GetRecordStatus(const GetRecord& r) {
+  if (r.status == StatusCode::kOk) return Status::Ok();
+  if (r.status == StatusCode::kNotFound) return NotFound("not stored");
+  return ItemStatus(static_cast<uint8_t>(r.status));
+}
+
+Status VerifyPayload(std::span<const std::byte> bytes, uint64_t checksum) {
+  if (Checksum64(bytes.data(), bytes.size()) == checksum) return Status::Ok();
+  return DataLoss("payload checksum mismatch in transit");
+}
+
 }  // namespace kvmesh::proto

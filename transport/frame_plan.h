@@ -130,4 +130,13 @@ uint64_t BuildKeyTable(FrameSpan f, KeyOf key_of, std::string* table) {
   return table->size();
 }
 
+// ---- the answers: what every client makes of a GET record ------------------
+
+// A GET record's status as the item's: NotFound("not stored") for a miss,
+// else ItemStatus of its code. OK for a hit.
+Status GetRecordStatus(const GetRecord& r);
+// OK when `bytes` (a hit's payload, where it landed) hash to the record's
+// checksum; DataLoss otherwise (a miss, never wrong bytes).
+Status VerifyPayload(std::span<const std::byte> bytes, uint64_t checksum);
+
 }  // namespace kvmesh::proto

@@ -19,7 +19,6 @@
 #include <thread>
 #include <unordered_map>
 
-#include "common/checksum.h"
 #include "transport/frame_plan.h"
 #include "transport/seq_calls.h"
 #include "transport/socket_util.h"
@@ -228,12 +227,8 @@ class Connection {
       GetItem& it = p->get_items[i];
       const GetRecord& r = recs[i];
       it.size = r.size;
-      if (r.status != StatusCode::kOk) {
-        it.status = r.status == StatusCode::kNotFound
-                        ? NotFound("not stored")
-                        : Status(r.status, "node answered " + std::string(StatusCodeName(r.status)));
-        continue;
-      }
+      it.status = GetRecordStatus(r);
+      if (!it.status.ok()) continue;
       if (it.dst.size() < r.size) {
         std::vector<std::byte> sink(r.size);
         KVMESH_RETURN_IF_ERROR(Read(sink.data(), r.size));
@@ -241,8 +236,7 @@ class Connection {
         continue;
       }
       KVMESH_RETURN_IF_ERROR(Read(it.dst.data(), r.size));
-      it.status = Checksum64(it.dst.data(), r.size) == r.checksum ? Status::Ok()
-                                                                  : DataLoss("payload checksum mismatch in transit");
+      it.status = VerifyPayload(it.dst.first(r.size), r.checksum);
     }
     p->call = Status::Ok();
     return Status::Ok();
@@ -414,8 +408,8 @@ class TcpChannelImpl final : public SeqOverFrames<SyncOverAsync<TcpChannel>> {
   Status SendPut(std::span<PutItem> items, FrameSpan f, const RequestOptions& o, TcpCallState* st,
                  std::shared_ptr<Connection>* conn);
   template <typename KeyOf, typename ItemBytes, typename MakePending>
-  Status SendKeys(Opcode op, uint8_t flags, size_t n, KeyOf key_of, ItemBytes item_bytes, MakePending make,
-                  TcpCallState* st, std::shared_ptr<Connection>* conn);
+  Status SendKeys(Opcode op, uint8_t flags, size_t n, const ProtocolLimits& lim, KeyOf key_of, ItemBytes item_bytes,
+                  MakePending make, TcpCallState* st, std::shared_ptr<Connection>* conn);
   Status SendKeyList(Opcode op, uint8_t flags, std::span<const BlockKey> keys, TcpCallState* st);
   TcpCallState* BeginCall(ChannelCall* call, TcpCallKind kind, const RequestOptions& o);
 
@@ -607,12 +601,12 @@ Status TcpChannelImpl::SendPut(std::span<PutItem> items, FrameSpan f, const Requ
 }
 
 // Sends the key lists of items [0, n) (key_of(i)) in the frames the node's
-// limits allow (item_bytes(i): what item i adds to a frame); make(f) gives
-// frame f's Pending.
+// limits `lim` allow (item_bytes(i): what item i adds to a frame); make(f)
+// gives frame f's Pending.
 template <typename KeyOf, typename ItemBytes, typename MakePending>
-Status TcpChannelImpl::SendKeys(Opcode op, uint8_t flags, size_t n, KeyOf key_of, ItemBytes item_bytes,
-                                MakePending make, TcpCallState* st, std::shared_ptr<Connection>* conn) {
-  const ProtocolLimits lim = limits();
+Status TcpChannelImpl::SendKeys(Opcode op, uint8_t flags, size_t n, const ProtocolLimits& lim, KeyOf key_of,
+                                ItemBytes item_bytes, MakePending make, TcpCallState* st,
+                                std::shared_ptr<Connection>* conn) {
   for (size_t at = 0; at < n;) {
     const FrameSpan f{at, FrameEnd(at, n, lim, item_bytes)};
     const uint64_t len = BuildKeyTable(f, key_of, &st->table);
@@ -663,7 +657,7 @@ void TcpChannelImpl::StartGet(std::span<GetItem> items, const RequestOptions& o,
     return p;
   };
   st->unsent = SendKeys(
-      Opcode::kGet, 0, items.size(), [&](size_t i) { return items[i].key; },
+      Opcode::kGet, 0, items.size(), lim, [&](size_t i) { return items[i].key; },
       [&](size_t i) { return GetItemBytes(items[i].dst.size(), lim); }, pending, st, &conn);
 }
 
@@ -685,7 +679,7 @@ Status TcpChannelImpl::SendKeyList(Opcode op, uint8_t flags, std::span<const Blo
   if (keys.empty()) return Status::Ok();
   KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<Connection> conn, Acquire());  // the node's limits, as in StartPut
   return SendKeys(
-      op, flags, keys.size(), [&](size_t i) { return keys[i]; }, [](size_t) { return kKeyItemBytes; },
+      op, flags, keys.size(), limits(), [&](size_t i) { return keys[i]; }, [](size_t) { return kKeyItemBytes; },
       [](FrameSpan) { return std::make_shared<Pending>(); }, st, &conn);
 }
 

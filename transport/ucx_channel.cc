@@ -17,7 +17,6 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "common/checksum.h"
 #include "kvmesh/clock.h"
 #include "transport/frame_plan.h"
 #include "transport/seq_calls.h"
@@ -135,51 +134,32 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     if (codes->size() != n) return Unavailable("answer count differs from the request");
     return Status::Ok();
   }
-  Status FinishGet(const Pending& p, std::span<GetItem> items) const {
+  // GET / GET_INTO answer: a GET record per item, then (GET) the hits'
+  // payloads, copied into the items' destinations, or (GET_INTO, `into`)
+  // nothing: the node already wrote them there. Each hit is verified where
+  // it landed.
+  Status FinishGet(const Pending& p, std::span<GetItem> items, bool into) const {
     const size_t table = size_t{p.header.count} * kGetItemSize;
-    if (p.header.count != items.size() || p.body.size() < table) return Unavailable("bad GET answer");
+    if (p.header.count != items.size() || p.body.size() < table || (into && p.body.size() != table))
+      return Unavailable(into ? "bad GET_INTO answer" : "bad GET answer");
     std::vector<GetRecord> recs;
     KVMESH_RETURN_IF_ERROR(ParseGetTable(p.header, std::span(p.body).first(table), o_.limits, &recs));
     size_t off = table;
     for (size_t i = 0; i < items.size(); ++i) {
       GetItem& it = items[i];
-      it.size = recs[i].size;
-      if (recs[i].status != StatusCode::kOk) {
-        it.status = recs[i].status == StatusCode::kNotFound ? NotFound("not stored") : ItemStatus(uint8_t(recs[i].status));
-        continue;
-      }
+      const GetRecord& r = recs[i];
+      it.size = r.size;
+      it.status = GetRecordStatus(r);
+      if (!it.status.ok()) continue;
       const std::byte* src = p.body.data() + off;
-      off += recs[i].size;
-      if (it.dst.size() < recs[i].size) {
-        it.status = ResourceExhausted("destination smaller than the block");
+      if (!into) off += r.size;
+      if (it.dst.size() < r.size) {
+        it.status = into ? Unavailable("node wrote past the destination it was given")
+                         : ResourceExhausted("destination smaller than the block");
         continue;
       }
-      std::memcpy(it.dst.data(), src, recs[i].size);
-      it.status = Checksum64(src, recs[i].size) == recs[i].checksum ? Status::Ok() : DataLoss("payload checksum mismatch");
-    }
-    return Status::Ok();
-  }
-
-  // GET_INTO answer: a GET record per item, the bytes already in the items'
-  // destinations; each is verified here, where it landed.
-  Status FinishGetInto(const Pending& p, std::span<GetItem> items) const {
-    if (p.header.count != items.size() || p.body.size() != items.size() * kGetItemSize)
-      return Unavailable("bad GET_INTO answer");
-    std::vector<GetRecord> recs;
-    KVMESH_RETURN_IF_ERROR(ParseGetTable(p.header, p.body, o_.limits, &recs));
-    for (size_t i = 0; i < items.size(); ++i) {
-      GetItem& it = items[i];
-      it.size = recs[i].size;
-      if (recs[i].status != StatusCode::kOk) {
-        it.status = recs[i].status == StatusCode::kNotFound ? NotFound("not stored") : ItemStatus(uint8_t(recs[i].status));
-        continue;
-      }
-      if (recs[i].size > it.dst.size()) {
-        it.status = Unavailable("node wrote past the destination it was given");
-        continue;
-      }
-      it.status = Checksum64(it.dst.data(), recs[i].size) == recs[i].checksum ? Status::Ok()
-                                                                               : DataLoss("payload checksum mismatch");
+      if (!into) std::memcpy(it.dst.data(), src, r.size);
+      it.status = VerifyPayload(it.dst.first(r.size), r.checksum);
     }
     return Status::Ok();
   }
@@ -675,8 +655,8 @@ class UcxCallState final : public ChannelCallState {
   Status Collect(const Frame& fr) {
     const FrameSpan f = fr.f;
     switch (kind) {
-      case UcxCallKind::kGet: return ch->FinishGet(*fr.x.p, get.subspan(f.begin, f.size()));
-      case UcxCallKind::kGetInto: return ch->FinishGetInto(*fr.x.p, get.subspan(f.begin, f.size()));
+      case UcxCallKind::kGet:
+      case UcxCallKind::kGetInto: return ch->FinishGet(*fr.x.p, get.subspan(f.begin, f.size()), kind == UcxCallKind::kGetInto);
       case UcxCallKind::kPutFrom:
       case UcxCallKind::kPut:
       case UcxCallKind::kExists:

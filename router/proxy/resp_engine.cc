@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "common/checksum.h"
 #include "router/replica_plan.h"
 #include "transport/frame_plan.h"
 
@@ -514,8 +513,8 @@ void RespEngine::OnAnswer(Opcode op, std::shared_ptr<PendingList> items, const S
       if (r.status == StatusCode::kOk) {
         std::span<const char> v = body.subspan(at, r.size);
         at += r.size;
-        if (Checksum64(v.data(), v.size()) != r.checksum) {
-          MissOrRetry(std::move(p), DataLoss("payload checksum mismatch in transit"));
+        if (Status c = VerifyPayload(std::as_bytes(v), r.checksum); !c.ok()) {
+          MissOrRetry(std::move(p), c);
           continue;
         }
         p->io->value = v;
@@ -525,9 +524,7 @@ void RespEngine::OnAnswer(Opcode op, std::shared_ptr<PendingList> items, const S
         ++p->busy_retries;  // the answer was full: ask again in a later frame
         Requeue(std::move(p));
       } else {
-        MissOrRetry(std::move(p), r.status == StatusCode::kNotFound
-                                      ? NotFound("not stored")
-                                      : Status(r.status, "node answered " + std::string(StatusCodeName(r.status))));
+        MissOrRetry(std::move(p), GetRecordStatus(r));
       }
     }
     return;
