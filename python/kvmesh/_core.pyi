@@ -1,4 +1,4 @@
-"""Type stubs of kvmesh._core, the C++ extension (python/src/module.cc)."""
+"""Type stubs of kvmesh._core, the C++ extension (python/src/module.cc, python/src/bindings.h)."""
 
 from os import PathLike
 from typing import Any, Iterable, Optional, Sequence as Seq, Tuple, Union
