@@ -199,34 +199,53 @@ py::bytes Client::Get(py::handle key, const RequestOptions& o) {
   return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
+std::vector<Memory> Client::Buffers(py::handle buffers, size_t n, bool writable, const char* call) const {
+  py::sequence bs = AsSequence(buffers, "buffers");
+  if (py::len(bs) != n) Throw(InvalidArgument(std::string(call) + " needs one buffer per key"));
+  std::vector<Memory> mem;
+  for (size_t i = 0; i < n; ++i) {
+    mem.push_back(Memory::Acquire(bs[i], writable));
+    CheckDevice(mem.back());
+  }
+  return mem;
+}
+
+template <typename Item, typename Call>
+std::vector<ItemStatus> Client::Batch(const std::vector<BlockKey>& keys, const std::vector<std::span<std::byte>>& spans,
+                                      Call call) {
+  std::vector<Item> items(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if constexpr (std::is_same_v<Item, GetItem>) {
+      items[i] = GetItem{keys[i], spans[i], 0, {}};
+    } else {
+      items[i] = PutItem{keys[i], spans[i], {}};
+    }
+  }
+  Check(Io([&](Router& r) { return call(r, items); }));
+  return Statuses(items);
+}
+
+namespace {
+
+std::vector<std::span<std::byte>> Spans(const std::vector<Memory>& mem) {
+  std::vector<std::span<std::byte>> spans;
+  spans.reserve(mem.size());
+  for (const Memory& m : mem) spans.emplace_back(m.data(), m.size());
+  return spans;
+}
+
+}  // namespace
+
 std::vector<ItemStatus> Client::GetInto(py::handle keys, py::handle buffers, const RequestOptions& o) {
   std::vector<BlockKey> ks = ToKeys(keys);
-  py::sequence bs = AsSequence(buffers, "buffers");
-  if (py::len(bs) != ks.size()) Throw(InvalidArgument("get_into needs one buffer per key"));
-  std::vector<Memory> mem;
-  std::vector<GetItem> items(ks.size());
-  for (size_t i = 0; i < ks.size(); ++i) {
-    mem.push_back(Memory::Acquire(bs[i], /*writable=*/true));
-    CheckDevice(mem.back());
-    items[i] = GetItem{ks[i], std::span<std::byte>(mem.back().data(), mem.back().size()), 0, {}};
-  }
-  Check(Io([&](Router& r) { return r.GetInto(items, o); }));
-  return Statuses(items);
+  std::vector<Memory> mem = Buffers(buffers, ks.size(), /*writable=*/true, "get_into");
+  return Batch<GetItem>(ks, Spans(mem), [&](Router& r, std::vector<GetItem>& items) { return r.GetInto(items, o); });
 }
 
 std::vector<ItemStatus> Client::PutFrom(py::handle keys, py::handle buffers, const RequestOptions& o) {
   std::vector<BlockKey> ks = ToKeys(keys);
-  py::sequence bs = AsSequence(buffers, "buffers");
-  if (py::len(bs) != ks.size()) Throw(InvalidArgument("put_from needs one buffer per key"));
-  std::vector<Memory> mem;
-  std::vector<PutItem> items(ks.size());
-  for (size_t i = 0; i < ks.size(); ++i) {
-    mem.push_back(Memory::Acquire(bs[i], /*writable=*/false));
-    CheckDevice(mem.back());
-    items[i] = PutItem{ks[i], std::span<const std::byte>(mem.back().data(), mem.back().size()), {}};
-  }
-  Check(Io([&](Router& r) { return r.PutFrom(items, o); }));
-  return Statuses(items);
+  std::vector<Memory> mem = Buffers(buffers, ks.size(), /*writable=*/false, "put_from");
+  return Batch<PutItem>(ks, Spans(mem), [&](Router& r, std::vector<PutItem>& items) { return r.PutFrom(items, o); });
 }
 
 namespace {
@@ -263,34 +282,20 @@ std::vector<std::span<std::byte>> Client::RegisteredSpans(const std::vector<std:
   return spans;
 }
 
-template <typename Item, typename Call>
-std::vector<ItemStatus> Client::AtAddresses(py::handle keys, py::handle ptrs, py::handle sizes, bool writable,
-                                            Call call) {
-  std::vector<BlockKey> ks = ToKeys(keys);
-  std::vector<std::shared_ptr<Region>> hold;  // alive until the call returns
-  std::vector<std::span<std::byte>> spans = RegisteredSpans(Ranges(ptrs, sizes, ks.size()), writable, &hold);
-  std::vector<Item> items(ks.size());
-  for (size_t i = 0; i < ks.size(); ++i) {
-    if constexpr (std::is_same_v<Item, GetItem>) {
-      items[i] = GetItem{ks[i], spans[i], 0, {}};
-    } else {
-      items[i] = PutItem{ks[i], spans[i], {}};
-    }
-  }
-  Check(Io([&](Router& r) { return call(r, items); }));
-  return Statuses(items);
-}
-
 std::vector<ItemStatus> Client::GetIntoPtrs(py::handle keys, py::handle ptrs, py::handle sizes,
                                             const RequestOptions& o) {
-  return AtAddresses<GetItem>(keys, ptrs, sizes, /*writable=*/true,
-                              [&](Router& r, std::vector<GetItem>& items) { return r.GetInto(items, o); });
+  std::vector<BlockKey> ks = ToKeys(keys);
+  std::vector<std::shared_ptr<Region>> hold;  // alive until the call returns
+  std::vector<std::span<std::byte>> spans = RegisteredSpans(Ranges(ptrs, sizes, ks.size()), /*writable=*/true, &hold);
+  return Batch<GetItem>(ks, spans, [&](Router& r, std::vector<GetItem>& items) { return r.GetInto(items, o); });
 }
 
 std::vector<ItemStatus> Client::PutFromPtrs(py::handle keys, py::handle ptrs, py::handle sizes,
                                             const RequestOptions& o) {
-  return AtAddresses<PutItem>(keys, ptrs, sizes, /*writable=*/false,
-                              [&](Router& r, std::vector<PutItem>& items) { return r.PutFrom(items, o); });
+  std::vector<BlockKey> ks = ToKeys(keys);
+  std::vector<std::shared_ptr<Region>> hold;  // alive until the call returns
+  std::vector<std::span<std::byte>> spans = RegisteredSpans(Ranges(ptrs, sizes, ks.size()), /*writable=*/false, &hold);
+  return Batch<PutItem>(ks, spans, [&](Router& r, std::vector<PutItem>& items) { return r.PutFrom(items, o); });
 }
 
 std::vector<bool> Client::ExistsEach(py::handle keys, const RequestOptions& o) {

@@ -143,10 +143,14 @@ class Client {
   // item; `hold` gets those regions, to keep them alive through the call.
   std::vector<std::span<std::byte>> RegisteredSpans(const std::vector<std::pair<uintptr_t, size_t>>& ranges,
                                                     bool writable, std::vector<std::shared_ptr<Region>>* hold) const;
-  // get_into_ptrs / put_from_ptrs: items (GetItem or PutItem) over the
-  // registered memory at the addresses, handed to call(router, items).
+  // The memory of n buffers (writable ones when `writable`), device memory
+  // only when registered; InvalidArgument naming `call` when the count is not n.
+  std::vector<Memory> Buffers(py::handle buffers, size_t n, bool writable, const char* call) const;
+  // The batch of keys[i] over spans[i] (GetItem or PutItem), handed to
+  // call(router, items) with the GIL released; one ItemStatus per item.
   template <typename Item, typename Call>
-  std::vector<ItemStatus> AtAddresses(py::handle keys, py::handle ptrs, py::handle sizes, bool writable, Call call);
+  std::vector<ItemStatus> Batch(const std::vector<BlockKey>& keys, const std::vector<std::span<std::byte>>& spans,
+                                Call call);
   // Device memory must lie in a registered device region (the router stages it).
   void CheckDevice(const Memory& m) const;
 
