@@ -12,87 +12,25 @@ one get_into call of --batch blocks, and the ratio is register / allocate.
 """
 
 import argparse
-import contextlib
-import ctypes
 import json
 import os
-import select
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 
 import numpy as np
 
 import kvmesh
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE_DIR = os.path.dirname(HERE)
-
-
-def start(binary, args, timeout_s=15.0):
-    """Starts a daemon; returns (process, its 'listening' event)."""
-    # PR_SET_PDEATHSIG (1): the daemon gets SIGKILL if this script dies first.
-    die_with_parent = lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # noqa: E731
-    p = subprocess.Popen([binary] + args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
-                         preexec_fn=die_with_parent)
-    end, buf = time.monotonic() + timeout_s, b""
-    while time.monotonic() < end and p.poll() is None:
-        if not select.select([p.stdout], [], [], 0.2)[0]:
-            continue
-        chunk = os.read(p.stdout.fileno(), 4096)
-        if not chunk:
-            break
-        buf += chunk
-        for line in buf.split(b"\n")[:-1]:
-            if line.startswith(b"{") and json.loads(line).get("event") == "listening":
-                return p, json.loads(line)
-    os.killpg(p.pid, signal.SIGKILL)
-    raise RuntimeError(f"{' '.join(args[:1])} did not start")
-
-
-@contextlib.contextmanager
-def daemons(binary, cfg, timeout_s=15.0):
-    """A coordinator and cfg's nodes started from a temporary copy of cfg (its
-    coordinator port is made 0: a free one); yields the coordinator's
-    "host:port" once every node is listed, SIGKILLs them all at the end."""
-    cfg = dict(cfg, coordinator=dict(cfg["coordinator"], port=0))
-    procs = []
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
-        json.dump(cfg, f)
-        f.flush()
-        try:
-            p, ev = start(binary, ["coordinator", "--config", f.name, "--port", "0"])
-            procs.append(p)
-            coordinator = f"127.0.0.1:{ev['ports']['http']}"
-            for n in cfg["nodes"]:
-                procs.append(start(binary, ["node", "--config", f.name, "--id", n["id"],
-                                            "--coordinator", coordinator])[0])
-            end = time.monotonic() + timeout_s
-            while time.monotonic() < end:
-                with urllib.request.urlopen(f"http://{coordinator}/nodes", timeout=1) as r:
-                    if len(json.loads(r.read())["nodes"]) == len(cfg["nodes"]):
-                        break
-                time.sleep(0.05)
-            yield coordinator
-        finally:
-            for p in procs:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait()
-                p.stdout.close()
+SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tests"))
+from launch import KVMESH_BIN, cluster  # noqa: E402  (tests/launch.py: the daemons' launcher)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--transport", choices=["ucx", "tcp"], default="ucx" if kvmesh.HAVE_UCX else "tcp")
-    ap.add_argument("--kvmesh-bin", default=os.environ.get("KVMESH_BIN", os.path.join(SOURCE_DIR, "build", "bin",
-                                                                                       "kvmesh")))
+    ap.add_argument("--kvmesh-bin", default=KVMESH_BIN)
     ap.add_argument("--nodes", type=int, default=1)
     ap.add_argument("--blocks", type=int, default=64, help="blocks stored (256 KiB each)")
     ap.add_argument("--batch", type=int, default=16, help="blocks per get_into call")
@@ -103,8 +41,8 @@ def main():
     cfg["model"]["num_layers"] = 16  # 16 layers x K,V x 4 heads x 16 tokens x 64 dims x fp16 = 256 KiB
     cfg["nodes"] = cfg["nodes"][:args.nodes]
     cfg["transport"]["backend"] = args.transport
-    with daemons(args.kvmesh_bin, cfg) as coordinator:
-        run(coordinator, args)
+    with cluster(cfg, binary=args.kvmesh_bin) as d:
+        run(d.address, args)
 
 
 def run(coordinator, args):

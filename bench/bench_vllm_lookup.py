@@ -31,10 +31,9 @@ import torch
 
 from kvmesh.adapters.vllm import KvmeshConnector
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE_DIR = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-from bench_allocate import daemons  # noqa: E402
+SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tests"))
+from launch import KVMESH_BIN, cluster  # noqa: E402  (tests/launch.py: the daemons' launcher)
 
 LAYERS, HEADS, DIM, BS = 32, 8, 128, 16
 
@@ -88,8 +87,7 @@ def empty_call(request, num_computed_tokens):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--transport", choices=["ucx", "tcp"], default="tcp")
-    ap.add_argument("--kvmesh-bin", default=os.environ.get("KVMESH_BIN", os.path.join(SOURCE_DIR, "build", "bin",
-                                                                                       "kvmesh")))
+    ap.add_argument("--kvmesh-bin", default=KVMESH_BIN)
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=2048, help="prompt length (whole blocks of 16 are stored)")
     ap.add_argument("--prompts", type=int, default=4, help="prompts stored")
@@ -104,9 +102,9 @@ def main():
     cfg["transport"]["backend"] = args.transport
     blocks = args.tokens // BS
     prompts = [[(7919 * i + 104729 * j) % 32000 for j in range(args.tokens)] for i in range(args.prompts)]
-    with daemons(args.kvmesh_bin, cfg) as coordinator:
-        saved = store(coordinator, prompts, blocks)
-        result = measure(coordinator, prompts, blocks, args.rounds)
+    with cluster(cfg, binary=args.kvmesh_bin) as d:
+        saved = store(d.address, prompts, blocks)
+        result = measure(d.address, prompts, blocks, args.rounds)
     result.update(tokens=args.tokens, blocks=blocks, layers=LAYERS, transport=args.transport, nodes=args.nodes,
                   rounds=args.rounds, saved_blocks=saved)
     if args.json:

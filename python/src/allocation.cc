@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "bindings.h"
+
 namespace kvmesh::python {
 
 Allocation::~Allocation() { Unregister(); }

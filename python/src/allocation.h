@@ -54,7 +54,4 @@ class Allocation {
   bool closed_ = false;
 };
 
-// Adds kvmesh._core.Allocation to the module.
-void BindAllocation(py::module_& m);
-
 }  // namespace kvmesh::python

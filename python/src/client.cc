@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kvmesh/build_config.h"
 
@@ -165,19 +166,17 @@ void Client::CheckDevice(const Memory& m) const {
 #endif
 }
 
-std::vector<BlockKey> Client::Keys(py::handle tokens, const py::kwargs& kw) {
+std::vector<BlockKey> Client::Keys(py::handle tokens, const RequestOptions& o) {
   std::vector<TokenId> t = ToTokens(tokens);
-  RequestOptions o = ToOptions(kw);
   return Io([&](Router& r) { return r.Keys(t, o); });
 }
 
-size_t Client::MatchPrefix(py::handle tokens, const py::kwargs& kw) {
+size_t Client::MatchPrefix(py::handle tokens, const RequestOptions& o) {
   std::vector<TokenId> t = ToTokens(tokens);
-  RequestOptions o = ToOptions(kw);
   return Value(Io([&](Router& r) { return r.MatchPrefix(t, o); }));
 }
 
-void Client::Put(py::handle tokens, py::handle blocks, size_t first_block, const py::kwargs& kw) {
+void Client::Put(py::handle tokens, py::handle blocks, size_t first_block, const RequestOptions& o) {
   std::vector<TokenId> t = ToTokens(tokens);
   py::sequence bs = AsSequence(blocks, "blocks");
   const size_t full = t.size() / model_.block_tokens;
@@ -191,47 +190,62 @@ void Client::Put(py::handle tokens, py::handle blocks, size_t first_block, const
     CheckDevice(mem.back());
     spans.emplace_back(mem.back().data(), mem.back().size());
   }
-  RequestOptions o = ToOptions(kw);
   Check(Io([&](Router& r) { return r.Put(t, spans, o, first_block); }));
 }
 
-py::bytes Client::Get(py::handle key, const py::kwargs& kw) {
+py::bytes Client::Get(py::handle key, const RequestOptions& o) {
   BlockKey k = ToKey(key);
-  RequestOptions o = ToOptions(kw);
   std::vector<std::byte> b = Value(Io([&](Router& r) { return r.Get(k, o); }));
   return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
-std::vector<ItemStatus> Client::GetInto(py::handle keys, py::handle buffers, const py::kwargs& kw) {
-  std::vector<BlockKey> ks = ToKeys(keys);
+std::vector<Memory> Client::Buffers(py::handle buffers, size_t n, bool writable, const char* call) const {
   py::sequence bs = AsSequence(buffers, "buffers");
-  if (py::len(bs) != ks.size()) Throw(InvalidArgument("get_into needs one buffer per key"));
+  if (py::len(bs) != n) Throw(InvalidArgument(std::string(call) + " needs one buffer per key"));
   std::vector<Memory> mem;
-  std::vector<GetItem> items(ks.size());
-  for (size_t i = 0; i < ks.size(); ++i) {
-    mem.push_back(Memory::Acquire(bs[i], /*writable=*/true));
+  for (size_t i = 0; i < n; ++i) {
+    mem.push_back(Memory::Acquire(bs[i], writable));
     CheckDevice(mem.back());
-    items[i] = GetItem{ks[i], std::span<std::byte>(mem.back().data(), mem.back().size()), 0, {}};
   }
-  RequestOptions o = ToOptions(kw);
-  Check(Io([&](Router& r) { return r.GetInto(items, o); }));
+  return mem;
+}
+
+template <typename Item, typename Call>
+std::vector<ItemStatus> Client::Batch(const std::vector<BlockKey>& keys, const std::vector<std::span<std::byte>>& spans,
+                                      Call call) {
+  std::vector<Item> items(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if constexpr (std::is_same_v<Item, GetItem>) {
+      items[i] = GetItem{keys[i], spans[i], 0, {}};
+    } else {
+      items[i] = PutItem{keys[i], spans[i], {}};
+    }
+  }
+  Check(Io([&](Router& r) { return call(r, items); }));
   return Statuses(items);
 }
 
-std::vector<ItemStatus> Client::PutFrom(py::handle keys, py::handle buffers, const py::kwargs& kw) {
+namespace {
+
+std::vector<std::span<std::byte>> Spans(const std::vector<Memory>& mem) {
+  std::vector<std::span<std::byte>> spans;
+  spans.reserve(mem.size());
+  for (const Memory& m : mem) spans.emplace_back(m.data(), m.size());
+  return spans;
+}
+
+}  // namespace
+
+std::vector<ItemStatus> Client::GetInto(py::handle keys, py::handle buffers, const RequestOptions& o) {
   std::vector<BlockKey> ks = ToKeys(keys);
-  py::sequence bs = AsSequence(buffers, "buffers");
-  if (py::len(bs) != ks.size()) Throw(InvalidArgument("put_from needs one buffer per key"));
-  std::vector<Memory> mem;
-  std::vector<PutItem> items(ks.size());
-  for (size_t i = 0; i < ks.size(); ++i) {
-    mem.push_back(Memory::Acquire(bs[i], /*writable=*/false));
-    CheckDevice(mem.back());
-    items[i] = PutItem{ks[i], std::span<const std::byte>(mem.back().data(), mem.back().size()), {}};
-  }
-  RequestOptions o = ToOptions(kw);
-  Check(Io([&](Router& r) { return r.PutFrom(items, o); }));
-  return Statuses(items);
+  std::vector<Memory> mem = Buffers(buffers, ks.size(), /*writable=*/true, "get_into");
+  return Batch<GetItem>(ks, Spans(mem), [&](Router& r, std::vector<GetItem>& items) { return r.GetInto(items, o); });
+}
+
+std::vector<ItemStatus> Client::PutFrom(py::handle keys, py::handle buffers, const RequestOptions& o) {
+  std::vector<BlockKey> ks = ToKeys(keys);
+  std::vector<Memory> mem = Buffers(buffers, ks.size(), /*writable=*/false, "put_from");
+  return Batch<PutItem>(ks, Spans(mem), [&](Router& r, std::vector<PutItem>& items) { return r.PutFrom(items, o); });
 }
 
 namespace {
@@ -253,67 +267,56 @@ std::vector<std::pair<uintptr_t, size_t>> Ranges(py::handle ptrs, py::handle siz
 
 }  // namespace
 
-std::vector<ItemStatus> Client::GetIntoPtrs(py::handle keys, py::handle ptrs, py::handle sizes,
-                                            const py::kwargs& kw) {
-  std::vector<BlockKey> ks = ToKeys(keys);
-  auto ranges = Ranges(ptrs, sizes, ks.size());
-  std::vector<GetItem> items(ks.size());
-  std::vector<std::shared_ptr<Region>> hold;  // alive until the call returns
-  for (size_t i = 0; i < ks.size(); ++i) {
+std::vector<std::span<std::byte>> Client::RegisteredSpans(const std::vector<std::pair<uintptr_t, size_t>>& ranges,
+                                                          bool writable,
+                                                          std::vector<std::shared_ptr<Region>>* hold) const {
+  std::vector<std::span<std::byte>> spans(ranges.size());
+  for (size_t i = 0; i < ranges.size(); ++i) {
     std::shared_ptr<Region> r = RegionOf(ranges[i].first, ranges[i].second);
     if (r == nullptr)
       Throw(InvalidArgument("item " + std::to_string(i) + ": the address range lies in no region registered here"));
-    if (!r->writable) Throw(InvalidArgument("item " + std::to_string(i) + ": the region is read-only"));
-    if (hold.empty() || hold.back() != r) hold.push_back(r);
-    items[i] = GetItem{ks[i], std::span<std::byte>(reinterpret_cast<std::byte*>(ranges[i].first), ranges[i].second),
-                       0, {}};
+    if (writable && !r->writable) Throw(InvalidArgument("item " + std::to_string(i) + ": the region is read-only"));
+    if (hold->empty() || hold->back() != r) hold->push_back(r);
+    spans[i] = std::span<std::byte>(reinterpret_cast<std::byte*>(ranges[i].first), ranges[i].second);
   }
-  RequestOptions o = ToOptions(kw);
-  Check(Io([&](Router& r) { return r.GetInto(items, o); }));
-  return Statuses(items);
+  return spans;
+}
+
+std::vector<ItemStatus> Client::GetIntoPtrs(py::handle keys, py::handle ptrs, py::handle sizes,
+                                            const RequestOptions& o) {
+  std::vector<BlockKey> ks = ToKeys(keys);
+  std::vector<std::shared_ptr<Region>> hold;  // alive until the call returns
+  std::vector<std::span<std::byte>> spans = RegisteredSpans(Ranges(ptrs, sizes, ks.size()), /*writable=*/true, &hold);
+  return Batch<GetItem>(ks, spans, [&](Router& r, std::vector<GetItem>& items) { return r.GetInto(items, o); });
 }
 
 std::vector<ItemStatus> Client::PutFromPtrs(py::handle keys, py::handle ptrs, py::handle sizes,
-                                            const py::kwargs& kw) {
+                                            const RequestOptions& o) {
   std::vector<BlockKey> ks = ToKeys(keys);
-  auto ranges = Ranges(ptrs, sizes, ks.size());
-  std::vector<PutItem> items(ks.size());
   std::vector<std::shared_ptr<Region>> hold;  // alive until the call returns
-  for (size_t i = 0; i < ks.size(); ++i) {
-    std::shared_ptr<Region> r = RegionOf(ranges[i].first, ranges[i].second);
-    if (r == nullptr)
-      Throw(InvalidArgument("item " + std::to_string(i) + ": the address range lies in no region registered here"));
-    if (hold.empty() || hold.back() != r) hold.push_back(r);
-    items[i] = PutItem{
-        ks[i], std::span<const std::byte>(reinterpret_cast<const std::byte*>(ranges[i].first), ranges[i].second), {}};
-  }
-  RequestOptions o = ToOptions(kw);
-  Check(Io([&](Router& r) { return r.PutFrom(items, o); }));
-  return Statuses(items);
+  std::vector<std::span<std::byte>> spans = RegisteredSpans(Ranges(ptrs, sizes, ks.size()), /*writable=*/false, &hold);
+  return Batch<PutItem>(ks, spans, [&](Router& r, std::vector<PutItem>& items) { return r.PutFrom(items, o); });
 }
 
-std::vector<bool> Client::ExistsEach(py::handle keys, const py::kwargs& kw) {
+std::vector<bool> Client::ExistsEach(py::handle keys, const RequestOptions& o) {
   std::vector<BlockKey> ks = ToKeys(keys);
-  RequestOptions o = ToOptions(kw);
   std::vector<uint8_t> found(ks.size(), 0);
   Check(Io([&](Router& r) { return r.ExistsBatch(ks, found, o); }));
   return std::vector<bool>(found.begin(), found.end());
 }
 
-size_t Client::Exists(py::handle keys, const py::kwargs& kw) {
-  std::vector<bool> f = ExistsEach(keys, kw);
+size_t Client::Exists(py::handle keys, const RequestOptions& o) {
+  std::vector<bool> f = ExistsEach(keys, o);
   return static_cast<size_t>(std::find(f.begin(), f.end(), false) - f.begin());
 }
 
-void Client::Erase(py::handle keys, const py::kwargs& kw) {
+void Client::Erase(py::handle keys, const RequestOptions& o) {
   std::vector<BlockKey> ks = ToKeys(keys);
-  RequestOptions o = ToOptions(kw);
   Check(Io([&](Router& r) { return r.Erase(ks, o); }));
 }
 
-void Client::Release(py::handle keys, const py::kwargs& kw) {
+void Client::Release(py::handle keys, const RequestOptions& o) {
   std::vector<BlockKey> ks = ToKeys(keys);
-  RequestOptions o = ToOptions(kw);
   Check(Io([&](Router& r) { return r.Release(ks, o); }));
 }
 
@@ -362,42 +365,36 @@ void Client::Unregister(const std::shared_ptr<Region>& region) {
   Check(s);
 }
 
-SequenceHandle Client::CreateSequence(py::handle prefix, std::optional<size_t> max_blocks, const py::kwargs& kw) {
+SequenceHandle Client::CreateSequence(py::handle prefix, std::optional<size_t> max_blocks, const RequestOptions& o) {
   std::vector<TokenId> t = ToTokens(prefix);
-  RequestOptions o = ToOptions(kw);
   return Value(Io([&](Router& r) { return r.CreateSequence(t, o, max_blocks.value_or(SIZE_MAX)); }));
 }
 
 uint32_t Client::AppendSequence(const SequenceHandle& h, py::handle tokens, py::handle k, py::handle v,
-                                const py::kwargs& kw) {
+                                const RequestOptions& o) {
   std::vector<TokenId> t = ToTokens(tokens);
   Memory km = Memory::Acquire(k, false), vm = Memory::Acquire(v, false);
   if (km.device() || vm.device()) Throw(InvalidArgument("sequence K and V must be in host memory"));
   const size_t want = size_t{h.layers.size()} * t.size() * h.heads.size() * model_.head_dim * DTypeSize(model_.dtype);
   if (km.size() != want || vm.size() != want)
     Throw(InvalidArgument("K and V must each hold " + std::to_string(want) + " bytes ([layer][n][heads][head_dim])"));
-  RequestOptions o = ToOptions(kw);
   std::span<const std::byte> ks(km.data(), km.size()), vs(vm.data(), vm.size());
   return Value(Io([&](Router& r) { return r.AppendSequence(h, t, ks, vs, o); }));
 }
 
-void Client::TruncateSequence(const SequenceHandle& h, uint32_t n, const py::kwargs& kw) {
-  RequestOptions o = ToOptions(kw);
+void Client::TruncateSequence(const SequenceHandle& h, uint32_t n, const RequestOptions& o) {
   Check(Io([&](Router& r) { return r.TruncateSequence(h, n, o); }));
 }
 
-SequenceHandle Client::ForkSequence(const SequenceHandle& h, const py::kwargs& kw) {
-  RequestOptions o = ToOptions(kw);
+SequenceHandle Client::ForkSequence(const SequenceHandle& h, const RequestOptions& o) {
   return Value(Io([&](Router& r) { return r.ForkSequence(h, o); }));
 }
 
-void Client::ReleaseSequence(const SequenceHandle& h, const py::kwargs& kw) {
-  RequestOptions o = ToOptions(kw);
+void Client::ReleaseSequence(const SequenceHandle& h, const RequestOptions& o) {
   Check(Io([&](Router& r) { return r.ReleaseSequence(h, o); }));
 }
 
-py::dict Client::SequenceInfo(const SequenceHandle& h, const py::kwargs& kw) {
-  RequestOptions o = ToOptions(kw);
+py::dict Client::SequenceInfo(const SequenceHandle& h, const RequestOptions& o) {
   SequenceState s = Value(Io([&](Router& r) { return r.SequenceInfo(h, o); }));
   py::dict d;
   d["length"] = s.length;
@@ -406,8 +403,7 @@ py::dict Client::SequenceInfo(const SequenceHandle& h, const py::kwargs& kw) {
   return d;
 }
 
-py::tuple Client::ReadSequence(const SequenceHandle& h, uint32_t from, uint32_t n, const py::kwargs& kw) {
-  RequestOptions o = ToOptions(kw);
+py::tuple Client::ReadSequence(const SequenceHandle& h, uint32_t from, uint32_t n, const RequestOptions& o) {
   std::vector<std::byte> k, v;
   Check(Io([&](Router& r) { return r.ReadSequence(h, from, n, &k, &v, o); }));
   return py::make_tuple(py::bytes(reinterpret_cast<const char*>(k.data()), k.size()),

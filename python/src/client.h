@@ -17,7 +17,9 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "convert.h"
@@ -85,19 +87,19 @@ class Client {
   void Close();
   bool closed() const { return closed_.load(); }
 
-  std::vector<BlockKey> Keys(py::handle tokens, const py::kwargs& kw);
-  size_t MatchPrefix(py::handle tokens, const py::kwargs& kw);
-  void Put(py::handle tokens, py::handle blocks, size_t first_block, const py::kwargs& kw);
-  py::bytes Get(py::handle key, const py::kwargs& kw);
-  std::vector<ItemStatus> GetInto(py::handle keys, py::handle buffers, const py::kwargs& kw);
-  std::vector<ItemStatus> PutFrom(py::handle keys, py::handle buffers, const py::kwargs& kw);
+  std::vector<BlockKey> Keys(py::handle tokens, const RequestOptions& o);
+  size_t MatchPrefix(py::handle tokens, const RequestOptions& o);
+  void Put(py::handle tokens, py::handle blocks, size_t first_block, const RequestOptions& o);
+  py::bytes Get(py::handle key, const RequestOptions& o);
+  std::vector<ItemStatus> GetInto(py::handle keys, py::handle buffers, const RequestOptions& o);
+  std::vector<ItemStatus> PutFrom(py::handle keys, py::handle buffers, const RequestOptions& o);
   // Addresses [ptrs[i], ptrs[i] + sizes[i]) must lie in regions registered here.
-  std::vector<ItemStatus> GetIntoPtrs(py::handle keys, py::handle ptrs, py::handle sizes, const py::kwargs& kw);
-  std::vector<ItemStatus> PutFromPtrs(py::handle keys, py::handle ptrs, py::handle sizes, const py::kwargs& kw);
-  std::vector<bool> ExistsEach(py::handle keys, const py::kwargs& kw);
-  size_t Exists(py::handle keys, const py::kwargs& kw);
-  void Erase(py::handle keys, const py::kwargs& kw);
-  void Release(py::handle keys, const py::kwargs& kw);
+  std::vector<ItemStatus> GetIntoPtrs(py::handle keys, py::handle ptrs, py::handle sizes, const RequestOptions& o);
+  std::vector<ItemStatus> PutFromPtrs(py::handle keys, py::handle ptrs, py::handle sizes, const RequestOptions& o);
+  std::vector<bool> ExistsEach(py::handle keys, const RequestOptions& o);
+  size_t Exists(py::handle keys, const RequestOptions& o);
+  void Erase(py::handle keys, const RequestOptions& o);
+  void Release(py::handle keys, const RequestOptions& o);
 
   std::shared_ptr<Region> Register(py::handle obj);
   // Host memory from Router::AllocateMemory (over UCX: shared memory the
@@ -110,14 +112,14 @@ class Client {
   std::vector<std::shared_ptr<Region>> regions() const { return regions_; }
 
   // Live sequences (Sequence below wraps the handle).
-  SequenceHandle CreateSequence(py::handle prefix, std::optional<size_t> max_blocks, const py::kwargs& kw);
+  SequenceHandle CreateSequence(py::handle prefix, std::optional<size_t> max_blocks, const RequestOptions& o);
   uint32_t AppendSequence(const SequenceHandle& h, py::handle tokens, py::handle k, py::handle v,
-                          const py::kwargs& kw);
-  void TruncateSequence(const SequenceHandle& h, uint32_t n, const py::kwargs& kw);
-  SequenceHandle ForkSequence(const SequenceHandle& h, const py::kwargs& kw);
-  void ReleaseSequence(const SequenceHandle& h, const py::kwargs& kw);
-  py::dict SequenceInfo(const SequenceHandle& h, const py::kwargs& kw);
-  py::tuple ReadSequence(const SequenceHandle& h, uint32_t from, uint32_t n, const py::kwargs& kw);
+                          const RequestOptions& o);
+  void TruncateSequence(const SequenceHandle& h, uint32_t n, const RequestOptions& o);
+  SequenceHandle ForkSequence(const SequenceHandle& h, const RequestOptions& o);
+  void ReleaseSequence(const SequenceHandle& h, const RequestOptions& o);
+  py::dict SequenceInfo(const SequenceHandle& h, const RequestOptions& o);
+  py::tuple ReadSequence(const SequenceHandle& h, uint32_t from, uint32_t n, const RequestOptions& o);
 
  protected:
   Client() = default;
@@ -136,6 +138,19 @@ class Client {
   }
   // The registered region holding [p, p + n), or nullptr.
   std::shared_ptr<Region> RegionOf(uintptr_t p, size_t n) const;
+  // The memory of each (address, size) range, each inside a region registered
+  // here (a writable one when `writable`), else InvalidArgument naming the
+  // item; `hold` gets those regions, to keep them alive through the call.
+  std::vector<std::span<std::byte>> RegisteredSpans(const std::vector<std::pair<uintptr_t, size_t>>& ranges,
+                                                    bool writable, std::vector<std::shared_ptr<Region>>* hold) const;
+  // The memory of n buffers (writable ones when `writable`), device memory
+  // only when registered; InvalidArgument naming `call` when the count is not n.
+  std::vector<Memory> Buffers(py::handle buffers, size_t n, bool writable, const char* call) const;
+  // The batch of keys[i] over spans[i] (GetItem or PutItem), handed to
+  // call(router, items) with the GIL released; one ItemStatus per item.
+  template <typename Item, typename Call>
+  std::vector<ItemStatus> Batch(const std::vector<BlockKey>& keys, const std::vector<std::span<std::byte>>& spans,
+                                Call call);
   // Device memory must lie in a registered device region (the router stages it).
   void CheckDevice(const Memory& m) const;
 

@@ -199,37 +199,42 @@ std::vector<TokenId> ToTokens(py::handle obj) {
   return out;
 }
 
-RequestOptions ToOptions(const py::kwargs& kw) {
-  RequestOptions o;
-  for (auto [k, v] : kw) {
-    const std::string key = py::cast<std::string>(k);
-    if (key == "priority") {
-      const int64_t p = ToI64(v, "priority");
-      if (p < 0 || p >= kMaxPriorityClasses) Throw(InvalidArgument("priority must lie in [0, 8)"));
-      o.priority = static_cast<Priority>(p);
-    } else if (key == "layers") {
-      o.layers = ToRange(v, "layers");
-    } else if (key == "heads") {
-      o.heads = ToRange(v, "heads");
-    } else if (key == "timeout_ms") {
-      o.timeout_ms = ToI64(v, "timeout_ms");
-      if (o.timeout_ms < 0) Throw(InvalidArgument("timeout_ms must be >= 0"));
-    } else if (key == "expert" || key == "layer_group" || key == "rank") {
-      if (v.is_none()) continue;
-      const int64_t x = ToI64(v, key.c_str());
-      if (x < 0 || x > UINT32_MAX) Throw(InvalidArgument(key + " is out of range"));
-      const auto u = static_cast<uint32_t>(x);
-      o.affinity = key == "expert" ? Affinity::Expert(u) : key == "rank" ? Affinity::Rank(u) : Affinity::LayerGroup(u);
-    } else if (key == "score") {
-      o.score = py::cast<float>(v);
-    } else if (key == "replace") {
-      o.replace = py::cast<bool>(v);
-    } else {
-      Throw(InvalidArgument("unknown option '" + key + "'"));
-    }
-  }
-  return o;
+void SetPriority(RequestOptions& o, py::handle v) {
+  const int64_t p = ToI64(v, "priority");
+  if (p < 0 || p >= kMaxPriorityClasses) Throw(InvalidArgument("priority must lie in [0, 8)"));
+  o.priority = static_cast<Priority>(p);
 }
+
+void SetLayers(RequestOptions& o, py::handle v) { o.layers = ToRange(v, "layers"); }
+
+void SetHeads(RequestOptions& o, py::handle v) { o.heads = ToRange(v, "heads"); }
+
+void SetTimeout(RequestOptions& o, py::handle v) {
+  o.timeout_ms = ToI64(v, "timeout_ms");
+  if (o.timeout_ms < 0) Throw(InvalidArgument("timeout_ms must be >= 0"));
+}
+
+namespace {
+
+// expert, layer_group, rank: a uint32 placement hint; None gives none.
+void SetAffinity(RequestOptions& o, py::handle v, const char* what, Affinity (*make)(uint32_t)) {
+  if (v.is_none()) return;
+  const int64_t x = ToI64(v, what);
+  if (x < 0 || x > UINT32_MAX) Throw(InvalidArgument(std::string(what) + " is out of range"));
+  o.affinity = make(static_cast<uint32_t>(x));
+}
+
+}  // namespace
+
+void SetExpert(RequestOptions& o, py::handle v) { SetAffinity(o, v, "expert", &Affinity::Expert); }
+
+void SetLayerGroup(RequestOptions& o, py::handle v) { SetAffinity(o, v, "layer_group", &Affinity::LayerGroup); }
+
+void SetRank(RequestOptions& o, py::handle v) { SetAffinity(o, v, "rank", &Affinity::Rank); }
+
+void SetScore(RequestOptions& o, py::handle v) { o.score = py::cast<float>(v); }
+
+void SetReplace(RequestOptions& o, py::handle v) { o.replace = py::cast<bool>(v); }
 
 void Memory::BufferDeleter::operator()(Py_buffer* b) const {
   PyBuffer_Release(b);

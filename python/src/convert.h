@@ -67,10 +67,17 @@ py::list FromKeys(const std::vector<BlockKey>& keys);
 // or anything with tolist() (a torch tensor). Each must fit in int32.
 std::vector<TokenId> ToTokens(py::handle obj);
 
-// RequestOptions from keyword arguments: priority, layers, heads,
-// timeout_ms, expert, layer_group, rank, score, replace. InvalidArgument
-// for an unknown keyword or a bad value.
-RequestOptions ToOptions(const py::kwargs& kw);
+// The setters of RequestOptions from an option's Python value (the table
+// of options.h names one per keyword). InvalidArgument for a bad value.
+void SetPriority(RequestOptions& o, py::handle v);
+void SetLayers(RequestOptions& o, py::handle v);
+void SetHeads(RequestOptions& o, py::handle v);
+void SetTimeout(RequestOptions& o, py::handle v);
+void SetExpert(RequestOptions& o, py::handle v);  // None: no hint (likewise the next two)
+void SetLayerGroup(RequestOptions& o, py::handle v);
+void SetRank(RequestOptions& o, py::handle v);
+void SetScore(RequestOptions& o, py::handle v);
+void SetReplace(RequestOptions& o, py::handle v);
 
 // The contiguous memory behind a Python object, held for the object's
 // lifetime: the buffer protocol (bytearray, memoryview, numpy arrays, ...)

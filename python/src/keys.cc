@@ -105,7 +105,7 @@ KeyArray TextKeys(py::handle texts, py::handle salt_obj) {
 
 }  // namespace
 
-void AddKeyFunctions(py::module_& m) {
+void BindKeys(py::module_& m) {
   m.def("chain_keys", &ChainKeys, py::arg("tokens"), py::arg("block_tokens"), py::arg("salt"),
         "Chained keys of the full blocks of `tokens` (blocks of `block_tokens`), rooted at\n"
         "H('kvmesh-adapter-v1' | salt): an (n, 2) uint64 array, one (hi, lo) row per block.\n"

@@ -15,10 +15,4 @@
 // build the result.
 #pragma once
 
-#include <pybind11/pybind11.h>
-
-namespace kvmesh::python {
-
-void AddKeyFunctions(pybind11::module_& m);
-
-}  // namespace kvmesh::python
+#include "bindings.h"  // BindKeys binds the three functions

@@ -4,7 +4,6 @@ over TCP, daemons over UCX), and its lifetime: views outlive the Allocation
 object, close() refuses while views exist, the client may close first."""
 
 import gc
-import json
 import re
 import signal
 import threading
@@ -16,7 +15,7 @@ import pytest
 import torch
 
 import kvmesh
-from conftest import DAEMONS_CONFIG, Daemons, embedded_config, scaled
+from conftest import daemons_over, embedded_config, scaled
 
 BT = 16
 
@@ -212,11 +211,7 @@ def node_metric(d, node, name):
 
 @pytest.mark.skipif(not kvmesh.HAVE_UCX, reason="kvmesh built without UCX")
 def test_allocations_over_ucx_move_one_sided(tmp_path):
-    cfg = json.load(open(DAEMONS_CONFIG))
-    cfg["transport"]["backend"] = "ucx"
-    path = tmp_path / "ucx.json"
-    path.write_text(json.dumps(cfg))
-    d = Daemons(config=str(path)).start()
+    d = daemons_over("ucx", tmp_path)
     try:
         with kvmesh.Client(d.address, tenant="ucx-allocate") as c:
             moved = sum(node_metric(d, n, "kvmesh_ucx_one_sided_bytes_total") for n in d.node_ids)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kvmesh
-from conftest import DAEMONS_CONFIG, Daemons, scaled
+from conftest import DAEMONS_CONFIG, Daemons, daemons_over, scaled
 
 BT = 16
 
@@ -163,11 +163,7 @@ def test_unregister_waits_for_a_call_in_flight(daemons):
 @pytest.mark.skipif(not kvmesh.HAVE_UCX, reason="kvmesh built without UCX")
 def test_registered_memory_over_ucx(tmp_path):
     import torch
-    cfg = json.load(open(DAEMONS_CONFIG))
-    cfg["transport"]["backend"] = "ucx"
-    path = tmp_path / "ucx.json"
-    path.write_text(json.dumps(cfg))
-    d = Daemons(config=str(path)).start()
+    d = daemons_over("ucx", tmp_path)
     try:
         with kvmesh.Client(d.address, tenant="ucx") as c:
             keys = c.keys(list(range(20 * BT)))

@@ -8,18 +8,18 @@ fail.
 
 Usage: run.py BUILD_DIR SOURCE_DIR
 """
-import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from launch import Daemons, scaled  # noqa: E402  (tests/launch.py: the daemons' launcher)
+
 # Bounds grow with the build (sanitizers: KVMESH_TEST_TIME_SCALE, cmake/KvmeshHelpers.cmake).
-SCALE = int(os.environ.get('KVMESH_TEST_TIME_SCALE', '1'))
-DEADLINE_S = 240 * SCALE
+DEADLINE_S = scaled(240)
 
 
 def run(cmd, **kw):
@@ -27,33 +27,10 @@ def run(cmd, **kw):
     subprocess.run(cmd, check=True, **kw)
 
 
-def read_event(proc, timeout_s):
-    """The daemon's {"event":"listening",...} line."""
-    end = time.time() + timeout_s
-    os.set_blocking(proc.stdout.fileno(), False)
-    buf = b''
-    while time.time() < end:
-        chunk = proc.stdout.read()
-        if chunk:
-            buf += chunk
-            for line in buf.split(b'\n'):
-                if line.startswith(b'{'):
-                    try:
-                        ev = json.loads(line)
-                    except ValueError:
-                        continue
-                    if ev.get('event') == 'listening':
-                        return ev
-        elif proc.poll() is not None:
-            break
-        time.sleep(0.02)
-    raise RuntimeError(f'no listening event from pid {proc.pid} (exit {proc.poll()})')
-
-
 def main():
     build, source = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     scratch = tempfile.mkdtemp(prefix='kvmesh-install-')
-    procs = []
+    daemons = None
     start = time.time()
     try:
         prefix = os.path.join(scratch, 'prefix')
@@ -72,29 +49,18 @@ def main():
             stdout=subprocess.DEVNULL)
         run(['cmake', '--build', cbuild], stdout=subprocess.DEVNULL)
 
-        kvmesh = os.path.join(prefix, 'bin', 'kvmesh')
-        config = os.path.join(source, 'cluster_configs', 'daemons-local.json')
-        coord = subprocess.Popen([kvmesh, 'coordinator', '--config', config, '--port', '0'],
-                                 stdout=subprocess.PIPE, start_new_session=True)
-        procs.append(coord)
-        ev = read_event(coord, 30 * SCALE)
-        address = f'{ev["host"]}:{ev["ports"]["http"]}'
-        node = subprocess.Popen([kvmesh, 'node', '--config', config, '--id', 'n0', '--coordinator', address],
-                                stdout=subprocess.PIPE, start_new_session=True)
-        procs.append(node)
-        read_event(node, 30 * SCALE)
+        # A coordinator and n0 of the installed kvmesh (bounds scaled by the launcher).
+        daemons = Daemons(config=os.path.join(source, 'cluster_configs', 'daemons-local.json'), nodes=('n0',),
+                          binary=os.path.join(prefix, 'bin', 'kvmesh'), timeout_s=30)
+        address = daemons.start().address
         left = max(10, DEADLINE_S - (time.time() - start))
         run([os.path.join(cbuild, 'consumer'), address], timeout=left)
         run([os.path.join(cbuild, 'consumer_c'), address], timeout=left, stdout=subprocess.DEVNULL)
         print('install consumer: OK')
         return 0
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
+        if daemons is not None:
+            daemons.kill_all()
         shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -20,7 +20,7 @@ Checks, in order:
      and eviction did happen (not every key survived), some keys survived;
   3. a data command before AUTH is refused with NOAUTH.
 Every process is killed at the end, whatever happens (and dies with this
-script if it is killed itself: PR_SET_PDEATHSIG; tests/resp/daemons.py), and a
+script if it is killed itself: PR_SET_PDEATHSIG; tests/launch.py), and a
 failure shows the end of each daemon's stderr. Exit 77 (ctest: skipped)
 when redis-py is not installed.
 """
@@ -34,7 +34,8 @@ import sys
 import tempfile
 import time
 
-from daemons import TIME_SCALE, Procs
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from launch import TIME_SCALE, Daemons  # noqa: E402  (tests/launch.py)
 
 try:
     import redis.asyncio as aioredis
@@ -95,92 +96,85 @@ async def load(r, key: str, size: int):
 
 async def main(kvmesh: str) -> int:
     t0 = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = Procs(tmp)
+    with tempfile.TemporaryDirectory() as tmp, Daemons(binary=kvmesh, log_dir=tmp) as procs:
+        cfg_path = os.path.join(tmp, "cluster.json")
+        with open(cfg_path, "w") as f:
+            json.dump(config(0), f)
+        coord = procs.launch("coordinator", ["coordinator", "--config", cfg_path, "--port", "0"])
+        coord_addr = f"127.0.0.1:{coord['ports']['http']}"
+        for n in NODES:
+            procs.launch(n, ["node", "--config", cfg_path, "--id", n, "--coordinator", coord_addr])
+        time.sleep(0.8)  # every node registered (heartbeat 200 ms)
+        px = procs.launch("proxy", ["proxy", "--config", cfg_path, "--coordinator", coord_addr, "--resp-port", "0"])
+        assert px["nodes"] == len(NODES), px
+        port = px["ports"]["resp"]
+
+        # 3. NOAUTH before AUTH (a client without the password).
+        anon = aioredis.Redis(host="127.0.0.1", port=port)
         try:
-            cfg_path = os.path.join(tmp, "cluster.json")
-            with open(cfg_path, "w") as f:
-                json.dump(config(0), f)
-            coord = procs.start("coordinator", [kvmesh, "coordinator", "--config", cfg_path, "--port", "0"])
-            coord_addr = f"127.0.0.1:{coord['ports']['http']}"
-            for n in NODES:
-                procs.start(n, [kvmesh, "node", "--config", cfg_path, "--id", n, "--coordinator", coord_addr])
-            time.sleep(0.8)  # every node registered (heartbeat 200 ms)
-            px = procs.start("proxy", [kvmesh, "proxy", "--config", cfg_path, "--coordinator", coord_addr, "--resp-port", "0"])
-            assert px["nodes"] == len(NODES), px
-            port = px["ports"]["resp"]
+            await anon.set("x", "y")
+            raise AssertionError("SET without AUTH was accepted")
+        except redis.exceptions.AuthenticationError as e:
+            assert "NOAUTH" in str(e) or "Authentication required" in str(e), e
+        except redis.exceptions.ResponseError as e:
+            assert "NOAUTH" in str(e), e
+        await anon.close()
 
-            # 3. NOAUTH before AUTH (a client without the password).
-            anon = aioredis.Redis(host="127.0.0.1", port=port)
-            try:
-                await anon.set("x", "y")
-                raise AssertionError("SET without AUTH was accepted")
-            except redis.exceptions.AuthenticationError as e:
-                assert "NOAUTH" in str(e) or "Authentication required" in str(e), e
-            except redis.exceptions.ResponseError as e:
-                assert "NOAUTH" in str(e), e
-            await anon.close()
+        url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
+        r = aioredis.from_url(url, max_connections=8, socket_timeout=60 * TIME_SCALE)
+        sem = asyncio.Semaphore(8)
 
-            url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
-            r = aioredis.from_url(url, max_connections=8, socket_timeout=60 * TIME_SCALE)
-            sem = asyncio.Semaphore(8)
+        async def bounded(coro):
+            async with sem:
+                return await coro
 
-            async def bounded(coro):
-                async with sem:
-                    return await coro
+        # 1. 1, 4 and 32 MiB chunks: stored, read back equal.
+        sizes = [1 * MiB] * 6 + [4 * MiB] * 4 + [32 * MiB] * 2
+        keys = [f"model@tp0:round1:chunk{i:03d}@" for i in range(len(sizes))]
+        await asyncio.gather(*(bounded(store(r, k, s)) for k, s in zip(keys, sizes)))
+        for k, s in zip(keys, sizes):
+            got = await load(r, k, s)
+            assert got is not None, f"{k}: metadata missing right after SET"
+            md_ok, chunk = got
+            assert md_ok, f"{k}: metadata differs"
+            assert chunk == chunk_bytes(k, s), f"{k}: chunk of {s} bytes read back different"
+        print(f"1. {len(sizes)} chunks (1, 4, 32 MiB) stored and read back equal, none refused")
 
-            # 1. 1, 4 and 32 MiB chunks: stored, read back equal.
-            sizes = [1 * MiB] * 6 + [4 * MiB] * 4 + [32 * MiB] * 2
-            keys = [f"model@tp0:round1:chunk{i:03d}@" for i in range(len(sizes))]
-            await asyncio.gather(*(bounded(store(r, k, s)) for k, s in zip(keys, sizes)))
-            for k, s in zip(keys, sizes):
-                got = await load(r, k, s)
-                assert got is not None, f"{k}: metadata missing right after SET"
-                md_ok, chunk = got
-                assert md_ok, f"{k}: metadata differs"
-                assert chunk == chunk_bytes(k, s), f"{k}: chunk of {s} bytes read back different"
-            print(f"1. {len(sizes)} chunks (1, 4, 32 MiB) stored and read back equal, none refused")
-
-            # 2. Fill to three times the cluster's capacity, then check every pair.
-            capacity = NODE_BYTES * len(NODES)
-            fill_sizes = []
-            rng = random.Random(7)
-            total = sum(sizes)
-            while total < 3 * capacity:
-                s = rng.choice([1 * MiB, 4 * MiB, 4 * MiB, 32 * MiB])
-                fill_sizes.append(s)
-                total += s
-            fill_keys = [f"model@tp0:round2:chunk{i:04d}@" for i in range(len(fill_sizes))]
-            await asyncio.gather(*(bounded(store(r, k, s)) for k, s in zip(fill_keys, fill_sizes)))
-            all_keys = list(zip(keys, sizes)) + list(zip(fill_keys, fill_sizes))
-            present = without_chunk = wrong = 0
-            for k, s in all_keys:
-                if not await r.exists(k + "metadata"):
-                    continue
-                present += 1
-                got = await load(r, k, s)
-                if got is None:
-                    continue  # evicted between EXISTS and GET: a miss, not a broken pair
-                md_ok, chunk = got
-                if chunk is None:
-                    without_chunk += 1
-                    await r.delete(k + "metadata")
-                elif not md_ok or chunk != chunk_bytes(k, s):
-                    wrong += 1
-            print(f"2. filled {total / MiB:.0f} MiB into {capacity / MiB:.0f} MiB ({total / capacity:.1f}x): "
-                  f"{len(all_keys)} pairs, {present} metadata keys left, {without_chunk} without their chunk, "
-                  f"{wrong} wrong")
-            assert without_chunk == 0, f"{without_chunk} metadata keys lost their chunk"
-            assert wrong == 0, f"{wrong} chunks read back wrong"
-            assert 0 < present < len(all_keys), f"{present} of {len(all_keys)} left: no eviction, or nothing kept"
-            await r.close()
-            print(f"3. NOAUTH before AUTH; the password in the URL works. {time.time() - t0:.1f} s")
-            return 0
-        except BaseException:
-            procs.dump_logs()
-            raise
-        finally:
-            procs.stop()
+        # 2. Fill to three times the cluster's capacity, then check every pair.
+        capacity = NODE_BYTES * len(NODES)
+        fill_sizes = []
+        rng = random.Random(7)
+        total = sum(sizes)
+        while total < 3 * capacity:
+            s = rng.choice([1 * MiB, 4 * MiB, 4 * MiB, 32 * MiB])
+            fill_sizes.append(s)
+            total += s
+        fill_keys = [f"model@tp0:round2:chunk{i:04d}@" for i in range(len(fill_sizes))]
+        await asyncio.gather(*(bounded(store(r, k, s)) for k, s in zip(fill_keys, fill_sizes)))
+        all_keys = list(zip(keys, sizes)) + list(zip(fill_keys, fill_sizes))
+        present = without_chunk = wrong = 0
+        for k, s in all_keys:
+            if not await r.exists(k + "metadata"):
+                continue
+            present += 1
+            got = await load(r, k, s)
+            if got is None:
+                continue  # evicted between EXISTS and GET: a miss, not a broken pair
+            md_ok, chunk = got
+            if chunk is None:
+                without_chunk += 1
+                await r.delete(k + "metadata")
+            elif not md_ok or chunk != chunk_bytes(k, s):
+                wrong += 1
+        print(f"2. filled {total / MiB:.0f} MiB into {capacity / MiB:.0f} MiB ({total / capacity:.1f}x): "
+              f"{len(all_keys)} pairs, {present} metadata keys left, {without_chunk} without their chunk, "
+              f"{wrong} wrong")
+        assert without_chunk == 0, f"{without_chunk} metadata keys lost their chunk"
+        assert wrong == 0, f"{wrong} chunks read back wrong"
+        assert 0 < present < len(all_keys), f"{present} of {len(all_keys)} left: no eviction, or nothing kept"
+        await r.close()
+        print(f"3. NOAUTH before AUTH; the password in the URL works. {time.time() - t0:.1f} s")
+        return 0
 
 
 if __name__ == "__main__":

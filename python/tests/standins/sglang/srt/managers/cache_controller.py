@@ -488,14 +488,21 @@ class HiCacheController:
         return min([kv_hits, *sidecar_hits.values()])
 
     def prefetch_io_aux_func(self):
+        def transfer(operation):
+            self._page_transfer(operation)
+            self.prefetch_sync_queue.put(PrefetchAck(rid=operation.request_id, operation=operation,
+                                                     completed_req=True))
+        self._serve_queue(self.prefetch_buffer, transfer)
+
+    def _serve_queue(self, queue, handle) -> None:
+        """The loop of each storage thread (stand-in's own helper): handle every item
+        of queue but None, polling once a second, until storage_stop_event is set."""
         while not self.storage_stop_event.is_set():
             try:
-                operation = self.prefetch_buffer.get(block=True, timeout=1)
-                if operation is None:
+                item = queue.get(block=True, timeout=1)
+                if item is None:
                     continue
-                self._page_transfer(operation)
-                self.prefetch_sync_queue.put(PrefetchAck(rid=operation.request_id, operation=operation,
-                                                         completed_req=True))
+                handle(item)
             except Empty:
                 continue
 
@@ -567,27 +574,17 @@ class HiCacheController:
             operation.completed_tokens += self.page_size * len(batch_hashes)
 
     def backup_thread_func(self):
-        while not self.storage_stop_event.is_set():
-            try:
-                operation = self.backup_queue.get(block=True, timeout=1)
-                if operation is None:
-                    continue
-                if not self.backup_skip:
-                    self._page_backup(operation)
-                self.ack_backup_queue.put(operation)
-            except Empty:
-                continue
+        def backup(operation):
+            if not self.backup_skip:
+                self._page_backup(operation)
+            self.ack_backup_queue.put(operation)
+        self._serve_queue(self.backup_queue, backup)
 
     def prefetch_sync_thread_func(self):
-        while not self.storage_stop_event.is_set():
-            try:
-                ack = self.prefetch_sync_queue.get(block=True, timeout=1)
-                if ack is None:
-                    continue
-                self._reduce_prefetch_ack(ack)
-                self.ack_prefetch_queue.put(ack)
-            except Empty:
-                continue
+        def sync(ack):
+            self._reduce_prefetch_ack(ack)
+            self.ack_prefetch_queue.put(ack)
+        self._serve_queue(self.prefetch_sync_queue, sync)
 
     def _reduce_prefetch_ack(self, ack: PrefetchAck) -> None:
         if ack.completed_tokens is not None:

@@ -87,18 +87,25 @@ class StandinScheduler:
     def wait_backup(self, op_id: int):
         end = time.monotonic() + self.timeout_s
         while op_id not in self._backup_acks:
-            errors = self.controller.standin_thread_errors
-            if errors:
-                raise RuntimeError(f"backup {op_id}: a controller thread died: {errors[0]!r}") from errors[0]
-            left = end - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"backup {op_id}: no ack after {self.timeout_s}s")
-            try:
-                op = self.controller.ack_backup_queue.get(timeout=min(0.05, left))
-            except Empty:
-                continue
-            self._backup_acks[op.id] = op
+            op = self._take(self.controller.ack_backup_queue, end, f"backup {op_id}", "no ack")
+            if op is not None:
+                self._backup_acks[op.id] = op
         return self._backup_acks.pop(op_id)
+
+    def _take(self, queue, end: float, what: str, missing: str):
+        """The next item of one of the controller's queues, or None after a short
+        wait; raises RuntimeError naming the exception a controller thread died
+        of, TimeoutError ("<what>: <missing> after ...") once `end` has passed."""
+        errors = self.controller.standin_thread_errors
+        if errors:
+            raise RuntimeError(f"{what}: a controller thread died: {errors[0]!r}") from errors[0]
+        left = end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{what}: {missing} after {self.timeout_s}s")
+        try:
+            return queue.get(timeout=min(0.05, left))
+        except Empty:
+            return None
 
     # ---- prefetch -------------------------------------------------------------
     def start_prefetch(self, rid: str, token_ids, last_hash: Optional[str] = None, prefix_keys=None,
@@ -109,18 +116,9 @@ class StandinScheduler:
     def wait_hit(self, op) -> int:
         end = time.monotonic() + self.timeout_s
         while id(op) not in self._hits:
-            errors = self.controller.standin_thread_errors
-            if errors:
-                raise RuntimeError(f"prefetch {op.request_id}: a controller thread died: {errors[0]!r}") \
-                    from errors[0]
-            left = end - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"prefetch {op.request_id}: no hit count after {self.timeout_s}s")
-            try:
-                got = self.controller.prefetch_hit_queue.get(timeout=min(0.05, left))
-            except Empty:
-                continue
-            self._hits[id(got)] = got
+            got = self._take(self.controller.prefetch_hit_queue, end, f"prefetch {op.request_id}", "no hit count")
+            if got is not None:
+                self._hits[id(got)] = got
         return self._hits.pop(id(op)).storage_hit_count
 
     def load(self, op) -> bool:
@@ -148,18 +146,9 @@ class StandinScheduler:
             acks = self._prefetch_acks[id(op)]
             if acks and acks[-1].completed_req:
                 break
-            errors = self.controller.standin_thread_errors
-            if errors:
-                raise RuntimeError(f"prefetch {op.request_id}: a controller thread died: {errors[0]!r}") \
-                    from errors[0]
-            left = end - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"prefetch {op.request_id}: not completed after {self.timeout_s}s")
-            try:
-                ack = self.controller.ack_prefetch_queue.get(timeout=min(0.05, left))
-            except Empty:
-                continue
-            self._prefetch_acks.setdefault(id(ack.operation), []).append(ack)
+            ack = self._take(self.controller.ack_prefetch_queue, end, f"prefetch {op.request_id}", "not completed")
+            if ack is not None:
+                self._prefetch_acks.setdefault(id(ack.operation), []).append(ack)
         result.acks = self._prefetch_acks.pop(id(op))
         for ack in result.acks:
             if ack.completed_tokens is not None:

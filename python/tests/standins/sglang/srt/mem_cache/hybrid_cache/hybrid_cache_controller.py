@@ -59,7 +59,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from queue import Empty, Queue
+from queue import Queue
 from typing import List, Optional
 
 import torch
@@ -255,15 +255,10 @@ class HybridCacheController(BaseHiCacheController):
         return False
 
     def backup_thread_func(self):
-        while not self.storage_stop_event.is_set():
-            try:
-                operation = self.backup_queue.get(block=True, timeout=1)
-                if operation is None:
-                    continue
-                self._page_backup(operation)
-                self.ack_backup_queue.put(operation)
-            except Empty:
-                continue
+        def backup(operation):
+            self._page_backup(operation)
+            self.ack_backup_queue.put(operation)
+        self._serve_queue(self.backup_queue, backup)
 
     def _resolve_sidecar_kv_derived_pool_transfers(self, operation):
         for t in operation.pool_transfers:

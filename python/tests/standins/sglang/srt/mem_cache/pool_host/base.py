@@ -54,6 +54,17 @@ class HostKVCache(abc.ABC):
         self.allocator = get_allocator_from_storage(allocator_type)
         self.can_use_write_back_jit = False
         self.dtype = device_pool.store_dtype
+        self._size_pool(device_pool, host_size, host_to_device_ratio)
+        self.start_layer = device_pool.start_layer
+        self.end_layer = device_pool.end_layer
+        self.kv_buffer = self.init_kv_buffer()
+        self.lock = threading.RLock()
+        self.clear()
+
+    def _size_pool(self, device_pool, host_size, host_to_device_ratio):
+        """size_per_token, size and page_num as upstream's __init__ sets them (host_size
+        GB when > 0, else host_to_device_ratio times the device pool; whole pages plus
+        one). The stand-in's own helper: the mamba pool sizes itself the same way."""
         self.size_per_token = self.get_size_per_token()
         if host_size > 0:
             self.size = int(host_size * 1e9 // self.size_per_token)
@@ -61,11 +72,6 @@ class HostKVCache(abc.ABC):
             self.size = int(device_pool.size * host_to_device_ratio)
         self.page_num = self.size // self.page_size + 1
         self.size = self.page_num * self.page_size
-        self.start_layer = device_pool.start_layer
-        self.end_layer = device_pool.end_layer
-        self.kv_buffer = self.init_kv_buffer()
-        self.lock = threading.RLock()
-        self.clear()
 
     @abc.abstractmethod
     def get_size_per_token(self):

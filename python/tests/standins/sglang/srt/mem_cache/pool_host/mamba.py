@@ -62,13 +62,7 @@ class MambaPoolHost(HostKVCache):
         self.conv_dtype = device_pool.mamba_cache.conv[0].dtype
         self.temporal_dtype = device_pool.mamba_cache.temporal.dtype
         self.dtype = self.conv_dtype
-        self.size_per_token = self.get_size_per_token()
-        if host_size > 0:
-            self.size = int(host_size * 1e9 // self.size_per_token)
-        else:
-            self.size = int(device_pool.size * host_to_device_ratio)
-        self.page_num = self.size // self.page_size + 1
-        self.size = self.page_num * self.page_size
+        self._size_pool(device_pool, host_size, host_to_device_ratio)
         self.kv_buffer = self.init_kv_buffer()
         self.lock = threading.RLock()
         self.clear()
