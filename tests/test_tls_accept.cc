@@ -34,9 +34,7 @@
 #include "transport/socket_util.h"
 
 using namespace kvmesh;
-using kvmesh::testing::Certs;
-using kvmesh::testing::ServerTls;
-using kvmesh::testing::TimeBound;
+using namespace kvmesh::testing;  // Certs, ServerTls, TimeBound
 using namespace std::chrono_literals;
 using SteadyClock = std::chrono::steady_clock;
 
