@@ -33,6 +33,7 @@
 #include "cluster_process.h"
 #include "common/credentials.h"
 #include "kvmesh/config.h"
+#include "test_pki.h"
 #include "test_time.h"
 #include "transport/http_client.h"
 #include "transport/protocol.h"
@@ -40,6 +41,7 @@
 #include "transport/fd_tls_client.h"
 
 using namespace kvmesh;
+using kvmesh::testing::Certs;
 using kvmesh::testing::Process;
 using kvmesh::testing::TimeBound;
 using namespace std::chrono_literals;
@@ -49,28 +51,6 @@ namespace {
 
 const std::string kBin = KVMESH_BIN;
 const std::string kSecret = "cluster-s3cret";
-
-const std::string kSource = KVMESH_SOURCE_DIR;
-
-// A fresh PKI (tests/make_test_certs.sh) for the test binary, removed at exit.
-struct Pki {
-  std::string dir;
-  Pki() {
-    dir = "/tmp/kvmesh-front-limits-pki-" + std::to_string(::getpid());
-    const std::string cmd = "bash " + kSource + "/tests/make_test_certs.sh " + dir + " >/dev/null 2>&1";
-    if (std::system(cmd.c_str()) != 0) dir.clear();
-  }
-  ~Pki() {
-    std::error_code ec;
-    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-  }
-  std::string operator()(const std::string& file) const { return dir + "/" + file; }
-};
-const Pki& Certs() {
-  static Pki pki;
-  REQUIRE(!pki.dir.empty());
-  return pki;
-}
 
 // The cluster config of issue 39's reproduction (two nodes of 128 MiB,
 // alice with an 8 MiB quota, bob with 64 MiB), plus `limits`, in a

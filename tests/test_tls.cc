@@ -14,6 +14,7 @@
 
 #include "cluster_process.h"
 #include "stale_epoch_answer.h"
+#include "test_pki.h"
 #include "test_time.h"
 #include "common/credentials.h"
 #include "kvmesh/config.h"
@@ -26,42 +27,15 @@
 #include "transport/asio_tls.h"
 
 using namespace kvmesh;
+using kvmesh::testing::Certs;
 using kvmesh::testing::Process;
+using kvmesh::testing::ServerTls;
 using namespace std::chrono_literals;
 
 namespace {
 
 const std::string kBin = KVMESH_BIN;
 const std::string kSource = KVMESH_SOURCE_DIR;
-
-// A fresh PKI for the test binary, removed at exit.
-struct Pki {
-  std::string dir;
-  Pki() {
-    dir = "/tmp/kvmesh-tls-test-" + std::to_string(::getpid());
-    const std::string cmd = "bash " + kSource + "/tests/make_test_certs.sh " + dir;
-    if (std::system(cmd.c_str()) != 0) dir.clear();
-  }
-  ~Pki() {
-    std::error_code ec;
-    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-  }
-  std::string operator()(const std::string& file) const { return dir + "/" + file; }
-};
-const Pki& Certs() {
-  static Pki pki;
-  REQUIRE(!pki.dir.empty());
-  return pki;
-}
-
-TlsConfig ServerTls(const std::string& name = "node", const std::string& client_auth = "none") {
-  TlsConfig t;
-  t.cert = Certs()(name + ".pem");
-  t.key = Certs()(name + ".key");
-  t.ca = Certs()("ca.pem");
-  t.client_auth = client_auth;
-  return t;
-}
 
 std::shared_ptr<const TlsClientContext> ClientTls(const std::string& ca = "ca.pem", const std::string& who = "") {
   TlsClientOptions o;

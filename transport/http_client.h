@@ -2,7 +2,7 @@
 // plane (nodes register and heartbeat with the coordinator; routers fetch the
 // shard map). One request per connection (Connection: close), bounded by a
 // timeout, body capped at 16 MiB, over TLS when given a client context
-// (transport/tls_client.h). Not for the data plane.
+// (transport/fd_tls_client.h). Not for the data plane.
 #pragma once
 
 #include <cstdint>

@@ -23,7 +23,7 @@
 #include "transport/seq_calls.h"
 #include "transport/socket_util.h"
 #include "transport/sync_over_async.h"
-#include "transport/tls_client.h"
+#include "transport/fd_tls_client.h"
 
 namespace kvmesh {
 namespace {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <list>
 #include <thread>
 #include <unordered_set>
