@@ -33,6 +33,7 @@
 #include "cluster_process.h"
 #include "common/credentials.h"
 #include "kvmesh/config.h"
+#include "test_data.h"
 #include "test_time.h"
 #include "transport/http_client.h"
 #include "transport/protocol.h"
@@ -52,25 +53,8 @@ const std::string kSecret = "cluster-s3cret";
 
 const std::string kSource = KVMESH_SOURCE_DIR;
 
-// A fresh PKI (tests/make_test_certs.sh) for the test binary, removed at exit.
-struct Pki {
-  std::string dir;
-  Pki() {
-    dir = "/tmp/kvmesh-front-limits-pki-" + std::to_string(::getpid());
-    const std::string cmd = "bash " + kSource + "/tests/make_test_certs.sh " + dir + " >/dev/null 2>&1";
-    if (std::system(cmd.c_str()) != 0) dir.clear();
-  }
-  ~Pki() {
-    std::error_code ec;
-    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-  }
-  std::string operator()(const std::string& file) const { return dir + "/" + file; }
-};
-const Pki& Certs() {
-  static Pki pki;
-  REQUIRE(!pki.dir.empty());
-  return pki;
-}
+// The test binary's PKI (tests/make_test_certs.sh), removed at exit.
+const testing::TestPki& Certs() { return testing::TestCerts(kSource); }
 
 // The cluster config of issue 39's reproduction (two nodes of 128 MiB,
 // alice with an 8 MiB quota, bob with 64 MiB), plus `limits`, in a
@@ -79,23 +63,8 @@ struct Config {
   std::string path;
   explicit Config(const nlohmann::json& limits, const nlohmann::json& tls = nullptr) {
     static int n = 0;
-    nlohmann::json j = {
-        {"name", "front-limits"},
-        {"model",
-         {{"model_id", "front-limits"}, {"num_layers", 4}, {"num_kv_heads", 4}, {"head_dim", 64}, {"dtype", "fp16"},
-          {"block_tokens", 16}}},
-        {"nodes",
-         {{{"id", "n0"}, {"host", "127.0.0.1"}, {"memory", {{"host", "128MiB"}}}},
-          {{"id", "n1"}, {"host", "127.0.0.1"}, {"memory", {{"host", "128MiB"}}}}}},
-        {"store", {{"slot_bytes", "1MiB"}}},
-        {"transport", {{"timeout_ms", 2000}}},
-        {"coordinator", {{"host", "127.0.0.1"}, {"port", 0}, {"heartbeat_ms", 200}, {"dead_after_ms", 1000}}},
-        {"auth",
-         {{"token", kSecret},
-          {"tenants",
-           {{{"name", "alice"}, {"token", "alice-token"}, {"quota", "8MiB"}},
-            {{"name", "bob"}, {"token", "bob-token"}, {"quota", "64MiB"}}}}}},
-        {"limits", limits}};
+    nlohmann::json j = testing::Issue39Cluster("front-limits", "front-limits", kSecret);
+    j["limits"] = limits;
     if (!tls.is_null()) j["tls"] = tls;
     path = "/tmp/kvmesh-front-limits-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + ".json";
     std::ofstream(path) << j.dump();

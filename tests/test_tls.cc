@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cluster_process.h"
+#include "test_data.h"
 #include "test_time.h"
 #include "common/credentials.h"
 #include "kvmesh/config.h"
@@ -33,25 +34,8 @@ namespace {
 const std::string kBin = KVMESH_BIN;
 const std::string kSource = KVMESH_SOURCE_DIR;
 
-// A fresh PKI for the test binary, removed at exit.
-struct Pki {
-  std::string dir;
-  Pki() {
-    dir = "/tmp/kvmesh-tls-test-" + std::to_string(::getpid());
-    const std::string cmd = "bash " + kSource + "/tests/make_test_certs.sh " + dir;
-    if (std::system(cmd.c_str()) != 0) dir.clear();
-  }
-  ~Pki() {
-    std::error_code ec;
-    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-  }
-  std::string operator()(const std::string& file) const { return dir + "/" + file; }
-};
-const Pki& Certs() {
-  static Pki pki;
-  REQUIRE(!pki.dir.empty());
-  return pki;
-}
+// The test binary's PKI (tests/make_test_certs.sh), removed at exit.
+const testing::TestPki& Certs() { return testing::TestCerts(kSource); }
 
 TlsConfig ServerTls(const std::string& name = "node", const std::string& client_auth = "none") {
   TlsConfig t;
