@@ -364,11 +364,6 @@ std::string TieredStore::PrometheusText() const {
   auto sample = [&](const std::string& name, const std::string& labels, uint64_t v) {
     out += name + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(v) + "\n";
   };
-  // A counter with one unlabelled sample.
-  auto counter = [&](const std::string& name, const char* help, uint64_t v) {
-    metric(name, "counter", help);
-    sample(name, "", v);
-  };
   metric("kvmesh_pressure_level", "gauge", "Memory pressure level: 0 normal, 1 evict-oldest, 2 reencode, 3 refuse-admissions");
   sample("kvmesh_pressure_level", "", static_cast<uint64_t>(s.pressure_level));
   metric("kvmesh_pressure_level_entered_total", "counter", "Times each pressure level was entered");
@@ -383,16 +378,23 @@ std::string TieredStore::PrometheusText() const {
   sample("kvmesh_tier_demotions_total", "reason=\"evicted\"", s.demoted_on_evict);
   sample("kvmesh_tier_demotions_total", "reason=\"offload\"", s.demoted_offload);
   sample("kvmesh_tier_demotions_total", "reason=\"pressure\"", s.demoted_pressure);
-  counter("kvmesh_tier_dropped_total", "Blocks deleted by pressure level 1 (no lower tier)", s.dropped_pressure);
-  counter("kvmesh_tier_promotions_total", "Blocks moved up into the primary tier", s.promotions);
+  metric("kvmesh_tier_dropped_total", "counter", "Blocks deleted by pressure level 1 (no lower tier)");
+  sample("kvmesh_tier_dropped_total", "", s.dropped_pressure);
+  metric("kvmesh_tier_promotions_total", "counter", "Blocks moved up into the primary tier");
+  sample("kvmesh_tier_promotions_total", "", s.promotions);
   metric("kvmesh_tier_hits_total", "counter", "Hits served from a lower tier");
   sample("kvmesh_tier_hits_total", "tier=\"host\"", s.host_hits);
   sample("kvmesh_tier_hits_total", "tier=\"ssd\"", s.ssd_hits);
-  counter("kvmesh_tier_ssd_corrupt_total", "SSD blocks that failed verification (read as misses)", s.ssd_corrupt);
-  counter("kvmesh_tier_prefetch_promoted_total", "Blocks promoted ahead of use by prefetch hints", s.prefetch_promoted);
-  counter("kvmesh_pressure_reencoded_blocks_total", "Blocks re-encoded at lower precision (level 2)", s.reencoded_blocks);
-  counter("kvmesh_pressure_busy_refusals_total", "Puts refused with Busy at level 3", s.busy_refusals);
-  counter("kvmesh_tier_stored_below_total", "Puts stored in the host tier because every primary slot was pinned", s.stored_below);
+  metric("kvmesh_tier_ssd_corrupt_total", "counter", "SSD blocks that failed verification (read as misses)");
+  sample("kvmesh_tier_ssd_corrupt_total", "", s.ssd_corrupt);
+  metric("kvmesh_tier_prefetch_promoted_total", "counter", "Blocks promoted ahead of use by prefetch hints");
+  sample("kvmesh_tier_prefetch_promoted_total", "", s.prefetch_promoted);
+  metric("kvmesh_pressure_reencoded_blocks_total", "counter", "Blocks re-encoded at lower precision (level 2)");
+  sample("kvmesh_pressure_reencoded_blocks_total", "", s.reencoded_blocks);
+  metric("kvmesh_pressure_busy_refusals_total", "counter", "Puts refused with Busy at level 3");
+  sample("kvmesh_pressure_busy_refusals_total", "", s.busy_refusals);
+  metric("kvmesh_tier_stored_below_total", "counter", "Puts stored in the host tier because every primary slot was pinned");
+  sample("kvmesh_tier_stored_below_total", "", s.stored_below);
   return out;
 }
 
