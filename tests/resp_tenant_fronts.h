@@ -46,6 +46,14 @@ inline std::string Pattern(size_t n, uint64_t seed) {
   return s;
 }
 
+// A RespProxy over `map` with options `po` (po.map is set here).
+inline std::unique_ptr<RespProxy> StartRespProxy(RespProxyOptions po, std::shared_ptr<const ShardMap> map) {
+  po.map = [m = std::move(map)] { return m; };
+  auto p = RespProxy::Start(po);
+  REQUIRE(p.ok());
+  return std::move(*p);
+}
+
 // One ShardNode with tenants and its node-local RESP front (node "n0" of `c`).
 struct LocalFront {
   explicit LocalFront(ClusterConfig c = RespTenantConfig(1)) : cfg(std::move(c)) {
@@ -97,10 +105,7 @@ struct ProxyFront {
     po.token = cfg.auth.token;
     po.auth = MakeClusterAuth(cfg.auth);
     po.tenants = cfg.auth.tenants;
-    po.map = [m = map] { return m; };
-    auto p = RespProxy::Start(po);
-    REQUIRE(p.ok());
-    proxy = std::move(*p);
+    proxy = StartRespProxy(po, map);
   }
   ~ProxyFront() {
     if (proxy) proxy->Stop();

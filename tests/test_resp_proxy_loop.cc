@@ -22,6 +22,7 @@
 #include "shard_node/server/data_server.h"
 #include "shard_node/shard_node.h"
 #include "tests/resp_client.h"
+#include "tests/resp_tenant_fronts.h"
 #include "tests/stalled_node.h"
 #include "tests/test_data.h"
 #include "transport/resp/resp_commands.h"
@@ -75,10 +76,7 @@ struct ProxyRig {
     po.timeout_ms = timeout_ms;
     po.connect_timeout_ms = timeout_ms;
     po.block_bytes = kSlot;
-    po.map = [m = map] { return m; };
-    auto p = RespProxy::Start(po);
-    REQUIRE(p.ok());
-    proxy = std::move(*p);
+    proxy = testing::StartRespProxy(po, map);
   }
   ~ProxyRig() {
     if (proxy) proxy->Stop();
