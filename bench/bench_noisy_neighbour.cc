@@ -215,23 +215,8 @@ struct Cluster {
   std::string bin, path;
   Daemon coord, n0, n1, proxy;
   explicit Cluster(std::string kvmesh) : bin(std::move(kvmesh)) {
-    nlohmann::json j = {
-        {"name", "noisy-neighbour"},
-        {"model",
-         {{"model_id", "noisy"}, {"num_layers", 4}, {"num_kv_heads", 4}, {"head_dim", 64}, {"dtype", "fp16"},
-          {"block_tokens", 16}}},
-        {"nodes",
-         {{{"id", "n0"}, {"host", "127.0.0.1"}, {"memory", {{"host", "128MiB"}}}},
-          {{"id", "n1"}, {"host", "127.0.0.1"}, {"memory", {{"host", "128MiB"}}}}}},
-        {"store", {{"slot_bytes", "1MiB"}}},
-        {"transport", {{"timeout_ms", 2000}}},
-        {"coordinator", {{"host", "127.0.0.1"}, {"port", 0}, {"heartbeat_ms", 200}, {"dead_after_ms", 1000}}},
-        {"auth",
-         {{"token", kSecret},
-          {"tenants",
-           {{{"name", "alice"}, {"token", "alice-token"}, {"quota", "8MiB"}},
-            {{"name", "bob"}, {"token", "bob-token"}, {"quota", "64MiB"}},
-            {{"name", "carol"}, {"token", "carol-token"}, {"quota", "48MiB"}}}}}}};
+    nlohmann::json j = testing::Issue39Cluster("noisy-neighbour", "noisy", kSecret);
+    j["auth"]["tenants"].push_back(nlohmann::json{{"name", "carol"}, {"token", "carol-token"}, {"quota", "48MiB"}});
     path = "/tmp/kvmesh-noisy-" + std::to_string(::getpid()) + ".json";
     std::ofstream(path) << j.dump();
   }

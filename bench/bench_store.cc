@@ -54,6 +54,21 @@ struct Row {
 
 BlockKey Key(uint64_t i) { return BlockKey{i * 0x9E3779B97F4A7C15ull + 1, i}; }
 
+// A store of `capacity` bytes in `slot`-byte slots with `classes` size
+// classes, 8 stripes, on prefaulted host memory, without aging.
+std::unique_ptr<BlockStore> BenchStore(size_t capacity, size_t slot, uint32_t classes) {
+  StoreOptions o;
+  o.capacity_bytes = capacity;
+  o.slot_bytes = slot;
+  o.size_classes = classes;
+  o.stripes = 8;
+  o.policy_options.aging_ns = 0;
+  HostMemoryOptions hm;
+  hm.prefault = true;
+  o.backend = MakeHostMemory(capacity, hm).value();
+  return BlockStore::Create(std::move(o)).value();
+}
+
 std::vector<Row> StoreRows(size_t block, int trials, uint32_t classes) {
   const size_t capacity = 256ull << 20;
   const size_t slots = capacity / block;
@@ -67,16 +82,7 @@ std::vector<Row> StoreRows(size_t block, int trials, uint32_t classes) {
   std::vector<std::byte> dst(capacity);  // memcpy baseline destination, same size as the pool
   std::memset(dst.data(), 1, dst.size());
 
-  StoreOptions o;
-  o.capacity_bytes = capacity;
-  o.slot_bytes = block;
-  o.size_classes = classes;
-  o.stripes = 8;
-  o.policy_options.aging_ns = 0;
-  HostMemoryOptions hm;
-  hm.prefault = true;
-  o.backend = MakeHostMemory(capacity, hm).value();
-  auto store = BlockStore::Create(std::move(o)).value();
+  auto store = BenchStore(capacity, block, classes);
 
   const size_t ops = std::max<size_t>(64, (512ull << 20) / block);  // ~512 MiB per trial
   uint64_t next_key = 0;
@@ -137,19 +143,7 @@ BlockKey SpreadKey(uint64_t i) { return BlockKey{Mix64(i + 1), i}; }
 // The mixed-size rows: `classes` against fixed slots (size_classes = 1).
 std::vector<Row> MixedRows(uint32_t classes, int trials) {
   const size_t slot = 256 << 10, capacity = 256ull << 20;
-  auto make = [&](uint32_t n) {
-    StoreOptions o;
-    o.capacity_bytes = capacity;
-    o.slot_bytes = slot;
-    o.size_classes = n;
-    o.stripes = 8;
-    o.policy_options.aging_ns = 0;
-    HostMemoryOptions hm;
-    hm.prefault = true;
-    o.backend = MakeHostMemory(capacity, hm).value();
-    return BlockStore::Create(std::move(o)).value();
-  };
-  auto slab = make(classes), fixed = make(1);
+  auto slab = BenchStore(capacity, slot, classes), fixed = BenchStore(capacity, slot, 1);
   const size_t keys = 4 * capacity / slot;  // 4x more distinct blocks than full slots
   std::vector<uint32_t> size_of(keys);
   std::mt19937_64 rng(5);

@@ -161,4 +161,26 @@ inline std::optional<std::string> RunToEnd(const std::vector<std::string>& argv,
   return out;
 }
 
+// The cluster config of issue 39's reproduction: a coordinator and two nodes
+// (n0, n1) of 128 MiB on 127.0.0.1 storing 1 MiB blocks of model `model_id`,
+// cluster token `secret`, and tenants alice (8 MiB quota, token alice-token)
+// and bob (64 MiB, bob-token).
+inline nlohmann::json Issue39Cluster(const std::string& name, const std::string& model_id, const std::string& secret) {
+  return {{"name", name},
+          {"model",
+           {{"model_id", model_id}, {"num_layers", 4}, {"num_kv_heads", 4}, {"head_dim", 64}, {"dtype", "fp16"},
+            {"block_tokens", 16}}},
+          {"nodes",
+           {{{"id", "n0"}, {"host", "127.0.0.1"}, {"memory", {{"host", "128MiB"}}}},
+            {{"id", "n1"}, {"host", "127.0.0.1"}, {"memory", {{"host", "128MiB"}}}}}},
+          {"store", {{"slot_bytes", "1MiB"}}},
+          {"transport", {{"timeout_ms", 2000}}},
+          {"coordinator", {{"host", "127.0.0.1"}, {"port", 0}, {"heartbeat_ms", 200}, {"dead_after_ms", 1000}}},
+          {"auth",
+           {{"token", secret},
+            {"tenants",
+             {{{"name", "alice"}, {"token", "alice-token"}, {"quota", "8MiB"}},
+              {{"name", "bob"}, {"token", "bob-token"}, {"quota", "64MiB"}}}}}}};
+}
+
 }  // namespace kvmesh::testing

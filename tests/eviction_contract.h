@@ -29,6 +29,12 @@ inline std::unique_ptr<EvictionPolicy> MakePolicy(const std::string& name, const
   return std::move(r).value();
 }
 
+// The same with a capacity hint, a clock (nullptr: the system's) and aging_ns.
+inline std::unique_ptr<EvictionPolicy> MakePolicy(const std::string& name, size_t capacity, Clock* clock = nullptr,
+                                                  int64_t aging_ns = 0) {
+  return MakePolicy(name, {.aging_ns = aging_ns, .capacity_hint = capacity, .clock = clock});
+}
+
 // Evicts everything; returns the order.
 inline std::vector<EntryId> Drain(EvictionPolicy& p) {
   std::vector<EntryId> out;

@@ -21,6 +21,7 @@
 #include "shard_node/server/resp_server.h"
 #include "shard_node/shard_node.h"
 #include "shard_node/tenants.h"
+#include "tests/test_data.h"
 #include "transport/resp/resp_commands.h"
 
 namespace kvmesh::testing {
@@ -29,18 +30,12 @@ constexpr uint64_t kRespSlot = 64 << 10;
 constexpr uint64_t kRespQuota = 256 << 10;  // tenant "alpha"'s bytes per node
 
 inline ClusterConfig RespTenantConfig(int nodes) {
-  std::string j = R"({"model": {"model_id": "rt", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
+  return NodesConfig(R"("model": {"model_id": "rt", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
                                  "block_tokens": 4}, "store": {"slot_bytes": "64KiB", "size_classes": 8},
                       "auth": {"token": "cluster-secret", "tenants": [
                         {"name": "alpha", "password": "alpha-pw", "quota": "256KiB"},
-                        {"name": "beta", "token": "beta-pw"}]},
-                      "nodes": [)";
-  for (int i = 0; i < nodes; ++i)
-    j += std::string(i ? "," : "") + R"({"id": "n)" + std::to_string(i) + R"(", "memory": {"host": "16MiB"}})";
-  j += "]}";
-  auto c = ParseConfig(j);
-  REQUIRE(c.ok());
-  return *c;
+                        {"name": "beta", "token": "beta-pw"}]})",
+                     nodes, "16MiB");
 }
 
 // n seeded pseudo-random bytes as a RESP value.
@@ -51,10 +46,17 @@ inline std::string Pattern(size_t n, uint64_t seed) {
   return s;
 }
 
-// One ShardNode with tenants and its node-local RESP front.
+// A RespProxy over `map` with options `po` (po.map is set here).
+inline std::unique_ptr<RespProxy> StartRespProxy(RespProxyOptions po, std::shared_ptr<const ShardMap> map) {
+  po.map = [m = std::move(map)] { return m; };
+  auto p = RespProxy::Start(po);
+  REQUIRE(p.ok());
+  return std::move(*p);
+}
+
+// One ShardNode with tenants and its node-local RESP front (node "n0" of `c`).
 struct LocalFront {
-  LocalFront() {
-    cfg = RespTenantConfig(1);
+  explicit LocalFront(ClusterConfig c = RespTenantConfig(1)) : cfg(std::move(c)) {
     auto n = ShardNode::Create(cfg, "n0");
     REQUIRE(n.ok());
     node = std::move(*n);
@@ -103,10 +105,7 @@ struct ProxyFront {
     po.token = cfg.auth.token;
     po.auth = MakeClusterAuth(cfg.auth);
     po.tenants = cfg.auth.tenants;
-    po.map = [m = map] { return m; };
-    auto p = RespProxy::Start(po);
-    REQUIRE(p.ok());
-    proxy = std::move(*p);
+    proxy = StartRespProxy(po, map);
   }
   ~ProxyFront() {
     if (proxy) proxy->Stop();

@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
-#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "shard_node/server/data_server.h"
 #include "shard_node/shard_node.h"
 #include "shard_node/tenants.h"
+#include "tests/test_data.h"
 #include "transport/tcp_channel.h"
 
 namespace kvmesh::testing {
@@ -27,6 +27,19 @@ struct TenantNodeOptions {
   uint32_t max_block_bytes = 0;  // the data server's limits.max_block_bytes (0: its default)
   std::optional<SequenceServiceOptions> sequences;  // ShardNode::Create's (none: the default)
 };
+
+// The node of issue 39's reproduction: "n0", 128 MiB of host memory in 1 MiB
+// blocks, cluster token "cluster-secret", and `tenants` (a JSON array of
+// $.auth.tenants entries).
+inline ClusterConfig MiBBlockNodeConfig(const std::string& tenants) {
+  auto c = ParseConfig(R"({
+    "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16, "block_tokens": 16},
+    "nodes": [{"id": "n0", "memory": {"host": "128MiB"}}],
+    "store": {"slot_bytes": "1MiB"},
+    "auth": {"token": "cluster-secret", "tenants": )" + tenants + "}}");
+  REQUIRE(c.ok());
+  return *c;
+}
 
 // Node "n0" of `cfg` behind a DataServer on a port the kernel chose.
 struct TenantNode {
@@ -59,14 +72,6 @@ struct TenantNode {
     return TcpChannel::Create(o);
   }
 };
-
-// n seeded pseudo-random bytes.
-inline std::vector<std::byte> RandomBytes(uint64_t seed, size_t n) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::byte> v(n);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
 
 // Puts one block; its own status.
 inline Status PutOne(ShardChannel& ch, const BlockKey& k, const std::vector<std::byte>& data, bool replace = false) {

@@ -74,12 +74,7 @@ TEST_CASE("BlockKey hex round trip", "[block_key]") {
 
 TEST_CASE("BlockLayout: a block holds K and V of block_tokens tokens; side_bytes(n) is one side of n tokens",
           "[block_key][layout]") {
-  ModelSpec m;
-  m.model_id = "m";
-  m.num_layers = 4;
-  m.num_kv_heads = 8;
-  m.head_dim = 128;
-  m.block_tokens = 16;
+  ModelSpec m{.model_id = "m", .num_layers = 4, .num_kv_heads = 8, .head_dim = 128, .block_tokens = 16};
   const BlockLayout full = BlockLayout::Full(m);
   CHECK(full.side_bytes(1) == 4 * 8 * 128 * 2);
   CHECK(full.side_bytes(16) == 4 * 8 * 16 * 128 * 2);

@@ -16,12 +16,14 @@
 #include "shard_node/server/data_server.h"
 #include "shard_node/server/frame_handler.h"
 #include "shard_node/shard_node.h"
+#include "tests/raw_frames.h"
 #include "transport/protocol.h"
 #include "transport/socket_util.h"
 #include "transport/tcp_channel.h"
 
 using namespace kvmesh;
 using SteadyClock = std::chrono::steady_clock;
+using namespace kvmesh::testing;  // Raw, ClosedByServer, HelloFrame (tests/raw_frames.h)
 
 namespace {
 
@@ -76,35 +78,6 @@ BlockKey Key(uint64_t a, uint64_t b) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return BlockKey{x ^ (x >> 31), b};
-}
-
-// A raw connection for sending hand-made bytes.
-UniqueFd Raw(uint16_t port) {
-  auto fd = ConnectTcp("127.0.0.1", port, SteadyClock::now() + std::chrono::seconds(2));
-  REQUIRE(fd.ok());
-  return std::move(*fd);
-}
-
-// True when the server closed the connection (EOF) within 2 s; answers are drained.
-bool ClosedByServer(int fd) {
-  char buf[4096];
-  const auto end = SteadyClock::now() + std::chrono::seconds(2);
-  while (SteadyClock::now() < end) {
-    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n == 0) return true;
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return true;
-    if (n < 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
-}
-
-std::string HelloFrame(const std::string& token = "") {
-  proto::Hello h;
-  h.client_id = "raw";
-  h.token = token;
-  proto::FrameHeader fh;
-  fh.opcode = proto::Opcode::kHello;
-  return proto::BuildFrame(fh, proto::EncodeHelloBody(h));
 }
 
 }  // namespace

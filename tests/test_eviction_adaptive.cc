@@ -15,11 +15,8 @@ using namespace kvmesh;
 namespace {
 
 using testing::Drain;
+using testing::MakePolicy;
 
-std::unique_ptr<EvictionPolicy> Make(const std::string& name, size_t capacity, Clock* clock = nullptr,
-                                     int64_t aging_ns = 0) {
-  return testing::MakePolicy(name, {.aging_ns = aging_ns, .capacity_hint = capacity, .clock = clock});
-}
 
 AccessInfo Info(Priority pr, float score = 0.0f, uint32_t depth = 0) {
   AccessInfo i;
@@ -66,17 +63,17 @@ uint64_t SecondHalfHits(EvictionPolicy& p, const std::vector<EntryId>& seq, size
 
 TEST_CASE("The default eviction policy is adaptive, and the config and store defaults agree", "[eviction]") {
   CHECK(kDefaultEvictionPolicy == "adaptive");
-  auto p = Make(std::string(kDefaultEvictionPolicy), 16);
+  auto p = MakePolicy(std::string(kDefaultEvictionPolicy), 16);
   CHECK(p->name() == "adaptive");
   CHECK(p->following() == "lru-priority");  // the first expert leads until another does better
-  CHECK(Make("adaptive-cost", 16)->name() == "adaptive-cost");
-  CHECK(Make("lru", 16)->following().empty());
+  CHECK(MakePolicy("adaptive-cost", 16)->name() == "adaptive-cost");
+  CHECK(MakePolicy("lru", 16)->following().empty());
 }
 
 TEST_CASE("turnover-priority: classes first until the first eviction, then one class per turnover time",
           "[eviction]") {
   ManualClock clock(0);
-  auto p = Make("turnover-priority", 8, &clock);
+  auto p = MakePolicy("turnover-priority", 8, &clock);
   p->Insert(1, Info(2));  // t = 0 s
   clock.AdvanceSeconds(1);
   p->Insert(2, Info(0));  // t = 1 s
@@ -104,7 +101,7 @@ TEST_CASE("turnover-priority: classes first until the first eviction, then one c
 }
 
 TEST_CASE("freq-class: strict class, then accumulated score hints, then LRU", "[eviction]") {
-  auto p = Make("freq-class", 8);  // aging 0: importance never decays
+  auto p = MakePolicy("freq-class", 8);  // aging 0: importance never decays
   p->Insert(1, Info(1, 1.0f));
   p->Insert(2, Info(1, 1.0f));
   p->Touch(1, Info(1, 3.0f));        // importance 4: log2(5) = bucket 2; block 2 stays at 1
@@ -120,7 +117,7 @@ TEST_CASE("freq-class: strict class, then accumulated score hints, then LRU", "[
 
 TEST_CASE("freq-class: importance halves per aging period of idleness", "[eviction]") {
   ManualClock clock(0);
-  auto p = Make("freq-class", 8, &clock, 10'000'000'000);  // half-life 10 s
+  auto p = MakePolicy("freq-class", 8, &clock, 10'000'000'000);  // half-life 10 s
   p->Insert(1, Info(1, 7.0f));  // log2(8) = 3
   p->Insert(2, Info(1, 1.0f));  // log2(2) = 1
   CHECK(*p->Victim() == 2);
@@ -131,8 +128,8 @@ TEST_CASE("freq-class: importance halves per aging period of idleness", "[evicti
 
 TEST_CASE("adaptive: with no hits yet it evicts exactly what lru-priority evicts", "[eviction]") {
   ManualClock clock(0);
-  auto a = Make("adaptive", 6, &clock, 60'000'000'000);
-  auto l = Make("lru-priority", 6, &clock, 60'000'000'000);
+  auto a = MakePolicy("adaptive", 6, &clock, 60'000'000'000);
+  auto l = MakePolicy("lru-priority", 6, &clock, 60'000'000'000);
   std::mt19937_64 rng(3);
   std::vector<EntryId> ea, el;
   for (EntryId id = 1; id <= 40; ++id) {  // every access a miss: no expert scores
@@ -151,7 +148,7 @@ TEST_CASE("adaptive: follows the expert that hits most, and hits like it", "[evi
   constexpr size_t kCap = 100;
   const std::vector<EntryId> seq = HotAndScan(80, 40000, 1000);
   auto run = [&](const std::string& name, std::string* following = nullptr) {
-    return SecondHalfHits(*Make(name, kCap), seq, kCap, following);
+    return SecondHalfHits(*MakePolicy(name, kCap), seq, kCap, following);
   };
   std::string leader;
   const uint64_t adaptive = run("adaptive", &leader);
@@ -166,7 +163,7 @@ TEST_CASE("adaptive: an owner whose real capacity is below the hint still gets t
           "[eviction]") {
   // A store class whose capacity hint is 8 chunks but which holds 4 (its pages
   // went to other classes): the leader (lru-priority) still decides.
-  auto p = Make("adaptive", 8);
+  auto p = MakePolicy("adaptive", 8);
   const Priority cls[] = {3, 0, 3, 1};
   for (EntryId id = 1; id <= 4; ++id) Access(*p, id, 4, Info(cls[id - 1]));
   REQUIRE(p->size() == 4);
@@ -180,7 +177,7 @@ TEST_CASE("adaptive: an owner whose real capacity is below the hint still gets t
 }
 
 TEST_CASE("adaptive: pinned entries leave and return, erased ones leave the experts too", "[eviction]") {
-  auto p = Make("adaptive", 4);
+  auto p = MakePolicy("adaptive", 4);
   for (EntryId id = 1; id <= 4; ++id) Access(*p, id, 4);
   p->Remove(1, RemoveReason::kPinned);  // a reader pins it: not evictable
   CHECK_FALSE(p->Contains(1));

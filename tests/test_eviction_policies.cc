@@ -14,11 +14,8 @@ using namespace kvmesh;
 namespace {
 
 using testing::Drain;
+using testing::MakePolicy;
 
-std::unique_ptr<EvictionPolicy> Make(const std::string& name, size_t capacity, Clock* clock = nullptr,
-                                     int64_t aging_ns = 0) {
-  return testing::MakePolicy(name, {.aging_ns = aging_ns, .capacity_hint = capacity, .clock = clock});
-}
 
 // testing::OwnerAccess: true on a hit; appends evicted ids to *evicted.
 bool Access(EvictionPolicy& p, EntryId id, size_t capacity, std::vector<EntryId>* evicted = nullptr,
@@ -36,7 +33,7 @@ AccessInfo Hint(Priority pr, float score) {
 }  // namespace
 
 TEST_CASE("LFU-DA evicts the least frequent, and dynamic aging lets newcomers catch up", "[eviction]") {
-  auto p = Make("lfu", 0);
+  auto p = MakePolicy("lfu", 0);
   for (EntryId i = 1; i <= 3; ++i) p->Insert(i, {});
   p->Touch(1, {});
   p->Touch(1, {});  // key(1) = 3
@@ -51,7 +48,7 @@ TEST_CASE("LFU-DA evicts the least frequent, and dynamic aging lets newcomers ca
 }
 
 TEST_CASE("LFU-DA: erasing does not age the cache", "[eviction]") {
-  auto p = Make("lfu", 0);
+  auto p = MakePolicy("lfu", 0);
   p->Insert(1, {});
   p->Touch(1, {});  // key 2
   p->Insert(2, {});
@@ -63,7 +60,7 @@ TEST_CASE("LFU-DA: erasing does not age the cache", "[eviction]") {
 TEST_CASE("ARC keeps re-used entries through a scan that flushes LRU", "[eviction]") {
   for (const char* name : {"arc", "lru"}) {
     INFO(name);
-    auto p = Make(name, 3);
+    auto p = MakePolicy(name, 3);
     for (EntryId id : {1, 1, 2, 2}) Access(*p, id, 3);  // 1 and 2 are used twice: T2
     for (EntryId id = 100; id < 110; ++id) Access(*p, id, 3);
     const bool kept = p->Contains(1) && p->Contains(2);
@@ -77,7 +74,7 @@ TEST_CASE("ARC follows REPLACE on a hand-traced sequence with ghost hits", "[evi
   // 2 is a B1 ghost: p=1, T1 no longer over p, so 1 leaves T2 -> B2=[1], 2 enters T2;
   // 1 is a B2 ghost: p=0, 3 leaves T1 -> B1=[3], 1 enters T2;
   // 4 is new: T1 is empty, so T2's LRU (2) goes.
-  auto p = Make("arc", 2);
+  auto p = MakePolicy("arc", 2);
   std::vector<EntryId> evicted;
   std::vector<bool> hits;
   for (EntryId id : {1, 2, 1, 3, 2, 1, 4}) hits.push_back(Access(*p, id, 2, &evicted));
@@ -95,7 +92,7 @@ TEST_CASE("ARC follows REPLACE on a hand-traced sequence with ghost hits", "[evi
 TEST_CASE("ARC and S3-FIFO remember ghosts by key hash, not by reused slot ids", "[eviction]") {
   for (const char* name : {"arc", "s3-fifo"}) {
     INFO(name);
-    auto p = Make(name, 10);
+    auto p = MakePolicy(name, 10);
     AccessInfo a;
     a.key_hash = 0xAAAA;
     AccessInfo b;
@@ -111,7 +108,7 @@ TEST_CASE("ARC and S3-FIFO remember ghosts by key hash, not by reused slot ids",
 }
 
 TEST_CASE("S3-FIFO: one-hit wonders leave through the small queue, reused entries stay", "[eviction]") {
-  auto p = Make("s3-fifo", 10);
+  auto p = MakePolicy("s3-fifo", 10);
   for (EntryId id = 1; id <= 9; ++id) Access(*p, id, 10);
   for (EntryId id = 1; id <= 9; ++id) Access(*p, id, 10);  // each hit once: counter 1
   std::vector<EntryId> evicted;
@@ -131,7 +128,7 @@ TEST_CASE("S3-FIFO: one-hit wonders leave through the small queue, reused entrie
 }
 
 TEST_CASE("S3-FIFO: main-queue entries get one more round per hit", "[eviction]") {
-  auto p = Make("s3-fifo", 10);
+  auto p = MakePolicy("s3-fifo", 10);
   for (EntryId id = 1; id <= 10; ++id) Access(*p, id, 10);
   for (EntryId id = 1; id <= 10; ++id) p->Touch(id, {});
   // First victim search moves all ten (hit once) to M with counter 0, M's oldest is 1.
@@ -142,7 +139,7 @@ TEST_CASE("S3-FIFO: main-queue entries get one more round per hit", "[eviction]"
 }
 
 TEST_CASE("TinyLFU admits a new block only when it is more frequent than the victim", "[eviction]") {
-  auto p = Make("tinylfu-lru", 2);
+  auto p = MakePolicy("tinylfu-lru", 2);
   CHECK(p->name() == "tinylfu-lru");
   for (int i = 0; i < 6; ++i) {
     Access(*p, 1, 2);
@@ -165,7 +162,7 @@ TEST_CASE("TinyLFU admits a new block only when it is more frequent than the vic
 TEST_CASE("TinyLFU wraps any policy and admits everything while there is room", "[eviction]") {
   for (std::string inner : {"lru-priority", "arc", "s3-fifo", "lfu", "score"}) {
     INFO(inner);
-    auto p = Make("tinylfu-" + inner, 4);
+    auto p = MakePolicy("tinylfu-" + inner, 4);
     CHECK(p->name() == "tinylfu-" + inner);
     for (EntryId id = 1; id <= 4; ++id) CHECK_FALSE(Access(*p, id, 4));
     CHECK(p->size() == 4);
@@ -176,7 +173,7 @@ TEST_CASE("TinyLFU wraps any policy and admits everything while there is room", 
 
 TEST_CASE("Score policy: class first, then accumulated importance, then LRU", "[eviction]") {
   ManualClock clock;
-  auto p = Make("score", 0, &clock);
+  auto p = MakePolicy("score", 0, &clock);
   p->Insert(1, Hint(1, 5.0f));
   p->Insert(2, Hint(1, 1.0f));
   p->Insert(3, Hint(1, 3.0f));
@@ -190,7 +187,7 @@ TEST_CASE("Score policy: class first, then accumulated importance, then LRU", "[
 TEST_CASE("Score policy: importance decays with the configured half-life", "[eviction]") {
   ManualClock clock;
   const int64_t half_life = 10'000'000'000;  // 10 s
-  auto p = Make("score", 0, &clock, half_life);
+  auto p = MakePolicy("score", 0, &clock, half_life);
   p->Insert(1, Hint(1, 5.0f));
   clock.AdvanceSeconds(20);       // 1's 5 is now worth 1.25 against fresh hints
   p->Insert(2, Hint(1, 2.0f));
@@ -209,7 +206,7 @@ TEST_CASE("Every policy is consistent under random operations", "[eviction]") {
   for (const std::string& name : EvictionPolicyNames()) {
     INFO(name);
     ManualClock clock;
-    auto p = Make(name, 64, &clock, 1'000'000'000);
+    auto p = MakePolicy(name, 64, &clock, 1'000'000'000);
     testing::ContractRun run;
     run.clock = &clock;
     run.tick_ns = 10'000'000;
@@ -242,7 +239,7 @@ TEST_CASE("Release makes an entry the next victim until it is read again", "[evi
                                  "s3-fifo", "tinylfu-lru", "adaptive", "adaptive-cost"}) {
     INFO(name);
     ManualClock clock;
-    auto p = Make(name, 8, &clock, 1'000'000'000);
+    auto p = MakePolicy(name, 8, &clock, 1'000'000'000);
     for (EntryId id = 1; id <= 5; ++id) {
       clock.Advance(1'000'000);
       AccessInfo info;
@@ -267,7 +264,7 @@ TEST_CASE("Release makes an entry the next victim until it is read again", "[evi
   // Policies with no order to change ignore it.
   for (const std::string name : {"lfu", "arc", "score"}) {
     INFO(name);
-    auto p = Make(name, 8);
+    auto p = MakePolicy(name, 8);
     for (EntryId id = 1; id <= 3; ++id) Access(*p, id, 8);
     p->Release(2);
     CHECK(p->size() == 3);

@@ -59,23 +59,8 @@ struct Config {
   std::string path;
   explicit Config(const nlohmann::json& limits, const nlohmann::json& tls = nullptr) {
     static int n = 0;
-    nlohmann::json j = {
-        {"name", "front-limits"},
-        {"model",
-         {{"model_id", "front-limits"}, {"num_layers", 4}, {"num_kv_heads", 4}, {"head_dim", 64}, {"dtype", "fp16"},
-          {"block_tokens", 16}}},
-        {"nodes",
-         {{{"id", "n0"}, {"host", "127.0.0.1"}, {"memory", {{"host", "128MiB"}}}},
-          {{"id", "n1"}, {"host", "127.0.0.1"}, {"memory", {{"host", "128MiB"}}}}}},
-        {"store", {{"slot_bytes", "1MiB"}}},
-        {"transport", {{"timeout_ms", 2000}}},
-        {"coordinator", {{"host", "127.0.0.1"}, {"port", 0}, {"heartbeat_ms", 200}, {"dead_after_ms", 1000}}},
-        {"auth",
-         {{"token", kSecret},
-          {"tenants",
-           {{{"name", "alice"}, {"token", "alice-token"}, {"quota", "8MiB"}},
-            {{"name", "bob"}, {"token", "bob-token"}, {"quota", "64MiB"}}}}}},
-        {"limits", limits}};
+    nlohmann::json j = testing::Issue39Cluster("front-limits", "front-limits", kSecret);
+    j["limits"] = limits;
     if (!tls.is_null()) j["tls"] = tls;
     path = "/tmp/kvmesh-front-limits-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + ".json";
     std::ofstream(path) << j.dump();

@@ -15,19 +15,13 @@
 #include "kvmesh/config.h"
 #include "shard_node/shard_node.h"
 #include "shard_node/tiered_store.h"
+#include "tests/test_data.h"
 
 using namespace kvmesh;
 
 namespace {
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/kvmesh-nodeops-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
+using testing::TempDir;
 
 // 16 KiB blocks (2 layers x K,V x 2 heads x 16 tokens x 64 dims, fp16). With
 // tiers: device 8 blocks, host 8, SSD the rest; without: 32 blocks of host
@@ -44,12 +38,7 @@ std::string Config(const std::string& memory) {
 
 BlockKey Key(uint64_t i) { return BlockKey{0x2000 + i, i * 0x9E3779B97F4A7C15ull + 3}; }
 
-std::vector<std::byte> Payload(uint64_t seed, size_t n) {
-  std::vector<std::byte> v(n);
-  std::mt19937_64 rng(seed);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
+std::vector<std::byte> Payload(uint64_t seed, size_t n) { return testing::RandomBytes(seed, n); }
 
 // The operations on block `i` (stored with Payload(100 + i)), which the node
 // holds unpinned; Key(999) is stored nowhere.

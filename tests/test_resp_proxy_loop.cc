@@ -23,7 +23,9 @@
 #include "shard_node/server/data_server.h"
 #include "shard_node/shard_node.h"
 #include "tests/resp_client.h"
+#include "tests/resp_tenant_fronts.h"
 #include "tests/stalled_node.h"
+#include "tests/test_data.h"
 #include "transport/resp/resp_commands.h"
 #include "transport/resp/resp_value.h"
 
@@ -39,14 +41,9 @@ namespace {
 constexpr uint64_t kSlot = 64 << 10;
 
 ClusterConfig Config(int nodes) {
-  std::string j = R"({"model": {"model_id": "rp", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
-                                 "block_tokens": 4}, "store": {"slot_bytes": "64KiB", "size_classes": 8}, "nodes": [)";
-  for (int i = 0; i < nodes; ++i)
-    j += std::string(i ? "," : "") + R"({"id": "n)" + std::to_string(i) + R"(", "memory": {"host": "16MiB"}})";
-  j += "]}";
-  auto c = ParseConfig(j);
-  REQUIRE(c.ok());
-  return *c;
+  return testing::NodesConfig(R"("model": {"model_id": "rp", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
+                                          "block_tokens": 4}, "store": {"slot_bytes": "64KiB", "size_classes": 8})",
+                              nodes, "16MiB");
 }
 
 using testing::StalledNode;

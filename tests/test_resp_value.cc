@@ -19,6 +19,7 @@
 #include "shard_node/server/resp_server.h"
 #include "shard_node/shard_node.h"
 #include "tests/resp_client.h"
+#include "tests/test_data.h"
 #include "tests/test_time.h"
 #include "transport/resp/resp_commands.h"
 #include "transport/resp/resp_value.h"
@@ -34,16 +35,11 @@ constexpr uint64_t kSlot = 64 << 10;
 
 // With `codec`, the node encodes raw KV blocks on put ($.codec.codec).
 ClusterConfig Config(const std::string& memory, int nodes = 1, uint32_t stripes = 2, const std::string& codec = "") {
-  std::string j = R"({"model": {"model_id": "rv", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
-                                 "block_tokens": 4}, "store": {"slot_bytes": "64KiB", "size_classes": 8, "stripes": )" +
-                  std::to_string(stripes) + "}, " + (codec.empty() ? "" : R"("codec": {"codec": ")" + codec + R"("}, )") +
-                  R"("nodes": [)";
-  for (int i = 0; i < nodes; ++i)
-    j += std::string(i ? "," : "") + R"({"id": "n)" + std::to_string(i) + R"(", "memory": {"host": ")" + memory + R"("}})";
-  j += "]}";
-  auto c = ParseConfig(j);
-  REQUIRE(c.ok());
-  return *c;
+  return testing::NodesConfig(R"("model": {"model_id": "rv", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
+                                          "block_tokens": 4}, "store": {"slot_bytes": "64KiB", "size_classes": 8, "stripes": )" +
+                                  std::to_string(stripes) + "}" +
+                                  (codec.empty() ? "" : R"(, "codec": {"codec": ")" + codec + R"("})"),
+                              nodes, memory);
 }
 
 // One ShardNode and its node-local RESP front, in process.

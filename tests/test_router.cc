@@ -9,21 +9,16 @@
 #include "kvmesh/embedded.h"
 #include "router/shard_map.h"
 #include "shard_node/shard_node.h"
+#include "tests/test_data.h"
 #include "transport/shard_channel.h"
 
 using namespace kvmesh;
 
 namespace {
 ClusterConfig Config(int nodes, const char* host_budget = "8MiB") {
-  std::string j = R"({"model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 32,
-                                 "block_tokens": 8, "num_experts": 4},
-                      "nodes": [)";
-  for (int i = 0; i < nodes; ++i)
-    j += std::string(i ? "," : "") + R"({"id": "n)" + std::to_string(i) + R"(", "memory": {"host": ")" + host_budget + "\"}}";
-  j += "]}";
-  auto c = ParseConfig(j);
-  REQUIRE(c.ok());
-  return *c;
+  return testing::NodesConfig(R"("model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 32,
+                                          "block_tokens": 8, "num_experts": 4})",
+                              nodes, host_budget);
 }
 std::vector<TokenId> Tokens(size_t n, TokenId base) {
   std::vector<TokenId> t(n);

@@ -23,6 +23,7 @@
 #include "router/shard_map.h"
 #include "shard_node/server/data_server.h"
 #include "shard_node/shard_node.h"
+#include "tests/test_data.h"
 #include "transport/protocol.h"
 #include "transport/socket_util.h"
 #include "transport/tcp_channel.h"
@@ -35,16 +36,10 @@ using std::chrono::milliseconds;
 namespace {
 
 ClusterConfig Config(int nodes, uint32_t replicas = 1) {
-  std::string j = R"({"model": {"model_id": "fan", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
-                                 "block_tokens": 4},
-                      "placement": {"replicas": )" +
-                  std::to_string(replicas) + R"(}, "nodes": [)";
-  for (int i = 0; i < nodes; ++i)
-    j += std::string(i ? "," : "") + R"({"id": "n)" + std::to_string(i) + R"(", "memory": {"host": "4MiB"}})";
-  j += "]}";
-  auto c = ParseConfig(j);
-  REQUIRE(c.ok());
-  return *c;
+  return testing::NodesConfig(R"("model": {"model_id": "fan", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
+                                          "block_tokens": 4},
+                               "placement": {"replicas": )" + std::to_string(replicas) + "}",
+                              nodes, "4MiB");
 }
 
 std::vector<TokenId> Tokens(size_t n, TokenId base) {

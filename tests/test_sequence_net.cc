@@ -21,6 +21,7 @@
 #include "router/shard_map.h"
 #include "shard_node/server/data_server.h"
 #include "shard_node/shard_node.h"
+#include "tests/raw_frames.h"
 #include "transport/protocol.h"
 #include "transport/socket_util.h"
 #include "transport/tcp_channel.h"
@@ -31,6 +32,7 @@
 
 using namespace kvmesh;
 using SteadyClock = std::chrono::steady_clock;
+using namespace kvmesh::testing;  // Raw, ClosedByServer, HelloFrame (tests/raw_frames.h)
 
 namespace {
 
@@ -247,32 +249,6 @@ std::vector<std::string> Scenario(Router& r) {
   note("released-info=" + std::string(StatusCodeName(r.SequenceInfo(a).status().code())));
   note("release-twice=" + std::string(StatusCodeName(r.ReleaseSequence(a).code())));
   return out;
-}
-
-UniqueFd Raw(uint16_t port) {
-  auto fd = ConnectTcp("127.0.0.1", port, SteadyClock::now() + std::chrono::seconds(2));
-  REQUIRE(fd.ok());
-  return std::move(*fd);
-}
-
-bool ClosedByServer(int fd) {
-  char buf[4096];
-  const auto end = SteadyClock::now() + std::chrono::seconds(2);
-  while (SteadyClock::now() < end) {
-    ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-    if (n == 0) return true;
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return true;
-    if (n < 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
-}
-
-std::string HelloFrame() {
-  proto::Hello h;
-  h.client_id = "raw";
-  proto::FrameHeader fh;
-  fh.opcode = proto::Opcode::kHello;
-  return proto::BuildFrame(fh, proto::EncodeHelloBody(h));
 }
 
 std::string SeqFrame(proto::Opcode op, const std::string& body, uint64_t id = 7) {

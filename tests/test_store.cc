@@ -31,6 +31,14 @@ std::vector<std::byte> Bytes(size_t n, uint8_t seed) {
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>(seed + i * 7);
   return v;
 }
+// Runs worker(1), worker(2) and worker(3) on three threads; returns when all are done.
+template <typename Worker>
+void OnThreeThreads(const Worker& worker) {
+  std::thread t1(worker, 1), t2(worker, 2), t3(worker, 3);
+  t1.join();
+  t2.join();
+  t3.join();
+}
 }  // namespace
 
 TEST_CASE("Store put/get/exists/erase round trip", "[store]") {
@@ -210,10 +218,7 @@ TEST_CASE("Concurrent puts, gets and erases keep the store consistent", "[store]
       }
     }
   };
-  std::thread t1(worker, 1), t2(worker, 2), t3(worker, 3);
-  t1.join();
-  t2.join();
-  t3.join();
+  OnThreeThreads(worker);
   CHECK(bad.load() == 0);
   auto st = s->Stats();
   CHECK(st.blocks <= st.slots_total);
@@ -519,10 +524,7 @@ TEST_CASE("Size classes: concurrent mixed-size puts, gets, pins and erases stay 
       }
     }
   };
-  std::thread t1(worker, 1), t2(worker, 2), t3(worker, 3);
-  t1.join();
-  t2.join();
-  t3.join();
+  OnThreeThreads(worker);
   CHECK(bad.load() == 0);
   CHECK(hits.load() > 200);
   StoreStats st = s->Stats();

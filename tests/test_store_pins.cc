@@ -71,16 +71,8 @@ std::unique_ptr<BlockStore> SmallStore() {
 
 // The issue's node: 128 MiB of 1 MiB blocks, alice (8 MiB quota), bob (64 MiB).
 ClusterConfig Config() {
-  auto c = ParseConfig(R"({
-    "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16, "block_tokens": 16},
-    "nodes": [{"id": "n0", "memory": {"host": "128MiB"}}],
-    "store": {"slot_bytes": "1MiB"},
-    "auth": {"token": "cluster-secret", "tenants": [
-      {"name": "alice", "token": "alice-pass", "quota": "8MiB"},
-      {"name": "bob", "token": "bob-pass", "quota": "64MiB"}]}
-  })");
-  REQUIRE(c.ok());
-  return *c;
+  return testing::MiBBlockNodeConfig(R"([{"name": "alice", "token": "alice-pass", "quota": "8MiB"},
+                                         {"name": "bob", "token": "bob-pass", "quota": "64MiB"}])");
 }
 
 // As() opens one connection as a tenant: a pin belongs to the connection that made it.

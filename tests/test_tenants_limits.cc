@@ -181,34 +181,10 @@ namespace {
 
 // A node of 1 MiB blocks (its smallest chunk: 146 KiB) with its RESP front:
 // bob (16 MiB quota) and carol (none).
-struct SmallValuesFront {
-  ClusterConfig cfg;
-  std::unique_ptr<ShardNode> node;
-  std::unique_ptr<RespServer> server;
-  SmallValuesFront() {
-    auto c = ParseConfig(R"({
-      "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 16, "block_tokens": 16},
-      "nodes": [{"id": "n0", "memory": {"host": "128MiB"}}],
-      "store": {"slot_bytes": "1MiB"},
-      "auth": {"token": "cluster-secret", "tenants": [
-        {"name": "bob", "token": "bob-pass", "quota": "16MiB"},
-        {"name": "carol", "token": "carol-pass"}]}
-    })");
-    REQUIRE(c.ok());
-    cfg = *c;
-    auto n = ShardNode::Create(cfg, "n0");
-    REQUIRE(n.ok());
-    node = std::move(*n);
-    RespServerOptions o;
-    o.max_value_bytes = 8u << 20;
-    o.auth = MakeClusterAuth(cfg.auth);
-    auto s = RespServer::Start(node.get(), o);
-    REQUIRE(s.ok());
-    server = std::move(*s);
-  }
-  ~SmallValuesFront() {
-    if (server) server->Stop();
-  }
+struct SmallValuesFront : testing::LocalFront {
+  SmallValuesFront()
+      : LocalFront(testing::MiBBlockNodeConfig(R"([{"name": "bob", "token": "bob-pass", "quota": "16MiB"},
+                                                  {"name": "carol", "token": "carol-pass"}])")) {}
 };
 
 }  // namespace

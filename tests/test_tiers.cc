@@ -22,6 +22,7 @@
 #include "shard_node/shard_node.h"
 #include "shard_node/ssd_tier.h"
 #include "shard_node/tiered_store.h"
+#include "tests/test_data.h"
 
 using namespace kvmesh;
 
@@ -39,23 +40,18 @@ TieredStoreOptions ManualTiers(ManualClock& clock, uint64_t host_bytes) {
   return o;
 }
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/kvmesh-tiers-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
+// The tiered store over `primary` with `o`; REQUIREs that it starts.
+std::unique_ptr<TieredStore> StartTiers(BlockStore* primary, const TieredStoreOptions& o) {
+  auto t = TieredStore::Create(primary, o);
+  REQUIRE(t.ok());
+  return std::move(*t);
+}
+
+using testing::TempDir;
 
 BlockKey Key(uint64_t i) { return BlockKey{0x1000 + i, i * 0x9E3779B97F4A7C15ull + 7}; }
 
-std::vector<std::byte> Payload(uint64_t seed, size_t n) {
-  std::vector<std::byte> v(n);
-  std::mt19937_64 rng(seed);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
+std::vector<std::byte> Payload(uint64_t seed, size_t n) { return testing::RandomBytes(seed, n); }
 
 // A raw fp16 block with values in [-1, 1] (so lower-precision codecs apply).
 std::vector<std::byte> Fp16Block(uint64_t seed, size_t bytes) {
@@ -67,6 +63,18 @@ std::vector<std::byte> Fp16Block(uint64_t seed, size_t bytes) {
     std::memcpy(&v[i], &h, 2);
   }
   return v;
+}
+
+// Puts blocks 0..n-1 (Key(i), Payload(i, bytes)) through `ts`, a second apart
+// on `clock` when one is given; returns their bytes.
+std::vector<std::vector<std::byte>> PutSeries(TieredStore& ts, uint64_t n, size_t bytes, ManualClock* clock) {
+  std::vector<std::vector<std::byte>> data;
+  for (uint64_t i = 0; i < n; ++i) {
+    data.push_back(Payload(i, bytes));
+    REQUIRE(ts.Put(Key(i), data.back(), {}).ok());
+    if (clock) clock->AdvanceSeconds(1);
+  }
+  return data;
 }
 
 std::unique_ptr<BlockStore> MakeStore(uint64_t slots, uint64_t slot_bytes, Clock* clock,
@@ -168,25 +176,14 @@ TEST_CASE("Tiers: evicted blocks are demoted device -> host -> SSD and promoted 
   ManualClock clock;
   const uint64_t slot = 4096;
   auto primary = MakeStore(4, slot, &clock);
-  TieredStoreOptions o;
+  TieredStoreOptions o = ManualTiers(clock, 4 * slot);
   o.node_id = "n0";
-  o.host_bytes = 4 * slot;
-  o.host_stripes = 1;
   o.ssd_bytes = 8 * 8192;
   o.ssd_path = dir.path.string();
-  o.background = false;
-  o.clock = &clock;
-  o.reencode_codec = "";
-  auto t = TieredStore::Create(primary.get(), o);
-  REQUIRE(t.ok());
-  TieredStore& ts = **t;
+  auto t = StartTiers(primary.get(), o);
+  TieredStore& ts = *t;
 
-  std::vector<std::vector<std::byte>> data;
-  for (uint64_t i = 0; i < 10; ++i) {
-    data.push_back(Payload(i, slot));
-    REQUIRE(ts.Put(Key(i), data.back(), {}).ok());
-    clock.AdvanceSeconds(1);
-  }
+  const std::vector<std::vector<std::byte>> data = PutSeries(ts, 10, slot, &clock);
   // 10 blocks: the 4 newest in the primary tier, the next 4 on host, the 2 oldest on SSD.
   for (uint64_t i = 0; i < 10; ++i) {
     INFO(i);
@@ -235,9 +232,8 @@ TEST_CASE("Tiers: a corrupt SSD block is a miss through the tiered store too", "
   o.background = false;
   o.clock = &clock;
   o.reencode_codec = "";
-  auto t = TieredStore::Create(primary.get(), o);
-  REQUIRE(t.ok());
-  TieredStore& ts = **t;
+  auto t = StartTiers(primary.get(), o);
+  TieredStore& ts = *t;
   REQUIRE(ts.Put(Key(1), Payload(1, 4096), {}).ok());
   REQUIRE(ts.Put(Key(2), Payload(2, 4096), {}).ok());  // demotes 1 straight to SSD
   REQUIRE(ts.Locate(Key(1)) == Tier::kSsd);
@@ -259,16 +255,10 @@ TEST_CASE("Watermarks: offload starts above 80%, stops at 70%, idle blocks first
   ManualClock clock;
   const uint64_t slot = 4096;
   auto primary = MakeStore(10, slot, &clock);
-  TieredStoreOptions o;
-  o.host_bytes = 20 * slot;
-  o.host_stripes = 1;
-  o.background = false;
-  o.clock = &clock;
+  TieredStoreOptions o = ManualTiers(clock, 20 * slot);
   o.offload_idle_s = 10;
-  o.reencode_codec = "";
-  auto t = TieredStore::Create(primary.get(), o);
-  REQUIRE(t.ok());
-  TieredStore& ts = **t;
+  auto t = StartTiers(primary.get(), o);
+  TieredStore& ts = *t;
 
   for (uint64_t i = 0; i < 8; ++i) {  // 80%: not above the high watermark
     PutOptions po;
@@ -309,9 +299,8 @@ TEST_CASE("Prefetch promotes ahead of use in the maintenance tick", "[tiers]") {
   const uint64_t slot = 4096;
   auto primary = MakeStore(4, slot, &clock);
   TieredStoreOptions o = ManualTiers(clock, 8 * slot);
-  auto t = TieredStore::Create(primary.get(), o);
-  REQUIRE(t.ok());
-  TieredStore& ts = **t;
+  auto t = StartTiers(primary.get(), o);
+  TieredStore& ts = *t;
   for (uint64_t i = 0; i < 5; ++i) {
     REQUIRE(ts.Put(Key(i), Payload(i, slot), {}).ok());
     clock.AdvanceSeconds(1);
@@ -335,15 +324,9 @@ TEST_CASE("At pressure level 3 reads from every tier keep working", "[tiers]") {
   const uint64_t slot = 4096;
   auto primary = MakeStore(4, slot, &clock);
   TieredStoreOptions o = ManualTiers(clock, 4 * slot);
-  auto t = TieredStore::Create(primary.get(), o);
-  REQUIRE(t.ok());
-  TieredStore& ts = **t;
-  std::vector<std::vector<std::byte>> data;
-  for (uint64_t i = 0; i < 8; ++i) {
-    data.push_back(Payload(i, slot));
-    REQUIRE(ts.Put(Key(i), data.back(), {}).ok());
-    clock.AdvanceSeconds(1);
-  }
+  auto t = StartTiers(primary.get(), o);
+  TieredStore& ts = *t;
+  const std::vector<std::vector<std::byte>> data = PutSeries(ts, 8, slot, &clock);
   // 0-3 on host, pinned there by clients: the host tier cannot take offload,
   // so a shrunken limit cannot be relieved and the levels climb to 3.
   for (uint64_t i = 0; i < 4; ++i) {
@@ -374,23 +357,13 @@ TEST_CASE("Serving in place: an SSD block read through Get is staged in the host
   ManualClock clock;
   const uint64_t slot = 4096;
   auto primary = MakeStore(2, slot, &clock);
-  TieredStoreOptions o;
-  o.host_bytes = 2 * slot;
-  o.host_stripes = 1;
+  TieredStoreOptions o = ManualTiers(clock, 2 * slot);
   o.ssd_bytes = 8 * 8192;
   o.ssd_path = dir.path.string();
   o.promote_on_hit = false;
-  o.background = false;
-  o.clock = &clock;
-  o.reencode_codec = "";
-  auto t = TieredStore::Create(primary.get(), o);
-  REQUIRE(t.ok());
-  TieredStore& ts = **t;
-  std::vector<std::vector<std::byte>> data;
-  for (uint64_t i = 0; i < 6; ++i) {
-    data.push_back(Payload(i, slot));
-    REQUIRE(ts.Put(Key(i), data.back(), {}).ok());
-  }
+  auto t = StartTiers(primary.get(), o);
+  TieredStore& ts = *t;
+  const std::vector<std::vector<std::byte>> data = PutSeries(ts, 6, slot, nullptr);
   REQUIRE(ts.Locate(Key(0)) == Tier::kSsd);
   {
     auto ref = ts.Get(Key(0));
@@ -449,9 +422,8 @@ TEST_CASE("A node under pressure walks through levels 1, 2 and 3 and back", "[ti
     std::lock_guard<std::mutex> l(sink_mu);
     sink.push_back(e);
   };
-  auto t = TieredStore::Create(primary.get(), o);
-  REQUIRE(t.ok());
-  TieredStore& ts = **t;
+  auto t = StartTiers(primary.get(), o);
+  TieredStore& ts = *t;
 
   std::vector<std::vector<std::byte>> raw;
   for (uint64_t i = 0; i < 16; ++i) {
@@ -625,9 +597,8 @@ TEST_CASE("Tiers under concurrent puts, gets and erases with the background work
   o.interval_ms = 1;
   o.offload_idle_s = 0;
   o.reencode_codec = "";
-  auto t = TieredStore::Create(primary.get(), o);
-  REQUIRE(t.ok());
-  TieredStore& ts = **t;
+  auto t = StartTiers(primary.get(), o);
+  TieredStore& ts = *t;
   std::atomic<uint64_t> wrong{0}, reads{0};
   auto worker = [&](uint64_t seed) {
     std::mt19937_64 rng(seed);
@@ -711,9 +682,8 @@ TEST_CASE("Pressure level 2 re-encodes fp16-codec blocks at int8 and leaves int8
   o.model = model;
   o.background = false;
   o.clock = &clock;
-  auto t = TieredStore::Create(primary.get(), o);
-  REQUIRE(t.ok());
-  TieredStore& ts = **t;
+  auto t = StartTiers(primary.get(), o);
+  TieredStore& ts = *t;
   std::vector<std::vector<std::byte>> raw;
   for (uint64_t i = 0; i < 8; ++i) {
     raw.push_back(Fp16Block(900 + i, shape.bytes()));
@@ -785,9 +755,8 @@ TEST_CASE("Tiers: with every primary slot pinned, a Put is stored in the host ti
   auto primary = MakeStore(4, slot, &clock);
   TieredStoreOptions o = ManualTiers(clock, 8 * slot);
   o.node_id = "n0";
-  auto t = TieredStore::Create(primary.get(), o);
-  REQUIRE(t.ok());
-  TieredStore& ts = **t;
+  auto t = StartTiers(primary.get(), o);
+  TieredStore& ts = *t;
   std::vector<BlockRef> pins;  // a running batch pins the whole primary tier
   for (uint64_t i = 0; i < 4; ++i) {
     REQUIRE(ts.Put(Key(i), Payload(i, slot), {}).ok());
@@ -851,9 +820,7 @@ std::unique_ptr<TieredStore> ManualTiers(BlockStore* primary, ManualClock* clock
   o.background = false;
   o.clock = clock;
   o.pressure_evict_fraction = level1_fraction;
-  auto t = TieredStore::Create(primary, o);
-  REQUIRE(t.ok());
-  return std::move(*t);
+  return StartTiers(primary, o);
 }
 
 LevelTwoRun RunLevelTwo(uint32_t size_classes, double level1_fraction) {

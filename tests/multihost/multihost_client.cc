@@ -95,38 +95,10 @@ uint64_t AllCalls(const soak::Stats& st) {
   return n;
 }
 
-// Reads the canary blocks back, every byte compared (as soak::ReadProbeBlocks
-// does); the items not served are tallied by status in *why.
+// Reads the canary blocks back, every byte compared (soak::ReadProbeBlocks);
+// the items not served are tallied by status in *why.
 size_t ReadCanary(soak::Context& c, Router& r, std::span<const BlockKey> keys, std::map<std::string, uint64_t>* why) {
-  const size_t bb = r.model().FullBlockBytes();
-  std::vector<std::byte> back(keys.size() * bb), want(bb);
-  std::vector<GetItem> gets;
-  for (size_t i = 0; i < keys.size(); ++i) gets.push_back(GetItem{keys[i], std::span(back).subspan(i * bb, bb), 0, {}});
-  RequestOptions ro;
-  ro.priority = 3;
-  const auto t0 = Clock::now();
-  Status s = r.GetBatch(gets, ro);
-  if (!c.Count(soak::kProbe, s, t0)) {
-    (*why)["call: " + std::string(StatusCodeName(s.code()))] += keys.size();
-    return 0;
-  }
-  size_t served = 0;
-  for (size_t i = 0; i < gets.size(); ++i) {
-    if (!gets[i].status.ok()) {
-      (*why)[std::string(StatusCodeName(gets[i].status.code()))]++;
-      continue;
-    }
-    soak::Payload(keys[i], c.o.seed, want);
-    if (gets[i].size != bb || std::memcmp(back.data() + i * bb, want.data(), bb) != 0) {
-      c.st.wrong_bytes++;
-      c.inv.Violation("wrong_bytes", "canary block " + keys[i].ToHex() + " came back different");
-      continue;
-    }
-    ++served;
-    c.st.blocks_verified++;
-    c.st.bytes_verified += bb;
-  }
-  return served;
+  return soak::ReadProbeBlocks(c, r, keys, why, "canary");
 }
 
 // soak::Probe, then the probe's blocks are erased: probes every 100 ms at the

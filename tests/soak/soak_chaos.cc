@@ -41,7 +41,8 @@ std::vector<BlockKey> PutProbeBlocks(Context& c, Router& r, uint64_t salt) {
   return keys;
 }
 
-size_t ReadProbeBlocks(Context& c, Router& r, std::span<const BlockKey> keys) {
+size_t ReadProbeBlocks(Context& c, Router& r, std::span<const BlockKey> keys, std::map<std::string, uint64_t>* why,
+                       std::string_view what) {
   const size_t bb = r.model().FullBlockBytes();
   std::vector<std::byte> back(keys.size() * bb), want(bb);
   std::vector<GetItem> gets;
@@ -50,14 +51,20 @@ size_t ReadProbeBlocks(Context& c, Router& r, std::span<const BlockKey> keys) {
   ro.priority = 3;
   const auto t0 = SteadyClock::now();
   Status s = r.GetBatch(gets, ro);
-  if (!c.Count(kProbe, s, t0)) return 0;
+  if (!c.Count(kProbe, s, t0)) {
+    if (why) (*why)["call: " + std::string(StatusCodeName(s.code()))] += keys.size();
+    return 0;
+  }
   size_t served = 0;
   for (size_t i = 0; i < gets.size(); ++i) {
-    if (!gets[i].status.ok()) continue;
+    if (!gets[i].status.ok()) {
+      if (why) (*why)[std::string(StatusCodeName(gets[i].status.code()))]++;
+      continue;
+    }
     Payload(keys[i], c.o.seed, want);
     if (gets[i].size != bb || std::memcmp(back.data() + i * bb, want.data(), bb) != 0) {
       c.st.wrong_bytes++;
-      c.inv.Violation("wrong_bytes", "probe block " + keys[i].ToHex() + " came back different");
+      c.inv.Violation("wrong_bytes", std::string(what) + " block " + keys[i].ToHex() + " came back different");
     } else {
       ++served;
       c.st.blocks_verified++;

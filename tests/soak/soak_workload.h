@@ -22,6 +22,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
 
 #include "kvmesh/network.h"
 #include "kvmesh/router.h"
@@ -43,8 +46,11 @@ void ChaosLoop(Context& c, Cluster& cluster, NetworkClient& client, ChaosReport*
 // priority 3, evicted last; their keys, or none when any put failed.
 std::vector<BlockKey> PutProbeBlocks(Context& c, Router& r, uint64_t salt);
 // Reads keys back and compares each with Payload(key) (a difference is a
-// wrong_bytes violation); how many came back intact.
-size_t ReadProbeBlocks(Context& c, Router& r, std::span<const BlockKey> keys);
+// wrong_bytes violation naming the block as `what`); how many came back
+// intact. With `why`, the items not served are tallied there by status name
+// ("call: <name>" for each item when the call itself failed).
+size_t ReadProbeBlocks(Context& c, Router& r, std::span<const BlockKey> keys,
+                       std::map<std::string, uint64_t>* why = nullptr, std::string_view what = "probe");
 // Puts and reads back 32 fresh blocks: true when every one round-trips.
 bool Probe(Context& c, Router& r, uint64_t salt);
 
