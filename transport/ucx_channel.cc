@@ -447,7 +447,7 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       }
       if (ucp_worker_progress(worker_->get()) != 0) {
         StartRendezvous();
-        pace.Event(Clock::now());
+        pace.Event();
         continue;
       }
       StartRendezvous();
@@ -456,7 +456,7 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
       pollfd pf{worker_->efd(), POLLIN, 0};
       ::poll(&pf, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 1)));
-      pace.Slept(Clock::now());
+      pace.Slept();
       plk.unlock();
       idle_cv_.notify_all();
     }

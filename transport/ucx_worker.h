@@ -218,10 +218,10 @@ class SpinBudget {
 //   UcxPacer pace(mode, spin_us, &budget);
 //   pace.Begin(Clock::now());                 // a wait begins
 //   for (;;) {
-//     if (ucp_worker_progress(w) != 0) { pace.Event(Clock::now()); continue; }
+//     if (ucp_worker_progress(w) != 0) { pace.Event(); continue; }
 //     if (done) { pace.End(Clock::now()); break; }
 //     if (pace.Spinning(Clock::now()) || !worker.Arm()) continue;
-//     sleep on worker.efd(); pace.Slept(Clock::now());
+//     sleep on worker.efd(); pace.Slept();
 //   }
 //
 // Thread-safety: one waiting thread per pacer (the budget may be shared).
@@ -241,20 +241,20 @@ class UcxPacer {
     spin_ = adaptive_ ? std::chrono::duration_cast<Clock::duration>(budget_->budget()) : fixed_;
   }
   // Progress found events within the wait: the fixed modes spin again from
-  // `now`; kAdaptive's spin stays counted from the wait's start.
-  void Event(Clock::time_point now) {
-    if (!adaptive_) last_ = now;
+  // now; kAdaptive's spin stays counted from the wait's start (no clock read).
+  void Event() {
+    if (!adaptive_) last_ = Clock::now();
   }
   // True while the thread should progress again rather than sleep.
   bool Spinning(Clock::time_point now) const {
     if (adaptive_ && asleep_) return false;  // it slept in this wait: no more spinning
     return spin_ == Clock::duration::max() || (spin_ > Clock::duration::zero() && now - last_ < spin_);
   }
-  // The thread slept on the wakeup fd: the fixed modes spin again from `now`;
+  // The thread slept on the wakeup fd: the fixed modes spin again from now;
   // kAdaptive spins no more in this wait, and reports it slept.
-  void Slept(Clock::time_point now) {
+  void Slept() {
     slept_ = asleep_ = true;
-    if (!adaptive_) last_ = now;
+    if (!adaptive_) last_ = Clock::now();
   }
   // The thread gave the core away briefly (another thread progresses the
   // worker): kAdaptive reports the wait as slept; the spin goes on.

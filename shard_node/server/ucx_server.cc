@@ -172,7 +172,7 @@ class Server final : public UcxServer {
       boost::system::error_code ec;
       co_await sd_.async_wait(asio::posix::descriptor_base::wait_read, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) co_return;
-      pace.Slept(Clock::now());
+      pace.Slept();
     }
   }
 
