@@ -70,7 +70,7 @@ int PrefixCheck(const Args& a) {
     nlohmann::json j = nlohmann::json::array();
     for (const auto& x : *r)
       j.push_back({{"prefix_tokens", x.prefix_tokens}, {"suffix_tokens", x.suffix_tokens}, {"bytes", x.bytes},
-                   {"recompute_ttft_s", x.recompute_ttft_s}, {"hit_ttft_s", x.hit_ttft_s}, {"load_s", x.load_s},
+                   {"recompute_ttft_s", x.recompute_ttft_s}, {"hit_ttft_s", x.hit_ttft_s}, {"load_s", x.load_s}, {"lookup_s", x.lookup_s},
                    {"est_load_s", x.est_load_s}, {"est_recompute_s", x.est_recompute_s},
                    {"decided", x.decided_load ? "load" : "recompute"}, {"decided_ttft_s", x.decided_ttft_s}});
     std::cout << nlohmann::json{{"engine_model", a.o.engine_model}, {"cluster", a.o.cluster},
@@ -81,11 +81,12 @@ int PrefixCheck(const Args& a) {
   }
   std::printf("kvmesh bench-serve --prefix-check: %s, %s kvmesh (%s), kv scale 1/%u; TTFT in ms\n",
               a.o.engine_model.c_str(), a.o.cluster.c_str(), a.o.transport.c_str(), a.o.kv_scale);
-  std::printf("%8s %10s %12s %10s %10s %12s %12s %10s %12s\n", "prefix", "KV GB", "recompute", "hit", "load",
-              "est load", "est recomp", "decision", "decided");
+  std::printf("%8s %10s %12s %10s %8s %10s %9s %12s %12s %10s %12s\n", "prefix", "KV GB", "recompute", "hit",
+              "lookup", "load", "GB/s", "est load", "est recomp", "decision", "decided");
   for (const auto& x : *r)
-    std::printf("%8u %10.3f %12.1f %10.1f %10.1f %12.1f %12.1f %10s %12.1f\n", x.prefix_tokens, x.bytes / 1e9,
-                x.recompute_ttft_s * 1e3, x.hit_ttft_s * 1e3, x.load_s * 1e3, x.est_load_s * 1e3,
+    std::printf("%8u %10.3f %12.1f %10.1f %8.2f %10.1f %9.2f %12.1f %12.1f %10s %12.1f\n", x.prefix_tokens,
+                x.bytes / 1e9, x.recompute_ttft_s * 1e3, x.hit_ttft_s * 1e3, x.lookup_s * 1e3, x.load_s * 1e3,
+                x.load_s > 0 ? x.bytes / x.load_s / 1e9 : 0.0, x.est_load_s * 1e3,
                 x.est_recompute_s * 1e3, x.decided_load ? "load" : "recompute", x.decided_ttft_s * 1e3);
   return 0;
 }

@@ -87,14 +87,26 @@ Result<Tier> OpenTier(const BenchServeOptions& o, const json& cluster, const Loc
     no.tenant_salt = salt;
     no.timeout_ms = 20000;
     KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<NetworkClient> c, NetworkClient::Connect(no));
+    // A node prints its listening line before the coordinator lists it: wait
+    // for the whole map, or a put meant for a missing node is refused.
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (c->num_nodes() < cluster["nodes"].size() && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      (void)c->Refresh();
+    }
+    if (c->num_nodes() < cluster["nodes"].size())
+      return Unavailable("the coordinator listed " + std::to_string(c->num_nodes()) + " of " +
+                         std::to_string(cluster["nodes"].size()) + " nodes after 10 s");
     t.clients.push_back(std::move(c));
   }
   return t;
 }
 
-// Seeds the load estimate: the charged time of a 1-block and a 32-block get.
+// Seeds the load estimate: the charged time of a 1-block and a 64-block get,
+// the median of three each (the fastest of three was 5-10x optimistic for the
+// larger loads that followed on a loaded machine).
 Result<std::unique_ptr<LinkEstimate>> ProbeLink(Router& r, const Roofline& model, const BenchServeOptions& o) {
-  const uint32_t n = 32;
+  const uint32_t n = 64;
   std::vector<TokenId> tokens(size_t(n) * o.block_tokens);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = TokenId(7 + i);
   const std::vector<std::byte> payload(r.model().FullBlockBytes(), std::byte{1});
@@ -113,16 +125,17 @@ Result<std::unique_ptr<LinkEstimate>> ProbeLink(Router& r, const Roofline& model
     for (const GetItem& it : items) KVMESH_RETURN_IF_ERROR(it.status);
     return Seconds(Clock::now() - t0) * o.kv_scale;
   };
-  double one = 1e9, many = 1e9;
+  std::vector<double> one, many;
   for (int i = 0; i < 3; ++i) {
     KVMESH_ASSIGN_OR_RETURN(double s, timed_get(1));
-    one = std::min(one, s);
+    one.push_back(s);
     KVMESH_ASSIGN_OR_RETURN(double m, timed_get(n));
-    many = std::min(many, m);
+    many.push_back(m);
   }
+  const double lat = Percentile(one, 50), big = Percentile(many, 50);
   const double real_block = double(model.model().KvBytesPerToken()) * o.block_tokens;
-  const double bw = (n - 1) * real_block / std::max(many - one, 1e-9);
-  return std::make_unique<LinkEstimate>(one, bw);
+  const double bw = (n - 1) * real_block / std::max(big - lat, 1e-9);
+  return std::make_unique<LinkEstimate>(lat, bw);
 }
 
 // Daemons when the options ask for them (and a kvmesh configuration needs a tier).
@@ -218,6 +231,7 @@ Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o
     dst.resize(size_t(blocks) * payload.size());  // touched before the clock starts, as an engine's KV pool is
     const auto t0 = Clock::now();
     KVMESH_ASSIGN_OR_RETURN(const size_t hit, r.MatchPrefix(tokens));
+    x.lookup_s = Seconds(Clock::now() - t0);
     const std::vector<BlockKey> keys = r.Keys(tokens);
     std::vector<GetItem> items(hit);
     for (size_t i = 0; i < hit; ++i) {
@@ -227,7 +241,7 @@ Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o
     KVMESH_RETURN_IF_ERROR(r.GetBatch(items));
     size_t got = 0;
     while (got < hit && items[got].status.ok()) ++got;
-    x.load_s = Seconds(Clock::now() - t0) * o.kv_scale;
+    x.load_s = x.lookup_s + (Seconds(Clock::now() - t0) - x.lookup_s) * o.kv_scale;
     link->Observe(double(got) * real_block, x.load_s);
     x.hit_ttft_s = x.load_s + model.PrefillSeconds(tokens.size() - got * o.block_tokens, got * o.block_tokens);
     x.decided_load = x.est_load_s < x.est_recompute_s;

@@ -80,13 +80,15 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& o, const S
 // A hit against a recompute, one request alone: a prefix of prefix_tokens
 // stored in kvmesh, then a request of that prefix + suffix_tokens. TTFT of
 // recomputing = the engine model's prefill of the whole prompt; TTFT of the
-// hit = the lookup and load as measured (load x kv_scale) + the prefill of the
+// hit = the lookup as measured + the load (measured x kv_scale) + the prefill of the
 // suffix after the cached prefix; the decision picks one by its estimates
 // (a fresh probe), and its TTFT is what the pick costs.
 struct PrefixCheckResult {
   uint32_t prefix_tokens = 0, suffix_tokens = 0;
   double recompute_ttft_s = 0, hit_ttft_s = 0, decided_ttft_s = 0;
-  double load_s = 0, est_load_s = 0, est_recompute_s = 0;
+  double lookup_s = 0;  // MatchPrefix, measured
+  double load_s = 0;    // lookup_s + the GetBatch's measured time x kv_scale
+  double est_load_s = 0, est_recompute_s = 0;
   bool decided_load = false;
   uint64_t bytes = 0;  // real-size bytes of the prefix's KV
 };

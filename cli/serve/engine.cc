@@ -18,7 +18,7 @@ void LinkEstimate::Observe(double bytes, double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   const double transfer = seconds - latency_s_;
   if (bytes <= 0 || transfer <= 0) return;
-  bytes_per_s_ = 0.8 * bytes_per_s_ + 0.2 * (bytes / transfer);
+  bytes_per_s_ = 0.5 * bytes_per_s_ + 0.5 * (bytes / transfer);
 }
 
 double LinkEstimate::latency_s() const {

@@ -46,7 +46,7 @@ enum class LoadPolicy { kDecide, kBlind };
 
 // The measured cost of a load from kvmesh, in real-size bytes: a fixed
 // latency plus bytes / bandwidth. Seeded by a probe, then each load's charged
-// time updates the bandwidth (EWMA). Thread-safe.
+// time updates the bandwidth (EWMA, weight 0.5). Thread-safe.
 class LinkEstimate {
  public:
   LinkEstimate(double latency_s, double bytes_per_s) : latency_s_(latency_s), bytes_per_s_(bytes_per_s) {}
