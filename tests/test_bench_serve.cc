@@ -58,7 +58,7 @@ TEST_CASE("roofline: prefill is compute-bound and decode memory-bound, as worked
   CHECK_FALSE(Roofline::Parse("roofline:llama-3.1-8b:h200:tp0").ok());
 }
 
-TEST_CASE("workload: a session's turn extends the one before it; arrivals are sorted", "[serve]") {
+TEST_CASE("workload: a session's turn extends the one before it and arrivals are sorted", "[serve]") {
   WorkloadOptions w;
   w.rate = 4;
   w.duration_s = 10;

@@ -110,16 +110,6 @@ double Seconds(std::chrono::steady_clock::duration d) { return std::chrono::dura
 
 }  // namespace
 
-// A request inside the engine.
-struct Engine::Live {
-  size_t index = 0;
-  std::vector<uint64_t> chain;  // of prompt + output
-  uint64_t cached_tokens = 0;   // prefix not computed (local hit + loaded)
-  uint64_t new_tokens = 0;      // computed in its prefill
-  size_t remote_blocks = 0;     // leading blocks kvmesh holds (stored: no put needed)
-  uint32_t generated = 0;
-  double charged_load_s = 0, measured_load_s = 0;
-};
 
 Engine::Engine(uint32_t index, EngineOptions o, const std::vector<ServeRequest>* requests,
                std::vector<RequestRecord>* records)
@@ -138,7 +128,10 @@ Engine::~Engine() {
 
 void Engine::Start() {
   thread_ = std::thread([this] { Loop(); });
-  if (o_.mode == CacheMode::kKvmesh) put_thread_ = std::thread([this] { PutLoop(); });
+  if (o_.mode == CacheMode::kKvmesh) {
+    put_thread_ = std::thread([this] { PutLoop(); });
+    load_thread_ = std::thread([this] { LoadLoop(); });
+  }
 }
 
 void Engine::Submit(size_t request) {
@@ -168,6 +161,12 @@ void Engine::Abort() {
 void Engine::Join() {
   if (thread_.joinable()) thread_.join();
   {
+    std::lock_guard<std::mutex> lock(load_mu_);
+    load_stop_ = true;
+  }
+  load_cv_.notify_one();
+  if (load_thread_.joinable()) load_thread_.join();
+  {
     std::lock_guard<std::mutex> lock(put_mu_);
     put_stop_ = true;
   }
@@ -175,13 +174,29 @@ void Engine::Join() {
   if (put_thread_.joinable()) put_thread_.join();
   counters_.bytes_put = bytes_put_.load();
   counters_.put_errors = put_errors_.load();
+  counters_.get_errors += load_errors_.load();
 }
 
 double Engine::Now() const { return Seconds(std::chrono::steady_clock::now() - o_.origin); }
 
-void Engine::Admit(Live& r) {
+bool Engine::Admit(Live& r) {
   const ServeRequest& q = (*requests_)[r.index];
   RequestRecord& rec = (*records_)[r.index];
+  if (r.looked_up) {  // back from the loader
+    const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+    counters_.load_misses += r.load_count - r.got;
+    counters_.blocks_loaded += r.got;
+    counters_.charged_load_s += r.charged_load_s;
+    counters_.bytes_loaded += uint64_t(r.got * real_block);
+    if (r.charged_load_s > r.est_recompute_s) {
+      ++counters_.loads_slower;
+      counters_.load_loss_s += r.charged_load_s - r.est_recompute_s;
+    }
+    rec.loaded_tokens = static_cast<uint32_t>(r.got * o_.block_tokens);
+    r.cached_tokens = uint64_t(r.local_blocks + r.got) * o_.block_tokens;
+    r.new_tokens = q.prompt.size() - r.cached_tokens;
+    return true;
+  }
   std::vector<TokenId> all = q.prompt;
   all.insert(all.end(), q.output.begin(), q.output.end());
   r.chain = Chain(all, o_.block_tokens);
@@ -190,61 +205,80 @@ void Engine::Admit(Live& r) {
   // At least the last prompt token is computed (it yields the first token).
   const size_t usable = q.prompt.size() % o_.block_tokens == 0 && prompt_blocks > 0 ? prompt_blocks - 1
                                                                                      : prompt_blocks;
-  size_t local = std::min(local_->Match(prompt_chain), usable);
-  size_t cached = local;
-  if (o_.mode == CacheMode::kKvmesh && o_.router) {
-    Result<size_t> remote = o_.router->MatchPrefix(q.prompt);
-    ++counters_.lookups;
-    if (!remote.ok()) ++counters_.get_errors;
-    r.remote_blocks = remote.ok() ? *remote : 0;
-    const size_t end = std::min(r.remote_blocks, usable);
-    if (end > local) {
-      const uint64_t run_blocks = end - local;
-      const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
-      const double est_load = o_.link->Estimate(run_blocks * real_block);
-      const double est_recompute =
-          o_.model->PrefillSeconds(run_blocks * o_.block_tokens, uint64_t(local) * o_.block_tokens);
-      ++counters_.runs;
-      counters_.est_load_s += est_load;
-      counters_.est_recompute_s += est_recompute;
-      if (o_.policy == LoadPolicy::kBlind || est_load < est_recompute) {
-        const std::vector<BlockKey> keys = o_.router->Keys(q.prompt);
-        const size_t moved = payload_.size();
-        scratch_.resize(run_blocks * moved);
-        std::vector<GetItem> items(run_blocks);
-        for (size_t i = 0; i < run_blocks; ++i) {
-          items[i].key = keys[local + i];
-          items[i].dst = std::span<std::byte>(scratch_.data() + i * moved, moved);
-        }
-        const auto t0 = std::chrono::steady_clock::now();
-        if (!o_.router->GetBatch(items).ok()) ++counters_.get_errors;
-        const double measured = Seconds(std::chrono::steady_clock::now() - t0);
-        size_t got = 0;
-        while (got < run_blocks && items[got].status.ok()) ++got;
-        counters_.load_misses += run_blocks - got;
-        const double charged = measured * o_.kv_scale;
-        o_.link->Observe(run_blocks * real_block, charged);
-        r.measured_load_s += measured;
-        r.charged_load_s += charged;
-        ++counters_.runs_loaded;
-        counters_.blocks_loaded += got;
-        counters_.charged_load_s += charged;
-        counters_.bytes_loaded += uint64_t(got * real_block);
-        if (charged > est_recompute) {
-          ++counters_.loads_slower;
-          counters_.load_loss_s += charged - est_recompute;
-        }
-        cached = local + got;
-        rec.loaded_tokens = static_cast<uint32_t>(got * o_.block_tokens);
-      } else {
-        ++counters_.runs_recomputed;
-        counters_.blocks_recomputed += run_blocks;
-      }
-    }
-  }
+  const size_t local = std::min(local_->Match(prompt_chain), usable);
   rec.local_hit_tokens = static_cast<uint32_t>(local * o_.block_tokens);
-  r.cached_tokens = uint64_t(cached) * o_.block_tokens;
+  r.cached_tokens = uint64_t(local) * o_.block_tokens;
   r.new_tokens = q.prompt.size() - r.cached_tokens;
+  if (o_.mode != CacheMode::kKvmesh || !o_.router) return true;
+  Result<size_t> remote = o_.router->MatchPrefix(q.prompt);
+  ++counters_.lookups;
+  if (!remote.ok()) ++counters_.get_errors;
+  r.remote_blocks = remote.ok() ? *remote : 0;
+  const size_t end = std::min(r.remote_blocks, usable);
+  if (end <= local) return true;
+  const uint64_t run_blocks = end - local;
+  const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+  const double est_load = o_.link->Estimate(run_blocks * real_block);
+  const double est_recompute =
+      o_.model->PrefillSeconds(run_blocks * o_.block_tokens, uint64_t(local) * o_.block_tokens);
+  ++counters_.runs;
+  counters_.est_load_s += est_load;
+  counters_.est_recompute_s += est_recompute;
+  if (o_.policy == LoadPolicy::kDecide && est_load >= est_recompute) {
+    ++counters_.runs_recomputed;
+    counters_.blocks_recomputed += run_blocks;
+    return true;
+  }
+  ++counters_.runs_loaded;
+  r.looked_up = true;
+  r.local_blocks = local;
+  r.load_count = run_blocks;
+  r.est_recompute_s = est_recompute;
+  {
+    std::lock_guard<std::mutex> lock(load_mu_);
+    loads_.push_back(std::move(r));
+  }
+  ++loads_in_flight_;  // engine thread only
+  load_cv_.notify_one();
+  return false;
+}
+
+void Engine::LoadLoop() {
+  std::vector<std::byte> scratch;
+  for (;;) {
+    Live r;
+    {
+      std::unique_lock<std::mutex> lock(load_mu_);
+      load_cv_.wait(lock, [&] { return load_stop_ || !loads_.empty(); });
+      if (load_stop_) return;
+      r = std::move(loads_.front());
+      loads_.pop_front();
+    }
+    const ServeRequest& q = (*requests_)[r.index];
+    const std::vector<BlockKey> keys = o_.router->Keys(q.prompt);
+    const size_t moved = payload_.size();
+    scratch.resize(r.load_count * moved);
+    std::vector<GetItem> items(r.load_count);
+    for (size_t i = 0; i < r.load_count; ++i) {
+      items[i].key = keys[r.local_blocks + i];
+      items[i].dst = std::span<std::byte>(scratch.data() + i * moved, moved);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool ok = o_.router->GetBatch(items).ok();
+    r.measured_load_s = Seconds(std::chrono::steady_clock::now() - t0);
+    r.charged_load_s = r.measured_load_s * o_.kv_scale;
+    // The rest of the charged time passes here, off the engine's step.
+    std::this_thread::sleep_for(std::chrono::duration<double>(r.charged_load_s - r.measured_load_s));
+    while (r.got < r.load_count && items[r.got].status.ok()) ++r.got;
+    const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+    o_.link->Observe(r.load_count * real_block, r.charged_load_s);
+    if (!ok) load_errors_.fetch_add(1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_.push_back(std::move(r));
+    }
+    cv_.notify_one();
+  }
 }
 
 void Engine::StoreBlocks(Live& r, size_t upto_tokens) {
@@ -287,15 +321,22 @@ void Engine::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (running.empty() && waiting.empty())
-        cv_.wait(lock, [&] { return finishing_ || !inbox_.empty(); });
+        cv_.wait(lock, [&] {
+          return aborted_ || !inbox_.empty() || !ready_.empty() || (finishing_ && loads_in_flight_ == 0);
+        });
       if (aborted_) return;
+      for (Live& r : ready_) {  // loaded: first in line
+        waiting.push_front(std::move(r));
+        --loads_in_flight_;
+      }
+      ready_.clear();
       for (size_t i : inbox_) {
         Live l;
         l.index = i;
         waiting.push_back(std::move(l));
       }
       inbox_.clear();
-      if (running.empty() && waiting.empty() && finishing_) return;
+      if (running.empty() && waiting.empty() && finishing_ && loads_in_flight_ == 0) return;
     }
     std::vector<Live> admitted;
     uint64_t budget = o_.max_prefill_tokens;
@@ -304,21 +345,18 @@ void Engine::Loop() {
       if (!admitted.empty() && len > budget) break;  // a long prompt waits for a step of its own
       Live r = std::move(waiting.front());
       waiting.pop_front();
-      Admit(r);
+      if (!Admit(r)) continue;  // its prefix is loading
       budget -= std::min<uint64_t>(budget, r.new_tokens);
       admitted.push_back(std::move(r));
     }
+    if (admitted.empty() && running.empty()) continue;  // everything waits for loads
     std::vector<PrefillWork> prefills;
-    double surcharge = 0;
-    for (const Live& r : admitted) {
-      prefills.push_back(PrefillWork{r.new_tokens, r.cached_tokens});
-      surcharge += r.charged_load_s - r.measured_load_s;
-    }
+    for (const Live& r : admitted) prefills.push_back(PrefillWork{r.new_tokens, r.cached_tokens});
     std::vector<uint64_t> decodes;
     for (const Live& r : running)
       decodes.push_back((*requests_)[r.index].prompt.size() + r.generated);
     const double model_s = o_.model->StepSeconds(prefills, decodes);
-    std::this_thread::sleep_for(std::chrono::duration<double>(surcharge + model_s));
+    std::this_thread::sleep_for(std::chrono::duration<double>(model_s));
     const double t = Now();
     std::vector<Live> still;
     for (Live& r : running) {

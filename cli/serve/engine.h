@@ -11,14 +11,16 @@
 // with the kvmesh tier, the run of blocks after it that kvmesh holds
 // (Router::MatchPrefix). Per such run the engine decides to load it (GetBatch)
 // or to recompute it (LoadPolicy below); the decision and its inputs are
-// counted. Prompt blocks go to kvmesh after their prefill and the answer's
+// counted. A load runs on the engine's loader thread while the batch goes on
+// (as vLLM's and SGLang's asynchronous KV loads do); the request is admitted
+// at the first step after its load. Prompt blocks go to kvmesh after their prefill and the answer's
 // blocks after the last token, from a background thread (an asynchronous
 // offload, as engine connectors do), never from the step.
 //
-// Time: the step's wall time is real (the loop sleeps for the modelled
-// compute) = lookups and loads as measured + kv_scale - 1 times the measured
-// load time (bytes move at 1 / kv_scale of their real size, see
-// EngineOptions::kv_scale) + the engine model's step time.
+// Time: the step's wall time is real: its lookups as measured + the engine
+// model's step time (slept). A load takes its measured time, then the loader
+// sleeps kv_scale - 1 times that (bytes move at 1 / kv_scale of their real
+// size, see EngineOptions::kv_scale).
 //
 // Thread-safety: Submit and Finish from any thread; records() once Join returned.
 #pragma once
@@ -116,11 +118,25 @@ class Engine {
   uint64_t finished() const { return finished_.load(std::memory_order_relaxed); }
 
  private:
-  struct Live;
+  // A request inside the engine.
+  struct Live {
+    size_t index = 0;
+    std::vector<uint64_t> chain;  // chained block hashes of prompt + output
+    uint64_t cached_tokens = 0;   // prefix not computed (local hit + loaded)
+    uint64_t new_tokens = 0;      // computed in its prefill
+    size_t remote_blocks = 0;     // leading blocks kvmesh holds (stored: no put needed)
+    uint32_t generated = 0;
+    // A load handed to the loader thread: blocks [local_blocks, + load_count).
+    bool looked_up = false;
+    size_t local_blocks = 0, load_count = 0, got = 0;
+    double est_recompute_s = 0, measured_load_s = 0, charged_load_s = 0;
+  };
   class LocalCache;
   void Loop();
   void PutLoop();
-  void Admit(Live& r);
+  // Finds r's prefix; false when its kvmesh run went to the loader (r moved).
+  bool Admit(Live& r);
+  void LoadLoop();
   void StoreBlocks(Live& r, size_t upto_tokens);
   double Now() const;
 
@@ -130,12 +146,14 @@ class Engine {
   std::vector<RequestRecord>* const records_;
   std::unique_ptr<LocalCache> local_;
   DecisionCounters counters_;  // engine thread; read after Join
-  std::vector<std::byte> scratch_, payload_;
+  std::vector<std::byte> payload_;
   std::atomic<uint64_t> finished_{0};
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<size_t> inbox_;  // guarded by mu_
+  std::deque<Live> ready_;    // guarded by mu_: loaded, back from the loader
+  size_t loads_in_flight_ = 0;  // engine thread only
   bool finishing_ = false, aborted_ = false;  // guarded by mu_
 
   struct PutJob {
@@ -148,7 +166,13 @@ class Engine {
   bool put_stop_ = false;     // guarded by put_mu_
   std::atomic<uint64_t> bytes_put_{0}, put_errors_{0};
 
-  std::thread thread_, put_thread_;
+  std::mutex load_mu_;
+  std::condition_variable load_cv_;
+  std::deque<Live> loads_;     // guarded by load_mu_
+  bool load_stop_ = false;     // guarded by load_mu_
+  std::atomic<uint64_t> load_errors_{0};
+
+  std::thread thread_, put_thread_, load_thread_;
 };
 
 }  // namespace kvmesh::serve
