@@ -28,4 +28,7 @@ void AddProxyCommand(CLI::App& app, int* exit_code);
 // kvmesh decode (cli/cmd_decode.cc).
 void AddDecodeCommand(CLI::App& app, int* exit_code);
 
+// kvmesh bench-serve: the serving benchmark (cli/cmd_bench_serve.cc, cli/serve/).
+void AddBenchServeCommand(CLI::App& app, int* exit_code);
+
 }  // namespace kvmesh::cli

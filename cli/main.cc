@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   kvmesh::cli::AddServeCommand(app, &exit_code);
   kvmesh::cli::AddProxyCommand(app, &exit_code);
   kvmesh::cli::AddDecodeCommand(app, &exit_code);
+  kvmesh::cli::AddBenchServeCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,186 @@
+// kvmesh bench-serve — the latency-throughput curve of a serving system with
+// and without kvmesh (cli/serve/bench_serve.h, docs/serving.md).
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/serve/bench_serve.h"
+#include "cli/serve/report.h"
+#include "kvmesh/size.h"
+
+#include <nlohmann/json.hpp>
+
+namespace kvmesh::cli {
+namespace {
+
+struct Args {
+  serve::BenchServeOptions o;
+  std::string rates = "2,4,8", configs = "recompute,local,kvmesh,kvmesh-blind", node_memory = "1GiB";
+  double slo_ttft_ms = 500, slo_tpot_ms = 50;
+  bool json = false;
+  std::string plot;
+  std::string prefix_check;  // "1024,8192,32768": the hit-vs-recompute check instead of the sweep
+};
+
+template <typename T>
+Result<std::vector<T>> SplitList(const std::string& s, const char* what) {
+  std::vector<T> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if constexpr (std::is_same_v<T, std::string>) {
+      out.push_back(item);
+    } else {
+      char* end = nullptr;
+      const double v = std::strtod(item.c_str(), &end);
+      if (item.empty() || *end != '\0' || !(v > 0)) return InvalidArgument(std::string(what) + ": '" + item + "' is not a positive number");
+      out.push_back(v);
+    }
+  }
+  if (out.empty()) return InvalidArgument(std::string(what) + ": empty list");
+  return out;
+}
+
+std::string SelfPath() {
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, size_t(n)) : "";
+}
+
+int PrefixCheck(const Args& a) {
+  auto lengths = SplitList<double>(a.prefix_check, "--prefix-check");
+  if (!lengths.ok()) {
+    std::cerr << "kvmesh bench-serve: " << lengths.status().ToString() << "\n";
+    return 1;
+  }
+  std::vector<uint32_t> prefixes;
+  for (double l : *lengths) prefixes.push_back(static_cast<uint32_t>(l));
+  auto r = serve::RunPrefixCheck(a.o, prefixes);
+  if (!r.ok()) {
+    std::cerr << "kvmesh bench-serve: " << r.status().ToString() << "\n";
+    return 1;
+  }
+  if (a.json) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& x : *r)
+      j.push_back({{"prefix_tokens", x.prefix_tokens}, {"suffix_tokens", x.suffix_tokens}, {"bytes", x.bytes},
+                   {"recompute_ttft_s", x.recompute_ttft_s}, {"hit_ttft_s", x.hit_ttft_s}, {"load_s", x.load_s}, {"lookup_s", x.lookup_s},
+                   {"est_load_s", x.est_load_s}, {"est_recompute_s", x.est_recompute_s},
+                   {"decided", x.decided_load ? "load" : "recompute"}, {"decided_ttft_s", x.decided_ttft_s}});
+    std::cout << nlohmann::json{{"engine_model", a.o.engine_model}, {"cluster", a.o.cluster},
+                                {"transport", a.o.transport}, {"kv_scale", a.o.kv_scale}, {"prefix_check", j}}
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+  std::printf("kvmesh bench-serve --prefix-check: %s, %s kvmesh (%s), kv scale 1/%u; TTFT in ms\n",
+              a.o.engine_model.c_str(), a.o.cluster.c_str(), a.o.transport.c_str(), a.o.kv_scale);
+  std::printf("%8s %10s %12s %10s %8s %10s %9s %12s %12s %10s %12s\n", "prefix", "KV GB", "recompute", "hit",
+              "lookup", "load", "GB/s", "est load", "est recomp", "decision", "decided");
+  for (const auto& x : *r)
+    std::printf("%8u %10.3f %12.1f %10.1f %8.2f %10.1f %9.2f %12.1f %12.1f %10s %12.1f\n", x.prefix_tokens,
+                x.bytes / 1e9, x.recompute_ttft_s * 1e3, x.hit_ttft_s * 1e3, x.lookup_s * 1e3, x.load_s * 1e3,
+                x.load_s > 0 ? x.bytes / x.load_s / 1e9 : 0.0, x.est_load_s * 1e3,
+                x.est_recompute_s * 1e3, x.decided_load ? "load" : "recompute", x.decided_ttft_s * 1e3);
+  return 0;
+}
+
+int Run(Args& a) {
+  auto fail = [](const Status& s) {
+    std::cerr << "kvmesh bench-serve: " << s.ToString() << "\n";
+    return 1;
+  };
+  auto rates = SplitList<double>(a.rates, "--rates");
+  if (!rates.ok()) return fail(rates.status());
+  auto configs = SplitList<std::string>(a.configs, "--configs");
+  if (!configs.ok()) return fail(configs.status());
+  auto mem = ParseSize(a.node_memory);
+  if (!mem.ok()) return fail(mem.status());
+  a.o.rates = *rates;
+  a.o.configs = *configs;
+  a.o.node_memory = *mem;
+  a.o.slo_ttft_s = a.slo_ttft_ms / 1e3;
+  a.o.slo_tpot_s = a.slo_tpot_ms / 1e3;
+  if (a.o.kvmesh_bin.empty()) a.o.kvmesh_bin = SelfPath();
+  if (!a.prefix_check.empty()) return PrefixCheck(a);
+  const bool tty = ::isatty(2);
+  auto progress = [tty](const std::string& label, uint64_t arrived, uint64_t finished, uint64_t total) {
+    if (!tty) return;
+    std::fprintf(stderr, "\r\033[K[bench-serve] %-28s arrived %4llu/%-4llu finished %4llu", label.c_str(),
+                 (unsigned long long)arrived, (unsigned long long)total, (unsigned long long)finished);
+    if (finished == total && arrived == total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  };
+  auto results = serve::RunBenchServe(a.o, progress);
+  if (!results.ok()) return fail(results.status());
+  if (!a.plot.empty() && !serve::WritePlots(a.plot, a.o, *results))
+    std::cerr << "kvmesh bench-serve: gnuplot failed; data in " << a.plot << ".dat\n";
+  if (a.json) {
+    std::cout << serve::ResultsJson(a.o, *results).dump(2) << "\n";
+  } else {
+    std::printf("kvmesh bench-serve: %s (MFU %.2f, HBM %.2f), %u engines, %s kvmesh (%s, %u nodes), kv scale 1/%u\n",
+                a.o.engine_model.c_str(), a.o.mfu, a.o.mbu, a.o.engines, a.o.cluster.c_str(),
+                a.o.transport.c_str(), a.o.nodes, a.o.kv_scale);
+    serve::PrintTable(a.o, *results);
+    if (!a.plot.empty()) std::printf("plots: %s-ttft-p99.png %s-goodput.png\n", a.plot.c_str(), a.plot.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddBenchServeCommand(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand(
+      "bench-serve",
+      "Open-loop serving benchmark: TTFT/TPOT/goodput vs offered load, recompute vs local cache vs kvmesh");
+  auto a = std::make_shared<Args>();
+  serve::BenchServeOptions& o = a->o;
+  serve::WorkloadOptions& w = o.workload;
+  cmd->add_option("--engine-model", o.engine_model, "roofline:<llama-3.1-8b|llama-3.1-70b|mixtral-8x7b>:<h100|h200>[:tpN]")
+      ->capture_default_str();
+  cmd->add_option("--mfu", o.mfu, "share of peak FLOP/s the engine model reaches")->capture_default_str();
+  cmd->add_option("--mbu", o.mbu, "share of HBM bandwidth the engine model reaches")->capture_default_str();
+  cmd->add_option("--rates", a->rates, "offered request rates, req/s (comma list)")->capture_default_str();
+  cmd->add_option("--configs", a->configs, "configurations: recompute,local,kvmesh,kvmesh-blind")->capture_default_str();
+  cmd->add_option("--engines", o.engines, "engine instances (threads, each its own kvmesh client)")->capture_default_str();
+  cmd->add_option("--duration", w.duration_s, "seconds of session arrivals per run")->capture_default_str();
+  cmd->add_option("--drain", o.drain_s, "seconds unfinished requests get after the last arrival")->capture_default_str();
+  cmd->add_option("--turns", w.turns, "turns per session")->capture_default_str();
+  cmd->add_option("--think", w.think_s, "mean seconds between a session's turns")->capture_default_str();
+  cmd->add_option("--agent-share", w.agent_share, "share of sessions that are agent loops")->capture_default_str();
+  cmd->add_option("--system-prompts", w.system_prompts, "distinct shared prefixes per kind")->capture_default_str();
+  cmd->add_option("--system-tokens", w.system_tokens, "chat system prompt tokens")->capture_default_str();
+  cmd->add_option("--preamble-tokens", w.agent_preamble_tokens, "agent preamble tokens")->capture_default_str();
+  cmd->add_option("--user-tokens", w.user_tokens, "mean user message tokens")->capture_default_str();
+  cmd->add_option("--tool-tokens", w.tool_tokens, "mean tool output tokens")->capture_default_str();
+  cmd->add_option("--output-tokens", w.output_tokens, "mean output tokens")->capture_default_str();
+  cmd->add_option("--seed", w.seed, "workload seed")->capture_default_str();
+  cmd->add_option("--block-tokens", o.block_tokens, "tokens per KV block")->capture_default_str();
+  cmd->add_option("--local-cache-blocks", o.local_cache_blocks, "each engine's device-tier prefix cache, blocks")
+      ->capture_default_str();
+  cmd->add_option("--max-batch", o.max_batch, "running requests per engine")->capture_default_str();
+  cmd->add_option("--kv-scale", o.kv_scale, "blocks move at 1/N of their real bytes; load time is charged N times")
+      ->capture_default_str();
+  cmd->add_option("--cluster", o.cluster, "kvmesh tier: daemons (coordinator + node processes) | embedded")
+      ->capture_default_str();
+  cmd->add_option("--transport", o.transport, "daemons' data plane: tcp | ucx")->capture_default_str();
+  cmd->add_option("--nodes", o.nodes, "kvmesh nodes")->capture_default_str();
+  cmd->add_option("--node-memory", a->node_memory, "host memory per node (bytes moved, i.e. after --kv-scale)")
+      ->capture_default_str();
+  cmd->add_option("--slo-ttft-ms", a->slo_ttft_ms, "goodput SLO: TTFT bound")->capture_default_str();
+  cmd->add_option("--slo-tpot-ms", a->slo_tpot_ms, "goodput SLO: TPOT bound")->capture_default_str();
+  cmd->add_option("--work-dir", o.work_dir, "daemons' config and logs (default /tmp/kvmesh-bench-serve-<pid>)");
+  cmd->add_flag("--json", a->json, "print the results as JSON");
+  cmd->add_option("--plot", a->plot, "write PREFIX-ttft-p99.png and PREFIX-goodput.png (gnuplot)");
+  cmd->add_option("--prefix-check", a->prefix_check,
+                  "instead of the sweep: TTFT of a hit vs recomputing, one request per prefix length (comma list)");
+  cmd->callback([a, exit_code] { *exit_code = Run(*a); });
+}
+
+}  // namespace kvmesh::cli

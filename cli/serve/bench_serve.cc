@@ -1,0 +1,367 @@
+#include "cli/serve/bench_serve.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/serve/daemons.h"
+#include "kvmesh/embedded.h"
+#include "kvmesh/network.h"
+
+namespace kvmesh::serve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+struct ConfigKind {
+  CacheMode mode;
+  LoadPolicy policy;
+};
+
+Result<ConfigKind> KindOf(const std::string& name) {
+  if (name == "recompute") return ConfigKind{CacheMode::kRecompute, LoadPolicy::kDecide};
+  if (name == "local") return ConfigKind{CacheMode::kLocal, LoadPolicy::kDecide};
+  if (name == "kvmesh") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kDecide};
+  if (name == "kvmesh-blind") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kBlind};
+  return InvalidArgument("unknown configuration '" + name + "' (recompute, local, kvmesh, kvmesh-blind)");
+}
+
+// The cluster the kvmesh tier runs on: the engine model's KV layout with
+// head_dim cut by kv_scale (so a block moves 1/kv_scale of its real bytes).
+Result<json> ClusterJson(const BenchServeOptions& o, const Roofline& model) {
+  const ModelShape& m = model.model();
+  if (o.kv_scale == 0 || m.head_dim % o.kv_scale != 0)
+    return InvalidArgument("--kv-scale must divide the model's head_dim (" + std::to_string(m.head_dim) + ")");
+  json c = {
+      {"name", "bench-serve"},
+      {"model", {{"model_id", m.name}, {"num_layers", m.layers}, {"num_kv_heads", m.kv_heads},
+                 {"head_dim", m.head_dim / o.kv_scale}, {"dtype", "bf16"}, {"block_tokens", o.block_tokens}}},
+      {"store", {{"stripes", 8}, {"verify_checksums", true}}},
+      {"transport", {{"backend", o.transport}, {"io_threads", 2}, {"max_frame_bytes", "512MiB"},
+                     {"timeout_ms", 20000}}},
+      {"coordinator", {{"host", "127.0.0.1"}, {"port", 0}, {"heartbeat_ms", 200}, {"dead_after_ms", 3000}}},
+  };
+  for (uint32_t i = 0; i < std::max<uint32_t>(o.nodes, 1); ++i)
+    c["nodes"].push_back({{"id", "n" + std::to_string(i)}, {"host", "127.0.0.1"},
+                          {"ports", {{"data", 0}, {"http", 0}, {"resp", 0}}},
+                          {"memory", {{"host", std::to_string(o.node_memory)}}}});
+  return c;
+}
+
+// One run's kvmesh clients: a router per engine (its own connections), all
+// under the run's salt.
+struct Tier {
+  std::unique_ptr<EmbeddedCluster> embedded;
+  std::vector<std::unique_ptr<NetworkClient>> clients;
+  Router& router(size_t engine) {
+    return embedded ? embedded->router() : clients[engine]->router();
+  }
+};
+
+Result<Tier> OpenTier(const BenchServeOptions& o, const json& cluster, const LocalDaemons* daemons,
+                      const std::string& salt) {
+  Tier t;
+  if (!daemons) {
+    KVMESH_ASSIGN_OR_RETURN(ClusterConfig c, ParseConfig(cluster.dump(), "bench-serve"));
+    RouterOptions ro;
+    ro.tenant_salt = salt;
+    ro.timeout_ms = 20000;
+    KVMESH_ASSIGN_OR_RETURN(t.embedded, EmbeddedCluster::Start(c, ro));
+    return t;
+  }
+  for (uint32_t e = 0; e < o.engines; ++e) {
+    NetworkClientOptions no;
+    no.coordinator = daemons->coordinator();
+    no.client_id = "bench-serve-engine-" + std::to_string(e);
+    no.tenant_salt = salt;
+    no.timeout_ms = 20000;
+    KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<NetworkClient> c, NetworkClient::Connect(no));
+    // A node prints its listening line before the coordinator lists it: wait
+    // for the whole map, or a put meant for a missing node is refused.
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (c->num_nodes() < cluster["nodes"].size() && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      (void)c->Refresh();
+    }
+    if (c->num_nodes() < cluster["nodes"].size())
+      return Unavailable("the coordinator listed " + std::to_string(c->num_nodes()) + " of " +
+                         std::to_string(cluster["nodes"].size()) + " nodes after 10 s");
+    t.clients.push_back(std::move(c));
+  }
+  return t;
+}
+
+// Seeds the load estimate: the charged time of a 1-block and a 64-block get,
+// the median of three each (the fastest of three was 5-10x optimistic for the
+// larger loads that followed on a loaded machine).
+Result<std::unique_ptr<LinkEstimate>> ProbeLink(Router& r, const Roofline& model, const BenchServeOptions& o) {
+  const uint32_t n = 64;
+  std::vector<TokenId> tokens(size_t(n) * o.block_tokens);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = TokenId(7 + i);
+  const std::vector<std::byte> payload(r.model().FullBlockBytes(), std::byte{1});
+  std::vector<std::span<const std::byte>> blocks(n, std::span<const std::byte>(payload));
+  KVMESH_RETURN_IF_ERROR(r.Put(tokens, blocks));
+  const std::vector<BlockKey> keys = r.Keys(tokens);
+  std::vector<std::byte> dst(payload.size() * n);
+  auto timed_get = [&](size_t count) -> Result<double> {
+    std::vector<GetItem> items(count);
+    for (size_t i = 0; i < count; ++i) {
+      items[i].key = keys[i];
+      items[i].dst = std::span<std::byte>(dst.data() + i * payload.size(), payload.size());
+    }
+    const auto t0 = Clock::now();
+    KVMESH_RETURN_IF_ERROR(r.GetBatch(items));
+    for (const GetItem& it : items) KVMESH_RETURN_IF_ERROR(it.status);
+    return Seconds(Clock::now() - t0) * o.kv_scale;
+  };
+  std::vector<double> one, many;
+  for (int i = 0; i < 3; ++i) {
+    KVMESH_ASSIGN_OR_RETURN(double s, timed_get(1));
+    one.push_back(s);
+    KVMESH_ASSIGN_OR_RETURN(double m, timed_get(n));
+    many.push_back(m);
+  }
+  const double lat = Percentile(one, 50), big = Percentile(many, 50);
+  const double real_block = double(model.model().KvBytesPerToken()) * o.block_tokens;
+  const double bw = (n - 1) * real_block / std::max(big - lat, 1e-9);
+  return std::make_unique<LinkEstimate>(lat, bw);
+}
+
+// Daemons when the options ask for them (and a kvmesh configuration needs a tier).
+Result<std::unique_ptr<LocalDaemons>> StartDaemons(const BenchServeOptions& o, const json& cluster) {
+  if (o.cluster == "embedded") return std::unique_ptr<LocalDaemons>();
+  if (o.cluster != "daemons") return InvalidArgument("--cluster must be daemons or embedded");
+  if (o.kvmesh_bin.empty()) return InvalidArgument("bench-serve: no kvmesh binary to start daemons with");
+  const std::string dir = o.work_dir.empty() ? "/tmp/kvmesh-bench-serve-" + std::to_string(::getpid()) : o.work_dir;
+  return LocalDaemons::Start(o.kvmesh_bin, cluster, dir);
+}
+
+RunResult Summarise(const std::string& config, double rate, const std::vector<ServeRequest>& reqs,
+                    const std::vector<RequestRecord>& recs, double end_s, const BenchServeOptions& o) {
+  RunResult r;
+  r.config = config;
+  r.rate = rate;
+  r.requests = reqs.size();
+  if (reqs.empty()) return r;
+  r.window_s = std::max(reqs.back().arrival_s - reqs.front().arrival_s, 1e-3);
+  r.offered_rps = r.requests / r.window_s;
+  std::vector<double> ttft, tpot;
+  double prompt = 0, local = 0, loaded = 0, out_tokens = 0, later_prompt = 0, later_hit = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const RequestRecord& x = recs[i];
+    const double t = x.first_token >= 0 ? x.first_token - x.arrival : end_s - x.arrival;
+    ttft.push_back(t);
+    if (x.first_token >= 0) {
+      prompt += x.prompt_tokens;
+      local += x.local_hit_tokens;
+      loaded += x.loaded_tokens;
+      if (reqs[i].turn > 0) {
+        later_prompt += x.prompt_tokens;
+        later_hit += x.local_hit_tokens + x.loaded_tokens;
+      }
+    }
+    if (x.finish < 0) continue;
+    ++r.finished;
+    out_tokens += x.output_tokens;
+    const double per_token = x.output_tokens > 1 ? (x.finish - x.first_token) / (x.output_tokens - 1) : 0;
+    if (x.output_tokens > 1) tpot.push_back(per_token);
+    if (t <= o.slo_ttft_s && per_token <= o.slo_tpot_s) ++r.met_slo;
+  }
+  r.ttft_p50 = Percentile(ttft, 50);
+  r.ttft_p99 = Percentile(ttft, 99);
+  r.tpot_p50 = Percentile(tpot, 50);
+  r.tpot_p99 = Percentile(tpot, 99);
+  double last_finish = 0;
+  for (const RequestRecord& x : recs) last_finish = std::max(last_finish, x.finish);
+  const double busy = std::max(last_finish - reqs.front().arrival_s, 1e-3);
+  r.req_s = r.finished / busy;
+  r.tok_s = out_tokens / busy;
+  r.goodput = r.met_slo / r.window_s;
+  r.hit_rate = prompt > 0 ? (local + loaded) / prompt : 0;
+  r.local_hit_rate = prompt > 0 ? local / prompt : 0;
+  r.loaded_rate = prompt > 0 ? loaded / prompt : 0;
+  r.later_turn_hit_rate = later_prompt > 0 ? later_hit / later_prompt : 0;
+  return r;
+}
+
+}  // namespace
+
+Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o,
+                                                      const std::vector<uint32_t>& prefix_tokens,
+                                                      uint32_t suffix_tokens) {
+  KVMESH_ASSIGN_OR_RETURN(const Roofline model, Roofline::Parse(o.engine_model, o.mfu, o.mbu));
+  KVMESH_ASSIGN_OR_RETURN(const json cluster, ClusterJson(o, model));
+  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<LocalDaemons> daemons, StartDaemons(o, cluster));
+  BenchServeOptions one = o;
+  one.engines = 1;
+  KVMESH_ASSIGN_OR_RETURN(Tier tier, OpenTier(one, cluster, daemons.get(),
+                                              "prefix-check-" + std::to_string(::getpid())));
+  Router& r = tier.router(0);
+  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<LinkEstimate> link, ProbeLink(r, model, o));
+  const std::vector<std::byte> payload(r.model().FullBlockBytes(), std::byte{0x33});
+  const double real_block = double(model.model().KvBytesPerToken()) * o.block_tokens;
+  std::vector<PrefixCheckResult> out;
+  std::vector<std::byte> dst;
+  TokenId next = 500000;
+  for (uint32_t asked : prefix_tokens) {
+    PrefixCheckResult x;
+    const uint32_t blocks = asked / o.block_tokens;
+    x.prefix_tokens = blocks * o.block_tokens;
+    x.suffix_tokens = suffix_tokens;
+    std::vector<TokenId> tokens(x.prefix_tokens + suffix_tokens);
+    for (TokenId& t : tokens) t = next++;
+    const std::vector<TokenId> prefix(tokens.begin(), tokens.begin() + x.prefix_tokens);
+    std::vector<std::span<const std::byte>> spans(blocks, std::span<const std::byte>(payload));
+    KVMESH_RETURN_IF_ERROR(r.Put(prefix, spans));
+    x.bytes = uint64_t(blocks * real_block);
+    x.recompute_ttft_s = model.PrefillSeconds(tokens.size(), 0);
+    x.est_recompute_s = model.PrefillSeconds(x.prefix_tokens, 0);
+    x.est_load_s = link->Estimate(x.bytes);
+    dst.resize(size_t(blocks) * payload.size());  // touched before the clock starts, as an engine's KV pool is
+    const auto t0 = Clock::now();
+    KVMESH_ASSIGN_OR_RETURN(const size_t hit, r.MatchPrefix(tokens));
+    x.lookup_s = Seconds(Clock::now() - t0);
+    const std::vector<BlockKey> keys = r.Keys(tokens);
+    std::vector<GetItem> items(hit);
+    for (size_t i = 0; i < hit; ++i) {
+      items[i].key = keys[i];
+      items[i].dst = std::span<std::byte>(dst.data() + i * payload.size(), payload.size());
+    }
+    KVMESH_RETURN_IF_ERROR(r.GetBatch(items));
+    size_t got = 0;
+    while (got < hit && items[got].status.ok()) ++got;
+    x.load_s = x.lookup_s + (Seconds(Clock::now() - t0) - x.lookup_s) * o.kv_scale;
+    link->Observe(double(got) * real_block, x.load_s);
+    x.hit_ttft_s = x.load_s + model.PrefillSeconds(tokens.size() - got * o.block_tokens, got * o.block_tokens);
+    x.decided_load = x.est_load_s < x.est_recompute_s;
+    x.decided_ttft_s = x.decided_load ? x.hit_ttft_s : x.recompute_ttft_s;
+    out.push_back(x);
+  }
+  return out;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double rank = p / 100.0 * double(v.size() - 1);
+  const size_t lo = size_t(std::floor(rank)), hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (rank - double(lo));
+}
+
+Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& o, const ServeProgress& progress) {
+  KVMESH_ASSIGN_OR_RETURN(const Roofline model, Roofline::Parse(o.engine_model, o.mfu, o.mbu));
+  std::vector<ConfigKind> kinds;
+  bool need_tier = false;
+  for (const std::string& c : o.configs) {
+    KVMESH_ASSIGN_OR_RETURN(ConfigKind k, KindOf(c));
+    kinds.push_back(k);
+    need_tier |= k.mode == CacheMode::kKvmesh;
+  }
+  if (o.engines == 0) return InvalidArgument("--engines must be at least 1");
+  KVMESH_ASSIGN_OR_RETURN(const json cluster, ClusterJson(o, model));
+  std::unique_ptr<LocalDaemons> daemons;
+  if (need_tier) {
+    KVMESH_ASSIGN_OR_RETURN(daemons, StartDaemons(o, cluster));
+  }
+
+  std::vector<RunResult> results;
+  uint32_t run_no = 0;
+  for (double rate : o.rates) {
+    WorkloadOptions w = o.workload;
+    w.rate = rate;
+    const std::vector<ServeRequest> reqs = MakeWorkload(w);
+    for (size_t c = 0; c < o.configs.size(); ++c, ++run_no) {
+      const std::string label = o.configs[c] + " @ " + std::to_string(rate).substr(0, 5) + " req/s";
+      std::optional<Tier> tier;
+      std::unique_ptr<LinkEstimate> link;
+      if (kinds[c].mode == CacheMode::kKvmesh) {
+        KVMESH_ASSIGN_OR_RETURN(Tier t, OpenTier(o, cluster, daemons.get(),
+                                                 "bench-serve-" + std::to_string(::getpid()) + "-" +
+                                                     std::to_string(run_no)));
+        tier.emplace(std::move(t));
+        KVMESH_ASSIGN_OR_RETURN(link, ProbeLink(tier->router(0), model, o));
+      }
+      std::vector<RequestRecord> recs(reqs.size());
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        recs[i].arrival = reqs[i].arrival_s;
+        recs[i].prompt_tokens = uint32_t(reqs[i].prompt.size());
+        recs[i].output_tokens = uint32_t(reqs[i].output.size());
+      }
+      const auto run_start = Clock::now();
+      const auto origin = run_start + std::chrono::milliseconds(100);
+      std::vector<std::unique_ptr<Engine>> engines;
+      for (uint32_t e = 0; e < o.engines; ++e) {
+        EngineOptions eo;
+        eo.model = &model;
+        eo.block_tokens = o.block_tokens;
+        eo.local_cache_blocks = o.local_cache_blocks;
+        eo.max_batch = o.max_batch;
+        eo.max_prefill_tokens = o.max_prefill_tokens;
+        eo.mode = kinds[c].mode;
+        eo.policy = kinds[c].policy;
+        eo.router = tier ? &tier->router(e) : nullptr;
+        eo.link = link.get();
+        eo.kv_scale = o.kv_scale;
+        eo.origin = origin;
+        engines.push_back(std::make_unique<Engine>(e, eo, &reqs, &recs));
+        engines.back()->Start();
+      }
+      auto finished = [&] {
+        uint64_t f = 0;
+        for (auto& e : engines) f += e->finished();
+        return f;
+      };
+      std::atomic<uint64_t> arrived{0};
+      std::atomic<bool> stop_progress{false};
+      std::thread ticker([&] {
+        while (!stop_progress.load()) {
+          if (progress) progress(label, arrived.load(), finished(), reqs.size());
+          std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        }
+      });
+      for (size_t i = 0; i < reqs.size(); ++i) {  // open loop: arrivals never wait for the engines
+        std::this_thread::sleep_until(origin + std::chrono::duration_cast<Clock::duration>(
+                                                   std::chrono::duration<double>(reqs[i].arrival_s)));
+        engines[i % engines.size()]->Submit(i);
+        arrived.fetch_add(1);
+      }
+      for (auto& e : engines) e->Finish();
+      const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                               std::chrono::duration<double>(o.drain_s));
+      while (finished() < reqs.size() && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const double end_s = Seconds(Clock::now() - origin);
+      for (auto& e : engines) e->Abort();
+      DecisionCounters d;
+      for (auto& e : engines) {
+        e->Join();
+        d.Add(e->counters());
+      }
+      stop_progress.store(true);
+      ticker.join();
+      if (progress) progress(label, reqs.size(), finished(), reqs.size());
+      RunResult r = Summarise(o.configs[c], rate, reqs, recs, end_s, o);
+      r.decisions = d;
+      if (link) {
+        r.link_latency_s = link->latency_s();
+        r.link_bytes_per_s = link->bytes_per_s();
+      }
+      r.seconds = Seconds(Clock::now() - run_start);
+      results.push_back(std::move(r));
+    }
+  }
+  return results;
+}
+
+}  // namespace kvmesh::serve

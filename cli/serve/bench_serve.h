@@ -1,0 +1,102 @@
+// cli/serve/bench_serve.h — `kvmesh bench-serve`: the latency-throughput
+// curve of a serving system with and without kvmesh (issue 33).
+//
+// For every configuration and every offered rate, one run: the same
+// open-loop multi-turn workload (workload.h) sent round-robin to `engines`
+// engines (engine.h; threads of this process, each with its own kvmesh
+// client), measured per request (TTFT, TPOT) and summarised (RunResult).
+// Configurations:
+//   recompute     every prompt prefilled whole; no cache
+//   local         each engine's own device-tier prefix cache only
+//   kvmesh        local cache + kvmesh as the shared tier, load-or-recompute decided per block run
+//   kvmesh-blind  the same, every run kvmesh holds loaded (the blind policy)
+// The kvmesh tier is real: daemons started the usual way (daemons.h), or an
+// embedded cluster in this process (cluster = "embedded", for tests).
+// Each run keeps its keys apart from the others' (its own tenant salt).
+//
+// Thread-safety: RunBenchServe is a function of its options; one at a time
+// per process (it starts threads and daemons).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cli/serve/engine.h"
+#include "cli/serve/workload.h"
+#include "kvmesh/status.h"
+
+namespace kvmesh::serve {
+
+struct BenchServeOptions {
+  std::string engine_model = "roofline:llama-3.1-8b:h200";
+  double mfu = 0.5, mbu = 0.8;
+  std::vector<double> rates = {2, 4, 8};
+  std::vector<std::string> configs = {"recompute", "local", "kvmesh", "kvmesh-blind"};
+  uint32_t engines = 2;
+  WorkloadOptions workload;       // rate is set per run
+  double drain_s = 20;            // after the last arrival, unfinished requests get this long
+  uint32_t block_tokens = 16;
+  size_t local_cache_blocks = 4096;  // 64k tokens: 8 GiB of Llama-3.1-8B KV
+  uint32_t max_batch = 64;
+  uint64_t max_prefill_tokens = 16384;
+  uint32_t kv_scale = 8;          // blocks move at 1/kv_scale of their real size
+  // The kvmesh tier.
+  std::string cluster = "daemons";  // "daemons" | "embedded"
+  std::string transport = "tcp";    // "tcp" | "ucx" (daemons)
+  std::string kvmesh_bin;           // the kvmesh binary (daemons)
+  std::string work_dir;             // daemons' config and logs (default /tmp/kvmesh-bench-serve-<pid>)
+  uint32_t nodes = 2;
+  uint64_t node_memory = 1ull << 30;  // bytes moved per node (host tier)
+  // The SLO a request must meet to count in goodput.
+  double slo_ttft_s = 0.5, slo_tpot_s = 0.05;
+};
+
+struct RunResult {
+  std::string config;
+  double rate = 0;                 // offered, nominal
+  uint64_t requests = 0, finished = 0, met_slo = 0;
+  double window_s = 0;             // first to last arrival
+  double offered_rps = 0;          // requests / window
+  double ttft_p50 = 0, ttft_p99 = 0, tpot_p50 = 0, tpot_p99 = 0;  // seconds (unfinished: time waited, a floor)
+  double req_s = 0, tok_s = 0, goodput = 0;  // finished/s, output tok/s, met_slo/s over the window
+  double hit_rate = 0;             // prompt tokens not prefilled / prompt tokens
+  double local_hit_rate = 0, loaded_rate = 0;
+  // The second and later turns alone (each one's prefix is its session's past).
+  double later_turn_hit_rate = 0;
+  DecisionCounters decisions;
+  double link_latency_s = 0, link_bytes_per_s = 0;  // the estimate at the run's end
+  double seconds = 0;              // wall time of the run
+};
+
+// Progress: (run label, requests arrived, finished, total) a few times a second.
+using ServeProgress = std::function<void(const std::string&, uint64_t, uint64_t, uint64_t)>;
+
+// Every configuration at every rate. InvalidArgument for an unknown config
+// or engine model; Unavailable when the daemons do not start.
+Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& o, const ServeProgress& progress = {});
+
+// A hit against a recompute, one request alone: a prefix of prefix_tokens
+// stored in kvmesh, then a request of that prefix + suffix_tokens. TTFT of
+// recomputing = the engine model's prefill of the whole prompt; TTFT of the
+// hit = the lookup as measured + the load (measured x kv_scale) + the prefill of the
+// suffix after the cached prefix; the decision picks one by its estimates
+// (a fresh probe), and its TTFT is what the pick costs.
+struct PrefixCheckResult {
+  uint32_t prefix_tokens = 0, suffix_tokens = 0;
+  double recompute_ttft_s = 0, hit_ttft_s = 0, decided_ttft_s = 0;
+  double lookup_s = 0;  // MatchPrefix, measured
+  double load_s = 0;    // lookup_s + the GetBatch's measured time x kv_scale
+  double est_load_s = 0, est_recompute_s = 0;
+  bool decided_load = false;
+  uint64_t bytes = 0;  // real-size bytes of the prefix's KV
+};
+Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o,
+                                                      const std::vector<uint32_t>& prefix_tokens,
+                                                      uint32_t suffix_tokens = 16);
+
+// Percentile p (0..100) of v (sorted inside); 0 for an empty v.
+double Percentile(std::vector<double> v, double p);
+
+}  // namespace kvmesh::serve

@@ -1,0 +1,118 @@
+#include "cli/serve/daemons.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+extern char** environ;
+
+namespace kvmesh::serve {
+
+using namespace std::chrono_literals;
+
+Status LocalDaemons::Spawn(const std::vector<std::string>& argv, const std::string& log, Proc* p) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return ErrnoStatus("pipe2", errno);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+  sigset_t def, none;
+  sigemptyset(&def);
+  sigaddset(&def, SIGPIPE);
+  sigemptyset(&none);
+  posix_spawnattr_setsigdefault(&attr, &def);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  const int rc = ::posix_spawn(&p->pid, args[0], &fa, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  ::close(fds[1]);
+  if (rc != 0) {
+    ::close(fds[0]);
+    p->pid = -1;
+    return ErrnoStatus("posix_spawn " + argv[0], rc);
+  }
+  p->out = fds[0];
+  ::fcntl(p->out, F_SETFL, O_NONBLOCK);
+  return Status::Ok();
+}
+
+Result<nlohmann::json> LocalDaemons::WaitListening(Proc& p, const std::string& log) {
+  const auto end = std::chrono::steady_clock::now() + 15s;
+  while (std::chrono::steady_clock::now() < end) {
+    size_t nl;
+    while ((nl = p.buf.find('\n')) != std::string::npos) {
+      auto j = nlohmann::json::parse(p.buf.substr(0, nl), nullptr, false);
+      p.buf.erase(0, nl + 1);
+      if (!j.is_discarded() && j.is_object() && j.value("event", "") == "listening") return j;
+    }
+    pollfd fd{p.out, POLLIN, 0};
+    if (::poll(&fd, 1, 100) <= 0) continue;
+    char b[4096];
+    const ssize_t n = ::read(p.out, b, sizeof b);
+    if (n > 0) p.buf.append(b, size_t(n));
+    if (n == 0) break;
+  }
+  return Unavailable("a daemon printed no listening line; see " + log);
+}
+
+Result<std::unique_ptr<LocalDaemons>> LocalDaemons::Start(const std::string& kvmesh_bin,
+                                                          const nlohmann::json& config,
+                                                          const std::string& work_dir) {
+  ::mkdir(work_dir.c_str(), 0755);
+  const std::string path = work_dir + "/cluster.json";
+  std::ofstream(path) << config.dump(2);
+  std::unique_ptr<LocalDaemons> d(new LocalDaemons());
+  d->procs_.emplace_back();
+  const std::string clog = work_dir + "/coordinator.log";
+  KVMESH_RETURN_IF_ERROR(d->Spawn({kvmesh_bin, "coordinator", "--config", path, "--port", "0"}, clog,
+                                  &d->procs_.back()));
+  KVMESH_ASSIGN_OR_RETURN(nlohmann::json j, d->WaitListening(d->procs_.back(), clog));
+  d->coordinator_ = "127.0.0.1:" + std::to_string(j["ports"]["http"].get<int>());
+  for (const auto& n : config["nodes"]) {
+    const std::string id = n["id"].get<std::string>(), log = work_dir + "/" + id + ".log";
+    d->procs_.emplace_back();
+    KVMESH_RETURN_IF_ERROR(d->Spawn({kvmesh_bin, "node", "--config", path, "--id", id, "--coordinator",
+                                     d->coordinator_, "--no-resp"},
+                                    log, &d->procs_.back()));
+    KVMESH_RETURN_IF_ERROR(d->WaitListening(d->procs_.back(), log).status());
+  }
+  return d;
+}
+
+LocalDaemons::~LocalDaemons() {
+  for (Proc& p : procs_)
+    if (p.pid > 0) ::kill(-p.pid, SIGTERM);
+  for (Proc& p : procs_) {
+    if (p.pid <= 0) continue;
+    int st = 0;
+    bool gone = false;
+    for (int i = 0; i < 300 && !gone; ++i) {
+      gone = ::waitpid(p.pid, &st, WNOHANG) == p.pid;
+      if (!gone) std::this_thread::sleep_for(10ms);
+    }
+    if (!gone) {
+      ::kill(-p.pid, SIGKILL);
+      ::waitpid(p.pid, &st, 0);
+    }
+    if (p.out >= 0) ::close(p.out);
+  }
+}
+
+}  // namespace kvmesh::serve

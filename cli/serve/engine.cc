@@ -1,0 +1,392 @@
+#include "cli/serve/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <list>
+#include <unordered_map>
+
+namespace kvmesh::serve {
+
+// ---- LinkEstimate ---------------------------------------------------------------
+
+double LinkEstimate::Estimate(double bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return latency_s_ + bytes / bytes_per_s_;
+}
+
+void LinkEstimate::Observe(double bytes, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const double transfer = seconds - latency_s_;
+  if (bytes <= 0 || transfer <= 0) return;
+  bytes_per_s_ = 0.5 * bytes_per_s_ + 0.5 * (bytes / transfer);
+}
+
+double LinkEstimate::latency_s() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return latency_s_;
+}
+
+double LinkEstimate::bytes_per_s() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_per_s_;
+}
+
+void DecisionCounters::Add(const DecisionCounters& o) {
+  lookups += o.lookups;
+  runs += o.runs;
+  runs_loaded += o.runs_loaded;
+  runs_recomputed += o.runs_recomputed;
+  blocks_loaded += o.blocks_loaded;
+  blocks_recomputed += o.blocks_recomputed;
+  load_misses += o.load_misses;
+  est_load_s += o.est_load_s;
+  est_recompute_s += o.est_recompute_s;
+  charged_load_s += o.charged_load_s;
+  loads_slower += o.loads_slower;
+  load_loss_s += o.load_loss_s;
+  bytes_loaded += o.bytes_loaded;
+  bytes_put += o.bytes_put;
+  put_errors += o.put_errors;
+  get_errors += o.get_errors;
+}
+
+// ---- the engine's own prefix cache: an LRU over chained block hashes ---------------
+
+class Engine::LocalCache {
+ public:
+  explicit LocalCache(size_t capacity) : capacity_(capacity) {}
+  // Leading blocks of `chain` held (each refreshed).
+  size_t Match(const std::vector<uint64_t>& chain) {
+    size_t n = 0;
+    while (n < chain.size()) {
+      auto it = where_.find(chain[n]);
+      if (it == where_.end()) break;
+      order_.splice(order_.begin(), order_, it->second);
+      ++n;
+    }
+    return n;
+  }
+  void Insert(const std::vector<uint64_t>& chain, size_t upto) {
+    if (capacity_ == 0) return;
+    for (size_t i = 0; i < std::min(upto, chain.size()); ++i) {
+      auto it = where_.find(chain[i]);
+      if (it != where_.end()) {
+        order_.splice(order_.begin(), order_, it->second);
+        continue;
+      }
+      order_.push_front(chain[i]);
+      where_[chain[i]] = order_.begin();
+      if (order_.size() > capacity_) {
+        where_.erase(order_.back());
+        order_.pop_back();
+      }
+    }
+  }
+
+ private:
+  size_t capacity_;
+  std::list<uint64_t> order_;  // most recent first
+  std::unordered_map<uint64_t, std::list<uint64_t>::iterator> where_;
+};
+
+namespace {
+
+// Chained hashes of the full blocks of `tokens` (FNV-1a over the previous
+// hash and the block's tokens): block i's hash names the whole prefix.
+std::vector<uint64_t> Chain(const std::vector<TokenId>& tokens, uint32_t block_tokens) {
+  std::vector<uint64_t> out;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t b = 0; (b + 1) * block_tokens <= tokens.size(); ++b) {
+    for (size_t i = b * block_tokens; i < (b + 1) * block_tokens; ++i) {
+      h ^= static_cast<uint64_t>(tokens[i]);
+      h *= 1099511628211ull;
+    }
+    out.push_back(h);
+  }
+  return out;
+}
+
+double Seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+
+Engine::Engine(uint32_t index, EngineOptions o, const std::vector<ServeRequest>* requests,
+               std::vector<RequestRecord>* records)
+    : index_(index), o_(std::move(o)), requests_(requests), records_(records),
+      local_(std::make_unique<LocalCache>(o_.mode == CacheMode::kRecompute ? 0 : o_.local_cache_blocks)) {
+  if (o_.router) {
+    const size_t moved = o_.router->model().FullBlockBytes();
+    payload_.assign(moved, std::byte{0x5a});
+  }
+}
+
+Engine::~Engine() {
+  Abort();
+  Join();
+}
+
+void Engine::Start() {
+  thread_ = std::thread([this] { Loop(); });
+  if (o_.mode == CacheMode::kKvmesh) {
+    put_thread_ = std::thread([this] { PutLoop(); });
+    load_thread_ = std::thread([this] { LoadLoop(); });
+  }
+}
+
+void Engine::Submit(size_t request) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_.push_back(request);
+  }
+  cv_.notify_one();
+}
+
+void Engine::Finish() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finishing_ = true;
+  }
+  cv_.notify_one();
+}
+
+void Engine::Abort() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = finishing_ = true;
+  }
+  cv_.notify_one();
+}
+
+void Engine::Join() {
+  if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(load_mu_);
+    load_stop_ = true;
+  }
+  load_cv_.notify_one();
+  if (load_thread_.joinable()) load_thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(put_mu_);
+    put_stop_ = true;
+  }
+  put_cv_.notify_one();
+  if (put_thread_.joinable()) put_thread_.join();
+  counters_.bytes_put = bytes_put_.load();
+  counters_.put_errors = put_errors_.load();
+  counters_.get_errors += load_errors_.load();
+}
+
+double Engine::Now() const { return Seconds(std::chrono::steady_clock::now() - o_.origin); }
+
+bool Engine::Admit(Live& r) {
+  const ServeRequest& q = (*requests_)[r.index];
+  RequestRecord& rec = (*records_)[r.index];
+  if (r.looked_up) {  // back from the loader
+    const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+    counters_.load_misses += r.load_count - r.got;
+    counters_.blocks_loaded += r.got;
+    counters_.charged_load_s += r.charged_load_s;
+    counters_.bytes_loaded += uint64_t(r.got * real_block);
+    if (r.charged_load_s > r.est_recompute_s) {
+      ++counters_.loads_slower;
+      counters_.load_loss_s += r.charged_load_s - r.est_recompute_s;
+    }
+    rec.loaded_tokens = static_cast<uint32_t>(r.got * o_.block_tokens);
+    r.cached_tokens = uint64_t(r.local_blocks + r.got) * o_.block_tokens;
+    r.new_tokens = q.prompt.size() - r.cached_tokens;
+    return true;
+  }
+  std::vector<TokenId> all = q.prompt;
+  all.insert(all.end(), q.output.begin(), q.output.end());
+  r.chain = Chain(all, o_.block_tokens);
+  const size_t prompt_blocks = q.prompt.size() / o_.block_tokens;
+  std::vector<uint64_t> prompt_chain(r.chain.begin(), r.chain.begin() + prompt_blocks);
+  // At least the last prompt token is computed (it yields the first token).
+  const size_t usable = q.prompt.size() % o_.block_tokens == 0 && prompt_blocks > 0 ? prompt_blocks - 1
+                                                                                     : prompt_blocks;
+  const size_t local = std::min(local_->Match(prompt_chain), usable);
+  rec.local_hit_tokens = static_cast<uint32_t>(local * o_.block_tokens);
+  r.cached_tokens = uint64_t(local) * o_.block_tokens;
+  r.new_tokens = q.prompt.size() - r.cached_tokens;
+  if (o_.mode != CacheMode::kKvmesh || !o_.router) return true;
+  Result<size_t> remote = o_.router->MatchPrefix(q.prompt);
+  ++counters_.lookups;
+  if (!remote.ok()) ++counters_.get_errors;
+  r.remote_blocks = remote.ok() ? *remote : 0;
+  const size_t end = std::min(r.remote_blocks, usable);
+  if (end <= local) return true;
+  const uint64_t run_blocks = end - local;
+  const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+  const double est_load = o_.link->Estimate(run_blocks * real_block);
+  const double est_recompute =
+      o_.model->PrefillSeconds(run_blocks * o_.block_tokens, uint64_t(local) * o_.block_tokens);
+  ++counters_.runs;
+  counters_.est_load_s += est_load;
+  counters_.est_recompute_s += est_recompute;
+  if (o_.policy == LoadPolicy::kDecide && est_load >= est_recompute) {
+    ++counters_.runs_recomputed;
+    counters_.blocks_recomputed += run_blocks;
+    return true;
+  }
+  ++counters_.runs_loaded;
+  r.looked_up = true;
+  r.local_blocks = local;
+  r.load_count = run_blocks;
+  r.est_recompute_s = est_recompute;
+  {
+    std::lock_guard<std::mutex> lock(load_mu_);
+    loads_.push_back(std::move(r));
+  }
+  ++loads_in_flight_;  // engine thread only
+  load_cv_.notify_one();
+  return false;
+}
+
+void Engine::LoadLoop() {
+  std::vector<std::byte> scratch;
+  for (;;) {
+    Live r;
+    {
+      std::unique_lock<std::mutex> lock(load_mu_);
+      load_cv_.wait(lock, [&] { return load_stop_ || !loads_.empty(); });
+      if (load_stop_) return;
+      r = std::move(loads_.front());
+      loads_.pop_front();
+    }
+    const ServeRequest& q = (*requests_)[r.index];
+    const std::vector<BlockKey> keys = o_.router->Keys(q.prompt);
+    const size_t moved = payload_.size();
+    scratch.resize(r.load_count * moved);
+    std::vector<GetItem> items(r.load_count);
+    for (size_t i = 0; i < r.load_count; ++i) {
+      items[i].key = keys[r.local_blocks + i];
+      items[i].dst = std::span<std::byte>(scratch.data() + i * moved, moved);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool ok = o_.router->GetBatch(items).ok();
+    r.measured_load_s = Seconds(std::chrono::steady_clock::now() - t0);
+    r.charged_load_s = r.measured_load_s * o_.kv_scale;
+    // The rest of the charged time passes here, off the engine's step.
+    std::this_thread::sleep_for(std::chrono::duration<double>(r.charged_load_s - r.measured_load_s));
+    while (r.got < r.load_count && items[r.got].status.ok()) ++r.got;
+    const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+    o_.link->Observe(r.load_count * real_block, r.charged_load_s);
+    if (!ok) load_errors_.fetch_add(1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_.push_back(std::move(r));
+    }
+    cv_.notify_one();
+  }
+}
+
+void Engine::StoreBlocks(Live& r, size_t upto_tokens) {
+  const size_t end = std::min(upto_tokens / o_.block_tokens, r.chain.size());
+  local_->Insert(r.chain, end);
+  if (o_.mode != CacheMode::kKvmesh || end <= r.remote_blocks) return;
+  {
+    std::lock_guard<std::mutex> lock(put_mu_);
+    puts_.push_back(PutJob{r.index, r.remote_blocks, end});
+  }
+  put_cv_.notify_one();
+  r.remote_blocks = end;
+}
+
+void Engine::PutLoop() {
+  for (;;) {
+    PutJob job;
+    {
+      std::unique_lock<std::mutex> lock(put_mu_);
+      put_cv_.wait(lock, [&] { return put_stop_ || !puts_.empty(); });
+      if (puts_.empty()) return;
+      job = puts_.front();
+      puts_.pop_front();
+    }
+    const ServeRequest& q = (*requests_)[job.request];
+    std::vector<TokenId> all = q.prompt;
+    all.insert(all.end(), q.output.begin(), q.output.end());
+    std::vector<std::span<const std::byte>> blocks(job.end_block - job.first_block,
+                                                   std::span<const std::byte>(payload_));
+    if (!o_.router->Put(all, blocks, RequestOptions{}, job.first_block).ok()) put_errors_.fetch_add(1);
+    const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+    bytes_put_.fetch_add(uint64_t(blocks.size() * real_block));
+  }
+}
+
+void Engine::Loop() {
+  std::deque<Live> waiting;
+  std::vector<Live> running;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (running.empty() && waiting.empty())
+        cv_.wait(lock, [&] {
+          return aborted_ || !inbox_.empty() || !ready_.empty() || (finishing_ && loads_in_flight_ == 0);
+        });
+      if (aborted_) return;
+      for (Live& r : ready_) {  // loaded: first in line
+        waiting.push_front(std::move(r));
+        --loads_in_flight_;
+      }
+      ready_.clear();
+      for (size_t i : inbox_) {
+        Live l;
+        l.index = i;
+        waiting.push_back(std::move(l));
+      }
+      inbox_.clear();
+      if (running.empty() && waiting.empty() && finishing_ && loads_in_flight_ == 0) return;
+    }
+    std::vector<Live> admitted;
+    uint64_t budget = o_.max_prefill_tokens;
+    while (!waiting.empty() && running.size() + admitted.size() < o_.max_batch) {
+      const size_t len = (*requests_)[waiting.front().index].prompt.size();
+      if (!admitted.empty() && len > budget) break;  // a long prompt waits for a step of its own
+      Live r = std::move(waiting.front());
+      waiting.pop_front();
+      if (!Admit(r)) continue;  // its prefix is loading
+      budget -= std::min<uint64_t>(budget, r.new_tokens);
+      admitted.push_back(std::move(r));
+    }
+    if (admitted.empty() && running.empty()) continue;  // everything waits for loads
+    std::vector<PrefillWork> prefills;
+    for (const Live& r : admitted) prefills.push_back(PrefillWork{r.new_tokens, r.cached_tokens});
+    std::vector<uint64_t> decodes;
+    for (const Live& r : running)
+      decodes.push_back((*requests_)[r.index].prompt.size() + r.generated);
+    const double model_s = o_.model->StepSeconds(prefills, decodes);
+    std::this_thread::sleep_for(std::chrono::duration<double>(model_s));
+    const double t = Now();
+    std::vector<Live> still;
+    for (Live& r : running) {
+      ++r.generated;
+      const ServeRequest& q = (*requests_)[r.index];
+      if (r.generated >= q.output.size()) {
+        (*records_)[r.index].finish = t;
+        StoreBlocks(r, q.prompt.size() + q.output.size());
+        finished_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        still.push_back(std::move(r));
+      }
+    }
+    running = std::move(still);
+    for (Live& r : admitted) {
+      const ServeRequest& q = (*requests_)[r.index];
+      RequestRecord& rec = (*records_)[r.index];
+      rec.first_token = t;
+      rec.engine = index_;
+      r.generated = 1;
+      StoreBlocks(r, q.prompt.size());
+      if (r.generated >= q.output.size()) {
+        rec.finish = t;
+        StoreBlocks(r, q.prompt.size() + q.output.size());
+        finished_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        running.push_back(std::move(r));
+      }
+    }
+  }
+}
+
+}  // namespace kvmesh::serve

@@ -1,0 +1,178 @@
+// cli/serve/engine.h — one inference engine of `kvmesh bench-serve`: a
+// continuous-batching loop whose compute time comes from an engine model
+// (roofline.h) and whose KV really moves through kvmesh.
+//
+// Each step admits waiting requests (up to max_batch running, max_prefill_tokens
+// new tokens a step; at least one), finds each one's cached prefix, then
+// prefills the rest of every admitted prompt and decodes one token for every
+// running request, as one batched step of the engine model. The prefix comes
+// from, in order: the engine's own device-tier prefix cache (an LRU over
+// blocks, local_cache_blocks of them: what vLLM or SGLang keep alone), then,
+// with the kvmesh tier, the run of blocks after it that kvmesh holds
+// (Router::MatchPrefix). Per such run the engine decides to load it (GetBatch)
+// or to recompute it (LoadPolicy below); the decision and its inputs are
+// counted. A load runs on the engine's loader thread while the batch goes on
+// (as vLLM's and SGLang's asynchronous KV loads do); the request is admitted
+// at the first step after its load. Prompt blocks go to kvmesh after their prefill and the answer's
+// blocks after the last token, from a background thread (an asynchronous
+// offload, as engine connectors do), never from the step.
+//
+// Time: the step's wall time is real: its lookups as measured + the engine
+// model's step time (slept). A load takes its measured time, then the loader
+// sleeps kv_scale - 1 times that (bytes move at 1 / kv_scale of their real
+// size, see EngineOptions::kv_scale).
+//
+// Thread-safety: Submit and Finish from any thread; records() once Join returned.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/serve/roofline.h"
+#include "cli/serve/workload.h"
+#include "kvmesh/router.h"
+
+namespace kvmesh::serve {
+
+enum class CacheMode { kRecompute, kLocal, kKvmesh };
+// kDecide: load a run when the estimated load time (LinkEstimate) is below
+// its recompute time (the engine model), else recompute it. kBlind: always load.
+enum class LoadPolicy { kDecide, kBlind };
+
+// The measured cost of a load from kvmesh, in real-size bytes: a fixed
+// latency plus bytes / bandwidth. Seeded by a probe, then each load's charged
+// time updates the bandwidth (EWMA, weight 0.5). Thread-safe.
+class LinkEstimate {
+ public:
+  LinkEstimate(double latency_s, double bytes_per_s) : latency_s_(latency_s), bytes_per_s_(bytes_per_s) {}
+  double Estimate(double bytes) const;
+  void Observe(double bytes, double seconds);
+  double latency_s() const;
+  double bytes_per_s() const;
+
+ private:
+  mutable std::mutex mu_;
+  double latency_s_, bytes_per_s_;  // guarded by mu_
+};
+
+struct EngineOptions {
+  const Roofline* model = nullptr;       // required
+  uint32_t block_tokens = 16;
+  size_t local_cache_blocks = 4096;      // 0 with kRecompute
+  uint32_t max_batch = 64;
+  uint64_t max_prefill_tokens = 16384;   // new tokens per step (a longer prompt runs alone)
+  CacheMode mode = CacheMode::kRecompute;
+  LoadPolicy policy = LoadPolicy::kDecide;
+  Router* router = nullptr;              // the kvmesh tier (kKvmesh); shared, thread-safe
+  LinkEstimate* link = nullptr;          // kKvmesh
+  // Blocks move at real_block_bytes / kv_scale bytes (what fits this
+  // machine); a load's measured time is charged kv_scale times (conservative:
+  // its fixed latency is scaled too).
+  uint32_t kv_scale = 1;
+  std::chrono::steady_clock::time_point origin;  // time 0 of the request schedule
+};
+
+// One request's fate. Times in seconds from the run's origin; < 0: never.
+struct RequestRecord {
+  double arrival = 0, first_token = -1, finish = -1;
+  uint32_t prompt_tokens = 0, output_tokens = 0;
+  uint32_t local_hit_tokens = 0;   // from the engine's own cache
+  uint32_t loaded_tokens = 0;      // loaded from kvmesh
+  uint32_t engine = 0;
+};
+
+struct DecisionCounters {
+  uint64_t lookups = 0;               // MatchPrefix calls
+  uint64_t runs = 0;                  // block runs kvmesh held beyond the local prefix
+  uint64_t runs_loaded = 0, runs_recomputed = 0;
+  uint64_t blocks_loaded = 0, blocks_recomputed = 0;  // blocks of those runs
+  uint64_t load_misses = 0;           // blocks MatchPrefix saw that GetBatch then missed
+  double est_load_s = 0, est_recompute_s = 0;  // of every run, whichever was chosen
+  double charged_load_s = 0;          // what the loads cost (measured x kv_scale)
+  // Loads slower than their recompute estimate: count and the time lost.
+  uint64_t loads_slower = 0;
+  double load_loss_s = 0;
+  uint64_t bytes_loaded = 0, bytes_put = 0;   // real-size bytes (moved: / kv_scale)
+  uint64_t put_errors = 0, get_errors = 0;
+  void Add(const DecisionCounters& o);
+};
+
+class Engine {
+ public:
+  Engine(uint32_t index, EngineOptions o, const std::vector<ServeRequest>* requests,
+         std::vector<RequestRecord>* records);
+  ~Engine();
+  void Start();
+  void Submit(size_t request);  // request index; its arrival time has come
+  void Finish();                // no more submissions: drain, then stop
+  void Join();                  // after Finish
+  void Abort();                 // stop now (unfinished requests stay unfinished)
+  const DecisionCounters& counters() const { return counters_; }
+  uint64_t finished() const { return finished_.load(std::memory_order_relaxed); }
+
+ private:
+  // A request inside the engine.
+  struct Live {
+    size_t index = 0;
+    std::vector<uint64_t> chain;  // chained block hashes of prompt + output
+    uint64_t cached_tokens = 0;   // prefix not computed (local hit + loaded)
+    uint64_t new_tokens = 0;      // computed in its prefill
+    size_t remote_blocks = 0;     // leading blocks kvmesh holds (stored: no put needed)
+    uint32_t generated = 0;
+    // A load handed to the loader thread: blocks [local_blocks, + load_count).
+    bool looked_up = false;
+    size_t local_blocks = 0, load_count = 0, got = 0;
+    double est_recompute_s = 0, measured_load_s = 0, charged_load_s = 0;
+  };
+  class LocalCache;
+  void Loop();
+  void PutLoop();
+  // Finds r's prefix; false when its kvmesh run went to the loader (r moved).
+  bool Admit(Live& r);
+  void LoadLoop();
+  void StoreBlocks(Live& r, size_t upto_tokens);
+  double Now() const;
+
+  const uint32_t index_;
+  const EngineOptions o_;
+  const std::vector<ServeRequest>* const requests_;
+  std::vector<RequestRecord>* const records_;
+  std::unique_ptr<LocalCache> local_;
+  DecisionCounters counters_;  // engine thread; read after Join
+  std::vector<std::byte> payload_;
+  std::atomic<uint64_t> finished_{0};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<size_t> inbox_;  // guarded by mu_
+  std::deque<Live> ready_;    // guarded by mu_: loaded, back from the loader
+  size_t loads_in_flight_ = 0;  // engine thread only
+  bool finishing_ = false, aborted_ = false;  // guarded by mu_
+
+  struct PutJob {
+    size_t request;
+    size_t first_block, end_block;
+  };
+  std::mutex put_mu_;
+  std::condition_variable put_cv_;
+  std::deque<PutJob> puts_;   // guarded by put_mu_
+  bool put_stop_ = false;     // guarded by put_mu_
+  std::atomic<uint64_t> bytes_put_{0}, put_errors_{0};
+
+  std::mutex load_mu_;
+  std::condition_variable load_cv_;
+  std::deque<Live> loads_;     // guarded by load_mu_
+  bool load_stop_ = false;     // guarded by load_mu_
+  std::atomic<uint64_t> load_errors_{0};
+
+  std::thread thread_, put_thread_, load_thread_;
+};
+
+}  // namespace kvmesh::serve

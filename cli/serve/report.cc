@@ -1,0 +1,140 @@
+#include "cli/serve/report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <set>
+
+namespace kvmesh::serve {
+
+bool Sustains(const RunResult& r) {
+  return r.requests > 0 && r.finished == r.requests && r.met_slo >= 0.9 * double(r.requests);
+}
+
+Ratios CompareConfigs(const std::vector<RunResult>& results, const std::string& a, const std::string& b) {
+  Ratios out;
+  out.a = a;
+  out.b = b;
+  std::map<double, const RunResult*> ra, rb;
+  for (const RunResult& r : results) {
+    if (r.config == a) ra[r.rate] = &r;
+    if (r.config == b) rb[r.rate] = &r;
+  }
+  for (const auto& [rate, x] : ra) {
+    auto y = rb.find(rate);
+    if (y == rb.end()) continue;
+    out.goodput.emplace_back(rate, y->second->goodput > 0 ? x->goodput / y->second->goodput : 0);
+    if (Sustains(*x) && Sustains(*y->second)) {
+      out.sustained_rate = rate;
+      out.ttft_p99_ratio = y->second->ttft_p99 > 0 ? x->ttft_p99 / y->second->ttft_p99 : 0;
+    }
+  }
+  return out;
+}
+
+void PrintTable(const BenchServeOptions& o, const std::vector<RunResult>& results) {
+  std::printf("SLO: TTFT <= %.0f ms and TPOT <= %.0f ms; times in ms; hit = prompt tokens not prefilled\n",
+              o.slo_ttft_s * 1e3, o.slo_tpot_s * 1e3);
+  std::printf("%-13s %6s %7s %8s %8s %6s %6s %6s %7s %7s %5s %5s %5s %8s %8s %s\n", "config", "rate", "offer",
+              "ttft50", "ttft99", "tpot50", "tpot99", "req/s", "tok/s", "goodput", "hit", "local", "load",
+              "GB_load", "GB_put", "runs loaded/recomputed (slower)");
+  for (const RunResult& r : results) {
+    const DecisionCounters& d = r.decisions;
+    std::printf("%-13s %6.2f %7.2f %8.1f %8.1f %6.1f %6.1f %6.2f %7.0f %7.2f %5.2f %5.2f %5.2f %8.2f %8.2f %llu/%llu (%llu)\n",
+                r.config.c_str(), r.rate, r.offered_rps, r.ttft_p50 * 1e3, r.ttft_p99 * 1e3, r.tpot_p50 * 1e3,
+                r.tpot_p99 * 1e3, r.req_s, r.tok_s, r.goodput, r.hit_rate, r.local_hit_rate, r.loaded_rate,
+                d.bytes_loaded / 1e9, d.bytes_put / 1e9, (unsigned long long)d.runs_loaded,
+                (unsigned long long)d.runs_recomputed, (unsigned long long)d.loads_slower);
+  }
+  for (const char* other : {"local", "kvmesh-blind"}) {
+    const Ratios q = CompareConfigs(results, "kvmesh", other);
+    if (q.goodput.empty()) continue;
+    std::printf("kvmesh / %s, goodput:", other);
+    for (const auto& [rate, x] : q.goodput) std::printf("  %.2f req/s: %.2fx", rate, x);
+    if (q.sustained_rate > 0)
+      std::printf("; TTFT p99 at %.2f req/s (highest both sustain): %.2fx\n", q.sustained_rate, q.ttft_p99_ratio);
+    else
+      std::printf("; no rate both sustain\n");
+  }
+}
+
+nlohmann::json ResultsJson(const BenchServeOptions& o, const std::vector<RunResult>& results) {
+  nlohmann::json runs = nlohmann::json::array();
+  for (const RunResult& r : results) {
+    const DecisionCounters& d = r.decisions;
+    runs.push_back({{"config", r.config}, {"rate", r.rate}, {"offered_rps", r.offered_rps},
+                    {"requests", r.requests}, {"finished", r.finished}, {"met_slo", r.met_slo},
+                    {"ttft_p50_s", r.ttft_p50}, {"ttft_p99_s", r.ttft_p99}, {"tpot_p50_s", r.tpot_p50},
+                    {"tpot_p99_s", r.tpot_p99}, {"req_s", r.req_s}, {"tok_s", r.tok_s}, {"goodput", r.goodput},
+                    {"hit_rate", r.hit_rate}, {"local_hit_rate", r.local_hit_rate}, {"loaded_rate", r.loaded_rate},
+                    {"later_turn_hit_rate", r.later_turn_hit_rate}, {"sustained", Sustains(r)},
+                    {"link", {{"latency_s", r.link_latency_s}, {"bytes_per_s", r.link_bytes_per_s}}},
+                    {"decisions", {{"lookups", d.lookups}, {"runs", d.runs}, {"runs_loaded", d.runs_loaded},
+                                   {"runs_recomputed", d.runs_recomputed}, {"blocks_loaded", d.blocks_loaded},
+                                   {"blocks_recomputed", d.blocks_recomputed}, {"load_misses", d.load_misses},
+                                   {"est_load_s", d.est_load_s}, {"est_recompute_s", d.est_recompute_s},
+                                   {"charged_load_s", d.charged_load_s}, {"loads_slower", d.loads_slower},
+                                   {"load_loss_s", d.load_loss_s}}},
+                    {"bytes_loaded", d.bytes_loaded}, {"bytes_put", d.bytes_put},
+                    {"get_errors", d.get_errors}, {"put_errors", d.put_errors}, {"seconds", r.seconds}});
+  }
+  nlohmann::json ratios = nlohmann::json::object();
+  for (const char* other : {"local", "kvmesh-blind", "recompute"}) {
+    const Ratios q = CompareConfigs(results, "kvmesh", other);
+    if (q.goodput.empty()) continue;
+    nlohmann::json g = nlohmann::json::array();
+    for (const auto& [rate, x] : q.goodput) g.push_back({{"rate", rate}, {"goodput_ratio", x}});
+    ratios[std::string("kvmesh_over_") + other] = {{"goodput", g}, {"sustained_rate", q.sustained_rate},
+                                                   {"ttft_p99_ratio", q.ttft_p99_ratio}};
+  }
+  return {{"engine_model", o.engine_model}, {"mfu", o.mfu}, {"mbu", o.mbu}, {"engines", o.engines},
+          {"cluster", o.cluster}, {"transport", o.transport}, {"nodes", o.nodes}, {"kv_scale", o.kv_scale},
+          {"block_tokens", o.block_tokens}, {"local_cache_blocks", o.local_cache_blocks},
+          {"slo", {{"ttft_s", o.slo_ttft_s}, {"tpot_s", o.slo_tpot_s}}},
+          {"workload", {{"duration_s", o.workload.duration_s}, {"turns", o.workload.turns},
+                        {"think_s", o.workload.think_s}, {"agent_share", o.workload.agent_share},
+                        {"system_tokens", o.workload.system_tokens},
+                        {"agent_preamble_tokens", o.workload.agent_preamble_tokens},
+                        {"user_tokens", o.workload.user_tokens}, {"tool_tokens", o.workload.tool_tokens},
+                        {"output_tokens", o.workload.output_tokens}, {"seed", o.workload.seed}}},
+          {"runs", runs}, {"ratios", ratios}};
+}
+
+bool WritePlots(const std::string& prefix, const BenchServeOptions& o, const std::vector<RunResult>& results) {
+  std::vector<std::string> configs;
+  for (const RunResult& r : results)
+    if (std::find(configs.begin(), configs.end(), r.config) == configs.end()) configs.push_back(r.config);
+  const std::string dat = prefix + ".dat";
+  {
+    std::ofstream f(dat);
+    for (const std::string& c : configs) {  // one gnuplot data block per configuration
+      f << "# " << c << ": offered_rps ttft_p99_ms goodput\n";
+      for (const RunResult& r : results)
+        if (r.config == c) f << r.offered_rps << ' ' << r.ttft_p99 * 1e3 << ' ' << r.goodput << '\n';
+      f << "\n\n";
+    }
+  }
+  bool ok = true;
+  auto plot = [&](const std::string& png, const std::string& ylabel, int column, bool logy) {
+    const std::string gp = png + ".gp";
+    {
+      std::ofstream f(gp);
+      f << "set terminal pngcairo size 800,500\nset output '" << png << "'\n"
+        << "set title 'kvmesh bench-serve: " << o.engine_model << ", " << o.engines << " engines'\n"
+        << "set xlabel 'offered load (requests/s)'\nset ylabel '" << ylabel << "'\nset grid\nset key top left\n"
+        << (logy ? "set logscale y\n" : "") << "plot ";
+      for (size_t i = 0; i < configs.size(); ++i)
+        f << (i ? ", " : "") << "'" << dat << "' index " << i << " using 1:" << column
+          << " with linespoints pt 7 title '" << configs[i] << "'";
+      f << "\n";
+    }
+    ok &= std::system(("gnuplot '" + gp + "' 2>/dev/null").c_str()) == 0;
+  };
+  plot(prefix + "-ttft-p99.png", "TTFT p99 (ms)", 2, true);
+  plot(prefix + "-goodput.png", "goodput (requests/s within SLO)", 3, false);
+  return ok;
+}
+
+}  // namespace kvmesh::serve

@@ -1,0 +1,164 @@
+// kvmesh bench-serve (cli/serve/): the roofline formulas against values worked
+// out by hand, the workload's shape, and a tiny open-loop run on an embedded
+// cluster whose invariants must hold whatever the machine's speed.
+#include <algorithm>
+#include <map>
+
+#include <catch2/catch.hpp>
+
+#include "cli/serve/bench_serve.h"
+#include "cli/serve/report.h"
+#include "cli/serve/roofline.h"
+#include "cli/serve/workload.h"
+
+using namespace kvmesh::serve;
+
+TEST_CASE("roofline: KV bytes per token and parameters of the named models match their configs", "[serve]") {
+  const ModelShape l8 = FindModel("llama-3.1-8b").value();
+  const ModelShape l70 = FindModel("llama-3.1-70b").value();
+  const ModelShape mx = FindModel("mixtral-8x7b").value();
+  // 2 x layers x kv_heads x head_dim x 2 bytes
+  CHECK(l8.KvBytesPerToken() == 2ull * 32 * 8 * 128 * 2);  // 131072: 128 KiB
+  CHECK(l70.KvBytesPerToken() == 2ull * 80 * 8 * 128 * 2); // 327680: 320 KiB
+  CHECK(mx.KvBytesPerToken() == 131072);
+  // Llama-3.1-8B: 32 x (Wq 4096^2 + Wk,Wv 2 x 4096 x 1024 + Wo 4096^2 + MLP 3 x 4096 x 14336)
+  //   + embedding and LM head 2 x 128256 x 4096 + norms 65 x 4096 = 8,030,261,248 (the published count).
+  CHECK(l8.TotalParams() == 8030261248.0);
+  CHECK(l8.ActiveParams() == 7504658432.0);  // no embedding lookup
+  // Mixtral-8x7B: 46,702,792,704 stored (the published count), 12,748,587,008 per token (2 of 8 experts).
+  CHECK(mx.TotalParams() == 46702792704.0);
+  CHECK(mx.ActiveParams() == 12748587008.0);
+  CHECK(l70.TotalParams() == Approx(70.55e9).epsilon(0.001));
+}
+
+TEST_CASE("roofline: prefill is compute-bound and decode memory-bound, as worked out by hand", "[serve]") {
+  const Roofline h200 = Roofline::Parse("roofline:llama-3.1-8b:h200").value();
+  CHECK(h200.mfu() == 0.5);
+  // 1024 new tokens: 2 x 7,504,658,432 x 1024 + 4 x 32 x 32 x 128 x 1024 x (0 + 1025 / 2)
+  CHECK(h200.StepFlops({{1024, 0}}, {}) == 15644686811136.0);
+  CHECK(h200.PrefillSeconds(1024, 0) == Approx(15644686811136.0 / (989e12 * 0.5)));  // 31.6 ms
+  // One decode step at context 1000: the weights (16,060,522,496 B) and 1001 tokens of KV at 0.8 x 4.8 TB/s.
+  CHECK(h200.StepSeconds({}, {1000}) == Approx((16060522496.0 + 1001 * 131072.0) / (4.8e12 * 0.8)));  // 4.2 ms
+  // The H100 has the same FLOP/s and less bandwidth: the same prefill, a slower decode.
+  const Roofline h100 = Roofline::Parse("roofline:llama-3.1-8b:h100").value();
+  CHECK(h100.PrefillSeconds(1024, 0) == Approx(h200.PrefillSeconds(1024, 0)));
+  CHECK(h100.StepSeconds({}, {1000}) > h200.StepSeconds({}, {1000}));
+  // Cached context only adds attention: a prefill after 8k cached costs more than from 0, less than 9k.
+  CHECK(h200.PrefillSeconds(1024, 8192) > h200.PrefillSeconds(1024, 0));
+  CHECK(h200.PrefillSeconds(1024, 8192) < h200.PrefillSeconds(9216, 0));
+  // tensor parallel divides both.
+  const Roofline tp4 = Roofline::Parse("roofline:llama-3.1-70b:h100:tp4").value();
+  CHECK(tp4.tp() == 4);
+  // A MoE decode of one token reads 2 experts' MLPs per layer, not 8.
+  const Roofline mx = Roofline::Parse("roofline:mixtral-8x7b:h200").value();
+  CHECK(mx.StepBytes({}, {0}) < 0.35 * mx.model().TotalParams() * 2);
+  CHECK(mx.StepBytes({{4096, 0}}, {}) > mx.model().TotalParams() * 2);
+  CHECK_FALSE(Roofline::Parse("roofline:llama-3.1-8b").ok());
+  CHECK_FALSE(Roofline::Parse("roofline:gpt-5:h200").ok());
+  CHECK_FALSE(Roofline::Parse("roofline:llama-3.1-8b:h200:tp0").ok());
+}
+
+TEST_CASE("workload: a session's turn extends the one before it and arrivals are sorted", "[serve]") {
+  WorkloadOptions w;
+  w.rate = 4;
+  w.duration_s = 10;
+  w.turns = 3;
+  const std::vector<ServeRequest> reqs = MakeWorkload(w);
+  REQUIRE(reqs.size() > 10);
+  std::map<uint32_t, const ServeRequest*> last;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (i) CHECK(reqs[i].arrival_s >= reqs[i - 1].arrival_s);
+    const ServeRequest& r = reqs[i];
+    auto it = last.find(r.session);
+    if (it != last.end()) {
+      const ServeRequest& p = *it->second;
+      CHECK(r.turn == p.turn + 1);
+      CHECK(r.arrival_s >= p.arrival_s + w.think_s / 2);
+      std::vector<kvmesh::TokenId> ctx = p.prompt;
+      ctx.insert(ctx.end(), p.output.begin(), p.output.end());
+      REQUIRE(r.prompt.size() > ctx.size());
+      CHECK(std::equal(ctx.begin(), ctx.end(), r.prompt.begin()));
+    } else {
+      CHECK(r.turn == 0);
+    }
+    last[r.session] = &r;
+  }
+}
+
+TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
+  BenchServeOptions o;
+  o.cluster = "embedded";
+  o.rates = {3};
+  o.engines = 2;
+  o.kv_scale = 16;
+  o.node_memory = 64ull << 20;
+  o.drain_s = 15;
+  o.workload.duration_s = 3;
+  o.workload.turns = 3;
+  o.workload.think_s = 0.6;
+  o.workload.system_tokens = 256;
+  o.workload.agent_preamble_tokens = 512;
+  o.workload.user_tokens = 64;
+  o.workload.tool_tokens = 128;
+  o.workload.output_tokens = 16;
+  o.workload.seed = 7;
+  const std::vector<RunResult> runs = RunBenchServe(o).value();
+  REQUIRE(runs.size() == 4);
+  std::map<std::string, RunResult> by;
+  for (const RunResult& r : runs) by[r.config] = r;
+  for (const RunResult& r : runs) {
+    INFO(r.config);
+    CHECK(r.requests > 0);
+    CHECK(r.finished == r.requests);
+    CHECK(r.goodput <= r.offered_rps + 1e-9);
+    CHECK(r.met_slo <= r.finished);
+    const DecisionCounters& d = r.decisions;
+    CHECK(d.runs == d.runs_loaded + d.runs_recomputed);
+    CHECK(d.get_errors == 0);
+    CHECK(d.put_errors == 0);
+    if (r.config == "recompute" || r.config == "local") {
+      CHECK(d.runs == 0);
+      CHECK(d.bytes_loaded == 0);
+      CHECK(d.bytes_put == 0);
+    }
+  }
+  CHECK(by["recompute"].hit_rate == 0);
+  // Round-robin routing sends a session's next turn to another engine: its
+  // local cache has only the shared prefix, kvmesh has the whole past.
+  CHECK(by["kvmesh-blind"].later_turn_hit_rate > by["local"].later_turn_hit_rate);
+  CHECK(by["kvmesh-blind"].decisions.runs_recomputed == 0);
+  CHECK(by["kvmesh-blind"].decisions.runs_loaded > 0);
+  CHECK(by["kvmesh-blind"].decisions.bytes_put > 0);
+  CHECK(by["kvmesh"].decisions.runs > 0);
+  CHECK(by["kvmesh"].decisions.lookups == by["kvmesh"].requests);
+}
+
+TEST_CASE("bench-serve: under roofline 8B/H200 a hit's TTFT beats recomputing 1k and 8k prefixes when kvmesh "
+          "moves KV faster than the H200 recomputes it",
+          "[serve]") {
+  BenchServeOptions o;
+  o.cluster = "embedded";
+  o.kv_scale = 1;  // the real bytes: 128 MiB and 1 GiB
+  o.nodes = 2;
+  o.node_memory = 1536ull << 20;
+  const Roofline h200 = Roofline::Parse(o.engine_model).value();
+  const std::vector<PrefixCheckResult> r = RunPrefixCheck(o, {1024, 8192}).value();
+  REQUIRE(r.size() == 2);
+  for (const PrefixCheckResult& x : r) {
+    const double suffix = h200.PrefillSeconds(x.suffix_tokens, x.prefix_tokens);
+    // The bandwidth at which loading the prefix costs what recomputing it does:
+    // 8B on an H200 prefills 1k tokens in 31.6 ms, so 128 KiB x 1024 / 31.6 ms = 4.2 GB/s (4.3 at 8k, attention grows).
+    const double breakeven = double(x.bytes) / (x.recompute_ttft_s - suffix);
+    const double measured = double(x.bytes) / x.load_s;
+    INFO(x.prefix_tokens << " tokens: hit " << x.hit_ttft_s << " s, recompute " << x.recompute_ttft_s
+                         << " s; kvmesh moved " << measured / 1e9 << " GB/s, break-even " << breakeven / 1e9 << " GB/s");
+    CHECK(x.bytes == uint64_t(x.prefix_tokens) * 131072);
+    CHECK(x.hit_ttft_s == Approx(x.load_s + suffix));
+    CHECK(breakeven > 3.5e9);
+    CHECK(breakeven < 5.0e9);
+    // What must hold on any machine: the hit is faster exactly when kvmesh
+    // beats the break-even (a loaded 2-core VM often does not: then it says so).
+    CHECK((x.hit_ttft_s < x.recompute_ttft_s) == (measured > breakeven));
+    if (measured <= breakeven) WARN("this machine moved the KV slower than an H200 recomputes it");
+  }
+}
