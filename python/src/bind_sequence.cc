@@ -30,7 +30,7 @@ in the model dtype (kv_bytes(n) bytes). Full blocks are sealed into the node's s
           "kv_bytes",
           [](const Sequence& s, size_t n) {
             const ModelSpec& m = s.client->model();
-            return size_t{s.handle.layers.size()} * n * s.handle.heads.size() * m.head_dim * DTypeSize(m.dtype);
+            return BlockLayout{s.handle.layers, s.handle.heads, m.block_tokens, m.head_dim, m.dtype}.side_bytes(n);
           },
           py::arg("n"), "bytes of K (and of V) for n tokens");
   DefWithOptions(

@@ -375,7 +375,7 @@ uint32_t Client::AppendSequence(const SequenceHandle& h, py::handle tokens, py::
   std::vector<TokenId> t = ToTokens(tokens);
   Memory km = Memory::Acquire(k, false), vm = Memory::Acquire(v, false);
   if (km.device() || vm.device()) Throw(InvalidArgument("sequence K and V must be in host memory"));
-  const size_t want = size_t{h.layers.size()} * t.size() * h.heads.size() * model_.head_dim * DTypeSize(model_.dtype);
+  const size_t want = BlockLayout{h.layers, h.heads, model_.block_tokens, model_.head_dim, model_.dtype}.side_bytes(t.size());
   if (km.size() != want || vm.size() != want)
     Throw(InvalidArgument("K and V must each hold " + std::to_string(want) + " bytes ([layer][n][heads][head_dim])"));
   std::span<const std::byte> ks(km.data(), km.size()), vs(vm.data(), vm.size());
