@@ -204,9 +204,10 @@ int main(int argc, char** argv) {
     else if (a == "--policies" && i + 1 < argc) policies = Split(argv[++i]);
     else if (a == "--baseline" && i + 1 < argc) baseline = argv[++i];
     else {
-      std::cerr << "usage: bench_eviction [--trace FILE] [--capacity-fractions F,...] [--policies P,...]"
-                   " [--baseline P] [--no-store] [--quick] [--json]\n";
-      return 2;
+      (a == "--help" || a == "-h" ? std::cout : std::cerr)
+          << "usage: bench_eviction [--trace FILE] [--capacity-fractions F,...] [--policies P,...]"
+             " [--baseline P] [--no-store] [--quick] [--json]\n";
+      return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
   auto loaded = LoadMooncakeTrace(trace_path);

@@ -70,6 +70,7 @@ struct Args {
   int server_threads = 1;
   std::vector<int> rtt_us{0, 100};
   bool json = false;
+  bool help = false;  // --help: usage printed, nothing run
 };
 
 std::vector<int> IntList(const char* s) {
@@ -95,8 +96,10 @@ bool Parse(int argc, char** argv, Args* a) {
     else if (k == "--rtt-us") a->rtt_us = IntList(val());
     else if (k == "--json") a->json = true;
     else {
-      std::fprintf(stderr, "usage: bench_router [--nodes 4,8] [--block-kib 16,256] [--blocks 64] [--trials 200] "
-                           "[--server-threads 1] [--rtt-us 0,100] [--json]\n");
+      a->help = k == "--help" || k == "-h";
+      std::fprintf(a->help ? stdout : stderr,
+                   "usage: bench_router [--nodes 4,8] [--block-kib 16,256] [--blocks 64] [--trials 200] "
+                   "[--server-threads 1] [--rtt-us 0,100] [--json]\n");
       return false;
     }
   }
@@ -346,7 +349,7 @@ void MeasureCluster(const Args& a, const std::string& transport, int nodes, int 
 
 int main(int argc, char** argv) {
   Args a;
-  if (!Parse(argc, argv, &a)) return 2;
+  if (!Parse(argc, argv, &a)) return a.help ? 0 : 2;
   std::vector<Row> rows;
   for (int kib : a.block_kib) {
     for (int rtt : a.rtt_us) {

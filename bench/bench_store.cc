@@ -256,8 +256,9 @@ int main(int argc, char** argv) {
     else if (a == "--mixed-only") mixed_only = true;
     else if (a == "--classes" && i + 1 < argc) classes = static_cast<uint32_t>(std::stoul(argv[++i]));
     else {
-      std::cerr << "usage: bench_store [--quick] [--json] [--classes N | --sweep] [--mixed-only]\n";
-      return 2;
+      (a == "--help" || a == "-h" ? std::cout : std::cerr)
+          << "usage: bench_store [--quick] [--json] [--classes N | --sweep] [--mixed-only]\n";
+      return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
   const int trials = quick ? 3 : 7;

@@ -746,8 +746,20 @@ int main(int argc, char** argv) {
   std::string backends = "tcp,ucx,redis,raw,batch";  // which cells run (a profile of one path)
   std::string ops_arg = "GET,PUT";  // which operations of those cells run
   bool json = false;
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "--json") json = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: bench_transport [--seconds S] [--reps R] [--sizes B,...] [--clients N,...] [--backends tcp,ucx,redis,raw,batch]\n"
+          "                       [--ops GET,PUT] [--tables transport,resp] [--resp-sizes B,...] [--resp-clients N,...]\n"
+          "                       [--resp-pipeline D,...] [--ucx-progress P] [--ucx-memory allocated|malloc] [--ucx-workers N]\n"
+          "                       [--kvmesh BIN] [--redis-server BIN] [--redis-benchmark BIN] [--json]\n"
+          "Moves blocks through real kvmesh daemons (TCP and UCX) and redis-server, beside raw loopback TCP and\n"
+          "ucx_perftest in the same run; prints medians and same-run ratios per cell.\n");
+      return 0;
+    }
+    if (a == "--json") json = true;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--json") {

@@ -89,6 +89,11 @@ static uint32_t sequences(kvmesh_client* c, const char* coordinator) {
 }
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+    printf("usage: %s COORDINATOR_HOST:PORT\nStores and reads back a prefix of blocks through the C ABI (kvmesh.h).\n",
+           argv[0]);
+    return 0;
+  }
   if (argc < 2) {
     fprintf(stderr, "usage: %s COORDINATOR_HOST:PORT\n", argv[0]);
     return 2;

@@ -1,12 +1,20 @@
 // Embedding the kvmesh router in an inference server (embedded cluster).
 // Built by CI as build/bin/example_embed_router; docs/guide.md shows it.
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "kvmesh/embedded.h"
 #include "kvmesh/router.h"
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    const std::string a = argv[1];
+    std::fprintf(a == "--help" || a == "-h" ? stdout : stderr,
+                 "usage: example_embed_router\nStarts two shards in this process, stores a prompt's blocks through "
+                 "the embedded router and reads them back.\n");
+    return a == "--help" || a == "-h" ? 0 : 2;
+  }
   // 1. A cluster config: here inline; usually kvmesh::LoadConfigFile("cluster.json").
   auto config = kvmesh::ParseConfig(R"({
     "model": {"model_id": "my-model", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64,

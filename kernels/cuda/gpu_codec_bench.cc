@@ -57,6 +57,12 @@ int main(int argc, char** argv) {
   uint32_t layers = 32, heads = 8, tokens = 64, dim = 128, blocks = 16;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: gpu_codec_bench [--reps R] [--dim D] [--tokens T] [--blocks B] [--json]\n"
+          "Encode/decode GB/s of the CUDA codecs beside a device-to-device copy of the same bytes (needs a GPU).\n");
+      return 0;
+    }
     auto next = [&] { return i + 1 < argc ? static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10)) : 0u; };
     if (a == "--json") json = true;
     else if (a == "--reps") reps = static_cast<int>(next());

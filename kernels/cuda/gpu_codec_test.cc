@@ -59,6 +59,11 @@ std::vector<uint8_t> RandomRaw(size_t elems, uint32_t dim, uint8_t type, std::mt
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::printf("usage: gpu_codec_test [--seed N]\nThe CUDA codecs against the CPU reference (needs a GPU).\n");
+      return 0;
+    }
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::printf("SKIP: no GPU\n");

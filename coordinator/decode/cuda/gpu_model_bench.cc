@@ -67,6 +67,13 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto num = [&]() { return i + 1 < argc ? static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10)) : 0u; };
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: gpu_model_bench [--reps R] [--prompt N] [--decode N] [--hidden H] [--layers L] [--q-heads Q]\n"
+          "                       [--kv-heads K] [--head-dim D] [--ffn F] [--experts E] [--top-k K] [--vocab V] [--json]\n"
+          "Prefill and decode time of the CUDA decode model beside the CPU model (needs a GPU).\n");
+      return 0;
+    }
     if (a == "--json")
       json = true;
     else if (a == "--reps")

@@ -254,6 +254,11 @@ void TestErrors() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::printf("usage: gpu_model_test [--seed N]\nThe CUDA decode model against the CPU model (needs a GPU).\n");
+      return 0;
+    }
   uint64_t seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
