@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -433,4 +434,61 @@ TEST_CASE("UCX: clients that vanish with requests in flight never take the node 
   REQUIRE((*ch)->Get(g, {}).ok());
   CHECK(g[0].status.ok());
   CHECK(g[0].size == size_t{1} << 20);
+}
+
+TEST_CASE("UCX: large GET batches (16 MiB, 128 MiB of 256 KiB blocks) come back within the timeout",
+          "[cluster][ucx][big]") {
+  // What `kvmesh bench-serve --transport ucx --prefix-check 1024,8192` loads:
+  // 64 and 512 blocks of 256 KiB in one GetBatch, from a node that accepts
+  // frames of 512 MiB (bench-serve's transport.max_frame_bytes) by a client
+  // that accepts answers of 64 MiB (the default limits): the batch must be
+  // split by the smaller, or the node's 128 MiB answer is one the client drops.
+  auto c = ParseConfig(R"({
+    "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
+    "nodes": [{"id": "u0", "memory": {"host": "384MiB"}}],
+    "store": {"slot_bytes": "2MiB", "stripes": 2}})");
+  REQUIRE(c.ok());
+  auto n = ShardNode::Create(*c, "u0");
+  REQUIRE(n.ok());
+  std::atomic<uint64_t> epoch{0};
+  UcxServerOptions so;
+  so.limits.max_body_bytes = 512u << 20;  // node_daemon: transport.max_frame_bytes
+  auto s = UcxServer::Start(n->get(), so, &epoch);
+  REQUIRE(s.ok());
+  UcxChannelOptions co;
+  co.node_address = (*s)->address();
+  co.timeout_ms = kvmesh::testing::TimeBound(std::chrono::milliseconds(20000)).count();
+  auto ch = UcxChannel::Connect(co);
+  REQUIRE(ch.ok());
+  constexpr size_t kBlock = 256 << 10, kBlocks = 512;
+  std::vector<std::byte> data(kBlock * kBlocks);
+  std::mt19937_64 rng(21);
+  for (size_t i = 0; i < data.size(); i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(data.data() + i, &v, 8);
+  }
+  std::vector<PutItem> puts;
+  for (size_t i = 0; i < kBlocks; ++i)
+    puts.push_back(PutItem{Key(20000 + i), std::span<const std::byte>(data.data() + i * kBlock, kBlock), {}});
+  for (size_t at = 0; at < kBlocks; at += 64) {
+    REQUIRE((*ch)->Put(std::span(puts).subspan(at, 64), {}).ok());
+  }
+  for (auto& p : puts) REQUIRE(p.status.ok());
+  for (size_t count : {size_t{64}, kBlocks}) {
+    INFO(count << " blocks of 256 KiB in one GET");
+    std::vector<std::byte> dst(kBlock * count, std::byte{0});
+    std::vector<GetItem> gets;
+    for (size_t i = 0; i < count; ++i)
+      gets.push_back(GetItem{Key(20000 + i), std::span<std::byte>(dst.data() + i * kBlock, kBlock), 0, {}});
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status st = (*ch)->Get(gets, {});
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    WARN(count << " blocks: " << secs << " s, " << double(count * kBlock) / secs / 1e9 << " GB/s");
+    REQUIRE(st.ok());
+    size_t bad = 0;
+    for (auto& g : gets) bad += !g.status.ok();
+    INFO("first item: " << gets[0].status.ToString() << ", last: " << gets.back().status.ToString());
+    REQUIRE(bad == 0);
+    CHECK(std::memcmp(dst.data(), data.data(), dst.size()) == 0);
+  }
 }
