@@ -109,7 +109,12 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kHello, 0, 0, {{body.data(), body.size()}}, body.size(), p, {}));
     HelloAnswer a;
     KVMESH_RETURN_IF_ERROR(ParseHelloAnswerBody(p->body, &a));
+    // Frames are split by the limits both ends accept: the node's, and this
+    // client's for the answers (OnReply drops an answer over o_.limits, so a
+    // GET split only by a node accepting larger frames never completed).
     server_limits_ = a.limits;
+    server_limits_.max_body_bytes = std::min(server_limits_.max_body_bytes, o_.limits.max_body_bytes);
+    server_limits_.max_items = std::min(server_limits_.max_items, o_.limits.max_items);
     return Status::Ok();
   }
 
@@ -593,7 +598,7 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   std::condition_variable idle_cv_;
   std::atomic<uint64_t> next_id_{1}, epoch_{0};
   const uint64_t nonce_ = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
-  ProtocolLimits server_limits_;  // set once by the HELLO in Init, read-only after
+  ProtocolLimits server_limits_;  // the node's from the HELLO, bounded by o_.limits (Init); read-only after
   std::mutex map_mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending_;  // guarded by map_mu_
   std::deque<Rndv> rndv_;  // touched only by the caller holding progress_mu_ (callbacks run inside its progress)
