@@ -12,44 +12,20 @@
 #include <fstream>
 #include <thread>
 
-extern char** environ;
+#include "common/spawn.h"
 
 namespace kvmesh::serve {
 
 using namespace std::chrono_literals;
 
 Status LocalDaemons::Spawn(const std::vector<std::string>& argv, const std::string& log, Proc* p) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return ErrnoStatus("pipe2", errno);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-  sigset_t def, none;
-  sigemptyset(&def);
-  sigaddset(&def, SIGPIPE);
-  sigemptyset(&none);
-  posix_spawnattr_setsigdefault(&attr, &def);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-  const int rc = ::posix_spawn(&p->pid, args[0], &fa, &attr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  ::close(fds[1]);
-  if (rc != 0) {
-    ::close(fds[0]);
+  auto c = SpawnWithStdoutPipe(argv, log, /*append_log=*/false);
+  if (!c.ok()) {
     p->pid = -1;
-    return ErrnoStatus("posix_spawn " + argv[0], rc);
+    return c.status();
   }
-  p->out = fds[0];
-  ::fcntl(p->out, F_SETFL, O_NONBLOCK);
+  p->pid = c->pid;
+  p->out = c->out;
   return Status::Ok();
 }
 
