@@ -4,6 +4,7 @@
 // process group on destruction so a failing test leaves nothing behind.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <thread>
@@ -102,14 +104,42 @@ class Process {
     }
   }
 
-  // Signals the process itself (mpirun forwards it to its ranks).
+  // Signals the process itself (mpirun forwards it to its ranks). SIGSTOP
+  // returns once every thread of the process is stopped (see WaitStopped).
   void Signal(int sig) {
-    if (running()) ::kill(pid_, sig);
+    if (!running()) return;
+    ::kill(pid_, sig);
+    if (sig == SIGSTOP) WaitStopped(std::chrono::seconds(5));
   }
 
-  // Signals the whole process group.
+  // Signals the whole process group; SIGSTOP as in Signal.
   void Kill(int sig) {
-    if (running()) ::kill(-pid_, sig);
+    if (!running()) return;
+    ::kill(-pid_, sig);
+    if (sig == SIGSTOP) WaitStopped(std::chrono::seconds(5));
+  }
+
+  // kill(SIGSTOP) only queues the stop: the thread that takes it tells the
+  // others, and until they run and stop, a thread woken by a request can still
+  // answer it (seen in CI: a lookup right after SIGSTOP found a block). True
+  // once /proc shows every thread of the process stopped ('T' or 't').
+  bool WaitStopped(std::chrono::milliseconds timeout) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    const std::string dir = "/proc/" + std::to_string(pid_) + "/task";
+    for (;;) {
+      bool all = true, any = false;
+      if (DIR* d = ::opendir(dir.c_str())) {
+        while (dirent* e = ::readdir(d)) {
+          if (e->d_name[0] == '.') continue;
+          any = true;
+          all = all && TaskStopped(dir + "/" + e->d_name + "/stat");
+        }
+        ::closedir(d);
+      }
+      if (any && all) return true;
+      if (!any || std::chrono::steady_clock::now() >= end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
   }
 
   // Exit status (as from waitpid) or nullopt if still running at the deadline.
@@ -132,6 +162,19 @@ class Process {
   }
 
  private:
+  // The state letter of /proc/PID/task/TID/stat follows "(comm) ".
+  static bool TaskStopped(const std::string& stat) {
+    char buf[512];
+    const int fd = ::open(stat.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return true;  // the thread is gone
+    const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+    ::close(fd);
+    if (n <= 0) return true;
+    buf[n] = '\0';
+    const char* paren = std::strrchr(buf, ')');
+    return paren == nullptr || paren[1] == '\0' || paren[2] == 'T' || paren[2] == 't' || paren[2] == 'Z';
+  }
+
   pid_t pid_ = -1;
   int out_ = -1;
   std::string buf_;

@@ -56,6 +56,27 @@ SANITIZER_REPORT = re.compile(r"(ERROR|WARNING): (Address|Leak|Thread)Sanitizer|
 _PR_SET_PDEATHSIG = 1
 
 
+def wait_stopped(pid, timeout_s):
+    """True once /proc shows every thread of pid stopped (state T or t)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        states = []
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                        states.append(f.read().rsplit(b")", 1)[1][1:2])
+                except (OSError, IndexError):
+                    pass  # the thread is gone
+        except OSError:
+            return False
+        if states and all(s in (b"T", b"t", b"Z") for s in states):
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.002)
+
+
 def die_with_parent():
     """In the child before exec: SIGKILL when the starting process dies, even by SIGKILL."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -155,7 +176,13 @@ class Daemons:
         return self.procs[name].poll() is None
 
     def signal(self, name, sig):
-        os.killpg(self.procs[name].pid, sig)
+        """sig to the daemon's process group; SIGSTOP returns once every thread
+        of the daemon is stopped: kill() only queues the stop, and a thread woken
+        by a request could answer it before it stops (seen in CI)."""
+        pid = self.procs[name].pid
+        os.killpg(pid, sig)
+        if sig == signal.SIGSTOP:
+            wait_stopped(pid, scaled(5))
 
     def kill(self, name):
         """SIGKILL to the daemon's process group; waits for it."""
