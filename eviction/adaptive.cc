@@ -53,8 +53,21 @@
 // (the experts start over from the resident entries). With R = 1 none of this
 // happens.
 //
+// Deferred hits. A hit (Touch) is the lookup path of the owner (a node's
+// match_prefix touches every block of a request), so Touch only queues the
+// access with the time it happened (at most kMaxPending); every other
+// operation first replays the queue in order, as Touch did before, and the
+// experts read the time of the access they replay (their clock is a
+// ManualClock the policy sets). The experts, scores, leader and victims are
+// then exactly what they were with immediate replay; the work moves to the
+// owner's next miss, insert, removal or victim choice (or to the Touch that
+// finds the queue full). In a group, members publish after the same accesses
+// as before, but later in time, so the sums another member reads at its
+// decision may hold fewer of this member's latest accesses (as with
+// concurrent owners).
+//
 // c is PolicyOptions::capacity_hint, or the largest resident count seen.
-// Cost: O(E) per access, each expert O(1); memory: E + 1 entry pools of c
+// Cost: O(1) per Touch; O(E) per access replayed, each expert O(1); memory: E + 1 entry pools of c
 // entries (with R > 1: E pools of c / R and 2 of c). EffectiveClass is the
 // leader's for entries it holds, the latest AccessInfo::priority for the
 // others. Thread-safety: none (the owner's lock).
@@ -62,12 +75,14 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include <absl/container/flat_hash_map.h>
 
 #include "eviction/eviction_policy.h"
 #include "eviction/list_pool.h"
 #include "eviction/policies.h"
+#include "kvmesh/clock.h"
 
 namespace kvmesh::eviction_internal {
 namespace {
@@ -78,10 +93,12 @@ using ExpertMaker = std::unique_ptr<EvictionPolicy> (*)(const PolicyOptions&);
 class AdaptivePolicy final : public EvictionPolicy {
  public:
   AdaptivePolicy(const PolicyOptions& o, const std::vector<ExpertMaker>& experts, bool cost_aware)
-      : c_(o.capacity_hint), cost_aware_(cost_aware) {
+      : c_(o.capacity_hint), cost_aware_(cost_aware), clock_(o.clock ? o.clock : SystemClock()) {
     xo_ = o;
     xo_.leaf_first = true;  // chains leave deepest block first in every list-based expert
     xo_.group.reset();
+    xo_.clock = &replay_clock_;  // the time of the access being replayed
+    pending_.reserve(kMaxPending);
     // Sampled shadows: the experts see one key in rate_ (a hash bucket) at c / rate_; the full
     // copy of the leader takes the slot after the experts'.
     if (experts.size() < kMaxExperts) floor_ = o.shadow_sample_floor;
@@ -110,6 +127,7 @@ class AdaptivePolicy final : public EvictionPolicy {
   }
 
   bool Admit(EntryId id, const AccessInfo& info) override {
+    Sync();
     const uint64_t gid = GhostId(id, info);
     Access(gid, info);
     announced_ = true;
@@ -117,6 +135,7 @@ class AdaptivePolicy final : public EvictionPolicy {
     return true;
   }
   void Insert(EntryId id, const AccessInfo& info) override {
+    Sync();
     const uint64_t gid = GhostId(id, info);
     if (!(announced_ && announced_gid_ == gid)) Access(gid, info);
     announced_ = false;
@@ -129,15 +148,14 @@ class AdaptivePolicy final : public EvictionPolicy {
     }
     c_ = std::max(c_, nodes_.size());
   }
+  // Queued (Deferred hits, above); an id not tracked when the queue is
+  // replayed is skipped, as Touch skipped it.
   void Touch(EntryId id, const AccessInfo& info) override {
-    const uint32_t i = nodes_.Find(id);
-    if (i == kNil) return;
-    Access(nodes_[i].gid, info);
-    nodes_[i].cls = info.priority;
-    lru_.Unlink(Links(kLru), i);
-    lru_.PushFront(Links(kLru), i);
+    if (pending_.size() == kMaxPending) Flush();
+    pending_.push_back(Pending{id, clock_->NowNanos(), info});
   }
   void Remove(EntryId id, RemoveReason reason) override {
+    Sync();
     const uint32_t i = nodes_.Take(id);
     if (i == kNil) return;
     const uint64_t gid = nodes_[i].gid;
@@ -165,6 +183,7 @@ class AdaptivePolicy final : public EvictionPolicy {
     }
   }
   std::optional<EntryId> Victim() override {
+    Sync();
     if (nodes_.size() == 0) return std::nullopt;
     if (experts_.empty()) return nodes_[lru_.tail].id;
     const size_t leader = LeadSlot();
@@ -176,6 +195,7 @@ class AdaptivePolicy final : public EvictionPolicy {
     return nodes_[lru_.tail].id;
   }
   Priority EffectiveClass(EntryId id) const override {
+    SyncConst();
     const uint32_t i = nodes_.Find(id);
     if (i == kNil) return 0;
     const Node& n = nodes_[i];
@@ -192,6 +212,7 @@ class AdaptivePolicy final : public EvictionPolicy {
   // and in the cache's own LRU order; the leader's victim is then this entry
   // unless the leader has dropped resident entries that go first anyway.
   void Release(EntryId id) override {
+    Sync();
     const uint32_t i = nodes_.Find(id);
     if (i == kNil) return;
     for (Expert& x : experts_) x.policy->Release(nodes_[i].gid);
@@ -203,6 +224,7 @@ class AdaptivePolicy final : public EvictionPolicy {
   size_t size() const override { return nodes_.size(); }
 
   std::string_view following() const override {
+    SyncConst();
     return experts_.empty() ? std::string_view("lru") : experts_[Leader()].policy->name();
   }
 
@@ -210,7 +232,38 @@ class AdaptivePolicy final : public EvictionPolicy {
   static constexpr size_t kLru = kMaxExperts;  // link slot of the LRU list
   static constexpr uint32_t kMaxRate = 64;     // sampled shadows: at most one key in 64
   static constexpr uint32_t kPublishEvery = 64;  // accesses between a group member's decisions
+  static constexpr size_t kMaxPending = 256;      // queued hits; bounds the work one call replays
   static uint16_t Bit(size_t e) { return static_cast<uint16_t>(1u << e); }
+
+  // A queued Touch: the access and the owner's clock when it happened.
+  struct Pending {
+    EntryId id;
+    int64_t now_ns;
+    AccessInfo info;
+  };
+  // Replays the queued hits in order, each as Touch did before queueing:
+  // into the experts at its own time, then the entry's class and recency.
+  void Flush() {
+    for (const Pending& p : pending_) {
+      const uint32_t i = nodes_.Find(p.id);
+      if (i == kNil) continue;
+      replay_clock_.Set(p.now_ns);
+      Access(nodes_[i].gid, p.info);
+      nodes_[i].cls = p.info.priority;
+      lru_.Unlink(Links(kLru), i);
+      lru_.PushFront(Links(kLru), i);
+    }
+    pending_.clear();
+  }
+  // Before any operation but Touch: the queue replayed, and the experts' clock at now.
+  void Sync() {
+    if (!pending_.empty()) Flush();
+    replay_clock_.Set(clock_->NowNanos());
+  }
+  // The const queries answer for the replayed state too. The queue is part of
+  // the policy's state, not of what it answers, and the owner never holds a
+  // const policy object (it makes them), so this cast writes no const object.
+  void SyncConst() const { const_cast<AdaptivePolicy*>(this)->Sync(); }
 
   // The expert followed: the group's choice when in a group.
   size_t Leader() const {
@@ -433,6 +486,9 @@ class AdaptivePolicy final : public EvictionPolicy {
 
   size_t c_;
   bool cost_aware_;
+  Clock* clock_;                       // the owner's
+  ManualClock replay_clock_{0};        // the experts': the time of the access replayed
+  std::vector<Pending> pending_;       // queued Touches, oldest first
   double window_;
   PolicyOptions xo_;                   // how the experts are made (leaf_first, no group)
   size_t floor_ = 0;                   // PolicyOptions::shadow_sample_floor (0: never sample)
