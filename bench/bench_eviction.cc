@@ -4,7 +4,7 @@
 //
 //   build/bin/bench_eviction [--trace FILE] [--capacity-fractions 0.01,0.1]
 //                            [--policies adaptive,lru-priority,...] [--baseline lru]
-//                            [--no-store] [--quick] [--json]
+//                            [--no-store] [--quick] [--trials N] [--json]
 //
 // The workload is a Mooncake trace (default: the public conversation trace in
 // tests/data/traces), replayed as `kvmesh replay` replays it: each request's
@@ -18,15 +18,23 @@
 //                             driven as a node is: Exists(touch) of every block
 //                             of a request, then Put of each missing one, vs
 //                             the same store running the baseline
+//   lookup policy|store <name> <fraction>
+//                             the same passes, timing only the lookup path: a
+//                             request's blocks in order up to its first miss
+//                             (Contains + Touch; the store's Exists(touch), what
+//                             a node's match_prefix does), per call made; two
+//                             clock reads per request are inside the time, on
+//                             both sides
 // A name with ":unsampled" runs `adaptive` with every expert simulating every
 // key (PolicyOptions::shadow_sample_floor = 0), e.g. `--policies adaptive
 // --baseline adaptive:unsampled --capacity-fractions 0.05,0.1,0.2` measures the
 // sampled shadows against the previous design. A ratio under 1 means slower than
 // the baseline. Rates are medians of 5 trials (3
-// with --quick); each trial runs the policy and its baseline back to back, so
+// with --quick, N with --trials N); each trial runs the policy and its baseline back to back, so
 // both see the same load. Every row also checks that the run hit something,
-// and prints the prefix hit rates of the policy-object rows, the policy's and
-// the baseline's (the figures `kvmesh replay` gives; not timed).
+// and prints the prefix hit rates, the policy's and the baseline's (the
+// policy-object rows: the figures `kvmesh replay` gives; the store rows: the
+// blocks Exists found before a request's first miss; not timed).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -57,6 +65,20 @@ struct Row {
   double prefix_hit_rate = -1;  // policy rows: the policy's, as `kvmesh replay` counts it
   double baseline_prefix_hit_rate = -1;
 };
+
+// Time a pass spent on its lookup path (see the header), and the calls made there.
+struct LookupTime {
+  double seconds = 0;
+  uint64_t calls = 0;
+  double rate() const { return seconds > 0 ? static_cast<double>(calls) / seconds : 0; }
+};
+
+// The median, min and max of per-trial rates, the first (MeasurePair's warm-up) left out.
+Sample Summarise(std::vector<double> v) {
+  if (v.size() > 1) v.erase(v.begin());
+  std::sort(v.begin(), v.end());
+  return Sample{v[v.size() / 2], v.front(), v.back()};
+}
 
 // The replay's accesses, derived once: one AccessInfo per lookup.
 struct Workload {
@@ -95,8 +117,9 @@ std::pair<std::string, bool> ParseName(const std::string& name) {
 }
 
 // One pass of the trace through a fresh policy; returns lookups done and
-// (through *prefix_hits) the prefix hits.
-double RunPolicy(const Workload& w, const std::string& name, size_t capacity, uint64_t* prefix_hits) {
+// (through *prefix_hits) the prefix hits; adds the lookup path's time to *lookup.
+double RunPolicy(const Workload& w, const std::string& name, size_t capacity, uint64_t* prefix_hits,
+                 LookupTime* lookup) {
   ManualClock clock(0);
   PolicyOptions po;
   po.capacity_hint = capacity;
@@ -113,16 +136,20 @@ double RunPolicy(const Workload& w, const std::string& name, size_t capacity, ui
   uint64_t hits = 0;
   for (size_t r = 0; r < t.requests(); ++r) {
     clock.Set(t.timestamp_ms[r] * 1'000'000);
-    bool prefix = true;
-    for (size_t k = t.begin[r]; k < t.begin[r + 1]; ++k) {
+    const size_t first = t.begin[r], last = t.begin[r + 1];
+    size_t k = first;
+    const double t0 = bench::NowSeconds();
+    for (; k < last && p.Contains(t.blocks[k]); ++k) p.Touch(t.blocks[k], w.infos[k]);  // the prefix hits
+    lookup->seconds += bench::NowSeconds() - t0;
+    lookup->calls += std::min(k + 1, last) - first;
+    hits += k - first;
+    for (; k < last; ++k) {
       const EntryId id = t.blocks[k];
       const AccessInfo& info = w.infos[k];
       if (p.Contains(id)) {
-        hits += prefix;
         p.Touch(id, info);
         continue;
       }
-      prefix = false;
       if (!p.Admit(id, info)) continue;
       while (p.size() >= capacity) {
         const std::optional<EntryId> v = p.Victim();
@@ -138,8 +165,10 @@ double RunPolicy(const Workload& w, const std::string& name, size_t capacity, ui
 
 BlockKey TraceKey(uint32_t block) { return BlockKey{Mix64(block + 1), block}; }
 
-// One pass of the trace through a fresh block store running `name`.
-double RunStore(const Workload& w, const std::string& name, size_t capacity, uint64_t* hits_out) {
+// One pass of the trace through a fresh block store running `name`; adds
+// the lookup path's time (the Exists calls) to *lookup.
+double RunStore(const Workload& w, const std::string& name, size_t capacity, uint64_t* hits_out,
+                LookupTime* lookup) {
   constexpr size_t kBlock = 256;
   ManualClock clock(0);
   StoreOptions o;
@@ -167,7 +196,10 @@ double RunStore(const Workload& w, const std::string& name, size_t capacity, uin
     clock.Set(t.timestamp_ms[r] * 1'000'000);
     const size_t first = t.begin[r], last = t.begin[r + 1];
     size_t k = first;
+    const double t0 = bench::NowSeconds();
     for (; k < last && s.Exists(TraceKey(t.blocks[k]), /*touch=*/true); ++k) ++hits;
+    lookup->seconds += bench::NowSeconds() - t0;
+    lookup->calls += std::min(k + 1, last) - first;
     for (; k < last; ++k) {
       std::memcpy(payload, &t.blocks[k], sizeof(uint32_t));
       (void)s.Put(TraceKey(t.blocks[k]), std::span<const std::byte>(payload, kBlock));
@@ -194,6 +226,7 @@ int main(int argc, char** argv) {
                                        "turnover-priority", "freq-class", "freq-class-turnover"};
   std::string baseline = "lru";
   bool quick = false, json = false, no_store = false;
+  int trials = 0;  // 0: 5, or 3 with --quick
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -203,10 +236,11 @@ int main(int argc, char** argv) {
     else if (a == "--capacity-fractions" && i + 1 < argc) fractions = Split(argv[++i]);
     else if (a == "--policies" && i + 1 < argc) policies = Split(argv[++i]);
     else if (a == "--baseline" && i + 1 < argc) baseline = argv[++i];
+    else if (a == "--trials" && i + 1 < argc && std::atoi(argv[i + 1]) > 0) trials = std::atoi(argv[++i]);
     else {
       (a == "--help" || a == "-h" ? std::cout : std::cerr)
           << "usage: bench_eviction [--trace FILE] [--capacity-fractions F,...] [--policies P,...]"
-             " [--baseline P] [--no-store] [--quick] [--json]\n";
+             " [--baseline P] [--no-store] [--quick] [--trials N] [--json]\n";
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
@@ -216,34 +250,72 @@ int main(int argc, char** argv) {
     return 2;
   }
   const Workload w = Derive(std::move(*loaded));
-  const int trials = quick ? 3 : 5;
-  std::vector<Row> rows;
+  if (trials == 0) trials = quick ? 3 : 5;
+  std::vector<Row> rows, lookup_rows;  // the lookup rows print after the others
   for (const std::string& f : fractions) {
     const double frac = std::stod(f);
     const size_t capacity = std::max<size_t>(1, static_cast<size_t>(frac * static_cast<double>(w.trace.distinct)));
     for (const std::string& name : policies) {
       if (!json) std::fprintf(stderr, "bench_eviction: policy %s at %s...\n", name.c_str(), f.c_str());
       uint64_t prefix_hits = 0, baseline_hits = 0;
-      auto [v, b] = MeasurePair(trials, [&] { return RunPolicy(w, name, capacity, &prefix_hits); },
-                                [&] { return RunPolicy(w, baseline, capacity, &baseline_hits); });
+      std::vector<double> la, lb;  // lookup-path rates per trial
+      auto [v, b] = MeasurePair(
+          trials,
+          [&] {
+            LookupTime lt;
+            const double n = RunPolicy(w, name, capacity, &prefix_hits, &lt);
+            la.push_back(lt.rate());
+            return n;
+          },
+          [&] {
+            LookupTime lt;
+            const double n = RunPolicy(w, baseline, capacity, &baseline_hits, &lt);
+            lb.push_back(lt.rate());
+            return n;
+          });
       Row row{"policy " + name + " " + f, v, b};
       row.prefix_hit_rate = static_cast<double>(prefix_hits) / static_cast<double>(w.trace.lookups());
       row.baseline_prefix_hit_rate = static_cast<double>(baseline_hits) / static_cast<double>(w.trace.lookups());
       rows.push_back(row);
+      row.name = "lookup " + row.name;
+      row.value = Summarise(la);
+      row.baseline = Summarise(lb);
+      lookup_rows.push_back(row);
     }
     if (no_store) continue;
     for (const std::string& name : policies) {
       if (!json) std::fprintf(stderr, "bench_eviction: store %s at %s...\n", name.c_str(), f.c_str());
-      uint64_t hits = 0;
-      auto [v, b] = MeasurePair(trials, [&] { return RunStore(w, name, capacity, &hits); },
-                                [&] { return RunStore(w, baseline, capacity, nullptr); });
+      uint64_t hits = 0, baseline_hits = 0;
+      std::vector<double> la, lb;
+      auto [v, b] = MeasurePair(
+          trials,
+          [&] {
+            LookupTime lt;
+            const double n = RunStore(w, name, capacity, &hits, &lt);
+            la.push_back(lt.rate());
+            return n;
+          },
+          [&] {
+            LookupTime lt;
+            const double n = RunStore(w, baseline, capacity, &baseline_hits, &lt);
+            lb.push_back(lt.rate());
+            return n;
+          });
       if (hits == 0) {
         std::cerr << "bench_eviction: the store running " << name << " hit nothing\n";
         return 1;
       }
-      rows.push_back(Row{"store " + name + " " + f, v, b});
+      Row row{"store " + name + " " + f, v, b};
+      row.prefix_hit_rate = static_cast<double>(hits) / static_cast<double>(w.trace.lookups());
+      row.baseline_prefix_hit_rate = static_cast<double>(baseline_hits) / static_cast<double>(w.trace.lookups());
+      rows.push_back(row);
+      row.name = "lookup " + row.name;
+      row.value = Summarise(la);
+      row.baseline = Summarise(lb);
+      lookup_rows.push_back(row);
     }
   }
+  rows.insert(rows.end(), lookup_rows.begin(), lookup_rows.end());
   if (json) {
     nlohmann::json j = nlohmann::json::array();
     for (const Row& r : rows) {
@@ -259,11 +331,12 @@ int main(int argc, char** argv) {
   }
   std::printf("trace %s: %zu requests, %zu lookups, %zu distinct blocks; baseline: %s\n", trace_path.c_str(),
               w.trace.requests(), w.trace.lookups(), w.trace.distinct, baseline.c_str());
-  std::printf("%-34s %10s %10s %8s %9s %9s %9s\n", "benchmark (median of trials)", "Mlookup/s", "baseline", "ratio",
-              "ns/lookup", "prefix %", "baseline");
+  std::printf("%-40s %10s %10s %8s %9s %9s %9s %9s\n", "benchmark (median of trials)", "Mlookup/s", "baseline",
+              "ratio", "ns/lookup", "baseline", "prefix %", "baseline");
   for (const Row& r : rows) {
-    std::printf("%-34s %10.2f %10.2f %7.3fx %9.0f", r.name.c_str(), r.value.median / 1e6, r.baseline.median / 1e6,
-                r.value.median / r.baseline.median, 1e9 / r.value.median);
+    std::printf("%-40s %10.2f %10.2f %7.3fx %9.0f %9.0f", r.name.c_str(), r.value.median / 1e6,
+                r.baseline.median / 1e6, r.value.median / r.baseline.median, 1e9 / r.value.median,
+                1e9 / r.baseline.median);
     if (r.prefix_hit_rate >= 0) std::printf(" %9.2f %9.2f", 100 * r.prefix_hit_rate, 100 * r.baseline_prefix_hit_rate);
     std::printf("\n");
   }
