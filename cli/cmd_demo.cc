@@ -1,7 +1,11 @@
 // kvmesh demo: the main job on the embedded cluster. Two parts: the prefill
 // replay through the router (cli/demo.h), then a short model-parallel
 // decode whose KV lives in kvmesh sequences, with and without prefix reuse
-// (coordinator/decode/, the same code as `kvmesh decode`).
+// (coordinator/decode/, the same code as `kvmesh decode`). With
+// --compare-policy, the replay part runs again on a fresh cluster of the same
+// config with that eviction policy, alternating with the config's own
+// (--compare-rounds times each), and prints both with their ratio.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -12,6 +16,7 @@
 #include "cli/report.h"
 #include "coordinator/decode/cluster.h"
 #include "cli/demo.h"
+#include "eviction/eviction_policy.h"
 #include "kvmesh/embedded.h"
 #include "kvmesh/size.h"
 #include "shard_node/shard_node.h"
@@ -27,6 +32,8 @@ struct DemoArgs {
   uint32_t conversations = 400;
   bool decode = true;
   int decode_ranks = 4;
+  std::string compare_policy;  // empty: no comparison
+  int compare_rounds = 3;
 };
 
 double Us(uint64_t ns) { return static_cast<double>(ns) / 1e3; }
@@ -93,12 +100,137 @@ nlohmann::json DecodeJson(const DemoDecode& d) {
           {"same_tokens_with_and_without_reuse", d.same_tokens()}};
 }
 
+// One replay part on a fresh embedded cluster of `cfg`.
+struct ReplayRun {
+  DemoReport r;
+  StoreStats total;
+  std::string policy;
+};
+
+Result<ReplayRun> RunReplayPart(const ClusterConfig& cfg, const DemoOptions& o) {
+  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddedCluster> cluster, EmbeddedCluster::Start(cfg));
+  ReplayRun run;
+  KVMESH_ASSIGN_OR_RETURN(run.r, RunDemo(cluster->router(), o));
+  for (size_t i = 0; i < cluster->num_nodes(); ++i) {
+    run.total.Add(cluster->node(i).Stats().store);
+    run.policy = cluster->node(i).store().policy_name();
+  }
+  return run;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// --compare-policy: the config's policy and `other` on the same workload,
+// alternating, each on a fresh cluster; medians over the rounds.
+int RunCompare(const DemoArgs& a, const ClusterConfig& cfg) {
+  ClusterConfig other = cfg;
+  other.eviction.policy = a.compare_policy;
+  DemoOptions o;
+  o.workload.seed = a.seed;
+  o.workload.conversations = a.conversations;
+  o.threads = a.threads;
+  o.progress = false;
+  struct Side {
+    std::string policy;
+    std::vector<double> match_p50, match_p99, get_p50, put_p50, wall;
+    double hit_rate = 0;
+    uint64_t evictions = 0;
+    bool same_every_round = true;  // hit rate and evictions equal in every round
+  } sides[2];
+  for (int round = 0; round < a.compare_rounds; ++round) {
+    for (int k = 0; k < 2; ++k) {
+      if (!a.json) std::fprintf(stderr, "kvmesh demo: round %d/%d, %s...\n", round + 1, a.compare_rounds,
+                                k == 0 ? cfg.eviction.policy.c_str() : a.compare_policy.c_str());
+      Result<ReplayRun> run = RunReplayPart(k == 0 ? cfg : other, o);
+      if (!run.ok()) {
+        std::cerr << "kvmesh demo: " << run.status().ToString() << "\n";
+        return 1;
+      }
+      if (run->r.mismatches != 0) {
+        std::cerr << "kvmesh demo: " << run->r.mismatches << " byte mismatches with " << run->policy << "\n";
+        return 2;
+      }
+      Side& s = sides[k];
+      s.policy = run->policy;
+      s.match_p50.push_back(Us(run->r.match.Percentile(0.5)));
+      s.match_p99.push_back(Us(run->r.match.Percentile(0.99)));
+      s.get_p50.push_back(Us(run->r.get.Percentile(0.5)));
+      s.put_p50.push_back(Us(run->r.put.Percentile(0.5)));
+      s.wall.push_back(run->r.wall_s);
+      if (round > 0 && (s.hit_rate != run->r.prefix_hit_rate() || s.evictions != run->total.evictions))
+        s.same_every_round = false;
+      s.hit_rate = run->r.prefix_hit_rate();
+      s.evictions = run->total.evictions;
+    }
+  }
+  const Side& x = sides[0];
+  const Side& y = sides[1];
+  if (a.json) {
+    auto side = [](const Side& s) {
+      return nlohmann::json{{"policy", s.policy},
+                            {"prefix_hit_rate", s.hit_rate},
+                            {"evictions", s.evictions},
+                            {"same_every_round", s.same_every_round},
+                            {"match_prefix_p50_us", Median(s.match_p50)},
+                            {"match_prefix_p99_us", Median(s.match_p99)},
+                            {"get_p50_us", Median(s.get_p50)},
+                            {"put_p50_us", Median(s.put_p50)},
+                            {"wall_s", Median(s.wall)}};
+    };
+    nlohmann::json j = {{"cluster", cfg.name},
+                        {"seed", a.seed},
+                        {"threads", a.threads},
+                        {"rounds", a.compare_rounds},
+                        {"policy", side(x)},
+                        {"compare", side(y)},
+                        {"ratio",
+                         {{"match_prefix_p50", Ratio(Median(x.match_p50), Median(y.match_p50))},
+                          {"get_p50", Ratio(Median(x.get_p50), Median(y.get_p50))},
+                          {"put_p50", Ratio(Median(x.put_p50), Median(y.put_p50))},
+                          {"wall_s", Ratio(Median(x.wall), Median(y.wall))}}}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("kvmesh demo: embedded cluster \"%s\", seed %llu, %u client thread%s; %s against %s, %d rounds\n"
+              "alternating, each on a fresh cluster (medians over the rounds)\n",
+              cfg.name.c_str(), (unsigned long long)a.seed, a.threads, a.threads == 1 ? "" : "s", x.policy.c_str(),
+              y.policy.c_str(), a.compare_rounds);
+  std::printf("  %-24s %12s %12s %8s\n", "", x.policy.c_str(), y.policy.c_str(), "ratio");
+  auto row = [](const char* name, double v, double w, const char* fmt) { PrintRatioRow(name, v, w, fmt, 24, 12); };
+  row("prefix hit rate (%)", 100 * x.hit_rate, 100 * y.hit_rate, "%.2f");
+  row("evictions", double(x.evictions), double(y.evictions), "%.0f");
+  row("match_prefix p50 (us)", Median(x.match_p50), Median(y.match_p50), "%.1f");
+  row("match_prefix p99 (us)", Median(x.match_p99), Median(y.match_p99), "%.1f");
+  row("get (batch) p50 (us)", Median(x.get_p50), Median(y.get_p50), "%.1f");
+  row("put (batch) p50 (us)", Median(x.put_p50), Median(y.put_p50), "%.1f");
+  row("wall time (s)", Median(x.wall), Median(y.wall), "%.2f");
+  if (!x.same_every_round || !y.same_every_round)
+    std::printf("  (hit rate or evictions differed between rounds: %s)\n",
+                a.threads > 1 ? "several client threads interleave differently" : "unexpected with one thread");
+  std::printf("  match_prefix p50 per round (us): %s", x.policy.c_str());
+  for (double v : x.match_p50) std::printf(" %.1f", v);
+  std::printf(";  %s", y.policy.c_str());
+  for (double v : y.match_p50) std::printf(" %.1f", v);
+  std::printf("\n");
+  return 0;
+}
+
 int Run(const DemoArgs& a) {
   Result<ClusterConfig> cfg = a.config.empty() ? ParseConfig(kDefaultLocalConfig, "cluster_configs/local.json (built in)")
                                                : LoadConfigFile(a.config);
   if (!cfg.ok()) {
     std::cerr << "kvmesh demo: " << cfg.status().ToString() << "\n";
     return 1;
+  }
+  if (!a.compare_policy.empty()) {
+    if (auto p = MakeEvictionPolicy(a.compare_policy, PolicyOptions{}); !p.ok()) {  // before any round runs
+      std::cerr << "kvmesh demo: --compare-policy: " << p.status().ToString() << "\n";
+      return 1;
+    }
+    return RunCompare(a, *cfg);
   }
   auto cluster = EmbeddedCluster::Start(*cfg);
   if (!cluster.ok()) {
@@ -230,6 +362,11 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("!--no-decode", a->decode, "skip the model-parallel decode part");
   cmd->add_option("--decode-ranks", a->decode_ranks, "tensor/expert-parallel ranks of the decode part")
       ->check(CLI::Range(1, 4));
+  cmd->add_option("--compare-policy", a->compare_policy,
+                  "run only the replay part, alternating the config's eviction policy and this one on fresh "
+                  "clusters, and print both with their ratio");
+  cmd->add_option("--compare-rounds", a->compare_rounds, "rounds of --compare-policy (medians over them)")
+      ->check(CLI::Range(1, 21));
   cmd->callback([a, exit_code] { *exit_code = Run(*a); });
 }
 
