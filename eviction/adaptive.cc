@@ -61,10 +61,10 @@
 // ManualClock the policy sets). The experts, scores, leader and victims are
 // then exactly what they were with immediate replay; the work moves to the
 // owner's next miss, insert, removal or victim choice (or to the Touch that
-// finds the queue full). In a group, members publish after the same accesses
-// as before, but later in time, so the sums another member reads at its
-// decision may hold fewer of this member's latest accesses (as with
-// concurrent owners).
+// finds the queue full). In a group, the Touch whose access is a publishing
+// one (every kPublishEvery-th) replays the queue at once, so members publish
+// and decide at the same points of the owners' calls as before, and a queued
+// access replays with the group's leader as it was when it happened.
 //
 // c is PolicyOptions::capacity_hint, or the largest resident count seen.
 // Cost: O(1) per Touch; O(E) per access replayed, each expert O(1); memory: E + 1 entry pools of c
@@ -152,7 +152,8 @@ class AdaptivePolicy final : public EvictionPolicy {
   // replayed is skipped, as Touch skipped it.
   void Touch(EntryId id, const AccessInfo& info) override {
     if (pending_.size() == kMaxPending) Flush();
-    pending_.push_back(Pending{id, clock_->NowNanos(), info});
+    pending_.push_back(Pending{id, clock_->NowNanos(), group_ ? group_->leader() : 0, info});
+    if (group_ && since_publish_ + pending_.size() >= kPublishEvery) Flush();  // this access publishes
   }
   void Remove(EntryId id, RemoveReason reason) override {
     Sync();
@@ -239,6 +240,7 @@ class AdaptivePolicy final : public EvictionPolicy {
   struct Pending {
     EntryId id;
     int64_t now_ns;
+    uint32_t leader;  // the group's leader then (with a group)
     AccessInfo info;
   };
   // Replays the queued hits in order, each as Touch did before queueing:
@@ -248,12 +250,14 @@ class AdaptivePolicy final : public EvictionPolicy {
       const uint32_t i = nodes_.Find(p.id);
       if (i == kNil) continue;
       replay_clock_.Set(p.now_ns);
+      replay_leader_ = p.leader;
       Access(nodes_[i].gid, p.info);
       nodes_[i].cls = p.info.priority;
       lru_.Unlink(Links(kLru), i);
       lru_.PushFront(Links(kLru), i);
     }
     pending_.clear();
+    replay_leader_ = kNoLeader;
   }
   // Before any operation but Touch: the queue replayed, and the experts' clock at now.
   void Sync() {
@@ -265,10 +269,11 @@ class AdaptivePolicy final : public EvictionPolicy {
   // const policy object (it makes them), so this cast writes no const object.
   void SyncConst() const { const_cast<AdaptivePolicy*>(this)->Sync(); }
 
-  // The expert followed: the group's choice when in a group.
+  // The expert followed: the group's choice when in a group (while a queued
+  // access replays, the choice when it happened).
   size_t Leader() const {
     if (!group_) return leader_;
-    const uint32_t l = group_->leader();
+    const uint32_t l = replay_leader_ != kNoLeader ? replay_leader_ : group_->leader();
     return l < experts_.size() ? l : 0;
   }
 
@@ -489,6 +494,8 @@ class AdaptivePolicy final : public EvictionPolicy {
   Clock* clock_;                       // the owner's
   ManualClock replay_clock_{0};        // the experts': the time of the access replayed
   std::vector<Pending> pending_;       // queued Touches, oldest first
+  static constexpr uint32_t kNoLeader = UINT32_MAX;
+  uint32_t replay_leader_ = kNoLeader;  // Pending::leader of the access replaying now
   double window_;
   PolicyOptions xo_;                   // how the experts are made (leaf_first, no group)
   size_t floor_ = 0;                   // PolicyOptions::shadow_sample_floor (0: never sample)

@@ -494,66 +494,80 @@ TEST_CASE("adaptive: sampled shadows follow the expert full shadows follow, and 
 }
 
 TEST_CASE("adaptive: queued hits replay as immediate ones did, each at the time it happened", "[eviction]") {
-  // Two adaptive policies see the same owner's operations with a clock that
-  // moves on every step and one-second aging. `a` queues its hits (Touch only
-  // records them); `b` is made to replay each one at once (following() replays
-  // the queue), as Touch did before it queued. Victims, sizes, classes and the
-  // expert followed must agree at every step, with full and with sampled shadows.
+  // Adaptive policies see the same owner's operations with a clock that moves
+  // on every step and one-second aging. The `a` policies queue their hits
+  // (Touch only records them); the `b` policies are made to replay each one at
+  // once (following() replays the queue), as Touch did before it queued.
+  // Victims, sizes, classes and the expert followed must agree at every step,
+  // with full and with sampled shadows, alone and as two members of a group
+  // (a store's stripes: the keys split between them by id).
   for (const size_t floor : {size_t{0}, size_t{8}}) {
-    INFO("shadow_sample_floor " << floor);
-    constexpr size_t kCap = 96;
-    ManualClock clock(0);
-    const PolicyOptions o{.aging_ns = 1'000'000'000, .capacity_hint = kCap, .clock = &clock,
-                          .shadow_sample_floor = floor};
-    auto a = testing::MakePolicy("adaptive", o);
-    auto b = testing::MakePolicy("adaptive", o);
-    std::mt19937_64 rng(17);
-    std::vector<EntryId> pinned;
-    std::set<std::string> leaders;
-    uint64_t hits = 0;
-    for (int step = 0; step < 60000; ++step) {
-      clock.Advance(static_cast<int64_t>(rng() % 200'000'000));
-      const uint64_t op = rng() % 100;
-      // Half of the keys from a hot set of 80 (s3-fifo's workload above), then a
-      // scan: the lead moves at least once.
-      const EntryId id = rng() % 2 ? rng() % 80 : 1000 + rng() % (step < 30000 ? 100 : 100000);
-      const AccessInfo info = Info(static_cast<Priority>(rng() % 4), 0.0f, static_cast<uint32_t>(rng() % 3));
-      if (std::find(pinned.begin(), pinned.end(), id) != pinned.end()) continue;  // the owner holds it aside
-      if (op < 90) {
-        std::vector<EntryId> ea, eb;
-        const bool ha = Access(*a, id, kCap, info, &ea);
-        const bool hb = Access(*b, id, kCap, info, &eb);
-        if (hb) (void)b->following();  // b: the hit replayed now
-        REQUIRE(ha == hb);
-        REQUIRE(ea == eb);
-        hits += ha;
-      } else if (op < 94 && a->Contains(id) && pinned.size() < 8) {  // a reader pins it
-        a->Remove(id, RemoveReason::kPinned);
-        b->Remove(id, RemoveReason::kPinned);
-        pinned.push_back(id);
-      } else if (op < 97 && !pinned.empty()) {  // the last unpin
-        a->Insert(pinned.back(), info);
-        b->Insert(pinned.back(), info);
-        pinned.pop_back();
-      } else if (op < 98) {
-        a->Remove(id, RemoveReason::kErased);
-        b->Remove(id, RemoveReason::kErased);
-      } else {
-        a->Release(id);
-        b->Release(id);
+    for (const size_t members : {size_t{1}, size_t{2}}) {
+      INFO("shadow_sample_floor " << floor << ", members " << members);
+      constexpr size_t kCap = 96;  // each member's
+      ManualClock clock(0);
+      PolicyOptions o{.aging_ns = 1'000'000'000, .capacity_hint = kCap, .clock = &clock,
+                      .shadow_sample_floor = floor};
+      std::vector<std::unique_ptr<EvictionPolicy>> a, b;
+      const auto ga = std::make_shared<PolicyGroup>(), gb = std::make_shared<PolicyGroup>();
+      for (size_t m = 0; m < members; ++m) {
+        if (members > 1) o.group = ga;
+        a.push_back(testing::MakePolicy("adaptive", o));
+        if (members > 1) o.group = gb;
+        b.push_back(testing::MakePolicy("adaptive", o));
       }
-      REQUIRE(a->size() == b->size());
-      if (step % 101 == 0) {
-        REQUIRE(a->Victim() == b->Victim());
-        for (EntryId k = 0; k < 80; ++k)
-          if (a->Contains(k)) REQUIRE(a->EffectiveClass(k) == b->EffectiveClass(k));
-        REQUIRE(a->following() == b->following());
-        leaders.insert(std::string(a->following()));
+      std::mt19937_64 rng(17);
+      std::vector<EntryId> pinned;
+      std::set<std::string> leaders;
+      uint64_t hits = 0;
+      for (int step = 0; step < 60000; ++step) {
+        clock.Advance(static_cast<int64_t>(rng() % 200'000'000));
+        const uint64_t op = rng() % 100;
+        // Half of the keys from a hot set of 80 per member (s3-fifo's workload
+        // above), then a scan: the lead moves at least once.
+        const EntryId id = rng() % 2 ? rng() % (80 * members) : 1000 + rng() % (step < 30000 ? 100 : 100000);
+        const AccessInfo info = Info(static_cast<Priority>(rng() % 4), 0.0f, static_cast<uint32_t>(rng() % 3));
+        if (std::find(pinned.begin(), pinned.end(), id) != pinned.end()) continue;  // the owner holds it aside
+        EvictionPolicy& pa = *a[id % members];
+        EvictionPolicy& pb = *b[id % members];
+        if (op < 90) {
+          std::vector<EntryId> ea, eb;
+          const bool ha = Access(pa, id, kCap, info, &ea);
+          const bool hb = Access(pb, id, kCap, info, &eb);
+          if (hb) (void)pb.following();  // b: the hit replayed now
+          REQUIRE(ha == hb);
+          REQUIRE(ea == eb);
+          hits += ha;
+        } else if (op < 94 && pa.Contains(id) && pinned.size() < 8) {  // a reader pins it
+          pa.Remove(id, RemoveReason::kPinned);
+          pb.Remove(id, RemoveReason::kPinned);
+          pinned.push_back(id);
+        } else if (op < 97 && !pinned.empty()) {  // the last unpin
+          a[pinned.back() % members]->Insert(pinned.back(), info);
+          b[pinned.back() % members]->Insert(pinned.back(), info);
+          pinned.pop_back();
+        } else if (op < 98) {
+          pa.Remove(id, RemoveReason::kErased);
+          pb.Remove(id, RemoveReason::kErased);
+        } else {
+          pa.Release(id);
+          pb.Release(id);
+        }
+        REQUIRE(pa.size() == pb.size());
+        if (step % 101 == 0) {
+          for (size_t m = 0; m < members; ++m) {
+            REQUIRE(a[m]->Victim() == b[m]->Victim());
+            for (EntryId k = m; k < 80 * members; k += members)
+              if (a[m]->Contains(k)) REQUIRE(a[m]->EffectiveClass(k) == b[m]->EffectiveClass(k));
+            REQUIRE(a[m]->following() == b[m]->following());
+            leaders.insert(std::string(a[m]->following()));
+          }
+        }
       }
+      INFO("hits " << hits << ", leaders " << leaders.size());
+      CHECK(hits > 10000);
+      CHECK(leaders.size() >= 2);
+      for (size_t m = 0; m < members; ++m) CHECK(testing::Drain(*a[m]) == testing::Drain(*b[m]));
     }
-    INFO("hits " << hits << ", leaders " << leaders.size());
-    CHECK(hits > 10000);
-    CHECK(leaders.size() >= 2);
-    CHECK(testing::Drain(*a) == testing::Drain(*b));
   }
 }
