@@ -255,64 +255,39 @@ int main(int argc, char** argv) {
   for (const std::string& f : fractions) {
     const double frac = std::stod(f);
     const size_t capacity = std::max<size_t>(1, static_cast<size_t>(frac * static_cast<double>(w.trace.distinct)));
-    for (const std::string& name : policies) {
-      if (!json) std::fprintf(stderr, "bench_eviction: policy %s at %s...\n", name.c_str(), f.c_str());
-      uint64_t prefix_hits = 0, baseline_hits = 0;
-      std::vector<double> la, lb;  // lookup-path rates per trial
-      auto [v, b] = MeasurePair(
-          trials,
-          [&] {
-            LookupTime lt;
-            const double n = RunPolicy(w, name, capacity, &prefix_hits, &lt);
-            la.push_back(lt.rate());
-            return n;
-          },
-          [&] {
-            LookupTime lt;
-            const double n = RunPolicy(w, baseline, capacity, &baseline_hits, &lt);
-            lb.push_back(lt.rate());
-            return n;
-          });
-      Row row{"policy " + name + " " + f, v, b};
-      row.prefix_hit_rate = static_cast<double>(prefix_hits) / static_cast<double>(w.trace.lookups());
-      row.baseline_prefix_hit_rate = static_cast<double>(baseline_hits) / static_cast<double>(w.trace.lookups());
+    // Runs `pass` (a RunPolicy or RunStore) for `name` and the baseline in
+    // alternating trials; adds the whole-pass row and the lookup-path row.
+    // Returns the policy's hits.
+    auto measure = [&](const std::string& kind, const std::string& name, const auto& pass) {
+      if (!json) std::fprintf(stderr, "bench_eviction: %s %s at %s...\n", kind.c_str(), name.c_str(), f.c_str());
+      uint64_t hits[2] = {0, 0};           // the policy's, the baseline's
+      std::vector<double> lookup_rates[2];  // per trial
+      auto side = [&](int k) {
+        return [&, k] {
+          LookupTime lt;
+          const double n = pass(w, k == 0 ? name : baseline, capacity, &hits[k], &lt);
+          lookup_rates[k].push_back(lt.rate());
+          return n;
+        };
+      };
+      auto [v, b] = MeasurePair(trials, side(0), side(1));
+      Row row{kind + " " + name + " " + f, v, b};
+      row.prefix_hit_rate = static_cast<double>(hits[0]) / static_cast<double>(w.trace.lookups());
+      row.baseline_prefix_hit_rate = static_cast<double>(hits[1]) / static_cast<double>(w.trace.lookups());
       rows.push_back(row);
       row.name = "lookup " + row.name;
-      row.value = Summarise(la);
-      row.baseline = Summarise(lb);
+      row.value = Summarise(lookup_rates[0]);
+      row.baseline = Summarise(lookup_rates[1]);
       lookup_rows.push_back(row);
-    }
+      return hits[0];
+    };
+    for (const std::string& name : policies) measure("policy", name, RunPolicy);
     if (no_store) continue;
     for (const std::string& name : policies) {
-      if (!json) std::fprintf(stderr, "bench_eviction: store %s at %s...\n", name.c_str(), f.c_str());
-      uint64_t hits = 0, baseline_hits = 0;
-      std::vector<double> la, lb;
-      auto [v, b] = MeasurePair(
-          trials,
-          [&] {
-            LookupTime lt;
-            const double n = RunStore(w, name, capacity, &hits, &lt);
-            la.push_back(lt.rate());
-            return n;
-          },
-          [&] {
-            LookupTime lt;
-            const double n = RunStore(w, baseline, capacity, &baseline_hits, &lt);
-            lb.push_back(lt.rate());
-            return n;
-          });
-      if (hits == 0) {
+      if (measure("store", name, RunStore) == 0) {
         std::cerr << "bench_eviction: the store running " << name << " hit nothing\n";
         return 1;
       }
-      Row row{"store " + name + " " + f, v, b};
-      row.prefix_hit_rate = static_cast<double>(hits) / static_cast<double>(w.trace.lookups());
-      row.baseline_prefix_hit_rate = static_cast<double>(baseline_hits) / static_cast<double>(w.trace.lookups());
-      rows.push_back(row);
-      row.name = "lookup " + row.name;
-      row.value = Summarise(la);
-      row.baseline = Summarise(lb);
-      lookup_rows.push_back(row);
     }
   }
   rows.insert(rows.end(), lookup_rows.begin(), lookup_rows.end());
