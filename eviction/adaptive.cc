@@ -68,7 +68,8 @@
 //
 // c is PolicyOptions::capacity_hint, or the largest resident count seen.
 // Cost: O(1) per Touch; O(E) per access replayed, each expert O(1); memory: E + 1 entry pools of c
-// entries (with R > 1: E pools of c / R and 2 of c). EffectiveClass is the
+// entries (with R > 1: E pools of c / R and 2 of c) and the queue of kMaxPending accesses
+// (reserved once). EffectiveClass is the
 // leader's for entries it holds, the latest AccessInfo::priority for the
 // others. Thread-safety: none (the owner's lock).
 #include <algorithm>
