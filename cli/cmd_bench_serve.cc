@@ -22,6 +22,7 @@ namespace {
 struct Args {
   serve::BenchServeOptions o;
   std::string rates = "2,4,8", configs = "recompute,local,kvmesh,kvmesh-blind", node_memory = "1GiB";
+  std::string pressure_memory = "16MiB", ssd_memory = "4GiB";
   double slo_ttft_ms = 500, slo_tpot_ms = 50;
   bool json = false;
   std::string plot;
@@ -105,6 +106,12 @@ int Run(Args& a) {
   a.o.rates = *rates;
   a.o.configs = *configs;
   a.o.node_memory = *mem;
+  auto pmem = ParseSize(a.pressure_memory);
+  if (!pmem.ok()) return fail(pmem.status());
+  auto smem = ParseSize(a.ssd_memory);
+  if (!smem.ok()) return fail(smem.status());
+  a.o.pressure_memory = *pmem;
+  a.o.ssd_memory = *smem;
   a.o.slo_ttft_s = a.slo_ttft_ms / 1e3;
   a.o.slo_tpot_s = a.slo_tpot_ms / 1e3;
   if (a.o.kvmesh_bin.empty()) a.o.kvmesh_bin = SelfPath();
@@ -147,7 +154,8 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--mfu", o.mfu, "share of peak FLOP/s the engine model reaches")->capture_default_str();
   cmd->add_option("--mbu", o.mbu, "share of HBM bandwidth the engine model reaches")->capture_default_str();
   cmd->add_option("--rates", a->rates, "offered request rates, req/s (comma list)")->capture_default_str();
-  cmd->add_option("--configs", a->configs, "configurations: recompute,local,kvmesh,kvmesh-blind")->capture_default_str();
+  cmd->add_option("--configs", a->configs, "configurations: recompute,local,kvmesh,kvmesh-blind,kvmesh-ssd,kvmesh-ssd-blind "
+                  "(-ssd: against a second cluster of small device and host tiers over an SSD tier)")->capture_default_str();
   cmd->add_option("--engines", o.engines, "engine instances (threads, each its own kvmesh client)")->capture_default_str();
   cmd->add_option("--duration", w.duration_s, "seconds of session arrivals per run")->capture_default_str();
   cmd->add_option("--drain", o.drain_s, "seconds unfinished requests get after the last arrival")->capture_default_str();
@@ -172,6 +180,14 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--transport", o.transport, "daemons' data plane: tcp | ucx")->capture_default_str();
   cmd->add_option("--nodes", o.nodes, "kvmesh nodes")->capture_default_str();
   cmd->add_option("--node-memory", a->node_memory, "host memory per node (bytes moved, i.e. after --kv-scale)")
+      ->capture_default_str();
+  cmd->add_option("--pressure-memory", a->pressure_memory,
+                  "kvmesh-ssd*: device and host tier per node, each (bytes moved)")
+      ->capture_default_str();
+  cmd->add_option("--ssd-memory", a->ssd_memory, "kvmesh-ssd*: SSD tier per node, in --work-dir (bytes moved)")
+      ->capture_default_str();
+  cmd->add_option("--probe-interval", o.probe_interval_s,
+                  "the decision's shadow loads (measured while their run is recomputed): at most one per this many s")
       ->capture_default_str();
   cmd->add_option("--slo-ttft-ms", a->slo_ttft_ms, "goodput SLO: TTFT bound")->capture_default_str();
   cmd->add_option("--slo-tpot-ms", a->slo_tpot_ms, "goodput SLO: TPOT bound")->capture_default_str();

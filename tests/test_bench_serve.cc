@@ -1,7 +1,10 @@
 // kvmesh bench-serve (cli/serve/): the roofline formulas against values worked
 // out by hand, the workload's shape, and a tiny open-loop run on an embedded
 // cluster whose invariants must hold whatever the machine's speed.
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <map>
 
 #include <catch2/catch.hpp>
@@ -85,6 +88,32 @@ TEST_CASE("workload: a session's turn extends the one before it and arrivals are
   }
 }
 
+TEST_CASE("load estimate: pessimistic while unsure, learns slow loads, and keeps probing while it recomputes",
+          "[serve]") {
+  // Seeded at 1 ms + 1 ns/byte (1 GB/s), unsure: 1 MB costs 1 ms + 1 MB x (1 + 2 x 0.5) ns = 3 ms.
+  LinkEstimate link(1e-3, 1e-9, /*probe_interval_s=*/1.0);
+  CHECK(link.Estimate(1e6) == Approx(3e-3));
+  CHECK(link.bytes_per_s() == Approx(1e9));
+  // Loads at a steady 4x slower (4 ns/byte): the estimate follows, and its
+  // deviation shrinks as the samples agree.
+  for (int i = 0; i < 30; ++i) link.Observe(1e6, 1e-3 + 4e-3);
+  CHECK(link.observed() == 30);
+  CHECK(link.bytes_per_s() == Approx(0.25e9).epsilon(0.02));
+  CHECK(link.deviation() < 0.05);
+  CHECK(link.Estimate(1e6) == Approx(5e-3).epsilon(0.05));
+  // A recompute decision makes no load; ClaimProbe lets one shadow load a
+  // second through, so a link that became fast again is seen as fast.
+  CHECK(link.ClaimProbe(100.0));
+  CHECK_FALSE(link.ClaimProbe(100.5));
+  CHECK(link.ClaimProbe(101.0));
+  for (int i = 0; i < 20; ++i) link.Observe(1e6, 1e-3 + 0.5e-3);
+  CHECK(link.Estimate(1e6) < 2e-3);
+  // A load that swings (fast, slow, fast, ...) is trusted less than its mean.
+  LinkEstimate swing(0, 2e-9);
+  for (int i = 0; i < 40; ++i) swing.Observe(1e6, i % 2 ? 3e-3 : 1e-3);
+  CHECK(swing.Estimate(1e6) > 3e-3);
+}
+
 TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
   BenchServeOptions o;
   o.cluster = "embedded";
@@ -102,8 +131,15 @@ TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
   o.workload.tool_tokens = 128;
   o.workload.output_tokens = 16;
   o.workload.seed = 7;
-  const std::vector<RunResult> runs = RunBenchServe(o).value();
-  REQUIRE(runs.size() == 4);
+  o.configs = {"recompute", "local", "kvmesh", "kvmesh-blind", "kvmesh-ssd-blind"};
+  o.pressure_memory = 1ull << 20;  // 16 blocks of 64 KiB per tier: most of the run lands on the SSD
+  o.ssd_memory = 256ull << 20;
+  o.work_dir = "/tmp/kvmesh-test-bench-serve-" + std::to_string(::getpid());
+  o.probe_interval_s = 0.05;
+  const auto results = RunBenchServe(o);
+  std::filesystem::remove_all(o.work_dir);
+  const std::vector<RunResult> runs = results.value();
+  REQUIRE(runs.size() == 5);
   std::map<std::string, RunResult> by;
   for (const RunResult& r : runs) by[r.config] = r;
   for (const RunResult& r : runs) {
@@ -114,6 +150,13 @@ TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
     CHECK(r.met_slo <= r.finished);
     const DecisionCounters& d = r.decisions;
     CHECK(d.runs == d.runs_loaded + d.runs_recomputed);
+    // What the decision cost: the loads' charged time plus the recomputed runs' estimate.
+    CHECK(d.decided_s >= d.charged_load_s - 1e-9);
+    CHECK(d.decided_s <= d.charged_load_s + d.est_recompute_s + 1e-9);
+    CHECK(d.loads_over_bound <= d.loads_slower);
+    CHECK(d.loads_slower <= d.runs_loaded);
+    CHECK(r.ttft.size() == r.requests);
+    CHECK(r.run.size() == r.requests);
     CHECK(d.get_errors == 0);
     CHECK(d.put_errors == 0);
     if (r.config == "recompute" || r.config == "local") {
@@ -131,6 +174,23 @@ TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
   CHECK(by["kvmesh-blind"].decisions.bytes_put > 0);
   CHECK(by["kvmesh"].decisions.runs > 0);
   CHECK(by["kvmesh"].decisions.lookups == by["kvmesh"].requests);
+  // The decision keeps measuring what it does not load (one shadow load per 50 ms at most).
+  if (by["kvmesh"].decisions.runs_recomputed > 0) CHECK(by["kvmesh"].decisions.shadow_loads > 0);
+  CHECK(by["kvmesh-blind"].decisions.shadow_loads == 0);
+  // The pressure cluster (1 MiB device and host tiers over an SSD tier) still
+  // serves the whole past: what was demoted is loaded from the SSD.
+  const RunResult& ssd = by["kvmesh-ssd-blind"];
+  CHECK(ssd.decisions.runs_loaded > 0);
+  CHECK(ssd.decisions.blocks_loaded > 0);
+  CHECK(ssd.later_turn_hit_rate > by["local"].later_turn_hit_rate);
+  // The bound's view: every hit request of a kvmesh run is compared with the same request under local.
+  for (const HitBound& h : HitBounds(runs)) {
+    INFO(h.config);
+    CHECK(h.hit_requests > 0);
+    CHECK(h.base_ttft_p50 > 0);
+    if (h.config == "kvmesh-blind" || h.config == "kvmesh-ssd-blind")
+      CHECK(h.cost_ratio == Approx(by[h.config].decisions.charged_load_s / by[h.config].decisions.est_recompute_s));
+  }
 }
 
 TEST_CASE("bench-serve: under roofline 8B/H200 a hit's TTFT beats recomputing 1k and 8k prefixes when kvmesh "

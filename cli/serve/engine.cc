@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <list>
 #include <unordered_map>
 
@@ -9,16 +10,30 @@ namespace kvmesh::serve {
 
 // ---- LinkEstimate ---------------------------------------------------------------
 
+LinkEstimate::LinkEstimate(double latency_s, double seconds_per_byte, double probe_interval_s)
+    : latency_s_(latency_s), cost_(seconds_per_byte), dev_(seconds_per_byte / 2),
+      probe_interval_s_(probe_interval_s) {}
+
 double LinkEstimate::Estimate(double bytes) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return latency_s_ + bytes / bytes_per_s_;
+  return latency_s_ + bytes * (cost_ + 2 * dev_);
 }
 
 void LinkEstimate::Observe(double bytes, double seconds) {
+  if (bytes <= 0 || seconds <= 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  const double transfer = seconds - latency_s_;
-  if (bytes <= 0 || transfer <= 0) return;
-  bytes_per_s_ = 0.5 * bytes_per_s_ + 0.5 * (bytes / transfer);
+  const double sample = std::max(seconds - latency_s_, 0.0) / bytes;
+  constexpr double kWeight = 0.25;
+  dev_ = (1 - kWeight) * dev_ + kWeight * std::abs(sample - cost_);
+  cost_ = (1 - kWeight) * cost_ + kWeight * sample;
+  ++observed_;
+}
+
+bool LinkEstimate::ClaimProbe(double now_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (now_s - last_probe_s_ < probe_interval_s_) return false;
+  last_probe_s_ = now_s;
+  return true;
 }
 
 double LinkEstimate::latency_s() const {
@@ -28,7 +43,17 @@ double LinkEstimate::latency_s() const {
 
 double LinkEstimate::bytes_per_s() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return bytes_per_s_;
+  return cost_ > 0 ? 1 / cost_ : 0;
+}
+
+double LinkEstimate::deviation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cost_ > 0 ? dev_ / cost_ : 0;
+}
+
+uint64_t LinkEstimate::observed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return observed_;
 }
 
 void DecisionCounters::Add(const DecisionCounters& o) {
@@ -48,6 +73,11 @@ void DecisionCounters::Add(const DecisionCounters& o) {
   bytes_put += o.bytes_put;
   put_errors += o.put_errors;
   get_errors += o.get_errors;
+  decided_s += o.decided_s;
+  loads_over_bound += o.loads_over_bound;
+  worst_load_ratio = std::max(worst_load_ratio, o.worst_load_ratio);
+  shadow_loads += o.shadow_loads;
+  shadow_load_s += o.shadow_load_s;
 }
 
 // ---- the engine's own prefix cache: an LRU over chained block hashes ---------------
@@ -175,6 +205,8 @@ void Engine::Join() {
   counters_.bytes_put = bytes_put_.load();
   counters_.put_errors = put_errors_.load();
   counters_.get_errors += load_errors_.load();
+  counters_.shadow_loads = shadow_loads_.load();
+  counters_.shadow_load_s = shadow_load_us_.load() / 1e6;
 }
 
 double Engine::Now() const { return Seconds(std::chrono::steady_clock::now() - o_.origin); }
@@ -188,10 +220,14 @@ bool Engine::Admit(Live& r) {
     counters_.blocks_loaded += r.got;
     counters_.charged_load_s += r.charged_load_s;
     counters_.bytes_loaded += uint64_t(r.got * real_block);
+    counters_.decided_s += r.charged_load_s;
     if (r.charged_load_s > r.est_recompute_s) {
       ++counters_.loads_slower;
       counters_.load_loss_s += r.charged_load_s - r.est_recompute_s;
     }
+    if (r.charged_load_s > 1.05 * r.est_recompute_s) ++counters_.loads_over_bound;
+    if (r.est_recompute_s > 0)
+      counters_.worst_load_ratio = std::max(counters_.worst_load_ratio, r.charged_load_s / r.est_recompute_s);
     rec.loaded_tokens = static_cast<uint32_t>(r.got * o_.block_tokens);
     r.cached_tokens = uint64_t(r.local_blocks + r.got) * o_.block_tokens;
     r.new_tokens = q.prompt.size() - r.cached_tokens;
@@ -227,9 +263,24 @@ bool Engine::Admit(Live& r) {
   if (o_.policy == LoadPolicy::kDecide && est_load >= est_recompute) {
     ++counters_.runs_recomputed;
     counters_.blocks_recomputed += run_blocks;
+    counters_.decided_s += est_recompute;
+    rec.run = 2;
+    if (o_.link->ClaimProbe(Now())) {  // keep learning: measure this run's load, wait for nobody
+      Live s;
+      s.index = r.index;
+      s.shadow = true;
+      s.local_blocks = local;
+      s.load_count = run_blocks;
+      {
+        std::lock_guard<std::mutex> lock(load_mu_);
+        loads_.push_back(std::move(s));
+      }
+      load_cv_.notify_one();
+    }
     return true;
   }
   ++counters_.runs_loaded;
+  rec.run = 1;
   r.looked_up = true;
   r.local_blocks = local;
   r.load_count = run_blocks;
@@ -267,12 +318,18 @@ void Engine::LoadLoop() {
     const bool ok = o_.router->GetBatch(items).ok();
     r.measured_load_s = Seconds(std::chrono::steady_clock::now() - t0);
     r.charged_load_s = r.measured_load_s * o_.kv_scale;
-    // The rest of the charged time passes here, off the engine's step.
-    std::this_thread::sleep_for(std::chrono::duration<double>(r.charged_load_s - r.measured_load_s));
+    // The rest of the charged time passes here, off the engine's step (a
+    // shadow load holds nobody up: it only counts).
+    if (!r.shadow) std::this_thread::sleep_for(std::chrono::duration<double>(r.charged_load_s - r.measured_load_s));
     while (r.got < r.load_count && items[r.got].status.ok()) ++r.got;
     const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
     o_.link->Observe(r.load_count * real_block, r.charged_load_s);
     if (!ok) load_errors_.fetch_add(1);
+    if (r.shadow) {  // nobody waits for it: only the estimate learns
+      shadow_loads_.fetch_add(1);
+      shadow_load_us_.fetch_add(uint64_t(r.charged_load_s * 1e6));
+      continue;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       ready_.push_back(std::move(r));
