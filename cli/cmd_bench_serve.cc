@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/serve/bench_serve.h"
+#include "cli/serve/reference.h"
 #include "cli/serve/report.h"
 #include "kvmesh/size.h"
 
@@ -115,6 +116,7 @@ int Run(Args& a) {
   a.o.slo_ttft_s = a.slo_ttft_ms / 1e3;
   a.o.slo_tpot_s = a.slo_tpot_ms / 1e3;
   if (a.o.kvmesh_bin.empty()) a.o.kvmesh_bin = SelfPath();
+  if (serve::IsReferenceModel(a.o.engine_model)) a.o.kv_scale = 1;  // its KV is small: real size
   if (!a.prefix_check.empty()) return PrefixCheck(a);
   const bool tty = ::isatty(2);
   auto progress = [tty](const std::string& label, uint64_t arrived, uint64_t finished, uint64_t total) {
@@ -131,9 +133,14 @@ int Run(Args& a) {
   if (a.json) {
     std::cout << serve::ResultsJson(a.o, *results).dump(2) << "\n";
   } else {
-    std::printf("kvmesh bench-serve: %s (MFU %.2f, HBM %.2f), %u engines, %s kvmesh (%s, %u nodes), kv scale 1/%u\n",
-                a.o.engine_model.c_str(), a.o.mfu, a.o.mbu, a.o.engines, a.o.cluster.c_str(),
-                a.o.transport.c_str(), a.o.nodes, a.o.kv_scale);
+    if (serve::IsReferenceModel(a.o.engine_model))
+      std::printf("kvmesh bench-serve: %s (computed on this CPU), %u engines, %s kvmesh (%s, %u nodes), kv scale 1/%u\n",
+                  a.o.engine_model.c_str(), a.o.engines, a.o.cluster.c_str(), a.o.transport.c_str(), a.o.nodes,
+                  a.o.kv_scale);
+    else
+      std::printf("kvmesh bench-serve: %s (MFU %.2f, HBM %.2f), %u engines, %s kvmesh (%s, %u nodes), kv scale 1/%u\n",
+                  a.o.engine_model.c_str(), a.o.mfu, a.o.mbu, a.o.engines, a.o.cluster.c_str(),
+                  a.o.transport.c_str(), a.o.nodes, a.o.kv_scale);
     serve::PrintTable(a.o, *results);
     if (!a.plot.empty()) std::printf("plots: %s-ttft-p99.png %s-goodput.png\n", a.plot.c_str(), a.plot.c_str());
   }
@@ -149,7 +156,8 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<Args>();
   serve::BenchServeOptions& o = a->o;
   serve::WorkloadOptions& w = o.workload;
-  cmd->add_option("--engine-model", o.engine_model, "roofline:<llama-3.1-8b|llama-3.1-70b|mixtral-8x7b>:<h100|h200>[:tpN]")
+  cmd->add_option("--engine-model", o.engine_model, "roofline:<llama-3.1-8b|llama-3.1-70b|mixtral-8x7b>:<h100|h200>[:tpN], or reference[:LAYERSxHIDDEN] "
+                  "(the CPU reference MoE model computing for real; see docs/serving.md for a workload it sustains)")
       ->capture_default_str();
   cmd->add_option("--mfu", o.mfu, "share of peak FLOP/s the engine model reaches")->capture_default_str();
   cmd->add_option("--mbu", o.mbu, "share of HBM bandwidth the engine model reaches")->capture_default_str();

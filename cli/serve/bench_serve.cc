@@ -55,7 +55,7 @@ Result<json> ClusterJson(const BenchServeOptions& o, const Roofline& model, cons
   json c = {
       {"name", "bench-serve"},
       {"model", {{"model_id", m.name}, {"num_layers", m.layers}, {"num_kv_heads", m.kv_heads},
-                 {"head_dim", m.head_dim / o.kv_scale}, {"dtype", "bf16"}, {"block_tokens", o.block_tokens}}},
+                 {"head_dim", m.head_dim / o.kv_scale}, {"dtype", m.dtype_bytes == 4 ? "fp32" : "bf16"}, {"block_tokens", o.block_tokens}}},
       {"store", {{"stripes", 8}, {"verify_checksums", true}}},
       {"transport", {{"backend", o.transport}, {"io_threads", 2}, {"max_frame_bytes", "512MiB"},
                      {"timeout_ms", 20000}}},
@@ -223,6 +223,7 @@ RunResult Summarise(const std::string& config, double rate, const std::vector<Se
 Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o,
                                                       const std::vector<uint32_t>& prefix_tokens,
                                                       uint32_t suffix_tokens) {
+  if (IsReferenceModel(o.engine_model)) return InvalidArgument("--prefix-check needs a roofline engine model");
   KVMESH_ASSIGN_OR_RETURN(const Roofline model, Roofline::Parse(o.engine_model, o.mfu, o.mbu));
   KVMESH_ASSIGN_OR_RETURN(const json cluster, ClusterJson(o, model));
   KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<LocalDaemons> daemons, StartDaemons(o, cluster, WorkDir(o)));
@@ -282,8 +283,22 @@ double Percentile(std::vector<double> v, double p) {
   return v[lo] + (v[hi] - v[lo]) * (rank - double(lo));
 }
 
-Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& o, const ServeProgress& progress) {
-  KVMESH_ASSIGN_OR_RETURN(const Roofline model, Roofline::Parse(o.engine_model, o.mfu, o.mbu));
+Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, const ServeProgress& progress) {
+  // The `reference` engine model computes for real (reference.h); its
+  // Roofline carries only its shape (KV bytes per token), and its KV (fp32,
+  // 2 KiB a token by default) moves at its real size.
+  std::shared_ptr<const ReferenceShared> reference;
+  BenchServeOptions o = options;
+  std::optional<Roofline> parsed;
+  if (IsReferenceModel(o.engine_model)) {
+    KVMESH_ASSIGN_OR_RETURN(reference, ReferenceShared::Create(o.engine_model));
+    o.kv_scale = 1;
+    parsed.emplace(reference->shape, GpuSpec{"cpu", 1, 1, 0});
+  } else {
+    KVMESH_ASSIGN_OR_RETURN(Roofline r, Roofline::Parse(o.engine_model, o.mfu, o.mbu));
+    parsed.emplace(std::move(r));
+  }
+  const Roofline& model = *parsed;
   std::vector<ConfigKind> kinds;
   bool need_tier = false, need_pressure = false;
   for (const std::string& c : o.configs) {
@@ -341,6 +356,7 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& o, const S
       for (uint32_t e = 0; e < o.engines; ++e) {
         EngineOptions eo;
         eo.model = &model;
+        eo.reference = reference;
         eo.block_tokens = o.block_tokens;
         eo.local_cache_blocks = o.local_cache_blocks;
         eo.max_batch = o.max_batch;

@@ -145,6 +145,7 @@ Engine::Engine(uint32_t index, EngineOptions o, const std::vector<ServeRequest>*
                std::vector<RequestRecord>* records)
     : index_(index), o_(std::move(o)), requests_(requests), records_(records),
       local_(std::make_unique<LocalCache>(o_.mode == CacheMode::kRecompute ? 0 : o_.local_cache_blocks)) {
+  if (o_.reference) compute_ = std::make_unique<ReferenceCompute>(o_.reference);
   if (o_.router) {
     const size_t moved = o_.router->model().FullBlockBytes();
     payload_.assign(moved, std::byte{0x5a});
@@ -209,13 +210,22 @@ void Engine::Join() {
   counters_.shadow_load_s = shadow_load_us_.load() / 1e6;
 }
 
+double Engine::RecomputeSeconds(uint64_t new_tokens, uint64_t cached_tokens) const {
+  return o_.reference ? o_.reference->PrefillSeconds(new_tokens, cached_tokens)
+                      : o_.model->PrefillSeconds(new_tokens, cached_tokens);
+}
+
+double Engine::RealBlockBytes() const {
+  return double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+}
+
 double Engine::Now() const { return Seconds(std::chrono::steady_clock::now() - o_.origin); }
 
 bool Engine::Admit(Live& r) {
   const ServeRequest& q = (*requests_)[r.index];
   RequestRecord& rec = (*records_)[r.index];
   if (r.looked_up) {  // back from the loader
-    const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+    const double real_block = RealBlockBytes();
     counters_.load_misses += r.load_count - r.got;
     counters_.blocks_loaded += r.got;
     counters_.charged_load_s += r.charged_load_s;
@@ -253,10 +263,10 @@ bool Engine::Admit(Live& r) {
   const size_t end = std::min(r.remote_blocks, usable);
   if (end <= local) return true;
   const uint64_t run_blocks = end - local;
-  const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+  const double real_block = RealBlockBytes();
   const double est_load = o_.link->Estimate(run_blocks * real_block);
   const double est_recompute =
-      o_.model->PrefillSeconds(run_blocks * o_.block_tokens, uint64_t(local) * o_.block_tokens);
+      RecomputeSeconds(run_blocks * o_.block_tokens, uint64_t(local) * o_.block_tokens);
   ++counters_.runs;
   counters_.est_load_s += est_load;
   counters_.est_recompute_s += est_recompute;
@@ -322,7 +332,7 @@ void Engine::LoadLoop() {
     // shadow load holds nobody up: it only counts).
     if (!r.shadow) std::this_thread::sleep_for(std::chrono::duration<double>(r.charged_load_s - r.measured_load_s));
     while (r.got < r.load_count && items[r.got].status.ok()) ++r.got;
-    const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+    const double real_block = RealBlockBytes();
     o_.link->Observe(r.load_count * real_block, r.charged_load_s);
     if (!ok) load_errors_.fetch_add(1);
     if (r.shadow) {  // nobody waits for it: only the estimate learns
@@ -366,7 +376,7 @@ void Engine::PutLoop() {
     std::vector<std::span<const std::byte>> blocks(job.end_block - job.first_block,
                                                    std::span<const std::byte>(payload_));
     if (!o_.router->Put(all, blocks, RequestOptions{}, job.first_block).ok()) put_errors_.fetch_add(1);
-    const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+    const double real_block = RealBlockBytes();
     bytes_put_.fetch_add(uint64_t(blocks.size() * real_block));
   }
 }
@@ -412,8 +422,16 @@ void Engine::Loop() {
     std::vector<uint64_t> decodes;
     for (const Live& r : running)
       decodes.push_back((*requests_)[r.index].prompt.size() + r.generated);
-    const double model_s = o_.model->StepSeconds(prefills, decodes);
-    std::this_thread::sleep_for(std::chrono::duration<double>(model_s));
+    if (compute_) {  // the reference model computes the step for real; it takes what it takes
+      for (Live& r : admitted) r.seq = compute_->Prefill((*requests_)[r.index].prompt, r.cached_tokens);
+      for (Live& r : running) {
+        const ServeRequest& q = (*requests_)[r.index];
+        compute_->Decode(r.seq, q.output[std::min<size_t>(r.generated - 1, q.output.size() - 1)]);
+      }
+    } else {
+      const double model_s = o_.model->StepSeconds(prefills, decodes);
+      std::this_thread::sleep_for(std::chrono::duration<double>(model_s));
+    }
     const double t = Now();
     std::vector<Live> still;
     for (Live& r : running) {
@@ -422,6 +440,7 @@ void Engine::Loop() {
       if (r.generated >= q.output.size()) {
         (*records_)[r.index].finish = t;
         StoreBlocks(r, q.prompt.size() + q.output.size());
+        if (compute_) compute_->Release(r.seq);
         finished_.fetch_add(1, std::memory_order_relaxed);
       } else {
         still.push_back(std::move(r));
@@ -438,6 +457,7 @@ void Engine::Loop() {
       if (r.generated >= q.output.size()) {
         rec.finish = t;
         StoreBlocks(r, q.prompt.size() + q.output.size());
+        if (compute_) compute_->Release(r.seq);
         finished_.fetch_add(1, std::memory_order_relaxed);
       } else {
         running.push_back(std::move(r));

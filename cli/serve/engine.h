@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/serve/reference.h"
 #include "cli/serve/roofline.h"
 #include "cli/serve/workload.h"
 #include "kvmesh/router.h"
@@ -78,7 +79,9 @@ class LinkEstimate {
 };
 
 struct EngineOptions {
-  const Roofline* model = nullptr;       // required
+  const Roofline* model = nullptr;       // required (with `reference`: its shape only, for KV bytes)
+  // The `reference` engine model (reference.h): steps really compute; null: the roofline's time is slept.
+  std::shared_ptr<const ReferenceShared> reference;
   uint32_t block_tokens = 16;
   size_t local_cache_blocks = 4096;      // 0 with kRecompute
   uint32_t max_batch = 64;
@@ -158,6 +161,7 @@ class Engine {
     size_t local_blocks = 0, load_count = 0, got = 0;
     double est_recompute_s = 0, measured_load_s = 0, charged_load_s = 0;
     bool shadow = false;          // a shadow load: measured, then dropped (the run was recomputed)
+    int seq = -1;                 // its sequence in compute_ (the reference engine model)
   };
   class LocalCache;
   void Loop();
@@ -167,12 +171,15 @@ class Engine {
   void LoadLoop();
   void StoreBlocks(Live& r, size_t upto_tokens);
   double Now() const;
+  double RecomputeSeconds(uint64_t new_tokens, uint64_t cached_tokens) const;
+  double RealBlockBytes() const;
 
   const uint32_t index_;
   const EngineOptions o_;
   const std::vector<ServeRequest>* const requests_;
   std::vector<RequestRecord>* const records_;
   std::unique_ptr<LocalCache> local_;
+  std::unique_ptr<ReferenceCompute> compute_;  // engine thread; with o_.reference
   DecisionCounters counters_;  // engine thread; read after Join
   std::vector<std::byte> payload_;
   std::atomic<uint64_t> finished_{0};
