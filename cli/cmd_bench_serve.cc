@@ -197,6 +197,17 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--probe-interval", o.probe_interval_s,
                   "the decision's shadow loads (measured while their run is recomputed): at most one per this many s")
       ->capture_default_str();
+  cmd->add_option("--trace", o.trace_path,
+                  "a Mooncake-format trace (JSONL: timestamp ms, input_length, output_length, hash_ids) as the "
+                  "arrivals and prompts instead of the synthetic sessions; --rates is then ignored");
+  cmd->add_option("--trace-start", o.trace.start_s, "--trace: first second of the trace replayed")
+      ->capture_default_str();
+  cmd->add_option("--trace-duration", o.trace.duration_s, "--trace: seconds of the trace replayed")
+      ->capture_default_str();
+  cmd->add_option("--trace-speed", o.trace.speed, "--trace: arrivals this many times faster than recorded")
+      ->capture_default_str();
+  cmd->add_option("--trace-max-output", o.trace.max_output, "--trace: output tokens per request at most")
+      ->capture_default_str();
   cmd->add_option("--slo-ttft-ms", a->slo_ttft_ms, "goodput SLO: TTFT bound")->capture_default_str();
   cmd->add_option("--slo-tpot-ms", a->slo_tpot_ms, "goodput SLO: TPOT bound")->capture_default_str();
   cmd->add_option("--work-dir", o.work_dir, "daemons' config and logs (default /tmp/kvmesh-bench-serve-<pid>)");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <sstream>
 
 #include <catch2/catch.hpp>
 
@@ -14,6 +15,7 @@
 #include "cli/serve/report.h"
 #include "cli/serve/roofline.h"
 #include "cli/serve/workload.h"
+#include "eviction/replay.h"
 
 using namespace kvmesh::serve;
 
@@ -87,6 +89,37 @@ TEST_CASE("workload: a session's turn extends the one before it and arrivals are
     }
     last[r.session] = &r;
   }
+}
+
+TEST_CASE("workload: a Mooncake trace's arrivals and shared prefixes become the schedule", "[serve]") {
+  // Mooncake FAST'25 trace format (kvcache-ai/Mooncake FAST25-release/traces, one
+  // object a line: timestamp ms, input_length, output_length, hash_ids over 512-token blocks).
+  std::istringstream in(
+      "{\"timestamp\": 0, \"input_length\": 1100, \"output_length\": 20, \"hash_ids\": [0, 1, 2]}\n"
+      "{\"timestamp\": 1500, \"input_length\": 1300, \"output_length\": 5000, \"hash_ids\": [0, 1, 3]}\n"
+      "{\"timestamp\": 2500, \"input_length\": 600, \"output_length\": 9, \"hash_ids\": [4, 5]}\n"
+      "{\"timestamp\": 9000, \"input_length\": 100, \"output_length\": 9, \"hash_ids\": [0]}\n");
+  const kvmesh::Trace t = kvmesh::ParseMooncakeTrace(in, "test").value();
+  TraceWindow w;
+  w.start_s = 1;
+  w.duration_s = 5;  // [1, 6) s: the second and third requests
+  w.speed = 2;
+  w.max_output = 100;
+  const std::vector<ServeRequest> reqs = TraceWorkload(t, w);
+  REQUIRE(reqs.size() == 2);
+  CHECK(reqs[0].arrival_s == Approx(0.25));  // (1.5 - 1) / 2
+  CHECK(reqs[1].arrival_s == Approx(0.75));
+  CHECK(reqs[0].prompt.size() == 1300);
+  CHECK(reqs[0].output.size() == 100);
+  CHECK(reqs[1].prompt.size() == 600);
+  // Request 0 and 1 of the trace share hash ids 0, 1: 1024 equal tokens, then different.
+  w.start_s = 0;
+  w.speed = 1;
+  const std::vector<ServeRequest> all = TraceWorkload(t, w);
+  REQUIRE(all.size() == 3);
+  CHECK(std::equal(all[0].prompt.begin(), all[0].prompt.begin() + 1024, all[1].prompt.begin()));
+  CHECK_FALSE(std::equal(all[0].prompt.begin() + 1024, all[0].prompt.begin() + 1100, all[1].prompt.begin() + 1024));
+  CHECK(all[2].prompt[0] != all[0].prompt[0]);
 }
 
 // A workload of short prompts (a short run stays meaningful): system prompts

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/serve/daemons.h"
+#include "eviction/replay.h"
 #include "kvmesh/embedded.h"
 #include "kvmesh/network.h"
 
@@ -325,10 +326,20 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
 
   std::vector<RunResult> results;
   uint32_t run_no = 0;
-  for (double rate : o.rates) {
+  std::vector<ServeRequest> traced;
+  std::vector<double> rates = o.rates;
+  if (!o.trace_path.empty()) {
+    KVMESH_ASSIGN_OR_RETURN(const Trace trace, LoadMooncakeTrace(o.trace_path));
+    traced = TraceWorkload(trace, o.trace);
+    if (traced.empty())
+      return InvalidArgument("--trace " + o.trace_path + ": no request in the window [" +
+                             std::to_string(o.trace.start_s) + ", +" + std::to_string(o.trace.duration_s) + ") s");
+    rates = {traced.size() / std::max(traced.back().arrival_s - traced.front().arrival_s, 1e-3)};
+  }
+  for (double rate : rates) {
     WorkloadOptions w = o.workload;
     w.rate = rate;
-    const std::vector<ServeRequest> reqs = MakeWorkload(w);
+    const std::vector<ServeRequest> reqs = traced.empty() ? MakeWorkload(w) : traced;
     for (size_t c = 0; c < o.configs.size(); ++c, ++run_no) {
       const std::string label = o.configs[c] + " @ " + std::to_string(rate).substr(0, 5) + " req/s";
       std::optional<Tier> tier;

@@ -39,6 +39,10 @@ struct BenchServeOptions {
   std::vector<std::string> configs = {"recompute", "local", "kvmesh", "kvmesh-blind"};
   uint32_t engines = 2;
   WorkloadOptions workload;       // rate is set per run
+  // A Mooncake-format trace (path) as the schedule instead of `workload`:
+  // one run per configuration, rates ignored (the trace's own, x trace.speed).
+  std::string trace_path;
+  TraceWindow trace;
   double drain_s = 20;            // after the last arrival, unfinished requests get this long
   uint32_t block_tokens = 16;
   size_t local_cache_blocks = 4096;  // 64k tokens: 8 GiB of Llama-3.1-8B KV
