@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/serve/bench_serve.h"
+#include "cli/serve/reference.h"
 #include "cli/serve/report.h"
 #include "kvmesh/size.h"
 
@@ -22,6 +23,7 @@ namespace {
 struct Args {
   serve::BenchServeOptions o;
   std::string rates = "2,4,8", configs = "recompute,local,kvmesh,kvmesh-blind", node_memory = "1GiB";
+  std::string pressure_memory = "16MiB", ssd_memory = "4GiB";
   double slo_ttft_ms = 500, slo_tpot_ms = 50;
   bool json = false;
   std::string plot;
@@ -105,9 +107,16 @@ int Run(Args& a) {
   a.o.rates = *rates;
   a.o.configs = *configs;
   a.o.node_memory = *mem;
+  auto pmem = ParseSize(a.pressure_memory);
+  if (!pmem.ok()) return fail(pmem.status());
+  auto smem = ParseSize(a.ssd_memory);
+  if (!smem.ok()) return fail(smem.status());
+  a.o.pressure_memory = *pmem;
+  a.o.ssd_memory = *smem;
   a.o.slo_ttft_s = a.slo_ttft_ms / 1e3;
   a.o.slo_tpot_s = a.slo_tpot_ms / 1e3;
   if (a.o.kvmesh_bin.empty()) a.o.kvmesh_bin = SelfPath();
+  if (serve::IsReferenceModel(a.o.engine_model)) a.o.kv_scale = 1;  // its KV is small: real size
   if (!a.prefix_check.empty()) return PrefixCheck(a);
   const bool tty = ::isatty(2);
   auto progress = [tty](const std::string& label, uint64_t arrived, uint64_t finished, uint64_t total) {
@@ -124,9 +133,14 @@ int Run(Args& a) {
   if (a.json) {
     std::cout << serve::ResultsJson(a.o, *results).dump(2) << "\n";
   } else {
-    std::printf("kvmesh bench-serve: %s (MFU %.2f, HBM %.2f), %u engines, %s kvmesh (%s, %u nodes), kv scale 1/%u\n",
-                a.o.engine_model.c_str(), a.o.mfu, a.o.mbu, a.o.engines, a.o.cluster.c_str(),
-                a.o.transport.c_str(), a.o.nodes, a.o.kv_scale);
+    if (serve::IsReferenceModel(a.o.engine_model))
+      std::printf("kvmesh bench-serve: %s (computed on this CPU), %u engines, %s kvmesh (%s, %u nodes), kv scale 1/%u\n",
+                  a.o.engine_model.c_str(), a.o.engines, a.o.cluster.c_str(), a.o.transport.c_str(), a.o.nodes,
+                  a.o.kv_scale);
+    else
+      std::printf("kvmesh bench-serve: %s (MFU %.2f, HBM %.2f), %u engines, %s kvmesh (%s, %u nodes), kv scale 1/%u\n",
+                  a.o.engine_model.c_str(), a.o.mfu, a.o.mbu, a.o.engines, a.o.cluster.c_str(),
+                  a.o.transport.c_str(), a.o.nodes, a.o.kv_scale);
     serve::PrintTable(a.o, *results);
     if (!a.plot.empty()) std::printf("plots: %s-ttft-p99.png %s-goodput.png\n", a.plot.c_str(), a.plot.c_str());
   }
@@ -142,12 +156,14 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<Args>();
   serve::BenchServeOptions& o = a->o;
   serve::WorkloadOptions& w = o.workload;
-  cmd->add_option("--engine-model", o.engine_model, "roofline:<llama-3.1-8b|llama-3.1-70b|mixtral-8x7b>:<h100|h200>[:tpN]")
+  cmd->add_option("--engine-model", o.engine_model, "roofline:<llama-3.1-8b|llama-3.1-70b|mixtral-8x7b>:<h100|h200>[:tpN], or reference[:LAYERSxHIDDEN] "
+                  "(the CPU reference MoE model computing for real; see docs/serving.md for a workload it sustains)")
       ->capture_default_str();
   cmd->add_option("--mfu", o.mfu, "share of peak FLOP/s the engine model reaches")->capture_default_str();
   cmd->add_option("--mbu", o.mbu, "share of HBM bandwidth the engine model reaches")->capture_default_str();
   cmd->add_option("--rates", a->rates, "offered request rates, req/s (comma list)")->capture_default_str();
-  cmd->add_option("--configs", a->configs, "configurations: recompute,local,kvmesh,kvmesh-blind")->capture_default_str();
+  cmd->add_option("--configs", a->configs, "configurations: recompute,local,kvmesh,kvmesh-blind,kvmesh-ssd,kvmesh-ssd-blind "
+                  "(-ssd: against a second cluster of small device and host tiers over an SSD tier)")->capture_default_str();
   cmd->add_option("--engines", o.engines, "engine instances (threads, each its own kvmesh client)")->capture_default_str();
   cmd->add_option("--duration", w.duration_s, "seconds of session arrivals per run")->capture_default_str();
   cmd->add_option("--drain", o.drain_s, "seconds unfinished requests get after the last arrival")->capture_default_str();
@@ -172,6 +188,25 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--transport", o.transport, "daemons' data plane: tcp | ucx")->capture_default_str();
   cmd->add_option("--nodes", o.nodes, "kvmesh nodes")->capture_default_str();
   cmd->add_option("--node-memory", a->node_memory, "host memory per node (bytes moved, i.e. after --kv-scale)")
+      ->capture_default_str();
+  cmd->add_option("--pressure-memory", a->pressure_memory,
+                  "kvmesh-ssd*: device and host tier per node, each (bytes moved)")
+      ->capture_default_str();
+  cmd->add_option("--ssd-memory", a->ssd_memory, "kvmesh-ssd*: SSD tier per node, in --work-dir (bytes moved)")
+      ->capture_default_str();
+  cmd->add_option("--probe-interval", o.probe_interval_s,
+                  "the decision's shadow loads (measured while their run is recomputed): at most one per this many s")
+      ->capture_default_str();
+  cmd->add_option("--trace", o.trace_path,
+                  "a Mooncake-format trace (JSONL: timestamp ms, input_length, output_length, hash_ids) as the "
+                  "arrivals and prompts instead of the synthetic sessions; --rates is then ignored");
+  cmd->add_option("--trace-start", o.trace.start_s, "--trace: first second of the trace replayed")
+      ->capture_default_str();
+  cmd->add_option("--trace-duration", o.trace.duration_s, "--trace: seconds of the trace replayed")
+      ->capture_default_str();
+  cmd->add_option("--trace-speed", o.trace.speed, "--trace: arrivals this many times faster than recorded")
+      ->capture_default_str();
+  cmd->add_option("--trace-max-output", o.trace.max_output, "--trace: output tokens per request at most")
       ->capture_default_str();
   cmd->add_option("--slo-ttft-ms", a->slo_ttft_ms, "goodput SLO: TTFT bound")->capture_default_str();
   cmd->add_option("--slo-tpot-ms", a->slo_tpot_ms, "goodput SLO: TPOT bound")->capture_default_str();

@@ -1,15 +1,21 @@
 // kvmesh bench-serve (cli/serve/): the roofline formulas against values worked
 // out by hand, the workload's shape, and a tiny open-loop run on an embedded
 // cluster whose invariants must hold whatever the machine's speed.
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <map>
+#include <sstream>
 
 #include <catch2/catch.hpp>
 
 #include "cli/serve/bench_serve.h"
+#include "cli/serve/reference.h"
 #include "cli/serve/report.h"
 #include "cli/serve/roofline.h"
 #include "cli/serve/workload.h"
+#include "eviction/replay.h"
 
 using namespace kvmesh::serve;
 
@@ -85,6 +91,74 @@ TEST_CASE("workload: a session's turn extends the one before it and arrivals are
   }
 }
 
+TEST_CASE("workload: a Mooncake trace's arrivals and shared prefixes become the schedule", "[serve]") {
+  // Mooncake FAST'25 trace format (kvcache-ai/Mooncake FAST25-release/traces, one
+  // object a line: timestamp ms, input_length, output_length, hash_ids over 512-token blocks).
+  std::istringstream in(
+      "{\"timestamp\": 0, \"input_length\": 1100, \"output_length\": 20, \"hash_ids\": [0, 1, 2]}\n"
+      "{\"timestamp\": 1500, \"input_length\": 1300, \"output_length\": 5000, \"hash_ids\": [0, 1, 3]}\n"
+      "{\"timestamp\": 2500, \"input_length\": 600, \"output_length\": 9, \"hash_ids\": [4, 5]}\n"
+      "{\"timestamp\": 9000, \"input_length\": 100, \"output_length\": 9, \"hash_ids\": [0]}\n");
+  const kvmesh::Trace t = kvmesh::ParseMooncakeTrace(in, "test").value();
+  TraceWindow w;
+  w.start_s = 1;
+  w.duration_s = 5;  // [1, 6) s: the second and third requests
+  w.speed = 2;
+  w.max_output = 100;
+  const std::vector<ServeRequest> reqs = TraceWorkload(t, w);
+  REQUIRE(reqs.size() == 2);
+  CHECK(reqs[0].arrival_s == Approx(0.25));  // (1.5 - 1) / 2
+  CHECK(reqs[1].arrival_s == Approx(0.75));
+  CHECK(reqs[0].prompt.size() == 1300);
+  CHECK(reqs[0].output.size() == 100);
+  CHECK(reqs[1].prompt.size() == 600);
+  // Request 0 and 1 of the trace share hash ids 0, 1: 1024 equal tokens, then different.
+  w.start_s = 0;
+  w.speed = 1;
+  const std::vector<ServeRequest> all = TraceWorkload(t, w);
+  REQUIRE(all.size() == 3);
+  CHECK(std::equal(all[0].prompt.begin(), all[0].prompt.begin() + 1024, all[1].prompt.begin()));
+  CHECK_FALSE(std::equal(all[0].prompt.begin() + 1024, all[0].prompt.begin() + 1100, all[1].prompt.begin() + 1024));
+  CHECK(all[2].prompt[0] != all[0].prompt[0]);
+}
+
+// A workload of short prompts (a short run stays meaningful): system prompts
+// of `system` tokens, agent preambles twice that, user messages a quarter,
+// tool outputs half, answers of `output` tokens.
+void ShortPrompts(WorkloadOptions& w, uint32_t system, uint32_t output) {
+  w.system_tokens = system;
+  w.agent_preamble_tokens = 2 * system;
+  w.user_tokens = system / 4;
+  w.tool_tokens = system / 2;
+  w.output_tokens = output;
+}
+
+TEST_CASE("load estimate: pessimistic while unsure, learns slow loads, and keeps probing while it recomputes",
+          "[serve]") {
+  // Seeded at 1 ms + 1 ns/byte (1 GB/s), unsure: 1 MB costs 1 ms + 1 MB x (1 + 2 x 0.5) ns = 3 ms.
+  LinkEstimate link(1e-3, 1e-9, /*probe_interval_s=*/1.0);
+  CHECK(link.Estimate(1e6) == Approx(3e-3));
+  CHECK(link.bytes_per_s() == Approx(1e9));
+  // Loads at a steady 4x slower (4 ns/byte): the estimate follows, and its
+  // deviation shrinks as the samples agree.
+  for (int i = 0; i < 30; ++i) link.Observe(1e6, 1e-3 + 4e-3);
+  CHECK(link.observed() == 30);
+  CHECK(link.bytes_per_s() == Approx(0.25e9).epsilon(0.02));
+  CHECK(link.deviation() < 0.05);
+  CHECK(link.Estimate(1e6) == Approx(5e-3).epsilon(0.05));
+  // A recompute decision makes no load; ClaimProbe lets one shadow load a
+  // second through, so a link that became fast again is seen as fast.
+  CHECK(link.ClaimProbe(100.0));
+  CHECK_FALSE(link.ClaimProbe(100.5));
+  CHECK(link.ClaimProbe(101.0));
+  for (int i = 0; i < 20; ++i) link.Observe(1e6, 1e-3 + 0.5e-3);
+  CHECK(link.Estimate(1e6) < 2e-3);
+  // A load that swings (fast, slow, fast, ...) is trusted less than its mean.
+  LinkEstimate swing(0, 2e-9);
+  for (int i = 0; i < 40; ++i) swing.Observe(1e6, i % 2 ? 3e-3 : 1e-3);
+  CHECK(swing.Estimate(1e6) > 3e-3);
+}
+
 TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
   BenchServeOptions o;
   o.cluster = "embedded";
@@ -93,17 +167,20 @@ TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
   o.kv_scale = 16;
   o.node_memory = 64ull << 20;
   o.drain_s = 15;
-  o.workload.duration_s = 3;
+  o.workload.duration_s = 2;
   o.workload.turns = 3;
   o.workload.think_s = 0.6;
-  o.workload.system_tokens = 256;
-  o.workload.agent_preamble_tokens = 512;
-  o.workload.user_tokens = 64;
-  o.workload.tool_tokens = 128;
-  o.workload.output_tokens = 16;
+  ShortPrompts(o.workload, 256, 16);
   o.workload.seed = 7;
-  const std::vector<RunResult> runs = RunBenchServe(o).value();
-  REQUIRE(runs.size() == 4);
+  o.configs = {"recompute", "local", "kvmesh", "kvmesh-blind", "kvmesh-ssd-blind"};
+  o.pressure_memory = 1ull << 20;  // 16 blocks of 64 KiB per tier: most of the run lands on the SSD
+  o.ssd_memory = 256ull << 20;
+  o.work_dir = "/tmp/kvmesh-test-bench-serve-" + std::to_string(::getpid());
+  o.probe_interval_s = 0.05;
+  const auto results = RunBenchServe(o);
+  std::filesystem::remove_all(o.work_dir);
+  const std::vector<RunResult> runs = results.value();
+  REQUIRE(runs.size() == 5);
   std::map<std::string, RunResult> by;
   for (const RunResult& r : runs) by[r.config] = r;
   for (const RunResult& r : runs) {
@@ -114,6 +191,13 @@ TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
     CHECK(r.met_slo <= r.finished);
     const DecisionCounters& d = r.decisions;
     CHECK(d.runs == d.runs_loaded + d.runs_recomputed);
+    // What the decision cost: the loads' charged time plus the recomputed runs' estimate.
+    CHECK(d.decided_s >= d.charged_load_s - 1e-9);
+    CHECK(d.decided_s <= d.charged_load_s + d.est_recompute_s + 1e-9);
+    CHECK(d.loads_over_bound <= d.loads_slower);
+    CHECK(d.loads_slower <= d.runs_loaded);
+    CHECK(r.ttft.size() == r.requests);
+    CHECK(r.run.size() == r.requests);
     CHECK(d.get_errors == 0);
     CHECK(d.put_errors == 0);
     if (r.config == "recompute" || r.config == "local") {
@@ -131,23 +215,40 @@ TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
   CHECK(by["kvmesh-blind"].decisions.bytes_put > 0);
   CHECK(by["kvmesh"].decisions.runs > 0);
   CHECK(by["kvmesh"].decisions.lookups == by["kvmesh"].requests);
+  // The decision keeps measuring what it does not load (one shadow load per 50 ms at most).
+  if (by["kvmesh"].decisions.runs_recomputed > 0) CHECK(by["kvmesh"].decisions.shadow_loads > 0);
+  CHECK(by["kvmesh-blind"].decisions.shadow_loads == 0);
+  // The pressure cluster (1 MiB device and host tiers over an SSD tier) still
+  // serves the whole past: what was demoted is loaded from the SSD.
+  const RunResult& ssd = by["kvmesh-ssd-blind"];
+  CHECK(ssd.decisions.runs_loaded > 0);
+  CHECK(ssd.decisions.blocks_loaded > 0);
+  CHECK(ssd.later_turn_hit_rate > by["local"].later_turn_hit_rate);
+  // The bound's view: every hit request of a kvmesh run is compared with the same request under local.
+  for (const HitBound& h : HitBounds(runs)) {
+    INFO(h.config);
+    CHECK(h.hit_requests > 0);
+    CHECK(h.base_ttft_p50 > 0);
+    if (h.config == "kvmesh-blind" || h.config == "kvmesh-ssd-blind")
+      CHECK(h.cost_ratio == Approx(by[h.config].decisions.charged_load_s / by[h.config].decisions.est_recompute_s));
+  }
 }
 
-TEST_CASE("bench-serve: under roofline 8B/H200 a hit's TTFT beats recomputing 1k and 8k prefixes when kvmesh "
+TEST_CASE("bench-serve: under roofline 8B/H200 a hit's TTFT beats recomputing 1k and 2k prefixes when kvmesh "
           "moves KV faster than the H200 recomputes it",
           "[serve]") {
   BenchServeOptions o;
   o.cluster = "embedded";
-  o.kv_scale = 1;  // the real bytes: 128 MiB and 1 GiB
+  o.kv_scale = 1;  // the real bytes: 128 MiB and 256 MiB
   o.nodes = 2;
-  o.node_memory = 1536ull << 20;
+  o.node_memory = 512ull << 20;
   const Roofline h200 = Roofline::Parse(o.engine_model).value();
-  const std::vector<PrefixCheckResult> r = RunPrefixCheck(o, {1024, 8192}).value();
+  const std::vector<PrefixCheckResult> r = RunPrefixCheck(o, {1024, 2048}).value();
   REQUIRE(r.size() == 2);
   for (const PrefixCheckResult& x : r) {
     const double suffix = h200.PrefillSeconds(x.suffix_tokens, x.prefix_tokens);
     // The bandwidth at which loading the prefix costs what recomputing it does:
-    // 8B on an H200 prefills 1k tokens in 31.6 ms, so 128 KiB x 1024 / 31.6 ms = 4.2 GB/s (4.3 at 8k, attention grows).
+    // 8B on an H200 prefills 1k tokens in 31.6 ms, so 128 KiB x 1024 / 31.6 ms = 4.2 GB/s (about the same at 2k).
     const double breakeven = double(x.bytes) / (x.recompute_ttft_s - suffix);
     const double measured = double(x.bytes) / x.load_s;
     INFO(x.prefix_tokens << " tokens: hit " << x.hit_ttft_s << " s, recompute " << x.recompute_ttft_s
@@ -161,4 +262,40 @@ TEST_CASE("bench-serve: under roofline 8B/H200 a hit's TTFT beats recomputing 1k
     CHECK((x.hit_ttft_s < x.recompute_ttft_s) == (measured > breakeven));
     if (measured <= breakeven) WARN("this machine moved the KV slower than an H200 recomputes it");
   }
+}
+
+TEST_CASE("bench-serve: the reference engine model computes its steps for real", "[serve]") {
+  const auto ref = ReferenceShared::Create("reference").value();
+  CHECK(ref->shape.KvBytesPerToken() == 2ull * 4 * 4 * 16 * 4);  // fp32 K and V: 2 KiB a token
+  CHECK(ref->per_token_s > 0);
+  CHECK(ref->PrefillSeconds(64, 1024) > ref->PrefillSeconds(64, 0));
+  CHECK_FALSE(ReferenceShared::Create("reference:4").ok());
+  BenchServeOptions o;
+  o.engine_model = "reference";
+  o.cluster = "embedded";
+  o.configs = {"recompute", "kvmesh-blind"};
+  o.rates = {2};
+  o.engines = 2;  // a session's next turn lands on the other engine: kvmesh holds its past
+  o.node_memory = 64ull << 20;
+  o.drain_s = 20;
+  o.workload.duration_s = 2.5;
+  o.workload.turns = 2;
+  o.workload.think_s = 1.5;  // the next turn comes after the first finished and was offloaded
+  ShortPrompts(o.workload, 128, 8);
+  o.workload.seed = 3;
+  const std::vector<RunResult> runs = RunBenchServe(o).value();
+  INFO("calibration: " << ref->per_token_s * 1e3 << " ms a token, " << ref->per_pair_s * 1e9 << " ns a pair");
+  REQUIRE(runs.size() == 2);
+  const RunResult& rc = runs[0];
+  const RunResult& kv = runs[1];
+  REQUIRE(rc.finished == rc.requests);
+  REQUIRE(kv.finished == kv.requests);
+  // Recomputing every prompt takes at least what the calibration says the
+  // shortest prompt (128 + 32 tokens at the least) costs: the steps are not free.
+  CHECK(rc.ttft_p50 >= 0.5 * ref->PrefillSeconds(128 + 16, 0));
+  // kvmesh's KV moves at its real size (kv scale 1) and loads instead of recomputing.
+  CHECK(kv.decisions.bytes_put > 0);
+  CHECK(kv.decisions.runs_loaded > 0);
+  CHECK(kv.hit_rate > 0);
+  CHECK(kv.decisions.bytes_loaded == kv.decisions.blocks_loaded * 16 * ref->shape.KvBytesPerToken());
 }

@@ -1,5 +1,6 @@
 #include "cli/serve/bench_serve.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/serve/daemons.h"
+#include "eviction/replay.h"
 #include "kvmesh/embedded.h"
 #include "kvmesh/network.h"
 
@@ -27,6 +29,7 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 struct ConfigKind {
   CacheMode mode;
   LoadPolicy policy;
+  bool pressure = false;  // against the pressure cluster (small tiers over an SSD)
 };
 
 Result<ConfigKind> KindOf(const std::string& name) {
@@ -34,19 +37,26 @@ Result<ConfigKind> KindOf(const std::string& name) {
   if (name == "local") return ConfigKind{CacheMode::kLocal, LoadPolicy::kDecide};
   if (name == "kvmesh") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kDecide};
   if (name == "kvmesh-blind") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kBlind};
-  return InvalidArgument("unknown configuration '" + name + "' (recompute, local, kvmesh, kvmesh-blind)");
+  if (name == "kvmesh-ssd") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kDecide, true};
+  if (name == "kvmesh-ssd-blind") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kBlind, true};
+  return InvalidArgument("unknown configuration '" + name +
+                         "' (recompute, local, kvmesh, kvmesh-blind, kvmesh-ssd, kvmesh-ssd-blind)");
 }
 
 // The cluster the kvmesh tier runs on: the engine model's KV layout with
 // head_dim cut by kv_scale (so a block moves 1/kv_scale of its real bytes).
-Result<json> ClusterJson(const BenchServeOptions& o, const Roofline& model) {
+// Under pressure (ssd_dir set): device and host tiers of pressure_memory each
+// over an SSD tier of ssd_memory in ssd_dir; blocks idle 1 s move down, an
+// SSD hit is served in place (no promotion: the pressure stays), and pressure
+// recovery is off so that a full tier demotes rather than drops.
+Result<json> ClusterJson(const BenchServeOptions& o, const Roofline& model, const std::string& ssd_dir = "") {
   const ModelShape& m = model.model();
   if (o.kv_scale == 0 || m.head_dim % o.kv_scale != 0)
     return InvalidArgument("--kv-scale must divide the model's head_dim (" + std::to_string(m.head_dim) + ")");
   json c = {
       {"name", "bench-serve"},
       {"model", {{"model_id", m.name}, {"num_layers", m.layers}, {"num_kv_heads", m.kv_heads},
-                 {"head_dim", m.head_dim / o.kv_scale}, {"dtype", "bf16"}, {"block_tokens", o.block_tokens}}},
+                 {"head_dim", m.head_dim / o.kv_scale}, {"dtype", m.dtype_bytes == 4 ? "fp32" : "bf16"}, {"block_tokens", o.block_tokens}}},
       {"store", {{"stripes", 8}, {"verify_checksums", true}}},
       {"transport", {{"backend", o.transport}, {"io_threads", 2}, {"max_frame_bytes", "512MiB"},
                      {"timeout_ms", 20000}}},
@@ -56,6 +66,13 @@ Result<json> ClusterJson(const BenchServeOptions& o, const Roofline& model) {
     c["nodes"].push_back({{"id", "n" + std::to_string(i)}, {"host", "127.0.0.1"},
                           {"ports", {{"data", 0}, {"http", 0}, {"resp", 0}}},
                           {"memory", {{"host", std::to_string(o.node_memory)}}}});
+  if (!ssd_dir.empty()) {
+    for (json& n : c["nodes"])
+      n["memory"] = {{"device", std::to_string(o.pressure_memory)}, {"host", std::to_string(o.pressure_memory)},
+                     {"ssd", std::to_string(o.ssd_memory)}, {"ssd_path", ssd_dir}};
+    c["eviction"] = {{"tiers", {{"offload_idle_s", 1}, {"promote_on_hit", false}, {"interval_ms", 50}}},
+                     {"pressure", {{"enabled", false}}}};
+  }
   return c;
 }
 
@@ -103,8 +120,10 @@ Result<Tier> OpenTier(const BenchServeOptions& o, const json& cluster, const Loc
 }
 
 // Seeds the load estimate: the charged time of a 1-block and a 64-block get,
-// the median of three each (the fastest of three was 5-10x optimistic for the
-// larger loads that followed on a loaded machine).
+// three each; the latency is the median 1-block get, the per-byte cost the
+// slowest 64-block get's (the fastest of three was 5-10x optimistic for the
+// larger loads that followed on a loaded machine, and the median still let
+// a run's first loads through slower than recomputing).
 Result<std::unique_ptr<LinkEstimate>> ProbeLink(Router& r, const Roofline& model, const BenchServeOptions& o) {
   const uint32_t n = 64;
   std::vector<TokenId> tokens(size_t(n) * o.block_tokens);
@@ -132,18 +151,22 @@ Result<std::unique_ptr<LinkEstimate>> ProbeLink(Router& r, const Roofline& model
     KVMESH_ASSIGN_OR_RETURN(double m, timed_get(n));
     many.push_back(m);
   }
-  const double lat = Percentile(one, 50), big = Percentile(many, 50);
+  const double lat = Percentile(one, 50), big = Percentile(many, 100);
   const double real_block = double(model.model().KvBytesPerToken()) * o.block_tokens;
-  const double bw = (n - 1) * real_block / std::max(big - lat, 1e-9);
-  return std::make_unique<LinkEstimate>(lat, bw);
+  const double cost = std::max(big - lat, 1e-9) / ((n - 1) * real_block);
+  return std::make_unique<LinkEstimate>(lat, cost, o.probe_interval_s);
 }
 
 // Daemons when the options ask for them (and a kvmesh configuration needs a tier).
-Result<std::unique_ptr<LocalDaemons>> StartDaemons(const BenchServeOptions& o, const json& cluster) {
+std::string WorkDir(const BenchServeOptions& o) {
+  return o.work_dir.empty() ? "/tmp/kvmesh-bench-serve-" + std::to_string(::getpid()) : o.work_dir;
+}
+
+Result<std::unique_ptr<LocalDaemons>> StartDaemons(const BenchServeOptions& o, const json& cluster,
+                                                   const std::string& dir) {
   if (o.cluster == "embedded") return std::unique_ptr<LocalDaemons>();
   if (o.cluster != "daemons") return InvalidArgument("--cluster must be daemons or embedded");
   if (o.kvmesh_bin.empty()) return InvalidArgument("bench-serve: no kvmesh binary to start daemons with");
-  const std::string dir = o.work_dir.empty() ? "/tmp/kvmesh-bench-serve-" + std::to_string(::getpid()) : o.work_dir;
   return LocalDaemons::Start(o.kvmesh_bin, cluster, dir);
 }
 
@@ -178,6 +201,7 @@ RunResult Summarise(const std::string& config, double rate, const std::vector<Se
     if (x.output_tokens > 1) tpot.push_back(per_token);
     if (t <= o.slo_ttft_s && per_token <= o.slo_tpot_s) ++r.met_slo;
   }
+  r.ttft = ttft;
   r.ttft_p50 = Percentile(ttft, 50);
   r.ttft_p99 = Percentile(ttft, 99);
   r.tpot_p50 = Percentile(tpot, 50);
@@ -200,9 +224,10 @@ RunResult Summarise(const std::string& config, double rate, const std::vector<Se
 Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o,
                                                       const std::vector<uint32_t>& prefix_tokens,
                                                       uint32_t suffix_tokens) {
+  if (IsReferenceModel(o.engine_model)) return InvalidArgument("--prefix-check needs a roofline engine model");
   KVMESH_ASSIGN_OR_RETURN(const Roofline model, Roofline::Parse(o.engine_model, o.mfu, o.mbu));
   KVMESH_ASSIGN_OR_RETURN(const json cluster, ClusterJson(o, model));
-  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<LocalDaemons> daemons, StartDaemons(o, cluster));
+  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<LocalDaemons> daemons, StartDaemons(o, cluster, WorkDir(o)));
   BenchServeOptions one = o;
   one.engines = 1;
   KVMESH_ASSIGN_OR_RETURN(Tier tier, OpenTier(one, cluster, daemons.get(),
@@ -259,38 +284,76 @@ double Percentile(std::vector<double> v, double p) {
   return v[lo] + (v[hi] - v[lo]) * (rank - double(lo));
 }
 
-Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& o, const ServeProgress& progress) {
-  KVMESH_ASSIGN_OR_RETURN(const Roofline model, Roofline::Parse(o.engine_model, o.mfu, o.mbu));
+Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, const ServeProgress& progress) {
+  // The `reference` engine model computes for real (reference.h); its
+  // Roofline carries only its shape (KV bytes per token), and its KV (fp32,
+  // 2 KiB a token by default) moves at its real size.
+  std::shared_ptr<const ReferenceShared> reference;
+  BenchServeOptions o = options;
+  std::optional<Roofline> parsed;
+  if (IsReferenceModel(o.engine_model)) {
+    KVMESH_ASSIGN_OR_RETURN(reference, ReferenceShared::Create(o.engine_model));
+    o.kv_scale = 1;
+    parsed.emplace(reference->shape, GpuSpec{"cpu", 1, 1, 0});
+  } else {
+    KVMESH_ASSIGN_OR_RETURN(Roofline r, Roofline::Parse(o.engine_model, o.mfu, o.mbu));
+    parsed.emplace(std::move(r));
+  }
+  const Roofline& model = *parsed;
   std::vector<ConfigKind> kinds;
-  bool need_tier = false;
+  bool need_tier = false, need_pressure = false;
   for (const std::string& c : o.configs) {
     KVMESH_ASSIGN_OR_RETURN(ConfigKind k, KindOf(c));
     kinds.push_back(k);
-    need_tier |= k.mode == CacheMode::kKvmesh;
+    need_tier |= k.mode == CacheMode::kKvmesh && !k.pressure;
+    need_pressure |= k.pressure;
   }
   if (o.engines == 0) return InvalidArgument("--engines must be at least 1");
+  const std::string dir = WorkDir(o);
   KVMESH_ASSIGN_OR_RETURN(const json cluster, ClusterJson(o, model));
-  std::unique_ptr<LocalDaemons> daemons;
+  std::unique_ptr<LocalDaemons> daemons, pressured_daemons;
   if (need_tier) {
-    KVMESH_ASSIGN_OR_RETURN(daemons, StartDaemons(o, cluster));
+    KVMESH_ASSIGN_OR_RETURN(daemons, StartDaemons(o, cluster, dir));
+  }
+  json pressured;
+  if (need_pressure) {
+    const std::string ssd_dir = dir + "/ssd";
+    ::mkdir(dir.c_str(), 0755);
+    ::mkdir(ssd_dir.c_str(), 0755);
+    KVMESH_ASSIGN_OR_RETURN(pressured, ClusterJson(o, model, ssd_dir));
+    KVMESH_ASSIGN_OR_RETURN(pressured_daemons, StartDaemons(o, pressured, ssd_dir));
   }
 
   std::vector<RunResult> results;
   uint32_t run_no = 0;
-  for (double rate : o.rates) {
+  std::vector<ServeRequest> traced;
+  std::vector<double> rates = o.rates;
+  if (!o.trace_path.empty()) {
+    KVMESH_ASSIGN_OR_RETURN(const Trace trace, LoadMooncakeTrace(o.trace_path));
+    traced = TraceWorkload(trace, o.trace);
+    if (traced.empty())
+      return InvalidArgument("--trace " + o.trace_path + ": no request in the window [" +
+                             std::to_string(o.trace.start_s) + ", +" + std::to_string(o.trace.duration_s) + ") s");
+    rates = {traced.size() / std::max(traced.back().arrival_s - traced.front().arrival_s, 1e-3)};
+  }
+  for (double rate : rates) {
     WorkloadOptions w = o.workload;
     w.rate = rate;
-    const std::vector<ServeRequest> reqs = MakeWorkload(w);
+    const std::vector<ServeRequest> reqs = traced.empty() ? MakeWorkload(w) : traced;
     for (size_t c = 0; c < o.configs.size(); ++c, ++run_no) {
       const std::string label = o.configs[c] + " @ " + std::to_string(rate).substr(0, 5) + " req/s";
       std::optional<Tier> tier;
       std::unique_ptr<LinkEstimate> link;
+      double probe_latency = 0, probe_bytes_per_s = 0;
       if (kinds[c].mode == CacheMode::kKvmesh) {
-        KVMESH_ASSIGN_OR_RETURN(Tier t, OpenTier(o, cluster, daemons.get(),
+        KVMESH_ASSIGN_OR_RETURN(Tier t, OpenTier(o, kinds[c].pressure ? pressured : cluster,
+                                                 kinds[c].pressure ? pressured_daemons.get() : daemons.get(),
                                                  "bench-serve-" + std::to_string(::getpid()) + "-" +
                                                      std::to_string(run_no)));
         tier.emplace(std::move(t));
         KVMESH_ASSIGN_OR_RETURN(link, ProbeLink(tier->router(0), model, o));
+        probe_latency = link->latency_s();
+        probe_bytes_per_s = link->bytes_per_s();
       }
       std::vector<RequestRecord> recs(reqs.size());
       for (size_t i = 0; i < reqs.size(); ++i) {
@@ -304,6 +367,7 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& o, const S
       for (uint32_t e = 0; e < o.engines; ++e) {
         EngineOptions eo;
         eo.model = &model;
+        eo.reference = reference;
         eo.block_tokens = o.block_tokens;
         eo.local_cache_blocks = o.local_cache_blocks;
         eo.max_batch = o.max_batch;
@@ -356,7 +420,12 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& o, const S
       if (link) {
         r.link_latency_s = link->latency_s();
         r.link_bytes_per_s = link->bytes_per_s();
+        r.link_deviation = link->deviation();
       }
+      r.probe_latency_s = probe_latency;
+      r.probe_bytes_per_s = probe_bytes_per_s;
+      r.run.resize(recs.size());
+      for (size_t i = 0; i < recs.size(); ++i) r.run[i] = recs[i].run;
       r.seconds = Seconds(Clock::now() - run_start);
       results.push_back(std::move(r));
     }

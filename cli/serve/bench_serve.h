@@ -10,6 +10,9 @@
 //   local         each engine's own device-tier prefix cache only
 //   kvmesh        local cache + kvmesh as the shared tier, load-or-recompute decided per block run
 //   kvmesh-blind  the same, every run kvmesh holds loaded (the blind policy)
+//   kvmesh-ssd, kvmesh-ssd-blind   the same two against a second cluster
+//                 under pressure: small device and host tiers over an SSD
+//                 tier, so most of what a load finds was demoted to the SSD
 // The kvmesh tier is real: daemons started the usual way (daemons.h), or an
 // embedded cluster in this process (cluster = "embedded", for tests).
 // Each run keeps its keys apart from the others' (its own tenant salt).
@@ -36,6 +39,10 @@ struct BenchServeOptions {
   std::vector<std::string> configs = {"recompute", "local", "kvmesh", "kvmesh-blind"};
   uint32_t engines = 2;
   WorkloadOptions workload;       // rate is set per run
+  // A Mooncake-format trace (path) as the schedule instead of `workload`:
+  // one run per configuration, rates ignored (the trace's own, x trace.speed).
+  std::string trace_path;
+  TraceWindow trace;
   double drain_s = 20;            // after the last arrival, unfinished requests get this long
   uint32_t block_tokens = 16;
   size_t local_cache_blocks = 4096;  // 64k tokens: 8 GiB of Llama-3.1-8B KV
@@ -49,6 +56,11 @@ struct BenchServeOptions {
   std::string work_dir;             // daemons' config and logs (default /tmp/kvmesh-bench-serve-<pid>)
   uint32_t nodes = 2;
   uint64_t node_memory = 1ull << 30;  // bytes moved per node (host tier)
+  // The pressure cluster (kvmesh-ssd*): device and host tiers of
+  // pressure_memory each, then an SSD tier of ssd_memory in work_dir.
+  uint64_t pressure_memory = 16ull << 20;
+  uint64_t ssd_memory = 4ull << 30;
+  double probe_interval_s = 1.0;    // shadow loads: at most one per this long per run (LinkEstimate)
   // The SLO a request must meet to count in goodput.
   double slo_ttft_s = 0.5, slo_tpot_s = 0.05;
 };
@@ -67,6 +79,12 @@ struct RunResult {
   double later_turn_hit_rate = 0;
   DecisionCounters decisions;
   double link_latency_s = 0, link_bytes_per_s = 0;  // the estimate at the run's end
+  double link_deviation = 0;       // its per-byte cost's mean deviation / mean
+  double probe_latency_s = 0, probe_bytes_per_s = 0;  // the seed (the probe)
+  // Per request (same order as the schedule): TTFT (unfinished: time waited)
+  // and RequestRecord::run, to compare the same requests across configurations.
+  std::vector<double> ttft;
+  std::vector<uint8_t> run;
   double seconds = 0;              // wall time of the run
 };
 

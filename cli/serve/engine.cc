@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <list>
 #include <unordered_map>
 
@@ -9,16 +10,30 @@ namespace kvmesh::serve {
 
 // ---- LinkEstimate ---------------------------------------------------------------
 
+LinkEstimate::LinkEstimate(double latency_s, double seconds_per_byte, double probe_interval_s)
+    : latency_s_(latency_s), cost_(seconds_per_byte), dev_(seconds_per_byte / 2),
+      probe_interval_s_(probe_interval_s) {}
+
 double LinkEstimate::Estimate(double bytes) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return latency_s_ + bytes / bytes_per_s_;
+  return latency_s_ + bytes * (cost_ + 2 * dev_);
 }
 
 void LinkEstimate::Observe(double bytes, double seconds) {
+  if (bytes <= 0 || seconds <= 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  const double transfer = seconds - latency_s_;
-  if (bytes <= 0 || transfer <= 0) return;
-  bytes_per_s_ = 0.5 * bytes_per_s_ + 0.5 * (bytes / transfer);
+  const double sample = std::max(seconds - latency_s_, 0.0) / bytes;
+  constexpr double kWeight = 0.25;
+  dev_ = (1 - kWeight) * dev_ + kWeight * std::abs(sample - cost_);
+  cost_ = (1 - kWeight) * cost_ + kWeight * sample;
+  ++observed_;
+}
+
+bool LinkEstimate::ClaimProbe(double now_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (now_s - last_probe_s_ < probe_interval_s_) return false;
+  last_probe_s_ = now_s;
+  return true;
 }
 
 double LinkEstimate::latency_s() const {
@@ -28,7 +43,17 @@ double LinkEstimate::latency_s() const {
 
 double LinkEstimate::bytes_per_s() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return bytes_per_s_;
+  return cost_ > 0 ? 1 / cost_ : 0;
+}
+
+double LinkEstimate::deviation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cost_ > 0 ? dev_ / cost_ : 0;
+}
+
+uint64_t LinkEstimate::observed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return observed_;
 }
 
 void DecisionCounters::Add(const DecisionCounters& o) {
@@ -48,6 +73,11 @@ void DecisionCounters::Add(const DecisionCounters& o) {
   bytes_put += o.bytes_put;
   put_errors += o.put_errors;
   get_errors += o.get_errors;
+  decided_s += o.decided_s;
+  loads_over_bound += o.loads_over_bound;
+  worst_load_ratio = std::max(worst_load_ratio, o.worst_load_ratio);
+  shadow_loads += o.shadow_loads;
+  shadow_load_s += o.shadow_load_s;
 }
 
 // ---- the engine's own prefix cache: an LRU over chained block hashes ---------------
@@ -115,6 +145,7 @@ Engine::Engine(uint32_t index, EngineOptions o, const std::vector<ServeRequest>*
                std::vector<RequestRecord>* records)
     : index_(index), o_(std::move(o)), requests_(requests), records_(records),
       local_(std::make_unique<LocalCache>(o_.mode == CacheMode::kRecompute ? 0 : o_.local_cache_blocks)) {
+  if (o_.reference) compute_ = std::make_unique<ReferenceCompute>(o_.reference);
   if (o_.router) {
     const size_t moved = o_.router->model().FullBlockBytes();
     payload_.assign(moved, std::byte{0x5a});
@@ -175,6 +206,17 @@ void Engine::Join() {
   counters_.bytes_put = bytes_put_.load();
   counters_.put_errors = put_errors_.load();
   counters_.get_errors += load_errors_.load();
+  counters_.shadow_loads = shadow_loads_.load();
+  counters_.shadow_load_s = shadow_load_us_.load() / 1e6;
+}
+
+double Engine::RecomputeSeconds(uint64_t new_tokens, uint64_t cached_tokens) const {
+  return o_.reference ? o_.reference->PrefillSeconds(new_tokens, cached_tokens)
+                      : o_.model->PrefillSeconds(new_tokens, cached_tokens);
+}
+
+double Engine::RealBlockBytes() const {
+  return double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
 }
 
 double Engine::Now() const { return Seconds(std::chrono::steady_clock::now() - o_.origin); }
@@ -183,15 +225,19 @@ bool Engine::Admit(Live& r) {
   const ServeRequest& q = (*requests_)[r.index];
   RequestRecord& rec = (*records_)[r.index];
   if (r.looked_up) {  // back from the loader
-    const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+    const double real_block = RealBlockBytes();
     counters_.load_misses += r.load_count - r.got;
     counters_.blocks_loaded += r.got;
     counters_.charged_load_s += r.charged_load_s;
     counters_.bytes_loaded += uint64_t(r.got * real_block);
+    counters_.decided_s += r.charged_load_s;
     if (r.charged_load_s > r.est_recompute_s) {
       ++counters_.loads_slower;
       counters_.load_loss_s += r.charged_load_s - r.est_recompute_s;
     }
+    if (r.charged_load_s > 1.05 * r.est_recompute_s) ++counters_.loads_over_bound;
+    if (r.est_recompute_s > 0)
+      counters_.worst_load_ratio = std::max(counters_.worst_load_ratio, r.charged_load_s / r.est_recompute_s);
     rec.loaded_tokens = static_cast<uint32_t>(r.got * o_.block_tokens);
     r.cached_tokens = uint64_t(r.local_blocks + r.got) * o_.block_tokens;
     r.new_tokens = q.prompt.size() - r.cached_tokens;
@@ -217,19 +263,34 @@ bool Engine::Admit(Live& r) {
   const size_t end = std::min(r.remote_blocks, usable);
   if (end <= local) return true;
   const uint64_t run_blocks = end - local;
-  const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+  const double real_block = RealBlockBytes();
   const double est_load = o_.link->Estimate(run_blocks * real_block);
   const double est_recompute =
-      o_.model->PrefillSeconds(run_blocks * o_.block_tokens, uint64_t(local) * o_.block_tokens);
+      RecomputeSeconds(run_blocks * o_.block_tokens, uint64_t(local) * o_.block_tokens);
   ++counters_.runs;
   counters_.est_load_s += est_load;
   counters_.est_recompute_s += est_recompute;
   if (o_.policy == LoadPolicy::kDecide && est_load >= est_recompute) {
     ++counters_.runs_recomputed;
     counters_.blocks_recomputed += run_blocks;
+    counters_.decided_s += est_recompute;
+    rec.run = 2;
+    if (o_.link->ClaimProbe(Now())) {  // keep learning: measure this run's load, wait for nobody
+      Live s;
+      s.index = r.index;
+      s.shadow = true;
+      s.local_blocks = local;
+      s.load_count = run_blocks;
+      {
+        std::lock_guard<std::mutex> lock(load_mu_);
+        loads_.push_back(std::move(s));
+      }
+      load_cv_.notify_one();
+    }
     return true;
   }
   ++counters_.runs_loaded;
+  rec.run = 1;
   r.looked_up = true;
   r.local_blocks = local;
   r.load_count = run_blocks;
@@ -267,12 +328,18 @@ void Engine::LoadLoop() {
     const bool ok = o_.router->GetBatch(items).ok();
     r.measured_load_s = Seconds(std::chrono::steady_clock::now() - t0);
     r.charged_load_s = r.measured_load_s * o_.kv_scale;
-    // The rest of the charged time passes here, off the engine's step.
-    std::this_thread::sleep_for(std::chrono::duration<double>(r.charged_load_s - r.measured_load_s));
+    // The rest of the charged time passes here, off the engine's step (a
+    // shadow load holds nobody up: it only counts).
+    if (!r.shadow) std::this_thread::sleep_for(std::chrono::duration<double>(r.charged_load_s - r.measured_load_s));
     while (r.got < r.load_count && items[r.got].status.ok()) ++r.got;
-    const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+    const double real_block = RealBlockBytes();
     o_.link->Observe(r.load_count * real_block, r.charged_load_s);
     if (!ok) load_errors_.fetch_add(1);
+    if (r.shadow) {  // nobody waits for it: only the estimate learns
+      shadow_loads_.fetch_add(1);
+      shadow_load_us_.fetch_add(uint64_t(r.charged_load_s * 1e6));
+      continue;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       ready_.push_back(std::move(r));
@@ -309,7 +376,7 @@ void Engine::PutLoop() {
     std::vector<std::span<const std::byte>> blocks(job.end_block - job.first_block,
                                                    std::span<const std::byte>(payload_));
     if (!o_.router->Put(all, blocks, RequestOptions{}, job.first_block).ok()) put_errors_.fetch_add(1);
-    const double real_block = double(o_.model->model().KvBytesPerToken()) * o_.block_tokens;
+    const double real_block = RealBlockBytes();
     bytes_put_.fetch_add(uint64_t(blocks.size() * real_block));
   }
 }
@@ -355,8 +422,16 @@ void Engine::Loop() {
     std::vector<uint64_t> decodes;
     for (const Live& r : running)
       decodes.push_back((*requests_)[r.index].prompt.size() + r.generated);
-    const double model_s = o_.model->StepSeconds(prefills, decodes);
-    std::this_thread::sleep_for(std::chrono::duration<double>(model_s));
+    if (compute_) {  // the reference model computes the step for real; it takes what it takes
+      for (Live& r : admitted) r.seq = compute_->Prefill((*requests_)[r.index].prompt, r.cached_tokens);
+      for (Live& r : running) {
+        const ServeRequest& q = (*requests_)[r.index];
+        compute_->Decode(r.seq, q.output[std::min<size_t>(r.generated - 1, q.output.size() - 1)]);
+      }
+    } else {
+      const double model_s = o_.model->StepSeconds(prefills, decodes);
+      std::this_thread::sleep_for(std::chrono::duration<double>(model_s));
+    }
     const double t = Now();
     std::vector<Live> still;
     for (Live& r : running) {
@@ -365,6 +440,7 @@ void Engine::Loop() {
       if (r.generated >= q.output.size()) {
         (*records_)[r.index].finish = t;
         StoreBlocks(r, q.prompt.size() + q.output.size());
+        if (compute_) compute_->Release(r.seq);
         finished_.fetch_add(1, std::memory_order_relaxed);
       } else {
         still.push_back(std::move(r));
@@ -381,6 +457,7 @@ void Engine::Loop() {
       if (r.generated >= q.output.size()) {
         rec.finish = t;
         StoreBlocks(r, q.prompt.size() + q.output.size());
+        if (compute_) compute_->Release(r.seq);
         finished_.fetch_add(1, std::memory_order_relaxed);
       } else {
         running.push_back(std::move(r));

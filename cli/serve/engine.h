@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/serve/reference.h"
 #include "cli/serve/roofline.h"
 #include "cli/serve/workload.h"
 #include "kvmesh/router.h"
@@ -42,28 +43,45 @@
 namespace kvmesh::serve {
 
 enum class CacheMode { kRecompute, kLocal, kKvmesh };
-// kDecide: load a run when the estimated load time (LinkEstimate) is below
-// its recompute time (the engine model), else recompute it. kBlind: always load.
+// kDecide: load a run when the estimated load time (LinkEstimate, a
+// pessimistic estimate) is below its recompute time (the engine model), else
+// recompute it. kBlind: always load.
 enum class LoadPolicy { kDecide, kBlind };
 
-// The measured cost of a load from kvmesh, in real-size bytes: a fixed
-// latency plus bytes / bandwidth. Seeded by a probe, then each load's charged
-// time updates the bandwidth (EWMA, weight 0.5). Thread-safe.
+// The measured cost of a load from one kvmesh tier over one link, in
+// real-size bytes: a fixed latency plus bytes x seconds-per-byte. The
+// per-byte cost is an EWMA (weight 0.25) of every load's charged time minus
+// the latency, and so is its mean deviation; Estimate is pessimistic, like a
+// TCP retransmission timer: latency + bytes x (mean + 2 x deviation), so a
+// link whose speed swings is trusted less. Seeded by a probe (the slowest of
+// three, its deviation half its mean: unsure until loads were seen).
+// ClaimProbe keeps it learning while the decision recomputes: at most once per
+// probe_interval_s, the caller measures a load nobody waits for (a shadow
+// load) and Observes it. Thread-safe (shared by the engines of a run).
 class LinkEstimate {
  public:
-  LinkEstimate(double latency_s, double bytes_per_s) : latency_s_(latency_s), bytes_per_s_(bytes_per_s) {}
+  LinkEstimate(double latency_s, double seconds_per_byte, double probe_interval_s = 1.0);
   double Estimate(double bytes) const;
   void Observe(double bytes, double seconds);
+  // True at most once per probe_interval_s (the caller then shadow-loads);
+  // now_s on any monotonic clock.
+  bool ClaimProbe(double now_s);
   double latency_s() const;
-  double bytes_per_s() const;
+  double bytes_per_s() const;      // 1 / the mean per-byte cost
+  double deviation() const;        // the per-byte cost's mean deviation / its mean
+  uint64_t observed() const;
 
  private:
   mutable std::mutex mu_;
-  double latency_s_, bytes_per_s_;  // guarded by mu_
+  double latency_s_, cost_, dev_;  // guarded by mu_ (cost_, dev_: seconds per byte)
+  double probe_interval_s_, last_probe_s_ = -1e300;  // guarded by mu_
+  uint64_t observed_ = 0;          // guarded by mu_
 };
 
 struct EngineOptions {
-  const Roofline* model = nullptr;       // required
+  const Roofline* model = nullptr;       // required (with `reference`: its shape only, for KV bytes)
+  // The `reference` engine model (reference.h): steps really compute; null: the roofline's time is slept.
+  std::shared_ptr<const ReferenceShared> reference;
   uint32_t block_tokens = 16;
   size_t local_cache_blocks = 4096;      // 0 with kRecompute
   uint32_t max_batch = 64;
@@ -86,6 +104,8 @@ struct RequestRecord {
   uint32_t local_hit_tokens = 0;   // from the engine's own cache
   uint32_t loaded_tokens = 0;      // loaded from kvmesh
   uint32_t engine = 0;
+  // kvmesh held a run of this prompt beyond the local prefix: 0 no, 1 loaded, 2 recomputed.
+  uint8_t run = 0;
 };
 
 struct DecisionCounters {
@@ -101,6 +121,16 @@ struct DecisionCounters {
   double load_loss_s = 0;
   uint64_t bytes_loaded = 0, bytes_put = 0;   // real-size bytes (moved: / kv_scale)
   uint64_t put_errors = 0, get_errors = 0;
+  // The bound: per run, what the decision cost (a load's charged time, or
+  // the recompute estimate) against recomputing it; loads over 1.05 x their
+  // recompute are counted (the 5% bound).
+  double decided_s = 0;
+  uint64_t loads_over_bound = 0;
+  double worst_load_ratio = 0;        // max charged load / recompute of a loaded run
+  // Shadow loads (LinkEstimate::ClaimProbe): loads measured for the estimate
+  // while their run was recomputed.
+  uint64_t shadow_loads = 0;
+  double shadow_load_s = 0;
   void Add(const DecisionCounters& o);
 };
 
@@ -130,6 +160,8 @@ class Engine {
     bool looked_up = false;
     size_t local_blocks = 0, load_count = 0, got = 0;
     double est_recompute_s = 0, measured_load_s = 0, charged_load_s = 0;
+    bool shadow = false;          // a shadow load: measured, then dropped (the run was recomputed)
+    int seq = -1;                 // its sequence in compute_ (the reference engine model)
   };
   class LocalCache;
   void Loop();
@@ -139,12 +171,15 @@ class Engine {
   void LoadLoop();
   void StoreBlocks(Live& r, size_t upto_tokens);
   double Now() const;
+  double RecomputeSeconds(uint64_t new_tokens, uint64_t cached_tokens) const;
+  double RealBlockBytes() const;
 
   const uint32_t index_;
   const EngineOptions o_;
   const std::vector<ServeRequest>* const requests_;
   std::vector<RequestRecord>* const records_;
   std::unique_ptr<LocalCache> local_;
+  std::unique_ptr<ReferenceCompute> compute_;  // engine thread; with o_.reference
   DecisionCounters counters_;  // engine thread; read after Join
   std::vector<std::byte> payload_;
   std::atomic<uint64_t> finished_{0};
@@ -171,6 +206,7 @@ class Engine {
   std::deque<Live> loads_;     // guarded by load_mu_
   bool load_stop_ = false;     // guarded by load_mu_
   std::atomic<uint64_t> load_errors_{0};
+  std::atomic<uint64_t> shadow_loads_{0}, shadow_load_us_{0};
 
   std::thread thread_, put_thread_, load_thread_;
 };

@@ -34,19 +34,66 @@ Ratios CompareConfigs(const std::vector<RunResult>& results, const std::string& 
   return out;
 }
 
+std::vector<HitBound> HitBounds(const std::vector<RunResult>& results, const std::string& base) {
+  std::vector<HitBound> out;
+  for (const RunResult& r : results) {
+    if (r.config.rfind("kvmesh", 0) != 0) continue;
+    HitBound h;
+    h.config = r.config;
+    h.rate = r.rate;
+    const DecisionCounters& d = r.decisions;
+    h.cost_ratio = d.est_recompute_s > 0 ? d.decided_s / d.est_recompute_s : 0;
+    const RunResult* b = nullptr;
+    for (const RunResult& x : results)
+      if (x.config == base && x.rate == r.rate && x.ttft.size() == r.ttft.size()) b = &x;
+    std::vector<double> mine, theirs;
+    for (size_t i = 0; i < r.run.size() && i < r.ttft.size(); ++i) {
+      if (r.run[i] == 0) continue;
+      mine.push_back(r.ttft[i]);
+      if (b) theirs.push_back(b->ttft[i]);
+    }
+    h.hit_requests = mine.size();
+    h.ttft_p50 = Percentile(mine, 50);
+    h.base_ttft_p50 = Percentile(theirs, 50);
+    h.ttft_ratio = h.base_ttft_p50 > 0 && !mine.empty() ? h.ttft_p50 / h.base_ttft_p50 : 0;
+    out.push_back(h);
+  }
+  return out;
+}
+
 void PrintTable(const BenchServeOptions& o, const std::vector<RunResult>& results) {
   std::printf("SLO: TTFT <= %.0f ms and TPOT <= %.0f ms; times in ms; hit = prompt tokens not prefilled\n",
               o.slo_ttft_s * 1e3, o.slo_tpot_s * 1e3);
-  std::printf("%-13s %6s %7s %8s %8s %6s %6s %6s %7s %7s %5s %5s %5s %8s %8s %s\n", "config", "rate", "offer",
+  std::printf("%-16s %6s %7s %8s %8s %6s %6s %6s %7s %7s %5s %5s %5s %8s %8s %s\n", "config", "rate", "offer",
               "ttft50", "ttft99", "tpot50", "tpot99", "req/s", "tok/s", "goodput", "hit", "local", "load",
               "GB_load", "GB_put", "runs loaded/recomputed (slower)");
   for (const RunResult& r : results) {
     const DecisionCounters& d = r.decisions;
-    std::printf("%-13s %6.2f %7.2f %8.1f %8.1f %6.1f %6.1f %6.2f %7.0f %7.2f %5.2f %5.2f %5.2f %8.2f %8.2f %llu/%llu (%llu)\n",
+    std::printf("%-16s %6.2f %7.2f %8.1f %8.1f %6.1f %6.1f %6.2f %7.0f %7.2f %5.2f %5.2f %5.2f %8.2f %8.2f %llu/%llu (%llu)\n",
                 r.config.c_str(), r.rate, r.offered_rps, r.ttft_p50 * 1e3, r.ttft_p99 * 1e3, r.tpot_p50 * 1e3,
                 r.tpot_p99 * 1e3, r.req_s, r.tok_s, r.goodput, r.hit_rate, r.local_hit_rate, r.loaded_rate,
                 d.bytes_loaded / 1e9, d.bytes_put / 1e9, (unsigned long long)d.runs_loaded,
                 (unsigned long long)d.runs_recomputed, (unsigned long long)d.loads_slower);
+  }
+  const std::vector<HitBound> bounds = HitBounds(results);
+  if (!bounds.empty()) {
+    std::printf("load or recompute: hits = requests kvmesh held a run for beyond the local prefix; their TTFT p50 "
+                "against the same requests under local (recomputing the run); cost = decided / recompute-all of the "
+                "runs; >5%% = loads slower than 1.05 x recomputing\n");
+    std::printf("%-17s %6s %6s %7s %9s %9s %7s %6s %6s %6s %7s %7s %10s\n", "config", "rate", "hits", "runs",
+                "hit_ttft", "local", "ratio", "cost", ">5%", "worst", "shadow", "GB/s", "est GB/s");
+    for (const HitBound& h : bounds) {
+      const RunResult* r = nullptr;
+      for (const RunResult& x : results)
+        if (x.config == h.config && x.rate == h.rate) r = &x;
+      const DecisionCounters& d = r->decisions;
+      const double measured = d.charged_load_s > 0 ? d.bytes_loaded / d.charged_load_s : 0;
+      std::printf("%-17s %6.2f %6llu %3llu/%-3llu %9.1f %9.1f %6.2fx %5.2fx %6llu %5.2fx %7llu %7.2f %10.2f\n",
+                  h.config.c_str(), h.rate, (unsigned long long)h.hit_requests, (unsigned long long)d.runs_loaded,
+                  (unsigned long long)d.runs_recomputed, h.ttft_p50 * 1e3, h.base_ttft_p50 * 1e3, h.ttft_ratio,
+                  h.cost_ratio, (unsigned long long)d.loads_over_bound, d.worst_load_ratio,
+                  (unsigned long long)d.shadow_loads, measured / 1e9, r->link_bytes_per_s / 1e9);
+    }
   }
   for (const char* other : {"local", "kvmesh-blind"}) {
     const Ratios q = CompareConfigs(results, "kvmesh", other);
@@ -70,13 +117,18 @@ nlohmann::json ResultsJson(const BenchServeOptions& o, const std::vector<RunResu
                     {"tpot_p99_s", r.tpot_p99}, {"req_s", r.req_s}, {"tok_s", r.tok_s}, {"goodput", r.goodput},
                     {"hit_rate", r.hit_rate}, {"local_hit_rate", r.local_hit_rate}, {"loaded_rate", r.loaded_rate},
                     {"later_turn_hit_rate", r.later_turn_hit_rate}, {"sustained", Sustains(r)},
-                    {"link", {{"latency_s", r.link_latency_s}, {"bytes_per_s", r.link_bytes_per_s}}},
+                    {"link", {{"latency_s", r.link_latency_s}, {"bytes_per_s", r.link_bytes_per_s},
+                              {"deviation", r.link_deviation}, {"probe_latency_s", r.probe_latency_s},
+                              {"probe_bytes_per_s", r.probe_bytes_per_s}}},
                     {"decisions", {{"lookups", d.lookups}, {"runs", d.runs}, {"runs_loaded", d.runs_loaded},
                                    {"runs_recomputed", d.runs_recomputed}, {"blocks_loaded", d.blocks_loaded},
                                    {"blocks_recomputed", d.blocks_recomputed}, {"load_misses", d.load_misses},
                                    {"est_load_s", d.est_load_s}, {"est_recompute_s", d.est_recompute_s},
                                    {"charged_load_s", d.charged_load_s}, {"loads_slower", d.loads_slower},
-                                   {"load_loss_s", d.load_loss_s}}},
+                                   {"load_loss_s", d.load_loss_s}, {"decided_s", d.decided_s},
+                                   {"loads_over_bound", d.loads_over_bound},
+                                   {"worst_load_ratio", d.worst_load_ratio}, {"shadow_loads", d.shadow_loads},
+                                   {"shadow_load_s", d.shadow_load_s}}},
                     {"bytes_loaded", d.bytes_loaded}, {"bytes_put", d.bytes_put},
                     {"get_errors", d.get_errors}, {"put_errors", d.put_errors}, {"seconds", r.seconds}});
   }
@@ -89,6 +141,11 @@ nlohmann::json ResultsJson(const BenchServeOptions& o, const std::vector<RunResu
     ratios[std::string("kvmesh_over_") + other] = {{"goodput", g}, {"sustained_rate", q.sustained_rate},
                                                    {"ttft_p99_ratio", q.ttft_p99_ratio}};
   }
+  nlohmann::json hb = nlohmann::json::array();
+  for (const HitBound& h : HitBounds(results))
+    hb.push_back({{"config", h.config}, {"rate", h.rate}, {"hit_requests", h.hit_requests},
+                  {"hit_ttft_p50_s", h.ttft_p50}, {"local_ttft_p50_s", h.base_ttft_p50},
+                  {"ttft_ratio", h.ttft_ratio}, {"cost_ratio", h.cost_ratio}});
   return {{"engine_model", o.engine_model}, {"mfu", o.mfu}, {"mbu", o.mbu}, {"engines", o.engines},
           {"cluster", o.cluster}, {"transport", o.transport}, {"nodes", o.nodes}, {"kv_scale", o.kv_scale},
           {"block_tokens", o.block_tokens}, {"local_cache_blocks", o.local_cache_blocks},
@@ -99,7 +156,7 @@ nlohmann::json ResultsJson(const BenchServeOptions& o, const std::vector<RunResu
                         {"agent_preamble_tokens", o.workload.agent_preamble_tokens},
                         {"user_tokens", o.workload.user_tokens}, {"tool_tokens", o.workload.tool_tokens},
                         {"output_tokens", o.workload.output_tokens}, {"seed", o.workload.seed}}},
-          {"runs", runs}, {"ratios", ratios}};
+          {"runs", runs}, {"ratios", ratios}, {"hit_bounds", hb}};
 }
 
 bool WritePlots(const std::string& prefix, const BenchServeOptions& o, const std::vector<RunResult>& results) {

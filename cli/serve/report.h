@@ -27,6 +27,21 @@ struct Ratios {
 };
 Ratios CompareConfigs(const std::vector<RunResult>& results, const std::string& a, const std::string& b);
 
+// The 5% bound, per run of a kvmesh configuration: the requests whose prompt
+// kvmesh held a run of beyond the local prefix (its hits, loaded or
+// recomputed), their TTFT p50 against the same requests' TTFT p50 in the
+// `base` configuration at the same rate (which recomputes those runs), and
+// the decided cost of the runs (loads' charged time, recomputes' estimate)
+// against recomputing every one.
+struct HitBound {
+  std::string config;
+  double rate = 0;
+  uint64_t hit_requests = 0;
+  double ttft_p50 = 0, base_ttft_p50 = 0, ttft_ratio = 0;  // 0: no base run or no hit
+  double cost_ratio = 0;                                   // decided_s / est_recompute_s
+};
+std::vector<HitBound> HitBounds(const std::vector<RunResult>& results, const std::string& base = "local");
+
 void PrintTable(const BenchServeOptions& o, const std::vector<RunResult>& results);
 nlohmann::json ResultsJson(const BenchServeOptions& o, const std::vector<RunResult>& results);
 // Writes <prefix>-ttft-p99.png and <prefix>-goodput.png (and their .dat/.gp).

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <random>
 
+#include "eviction/replay.h"
+
 namespace kvmesh::serve {
 namespace {
 
@@ -51,6 +53,33 @@ std::vector<ServeRequest> MakeWorkload(const WorkloadOptions& o) {
       out.push_back(std::move(r));
       at += o.think_s / 2 + think(rng);  // at least think_s / 2: the answer is read first
     }
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const ServeRequest& a, const ServeRequest& b) { return a.arrival_s < b.arrival_s; });
+  return out;
+}
+
+std::vector<ServeRequest> TraceWorkload(const Trace& trace, const TraceWindow& w) {
+  constexpr uint32_t kTraceBlock = 512;  // Mooncake's hash_ids block size
+  std::vector<ServeRequest> out;
+  const double speed = w.speed > 0 ? w.speed : 1;
+  for (size_t r = 0; r < trace.requests(); ++r) {
+    const double t = double(trace.timestamp_ms[r]) / 1e3;
+    if (t < w.start_s || t >= w.start_s + w.duration_s) continue;
+    ServeRequest q;
+    q.session = uint32_t(r);
+    q.arrival_s = (t - w.start_s) / speed;
+    const uint32_t len = trace.input_length[r];
+    q.prompt.reserve(len);
+    for (uint32_t j = trace.begin[r]; j < trace.begin[r + 1] && q.prompt.size() < len; ++j) {
+      std::mt19937_64 block_rng(0x9e3779b97f4a7c15ull ^ trace.blocks[j]);
+      for (uint32_t i = 0; i < kTraceBlock && q.prompt.size() < len; ++i)
+        q.prompt.push_back(static_cast<TokenId>(block_rng() % 100000 + 1000));
+    }
+    while (q.prompt.size() < len) q.prompt.push_back(TokenId(1000 + q.prompt.size() % 7));  // ids short of the length
+    std::mt19937_64 out_rng(r + 1);
+    q.output = Tokens(out_rng, std::max<uint32_t>(1, std::min(trace.output_length[r], w.max_output)));
+    out.push_back(std::move(q));
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const ServeRequest& a, const ServeRequest& b) { return a.arrival_s < b.arrival_s; });

@@ -19,6 +19,10 @@
 
 #include "kvmesh/types.h"
 
+namespace kvmesh {
+struct Trace;
+}
+
 namespace kvmesh::serve {
 
 struct WorkloadOptions {
@@ -46,5 +50,21 @@ struct ServeRequest {
 
 // Every request of a run, by arrival time.
 std::vector<ServeRequest> MakeWorkload(const WorkloadOptions& o);
+
+// A Mooncake-format trace (eviction/replay.h ParseMooncakeTrace: timestamp in
+// ms, input_length, output_length, hash_ids over 512-token blocks) as the
+// request schedule: the requests whose timestamp lies in [start_s, start_s +
+// duration_s) of the trace, arriving at (timestamp - start) / speed. A
+// prompt is input_length tokens: block j of it is 512 tokens derived from the
+// request's j-th hash id (equal ids, equal tokens: the trace's shared
+// prefixes are shared here), the last block cut to length; the output is
+// output_length tokens (capped at max_output). Each request is its own
+// session (turn 0): the trace does not say which requests are turns of one
+// conversation, only what they share.
+struct TraceWindow {
+  double start_s = 0, duration_s = 20, speed = 1;
+  uint32_t max_output = 1024;
+};
+std::vector<ServeRequest> TraceWorkload(const Trace& trace, const TraceWindow& w);
 
 }  // namespace kvmesh::serve

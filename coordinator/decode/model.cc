@@ -204,6 +204,14 @@ void ReferenceModel::Truncate(int seq, uint32_t n) {
   for (auto& v : s.v) v.resize(s.len);
 }
 
+void ReferenceModel::Extend(int seq, uint32_t n) {
+  Seq& s = seqs_[seq];
+  const size_t width = size_t(w_->config.kv_heads) * w_->config.head_dim;
+  s.len += n;
+  for (auto& k : s.k) k.resize(s.len, std::vector<float>(width, 0.0f));
+  for (auto& v : s.v) v.resize(s.len, std::vector<float>(width, 0.0f));
+}
+
 uint32_t ReferenceModel::Length(int seq) const { return seqs_[seq].len; }
 
 std::vector<float> ReferenceModel::Feed(int seq, std::span<const TokenId> tokens) {

@@ -107,6 +107,10 @@ class ReferenceModel {
   int NewSequence();
   int Fork(int seq);
   void Truncate(int seq, uint32_t n);  // drop the last n tokens
+  // Appends n positions of zero K and V: a context whose KV came from
+  // elsewhere (a cache), for a caller that measures the cost of attending to
+  // it (kvmesh bench-serve's `reference` engine), not its values.
+  void Extend(int seq, uint32_t n);
   uint32_t Length(int seq) const;
   // Feeds tokens one by one; returns the logits after the last.
   std::vector<float> Feed(int seq, std::span<const TokenId> tokens);
