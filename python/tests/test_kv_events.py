@@ -29,6 +29,7 @@ count per tier matches the node's own figures.
 import json
 import os
 import time
+import urllib.error
 import urllib.request
 
 import msgpack
@@ -236,3 +237,75 @@ def test_events_reconstruct_the_node_across_subscriber_restarts(tmp_path):
     finally:
         d.stop()
 
+
+def test_kv_index_routes_on_engine_events():
+    """kvmesh.KvIndex fed with batches packed here from vLLM's format (an engine's int hashes, medium nil)."""
+
+    def batch(*events):
+        return msgpack.packb([time.time(), list(events)])
+
+    ix = kvmesh.KvIndex()
+    shared = [101, 102, 103, 104]
+    ix.apply_batch("a", batch(["BlockStored", shared + [201, 202], None, [], 16, None, None, None]))
+    ix.apply_batch("b", batch(["BlockStored", shared + [301], None, [], 16, None, "GPU", None]))
+    ix.apply_batch("c", batch(["BlockStored", shared, None, [], 16, None, "CPU", None]))
+    keys = [(0, h) for h in shared + [201, 202]]
+    r = ix.route(keys, ["a", "b", "c", "d"])
+    assert [m["instance"] for m in r] == ["a", "b", "c", "d"]
+    assert [m["blocks"] for m in r] == [6, 4, 4, 0]
+    assert r[1]["gpu_blocks"] == 4 and r[2]["gpu_blocks"] == 0 and r[2]["cpu_blocks"] == 4
+    # a removal shortens a's prefix; a tie on prefix goes to the less loaded instance
+    ix.apply_batch("a", batch(["BlockRemoved", [201], None]))
+    ix.set_load("a", 0.9)
+    r = ix.route(keys, ["a", "b"])
+    assert r[0]["instance"] == "b" and r[0]["blocks"] == 4 and r[1]["blocks"] == 4
+    ix.apply_batch("b", batch(["AllBlocksCleared"]))
+    assert ix.route(keys, ["b"])[0]["blocks"] == 0
+    with pytest.raises(kvmesh.InvalidArgumentError):
+        ix.apply_batch("a", b"\xc1 not msgpack")
+
+
+def test_route_service_answers_over_http(tmp_path):
+    """`kvmesh route` subscribed to a node's events answers POST /route for tokens the client stored."""
+    cfg = {
+        "model": dict(MODEL),
+        "nodes": [{"id": "n0", "host": "127.0.0.1", "ports": {"data": 0, "http": 0, "resp": 0},
+                   "memory": {"host": "16MiB"}}],
+        "store": {"stripes": 1, "slot_bytes": BLOCK_BYTES},
+        "transport": {"backend": "tcp", "timeout_ms": scaled(5000)},
+        "coordinator": {"host": "127.0.0.1", "port": 0, "heartbeat_ms": 200, "dead_after_ms": 5000},
+        "events": {"enabled": True},
+    }
+    path = tmp_path / "route.json"
+    path.write_text(json.dumps(cfg))
+    d = Daemons(config=str(path), nodes=("n0",)).start()
+    try:
+        ports = d.listening["n0"]["ports"]
+        source = f"n0=tcp://127.0.0.1:{ports['events']},tcp://127.0.0.1:{ports['events_replay']}"
+        ev = d.launch("route", ["route", "--config", str(path), "--source", source, "--port", "0"])
+        url = f"http://127.0.0.1:{ev['ports']['http']}"
+
+        def post(what, body):
+            req = urllib.request.Request(url + what, data=json.dumps(body).encode(), method="POST")
+            with urllib.request.urlopen(req, timeout=scaled(5)) as r:
+                return json.loads(r.read())
+
+        tokens = list(range(1000, 1000 + 16 * 6))  # 6 full blocks
+        with kvmesh.Client(d.address, timeout_ms=scaled(5000)) as c:
+            c.put(tokens[:16 * 4], [bytes(BLOCK_BYTES)] * 4)
+        end = time.monotonic() + scaled(10)
+        while True:
+            r = post("/route", {"tokens": tokens, "candidates": ["n0", "elsewhere"]})
+            if r["matches"][0]["blocks"] == 4 or time.monotonic() > end:
+                break
+            time.sleep(0.05)
+        assert r["keys"] == 6
+        assert r["matches"][0] == {**r["matches"][0], "instance": "n0", "blocks": 4, "gpu_blocks": 4}
+        assert r["matches"][1]["instance"] == "elsewhere" and r["matches"][1]["blocks"] == 0
+        assert post("/load", {"instance": "n0", "load": 0.5}) == {"ok": True}
+        assert post("/route", {"tokens": tokens})["matches"][0]["load"] == 0.5
+        with pytest.raises(urllib.error.HTTPError) as e:
+            post("/route", {"tokens": "not a list"})
+        assert e.value.code == 400
+    finally:
+        d.stop()
