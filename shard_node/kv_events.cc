@@ -216,7 +216,7 @@ void KvEventPublisher::Loop() {
     }
   };
   // Publishes what the ring holds; drops become one skipped sequence number
-  // after the events that were queued before them.
+  // after the events that were queued before them, then an empty batch.
   auto drain = [&] {
     uint64_t dropped = 0;
     taken.clear();
@@ -233,6 +233,9 @@ void KvEventPublisher::Loop() {
       ++s.next_seq;
       c_.dropped.fetch_add(dropped, std::memory_order_relaxed);
       c_.gaps.fetch_add(1, std::memory_order_relaxed);
+      // An empty batch right after the skipped number: a subscriber sees
+      // the gap even when nothing changes after the drop.
+      publish(EncodeBatch(false, {}, {}, block_size_, as_int));
     }
   };
   auto answer = [&](const zmq::message_t& id, int64_t seq, std::string_view payload) {

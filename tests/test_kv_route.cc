@@ -255,3 +255,42 @@ TEST_CASE("the C ABI applies a batch in vLLM's format and routes", "[kv_route]")
   CHECK(out[0].load == 1.0);
   kvmesh_kv_index_free(x);
 }
+
+TEST_CASE("events dropped by a full ring show as a gap that a snapshot fills", "[kv_route]") {
+  auto c = ParseConfig(kConfig);
+  REQUIRE(c.ok());
+  ClusterConfig cfg = *c;
+  cfg.events.queue_events = 16;  // the store path outruns the publisher at once
+  auto node = ShardNode::Create(cfg, "e0");
+  REQUIRE(node.ok());
+  KvEventPublisher* ev = (*node)->events();
+  KvIndex index;
+  auto sub = KvEventSubscriber::Start(
+      &index, {{"e0", "tcp://127.0.0.1:" + std::to_string(ev->port()),
+                "tcp://127.0.0.1:" + std::to_string(ev->replay_port()), ""}});
+  REQUIRE(sub.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  KeyDeriver keys("route", "", 4);
+  std::vector<BlockKey> k;
+  std::vector<std::byte> payload(128, std::byte{3});
+  // Bursts of puts until the ring has overflowed (the publisher drains every
+  // 2 ms; a burst of 2000 puts usually outruns it at once).
+  for (uint32_t round = 0; round < 20 && ev->Stats().dropped == 0; ++round) {
+    keys.ChainKeys(Tokens(100000 * round + 9, 4 * 2000), &k);
+    for (const BlockKey& key : k) REQUIRE((*node)->Put(key, payload, {}).ok());
+  }
+  for (size_t i = 0; i < k.size(); i += 3) REQUIRE((*node)->Erase(k[i]).ok());
+  REQUIRE(ev->Stats().dropped > 0);
+  const size_t held = (*node)->store().Stats().blocks;
+  const auto end = std::chrono::steady_clock::now() + testing::TimeBound(std::chrono::seconds(10));
+  while (std::chrono::steady_clock::now() < end && index.blocks() != held)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(index.blocks() == held);
+  CHECK(ev->Stats().gaps > 0);
+  CHECK((*sub)->Stats().snapshots >= 1);
+  const std::vector<std::string> names{"e0"};
+  CHECK(index.Route(k, names)[0].blocks == 0);  // k[0] was erased
+  std::vector<BlockKey> from1(k.begin() + 1, k.end());
+  CHECK(index.Route(from1, names)[0].blocks == 2);  // k[1], k[2], then k[3] erased
+  (*sub)->Stop();
+}
