@@ -31,4 +31,7 @@ void AddDecodeCommand(CLI::App& app, int* exit_code);
 // kvmesh bench-serve: the serving benchmark (cli/cmd_bench_serve.cc, cli/serve/).
 void AddBenchServeCommand(CLI::App& app, int* exit_code);
 
+// kvmesh route: KV-aware routing over HTTP, fed by KV events (cli/cmd_route.cc).
+void AddRouteCommand(CLI::App& app, int* exit_code);
+
 }  // namespace kvmesh::cli

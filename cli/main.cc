@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   kvmesh::cli::AddCoordinatorCommand(app, &exit_code);
   kvmesh::cli::AddServeCommand(app, &exit_code);
   kvmesh::cli::AddProxyCommand(app, &exit_code);
+  kvmesh::cli::AddRouteCommand(app, &exit_code);
   kvmesh::cli::AddDecodeCommand(app, &exit_code);
   kvmesh::cli::AddBenchServeCommand(app, &exit_code);
   try {

@@ -9,6 +9,10 @@ find_package(OpenSSL 1.1.1 REQUIRED)         # TLS ($.tls): Asio ssl on the serv
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(LZ4 REQUIRED IMPORTED_TARGET liblz4)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
+# KV events (docs/kv-events.md): libzmq (cppzmq's zmq.hpp is header-only) and msgpack-cxx.
+pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)
+find_path(CPPZMQ_INCLUDE_DIR zmq.hpp REQUIRED)
+find_package(msgpack CONFIG REQUIRED)        # Debian's msgpack-cxx: target msgpackc-cxx (header-only)
 if(KVMESH_BUILD_TESTS)
   find_package(Catch2 2 REQUIRED)
   include(Catch)

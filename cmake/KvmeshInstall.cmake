@@ -8,7 +8,7 @@
 # consumer needs nothing but this package. The servers, the embedded cluster,
 # the decode engine and the demo are not in it.
 set(_kvmesh_client_parts kvmesh_common kvmesh_protocol kvmesh_transport kvmesh_openssl_util kvmesh_net
-                         kvmesh_router kvmesh_remote kvmesh_capi)
+                         kvmesh_router kvmesh_remote kvmesh_capi kvmesh_kv_route)
 if(KVMESH_HAVE_UCX)
   list(APPEND _kvmesh_client_parts kvmesh_ucx)
 endif()

@@ -346,6 +346,34 @@ Status ReadSequences(const json& j, SequencesConfig* q) {
   return Status::Ok();
 }
 
+Status ReadEvents(const json& j, EventsConfig* e) {
+  ObjectReader r(j, "$.events");
+  r.Optional("enabled", &e->enabled)
+      .Optional("host", &e->host)
+      .Optional("port", &e->port)
+      .Optional("replay_port", &e->replay_port)
+      .Optional("replay_buffer", &e->replay_buffer)
+      .Optional("queue_events", &e->queue_events)
+      .Optional("max_batch_events", &e->max_batch_events)
+      .Optional("topic", &e->topic)
+      .Optional("hash", &e->hash);
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  if (e->host.empty()) return InvalidArgument("$.events.host: must not be empty");
+  if (e->port != 0 && e->port == e->replay_port)
+    return InvalidArgument("$.events.replay_port: must differ from $.events.port (" + std::to_string(e->port) + ")");
+  if (e->replay_buffer == 0 || e->replay_buffer > (1u << 20))
+    return InvalidArgument("$.events.replay_buffer: must be in 1..1048576 batches, got " +
+                           std::to_string(e->replay_buffer));
+  if (e->queue_events < 16 || e->queue_events > (1u << 24))
+    return InvalidArgument("$.events.queue_events: must be in 16..16777216, got " + std::to_string(e->queue_events));
+  if (e->max_batch_events == 0 || e->max_batch_events > 65536)
+    return InvalidArgument("$.events.max_batch_events: must be in 1..65536, got " +
+                           std::to_string(e->max_batch_events));
+  if (e->hash != "bytes" && e->hash != "int")
+    return InvalidArgument("$.events.hash: must be \"bytes\" or \"int\", got \"" + e->hash + "\"");
+  return Status::Ok();
+}
+
 Status ReadLimits(const json& j, LimitsConfig* l) {
   ObjectReader r(j, "$.limits");
   r.Optional("max_connections", &l->max_connections)
@@ -461,6 +489,7 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
   if (const json* k = r.Child("codec")) KVMESH_RETURN_IF_ERROR(ReadCodec(*k, c.model.num_layers, &c.codec));
   if (const json* q = r.Child("sequences")) KVMESH_RETURN_IF_ERROR(ReadSequences(*q, &c.sequences));
   if (const json* l = r.Child("limits")) KVMESH_RETURN_IF_ERROR(ReadLimits(*l, &c.limits));
+  if (const json* e = r.Child("events")) KVMESH_RETURN_IF_ERROR(ReadEvents(*e, &c.events));
   KVMESH_RETURN_IF_ERROR(r.Finish());
   if (c.store.slot_bytes != 0 && c.store.slot_bytes < 64)
     return InvalidArgument("$.store.slot_bytes: must be at least 64 bytes");

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kvmesh/kv_route.h"
 #include "kvmesh/network.h"
 
 struct kvmesh_client {
@@ -361,6 +362,67 @@ size_t kvmesh_seq_kv_bytes(const kvmesh_client* c, const kvmesh_seq* s, size_t n
   if (!c || !s) return 0;
   const kvmesh::ModelSpec& m = c->net->router().model();
   return kvmesh::BlockLayout{s->h.layers, s->h.heads, m.block_tokens, m.head_dim, m.dtype}.side_bytes(n);
+}
+
+struct kvmesh_kv_index {
+  kvmesh::KvIndex index;
+};
+
+int kvmesh_kv_index_create(kvmesh_kv_index** out) {
+  return Guard([&] {
+    if (!out) return Fail(kvmesh::InvalidArgument("null argument"));
+    *out = new kvmesh_kv_index{};
+    return Ok();
+  });
+}
+
+void kvmesh_kv_index_free(kvmesh_kv_index* index) {
+  try {
+    delete index;
+  } catch (...) {
+  }
+}
+
+int kvmesh_kv_index_apply_batch(kvmesh_kv_index* x, const char* instance, const void* payload, size_t size) {
+  return Guard([&] {
+    if (!x || !instance || (!payload && size)) return Fail(kvmesh::InvalidArgument("null argument"));
+    kvmesh::Status s = x->index.ApplyBatch(instance, {static_cast<const std::byte*>(payload), size});
+    return s.ok() ? Ok() : Fail(s);
+  });
+}
+
+int kvmesh_kv_index_set_load(kvmesh_kv_index* x, const char* instance, double load) {
+  return Guard([&] {
+    if (!x || !instance) return Fail(kvmesh::InvalidArgument("null argument"));
+    kvmesh::Status s = x->index.SetLoad(instance, load);
+    return s.ok() ? Ok() : Fail(s);
+  });
+}
+
+int kvmesh_kv_index_route(kvmesh_kv_index* x, const kvmesh_key* keys, size_t n_keys, const char* const* candidates,
+                          size_t n_candidates, kvmesh_prefix_match* out) {
+  return Guard([&] {
+    if (!x || (!keys && n_keys) || ((!candidates || !out) && n_candidates))
+      return Fail(kvmesh::InvalidArgument("null argument"));
+    std::vector<kvmesh::BlockKey> k(n_keys);
+    for (size_t i = 0; i < n_keys; ++i) k[i] = kvmesh::BlockKey{keys[i].hi, keys[i].lo};
+    std::vector<std::string> names(n_candidates);
+    for (size_t i = 0; i < n_candidates; ++i) {
+      if (!candidates[i]) return Fail(kvmesh::InvalidArgument("null candidate name"));
+      names[i] = candidates[i];
+    }
+    std::vector<kvmesh::PrefixMatch> r = x->index.Route(k, names);
+    // Route keeps equal names in the candidates' order: give each answer the
+    // first candidate index with its name not given yet.
+    std::vector<bool> used(n_candidates, false);
+    for (size_t i = 0; i < r.size(); ++i) {
+      size_t c = 0;
+      while (c < n_candidates && (used[c] || names[c] != r[i].instance)) ++c;
+      used[c] = true;
+      out[i] = kvmesh_prefix_match{c, r[i].blocks, r[i].gpu_blocks, r[i].cpu_blocks, r[i].load, r[i].score};
+    }
+    return Ok();
+  });
 }
 
 }  // extern "C"

@@ -21,6 +21,8 @@ PKGS=(
   libopenblas0-pthread       # BLAS for Debian's torch and numpy (the reference libblas3 is ~30x slower)
   python3-redis              # redis-py (asyncio): the Redis-connector test of the RESP proxy
   python3-venv python3-pip python3-setuptools python3-wheel   # pip install . (offline) and its test
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev   # KV events: the nodes' ZMQ PUB/ROUTER sockets, msgpack (docs/kv-events.md)
+  python3-zmq python3-msgpack                 # the KV-event subscriber test (python/tests/test_kv_events.py)
 )
 
 missing=()

@@ -158,6 +158,8 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(StoreOptions o) {
   s->policy_options_ = po;
   s->groups_ = std::move(o.groups);
   s->group_scope_ = std::move(o.group_scope);
+  s->observer_ = o.observer;
+  s->medium_ = o.medium;
   const std::vector<std::shared_ptr<PolicyGroup>> groups = s->GroupsFor(o.policy);
   for (uint32_t i = 0; i < stripes; ++i) {
     Stripe& st = s->stripes_[i];
@@ -308,6 +310,7 @@ void BlockStore::EvictChunk(Stripe& s, uint32_t chunk) {
   policy.Remove(chunk, RemoveReason::kEvicted);
   if (listener_) listener_(victim.meta, {ChunkData(s, chunk), victim.meta.size});
   s.index.erase(victim.meta.key);
+  Notify(BlockChange::kRemoved, victim.meta.key);
   ++s.stats.evictions;
   ++s.stats.evictions_by_class[std::min<size_t>(pri, kMaxPriorityClasses - 1)];
   ++s.stats.classes[cls].evictions;
@@ -526,6 +529,7 @@ Status BlockStore::Commit(BlockReservation& r, uint64_t checksum, bool verify) {
   const AccessInfo info{o.priority, m.size, o.score, m.key.lo ^ m.key.hi};
   s.classes[s.pages[r.slot_ / chunk_stride_].cls].policy->Insert(r.slot_, info);
   ++s.stats.blocks;
+  Notify(BlockChange::kStored, m.key);
   s.stats.bytes_stored += m.size;
   s.stats.bytes_logical += m.logical_size;
   return Status::Ok();
@@ -621,6 +625,7 @@ void BlockStore::DropCorrupt(BlockRef& ref) {
       sl.state = SlotState::kDoomed;
       if (sl.explicit_pins > 0) s.doomed_pins[sl.meta.key].push_back(ref.slot_);
       --s.stats.blocks;
+      Notify(BlockChange::kRemoved, sl.meta.key);
       s.stats.bytes_stored -= sl.meta.size;
       s.stats.bytes_logical -= sl.meta.logical_size;
     }
@@ -665,6 +670,15 @@ void BlockStore::ReleaseRef(uint32_t stripe, uint32_t slot) {
   }
 }
 
+void BlockStore::ForEachLive(const std::function<void(const BlockKey&)>& fn) const {
+  for (uint32_t i = 0; i < num_stripes_; ++i) {
+    const Stripe& s = stripes_[i];
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (const auto& [key, slot] : s.index)
+      if (s.slots[slot].state == SlotState::kLive) fn(key);
+  }
+}
+
 bool BlockStore::Exists(const BlockKey& key, bool touch) {
   Stripe& s = StripeOf(key);
   std::lock_guard<std::mutex> lock(s.mu);
@@ -694,6 +708,7 @@ Status BlockStore::Erase(const BlockKey& key) {
     return Status::Ok();
   }
   --s.stats.blocks;
+  Notify(BlockChange::kRemoved, key);
   s.stats.bytes_stored -= sl.meta.size;
   s.stats.bytes_logical -= sl.meta.logical_size;
   if (sl.pins > 0) {

@@ -58,6 +58,7 @@
 #include "kvmesh/clock.h"
 #include "kvmesh/status.h"
 #include "kvmesh/types.h"
+#include "shard_node/block_events.h"
 #include "shard_node/block_store_ops.h"
 #include "shard_node/memory_backend.h"
 
@@ -90,6 +91,10 @@ struct StoreOptions {
   // store's own groups.
   std::shared_ptr<PolicyGroups> groups;
   std::string group_scope = "primary";
+  // Told of every block that becomes live or leaves (shard_node/block_events.h),
+  // as a block of `medium`. nullptr: nobody. Must outlive the store.
+  BlockObserver* observer = nullptr;
+  BlockMedium medium = BlockMedium::kGpu;
 };
 
 // One size class of a store (StoreStats::classes).
@@ -230,6 +235,10 @@ class BlockStore final : public BlockStoreOps {
   Status Release(const BlockKey& key) override;
 
   void SetEvictionListener(EvictionListener l);
+  // Calls fn(key) for every live block, one stripe at a time under its lock
+  // (fn must not call back into the store): a listing for a snapshot of the
+  // contents (shard_node/kv_events.h).
+  void ForEachLive(const std::function<void(const BlockKey&)>& fn) const;
 
   // Switches the eviction policy at run time (e.g. "lru" -> "arc"). Each
   // stripe gets a fresh policy holding its evictable blocks in their recency
@@ -297,6 +306,11 @@ class BlockStore final : public BlockStoreOps {
   // The groups of a policy's size classes (StoreOptions::groups).
   std::vector<std::shared_ptr<PolicyGroup>> GroupsFor(std::string_view policy) const;
   EvictionListener listener_;
+  BlockObserver* observer_ = nullptr;
+  BlockMedium medium_ = BlockMedium::kGpu;
+  void Notify(BlockChange c, const BlockKey& k) const {
+    if (observer_) observer_->OnBlock(c, medium_, k);
+  }
 };
 
 }  // namespace kvmesh

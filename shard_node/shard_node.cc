@@ -27,6 +27,11 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
   auto codec = CodecStage::Create(config);
   if (!codec.ok()) return codec.status().WithContext("node " + node_id);
   n->codec_ = std::move(codec).value();
+  if (config.events.enabled) {
+    auto events = KvEventPublisher::Start(config.events, config.model.block_tokens);
+    if (!events.ok()) return events.status().WithContext("node " + node_id);
+    n->events_ = std::move(events).value();
+  }
 
   StoreOptions so;
   so.capacity_bytes = nc->primary_budget();
@@ -43,6 +48,8 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
   so.policy_options.shadow_sample_floor = config.eviction.shadow_sample_floor;
   so.clock = clock;
   so.groups = n->policy_groups_;
+  so.observer = n->events_.get();
+  so.medium = BlockMedium::kGpu;
   // A GPU node's device budget is one CUDA pool when a GPU is usable;
   // otherwise the store uses host memory (and says so once).
   if (nc->gpu >= 0 && nc->memory.device > 0) {
@@ -87,11 +94,21 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
     to.clock = clock;
     to.groups = n->policy_groups_;
     to.event_sink = [](const std::string& e) { std::fprintf(stderr, "%s\n", e.c_str()); };
+    to.observer = n->events_.get();
     auto tiers = TieredStore::Create(n->store_.get(), std::move(to));
     if (!tiers.ok()) return tiers.status().WithContext("node " + node_id);
     n->tiers_ = std::move(tiers).value();
   }
   n->serving_ = n->tiers_ ? static_cast<BlockStoreOps*>(n->tiers_.get()) : n->store_.get();
+  if (n->events_) {
+    ShardNode* node = n.get();
+    n->events_->SetLister([node](const std::function<void(BlockMedium, const BlockKey&)>& add) {
+      node->store_->ForEachLive([&](const BlockKey& k) { add(BlockMedium::kGpu, k); });
+      if (!node->tiers_) return;
+      if (BlockStore* host = node->tiers_->host()) host->ForEachLive([&](const BlockKey& k) { add(BlockMedium::kCpu, k); });
+      if (SsdTier* ssd = node->tiers_->ssd()) ssd->ForEachLive([&](const BlockKey& k) { add(BlockMedium::kDisk, k); });
+    });
+  }
   n->tenants_ = std::make_unique<TenantRegistry>(config.auth);
   ShardNode* self = n.get();
   n->tenants_->SetCharge([self](const BlockKey* stored, uint64_t payload) { return self->HeldBytes(stored, payload); });
@@ -104,6 +121,10 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
   seq.uncharge = [self](uint32_t t, uint64_t bytes) { self->tenants_->ReleaseSequence(t, bytes); };
   n->sequences_ = std::make_unique<SequenceService>(n->store_.get(), n->model_, std::move(seq), clock);
   return n;
+}
+
+ShardNode::~ShardNode() {
+  if (events_) events_->Stop();  // its snapshot lister reads the stores
 }
 
 SequenceServiceOptions ShardNode::SequenceOptions(const ClusterConfig& config) {
@@ -313,6 +334,12 @@ std::string ShardNode::StatsJson() const {
       {"evictions_by_class", by_class},
   };
   if (tiers_) j["tiers"] = nlohmann::json::parse(tiers_->StatsJson());
+  if (events_) {
+    const KvEventStats e = events_->Stats();
+    j["events"] = {{"port", events_->port()}, {"replay_port", events_->replay_port()}, {"events", e.events},
+                   {"batches", e.batches}, {"dropped", e.dropped}, {"gaps", e.gaps}, {"replays", e.replays},
+                   {"snapshots", e.snapshots}};
+  }
   nlohmann::json eviction = nlohmann::json::object();
   for (const PolicyGroups::Entry& e : policy_groups_->Snapshot())
     eviction[e.key] = {{"following", e.following}, {"scores", e.own}, {"peer_scores", e.peers}};

@@ -28,6 +28,7 @@
 #include "shard_node/tiered_store.h"
 #include "shard_node/codec_stage.h"
 #include "shard_node/key_groups.h"
+#include "shard_node/kv_events.h"
 #include "shard_node/sequence_service.h"
 #include "shard_node/tenants.h"
 
@@ -54,6 +55,11 @@ class ShardNode {
                                                    std::shared_ptr<PolicyGroups> groups = nullptr);
   // The sequence-service options $.sequences of `config` asks for.
   static SequenceServiceOptions SequenceOptions(const ClusterConfig& config);
+  ~ShardNode();
+
+  // The KV-event publisher ($.events, shard_node/kv_events.h); nullptr when
+  // events are off.
+  KvEventPublisher* events() { return events_.get(); }
 
   const std::string& id() const { return id_; }
   const ModelSpec& model() const { return model_; }
@@ -149,6 +155,7 @@ class ShardNode {
   std::string id_;
   ModelSpec model_;
   std::shared_ptr<PolicyGroups> policy_groups_;  // before the stores that join its groups
+  std::unique_ptr<KvEventPublisher> events_;     // the stores' observer: declared before them, outlives them
   std::unique_ptr<BlockStore> store_;
   std::unique_ptr<TieredStore> tiers_;  // over store_ (declared after it: destroyed first)
   // What the block operations go through: tiers_ when there are any, else

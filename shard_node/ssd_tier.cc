@@ -99,6 +99,7 @@ Result<std::unique_ptr<SsdTier>> SsdTier::Create(const SsdTierOptions& o) {
     return ErrnoStatus("ssd tier: sizing " + t->file_, errno);
   t->clock_ = o.clock ? o.clock : SystemClock();
   t->on_evict_ = o.on_evict;
+  t->observer_ = o.observer;
   t->slots_.resize(slots);
   for (uint64_t i = slots; i-- > 0;) t->free_.push_back(static_cast<uint32_t>(i));
   t->index_.reserve(slots);
@@ -143,6 +144,7 @@ Status SsdTier::Put(const BlockKey& key, std::span<const std::byte> payload, con
       const uint32_t vs = static_cast<uint32_t>(*v);
       policy_->Remove(*v, RemoveReason::kEvicted);
       index_.erase(slots_[vs].key);
+      Notify(BlockChange::kRemoved, slots_[vs].key);
       ++stats_.evictions;
       if (on_evict_) on_evict_(slots_[vs].key);
       if (slots_[vs].readers > 0) {
@@ -183,6 +185,7 @@ Status SsdTier::Put(const BlockKey& key, std::span<const std::byte> payload, con
   s.live = true;
   s.meta = {h.size, h.logical_size, meta.codec, meta.priority};
   index_.emplace(key, slot);
+  Notify(BlockChange::kStored, key);
   policy_->Insert(slot, info);
   ++stats_.blocks;
   stats_.bytes_stored += h.size;
@@ -233,6 +236,7 @@ Result<SsdBlockMeta> SsdTier::Read(const BlockKey& key, std::span<std::byte> dst
     ++stats_.misses;
     if (auto it = index_.find(key); it != index_.end() && it->second == slot) {
       index_.erase(it);
+      Notify(BlockChange::kRemoved, key);
       policy_->Remove(slot, RemoveReason::kErased);
       s.doomed = true;
     }
@@ -242,6 +246,11 @@ Result<SsdBlockMeta> SsdTier::Read(const BlockKey& key, std::span<std::byte> dst
   if (s.doomed && s.readers == 0) FreeSlotLocked(slot);
   if (!verdict.ok()) return verdict;
   return meta;
+}
+
+void SsdTier::ForEachLive(const std::function<void(const BlockKey&)>& fn) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [key, slot] : index_) fn(key);
 }
 
 bool SsdTier::Contains(const BlockKey& key) const {
@@ -255,6 +264,7 @@ Status SsdTier::Erase(const BlockKey& key) {
   if (it == index_.end()) return NotFound("block " + key.ToHex() + " is not on the ssd tier");
   const uint32_t slot = it->second;
   index_.erase(it);
+  Notify(BlockChange::kRemoved, key);
   policy_->Remove(slot, RemoveReason::kErased);
   if (slots_[slot].readers > 0) slots_[slot].doomed = true;
   else FreeSlotLocked(slot);

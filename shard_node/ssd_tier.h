@@ -31,6 +31,7 @@
 #include "kvmesh/clock.h"
 #include "kvmesh/status.h"
 #include "kvmesh/types.h"
+#include "shard_node/block_events.h"
 
 namespace kvmesh {
 
@@ -44,6 +45,9 @@ struct SsdTierOptions {
   // Called (under the tier's mutex) with the key of each block the tier
   // evicts to make room; must not call back into the tier. May be empty.
   std::function<void(const BlockKey&)> on_evict;
+  // Told of every block that enters or leaves the tier's index, as a DISK
+  // block (shard_node/block_events.h), under the tier's mutex. May be null.
+  BlockObserver* observer = nullptr;
 };
 
 struct SsdBlockMeta {
@@ -71,6 +75,9 @@ class SsdTier {
   // verification (the entry is then dropped).
   Result<SsdBlockMeta> Read(const BlockKey& key, std::span<std::byte> dst);
   bool Contains(const BlockKey& key) const;
+  // Calls fn(key) for every indexed block under the tier's mutex (a listing
+  // for a snapshot; fn must not call back into the tier).
+  void ForEachLive(const std::function<void(const BlockKey&)>& fn) const;
   Status Erase(const BlockKey& key);
 
   SsdStats Stats() const;
@@ -97,6 +104,10 @@ class SsdTier {
   uint64_t slot_stride_ = 0;
   Clock* clock_ = nullptr;
   std::function<void(const BlockKey&)> on_evict_;
+  BlockObserver* observer_ = nullptr;
+  void Notify(BlockChange c, const BlockKey& k) const {
+    if (observer_) observer_->OnBlock(c, BlockMedium::kDisk, k);
+  }
   mutable std::mutex mu_;
   std::vector<Slot> slots_;                             // guarded by mu_
   std::vector<uint32_t> free_;                          // guarded by mu_

@@ -38,6 +38,8 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Create(BlockStore* primary, Ti
     so.size_classes = primary->size_classes();  // demoted encoded blocks stay small
     so.stripes = o.host_stripes;
     so.policy = o.host_policy;
+    so.observer = o.observer;
+    so.medium = BlockMedium::kCpu;
     so.clock = t->clock_;
     so.groups = o.groups;
     so.group_scope = "host";
@@ -60,6 +62,7 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Create(BlockStore* primary, Ti
     so.clock = t->clock_;
     TieredStore* self = t.get();
     so.on_evict = [self](const BlockKey& k) { self->DropShadow(k); };  // gone for good
+    so.observer = o.observer;
     auto ssd = SsdTier::Create(so);
     if (!ssd.ok()) return ssd.status().WithContext("ssd tier");
     t->ssd_ = std::move(ssd).value();

@@ -96,6 +96,9 @@ struct TieredStoreOptions {
   // Receives each event as one JSON object (no newline). Called from the
   // maintenance thread or a request thread; must be thread-safe. May be empty.
   std::function<void(const std::string&)> event_sink;
+  // Told of the blocks that enter and leave the host tier (as CPU blocks) and
+  // the SSD tier (DISK); the primary store has its own (StoreOptions). May be null.
+  BlockObserver* observer = nullptr;
 };
 
 struct TierStats {

@@ -154,6 +154,46 @@ TEST_CASE("$.sequences: every key optional with today's defaults, bad values nam
   }
 }
 
+TEST_CASE("$.events: off by default, every key optional, bad values name their path", "[config]") {
+  const ClusterConfig d = ParseConfig(Base().dump()).value();
+  CHECK_FALSE(d.events.enabled);
+  CHECK(d.events.port == 0);
+  CHECK(d.events.replay_buffer == 10000);
+  CHECK(d.events.hash == "bytes");
+  json j = Base();
+  j["events"] = {{"enabled", true}, {"port", 5557}, {"replay_port", 5558}, {"topic", "kv@n0"}, {"hash", "int"}};
+  const ClusterConfig c = ParseConfig(j.dump()).value();
+  CHECK(c.events.enabled);
+  CHECK(c.events.port == 5557);
+  CHECK(c.events.replay_port == 5558);
+  CHECK(c.events.topic == "kv@n0");
+  CHECK(c.events.hash == "int");
+  CHECK(c.events.queue_events == 65536);  // untouched keys keep their defaults
+
+  struct Case {
+    json value;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {{{"enabled", 1}}, "$.events.enabled: expected true or false"},
+      {{{"port", 70000}}, "$.events.port: too large"},
+      {{{"port", 5557}, {"replay_port", 5557}}, "$.events.replay_port: must differ from $.events.port"},
+      {{{"replay_buffer", 0}}, "$.events.replay_buffer: must be in 1..1048576 batches, got 0"},
+      {{{"queue_events", 8}}, "$.events.queue_events: must be in 16..16777216, got 8"},
+      {{{"max_batch_events", 0}}, "$.events.max_batch_events: must be in 1..65536"},
+      {{{"hash", "sha256"}}, "$.events.hash: must be \"bytes\" or \"int\""},
+      {{{"host", ""}}, "$.events.host: must not be empty"},
+      {{{"endpoint", "tcp://*:5557"}}, "$.events.endpoint: unknown key"},
+  };
+  for (const Case& k : cases) {
+    json b = Base();
+    b["events"] = k.value;
+    const std::string err = Error(b);
+    INFO(b["events"].dump() << " -> " << err);
+    CHECK(err.find(k.expect) != std::string::npos);
+  }
+}
+
 // Found by fuzz/fuzz_config.cc (fuzz/corpus/config/crash-number-overflow):
 // the loader threw json::out_of_range from its error path and the daemon died.
 TEST_CASE("A number no double holds is refused as invalid JSON, not thrown", "[config]") {

@@ -247,6 +247,21 @@ struct LimitsConfig {
   uint64_t max_pending_answer_bytes = 32u << 20;  // answer bytes a connection holds unwritten before it stops reading
 };
 
+// KV events ($.events; docs/kv-events.md): every node publishes the blocks it
+// stores, removes and clears, per tier, on a ZMQ PUB socket in vLLM's
+// KV-event wire format, with a ROUTER socket for replay and snapshots.
+struct EventsConfig {
+  bool enabled = false;
+  std::string host = "127.0.0.1";  // address both sockets bind ("*": every interface)
+  uint16_t port = 0;               // PUB port; 0: chosen at run time (the node's `listening` line)
+  uint16_t replay_port = 0;        // ROUTER port for replay and snapshot requests; 0: run time
+  uint32_t replay_buffer = 10000;  // published batches kept for replay
+  uint32_t queue_events = 65536;   // events the store path may queue before the publisher drops (a gap)
+  uint32_t max_batch_events = 512; // events per published batch at most
+  std::string topic;               // first frame of every message ("" as vLLM's default)
+  std::string hash = "bytes";      // block hash on the wire: "bytes" (16-byte key) or "int" (its low 64 bits)
+};
+
 struct ClusterConfig {
   std::string name = "kvmesh";
   ModelSpec model;
@@ -262,6 +277,7 @@ struct ClusterConfig {
   CodecConfig codec;
   SequencesConfig sequences;
   LimitsConfig limits;
+  EventsConfig events;
 
   std::string source;  // file name or "<string>", for messages
 

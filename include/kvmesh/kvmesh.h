@@ -216,6 +216,32 @@ uint32_t kvmesh_seq_prefix_tokens(const kvmesh_seq* seq);
 /* Bytes of K (and of V) for n tokens of the sequence's slice. */
 size_t kvmesh_seq_kv_bytes(const kvmesh_client* client, const kvmesh_seq* seq, size_t n);
 
+/* KV-aware routing (kvmesh/kv_route.h, docs/kv-events.md "Routing"): a prefix
+ * index fed with KV event payloads (vLLM's EventBatch, msgpack: the third
+ * frame of a kvmesh node's or an engine's PUB message) and the routing query.
+ * Thread-safe; independent of any client. */
+typedef struct kvmesh_kv_index kvmesh_kv_index;
+
+/* One candidate's answer. */
+typedef struct kvmesh_prefix_match {
+  size_t candidate;    /* index into the candidates passed */
+  uint32_t blocks;     /* longest run of leading blocks cached in any tier */
+  uint32_t gpu_blocks; /* ... all in GPU */
+  uint32_t cpu_blocks; /* ... all in GPU or CPU */
+  double load;
+  double score;
+} kvmesh_prefix_match;
+
+int kvmesh_kv_index_create(kvmesh_kv_index** out);
+void kvmesh_kv_index_free(kvmesh_kv_index* index);
+/* Applies one EventBatch payload that `instance` published. */
+int kvmesh_kv_index_apply_batch(kvmesh_kv_index* index, const char* instance, const void* payload, size_t size);
+/* The instance's load, 0 (idle) to 1 (saturated). */
+int kvmesh_kv_index_set_load(kvmesh_kv_index* index, const char* instance, double load);
+/* Fills out[0..n_candidates) best first for the request's chained keys. */
+int kvmesh_kv_index_route(kvmesh_kv_index* index, const kvmesh_key* keys, size_t n_keys,
+                          const char* const* candidates, size_t n_candidates, kvmesh_prefix_match* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -31,6 +31,7 @@ from ._core import (  # noqa: F401
     Client,
     EmbeddedCluster,
     ItemStatus,
+    KvIndex,
     Region,
     Sequence,
     chain_keys,
@@ -61,6 +62,6 @@ def key_from_hex(text: str) -> "tuple[int, int]":
 
 
 __all__ = [
-    "Allocation", "Client", "EmbeddedCluster", "ItemStatus", "Region", "Sequence", "HAVE_CUDA", "HAVE_UCX", "VERSION",
+    "Allocation", "Client", "EmbeddedCluster", "ItemStatus", "KvIndex", "Region", "Sequence", "HAVE_CUDA", "HAVE_UCX", "VERSION",
     "key_hex", "key_from_hex", "chain_keys", "derive_keys", "text_keys",
 ] + list(_errors_all)

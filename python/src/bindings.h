@@ -16,5 +16,6 @@ void BindRegion(pybind11::module_& m);      // bind_values.cc: Region
 void BindAllocation(pybind11::module_& m);  // allocation.cc: Allocation
 void BindSequence(pybind11::module_& m);    // bind_sequence.cc: Sequence
 void BindClient(pybind11::module_& m);      // bind_client.cc: Client, EmbeddedCluster
+void BindKvIndex(pybind11::module_& m);     // bind_kv_route.cc: KvIndex (KV-aware routing)
 
 }  // namespace kvmesh::python

@@ -37,4 +37,5 @@ PYBIND11_MODULE(_core, m) {
   BindAllocation(m);
   BindSequence(m);
   BindClient(m);
+  BindKvIndex(m);
 }

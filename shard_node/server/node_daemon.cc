@@ -137,6 +137,10 @@ class Daemon final : public NodeDaemon {
   std::string ListeningJson() const override {
     json ports = {{"data", data_->port()}, {"http", http_->port()}};
     if (resp_) ports["resp"] = resp_->port();
+    if (KvEventPublisher* ev = node_->events()) {  // $.events: the PUB socket and its replay ROUTER
+      ports["events"] = ev->port();
+      ports["events_replay"] = ev->replay_port();
+    }
     json j{{"event", "listening"}, {"role", "node"}, {"node_id", o_.node_id}, {"host", node_cfg_.host},
            {"pid", ::getpid()}, {"tls", config_.tls.enabled()}, {"ports", ports}};
     if (!ucx_address_.empty()) j["ucx_address"] = ucx_address_;  // hex worker address
