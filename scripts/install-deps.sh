@@ -21,6 +21,7 @@ PKGS=(
   libopenblas0-pthread       # BLAS for Debian's torch and numpy (the reference libblas3 is ~30x slower)
   python3-redis              # redis-py (asyncio): the Redis-connector test of the RESP proxy
   python3-venv python3-pip python3-setuptools python3-wheel   # pip install . (offline) and its test
+  etcd-server etcd-client    # the etcd-backed control plane ($.coordinator.etcd): its tests and scripts/multihost.sh
 )
 
 missing=()
