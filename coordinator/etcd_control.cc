@@ -1,7 +1,6 @@
 #include "coordinator/etcd_control.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <set>
 
 #include "router/map_json.h"
@@ -30,32 +29,22 @@ std::string NodeValue(const Membership::LocalMember& m) {
 
 }  // namespace
 
-EtcdControl::EtcdControl(const ClusterConfig& config, Membership* members, std::string self,
-                         Membership::EventSink sink)
-    : config_(config), members_(members), self_(std::move(self)), sink_(std::move(sink)),
-      prefix_(config.coordinator.etcd.prefix) {}
+EtcdControl::EtcdControl(const ClusterConfig& config, Membership* members, std::string self)
+    : config_(config), members_(members), self_(std::move(self)), prefix_(config.coordinator.etcd.prefix) {}
 
 EtcdControl::~EtcdControl() = default;
 
 Result<std::unique_ptr<EtcdControl>> EtcdControl::Create(const ClusterConfig& config, Membership* members,
-                                                         std::string self, Membership::EventSink sink) {
-  std::unique_ptr<EtcdControl> c(new EtcdControl(config, members, std::move(self), std::move(sink)));
+                                                         std::string self) {
+  std::unique_ptr<EtcdControl> c(new EtcdControl(config, members, std::move(self)));
   KVMESH_ASSIGN_OR_RETURN(c->etcd_, EtcdClient::Create(config.coordinator.etcd, config.tls));
   c->last_ok_ = Clock::now();
   return c;
 }
 
 void EtcdControl::Log(json j) {
-  j["ts_ms"] = UnixMs();
-  j["role"] = "coordinator";
   j["self"] = self_;
-  const std::string line = j.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (sink_) {
-    sink_(line);
-  } else {
-    std::fprintf(stderr, "%s\n", line.c_str());
-    std::fflush(stderr);
-  }
+  members_->LogEvent(j.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
 bool EtcdControl::leader() const {

@@ -46,9 +46,10 @@ namespace kvmesh {
 
 class EtcdControl {
  public:
-  // `self`: this coordinator's id in the leader key (its host:port).
+  // `self`: this coordinator's id in the leader key (its host:port). Events
+  // go out as `members`' own (Membership::LogEvent), with "self".
   static Result<std::unique_ptr<EtcdControl>> Create(const ClusterConfig& config, Membership* members,
-                                                     std::string self, Membership::EventSink sink = nullptr);
+                                                     std::string self);
   ~EtcdControl();
 
   // One round of the three steps above (blocking calls to etcd).
@@ -76,7 +77,7 @@ class EtcdControl {
   bool leader() const;
 
  private:
-  EtcdControl(const ClusterConfig& config, Membership* members, std::string self, Membership::EventSink sink);
+  EtcdControl(const ClusterConfig& config, Membership* members, std::string self);
   using Clock = std::chrono::steady_clock;
   struct NodeLease {
     int64_t lease = 0;
@@ -90,7 +91,6 @@ class EtcdControl {
   const ClusterConfig config_;
   Membership* const members_;
   const std::string self_;
-  Membership::EventSink sink_;
   std::unique_ptr<EtcdClient> etcd_;
   const std::string prefix_;
   std::map<std::string, NodeLease> node_leases_;  // by node id

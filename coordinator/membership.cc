@@ -408,6 +408,11 @@ void Membership::SetStoreReachable(bool reachable) {
   impl_->store_reachable = reachable;
 }
 
+void Membership::LogEvent(const std::string& json_object) {
+  json j = json::parse(json_object, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object()) impl_->Log(std::move(j));
+}
+
 void Membership::SetStoreStatus(const std::string& json_object) {
   json j = json::parse(json_object, nullptr, /*allow_exceptions=*/false);
   std::lock_guard<std::mutex> lock(impl_->mu);

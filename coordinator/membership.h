@@ -90,6 +90,8 @@ class Membership {
   void SetStoreReachable(bool reachable);
   // A JSON object /stats shows as "etcd" (leadership, leader changes).
   void SetStoreStatus(const std::string& json_object);
+  // Logs a JSON object as one event line, as this Membership's own (the sink, or stderr).
+  void LogEvent(const std::string& json_object);
 
  private:
   struct Impl;
