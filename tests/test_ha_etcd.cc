@@ -265,6 +265,14 @@ TEST_CASE("etcd: the leader coordinator killed under client load; the other lead
       hits += r.hits, misses += r.misses, wrong += r.wrong;
     }
   });
+  struct StopLoad {  // a failed REQUIRE below still stops and joins the load thread
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~StopLoad() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } stop_load{stop, load};
   std::this_thread::sleep_for(300ms);
   c.p[leader].Kill(SIGKILL);
   const auto killed = SteadyClock::now();
