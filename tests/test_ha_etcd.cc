@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "cluster_process.h"
+#include "cluster_workload.h"
 #include "common/credentials.h"
 #include "coordinator/etcd_client.h"
 #include "coordinator/etcd_control.h"
@@ -39,6 +40,7 @@
 
 using namespace kvmesh;
 using kvmesh::testing::Process;
+using namespace kvmesh::testing;  // the workload (cluster_workload.h)
 using kvmesh::testing::TimeBound;
 using nlohmann::json;
 using SteadyClock = std::chrono::steady_clock;
@@ -119,35 +121,10 @@ struct Etcd {
   }
 };
 
-std::vector<TokenId> Tokens(size_t n, TokenId base) {
-  std::vector<TokenId> t(n);
-  std::iota(t.begin(), t.end(), base);
-  return t;
-}
-
-struct Workload {
-  std::vector<std::vector<TokenId>> seqs;
-  std::vector<std::vector<std::vector<std::byte>>> blocks;
-  size_t total = 0;
-};
-Workload MakeWorkload(size_t seqs, size_t per, uint32_t block_tokens, size_t block_bytes, uint64_t seed) {
-  Workload w;
-  std::mt19937_64 rng(seed);
-  for (size_t s = 0; s < seqs; ++s) {
-    w.seqs.push_back(Tokens(per * block_tokens, static_cast<TokenId>(seed * 100000 + s * 1000)));
-    w.blocks.emplace_back(per, std::vector<std::byte>(block_bytes));
-    for (auto& b : w.blocks.back())
-      for (auto& x : b) x = static_cast<std::byte>(rng());
-    w.total += per;
-  }
-  return w;
-}
-Status PutAll(Router& r, const Workload& w) {
-  for (size_t s = 0; s < w.seqs.size(); ++s) {
-    std::vector<std::span<const std::byte>> spans(w.blocks[s].begin(), w.blocks[s].end());
-    KVMESH_RETURN_IF_ERROR(r.Put(w.seqs[s], spans));
-  }
-  return Status::Ok();
+size_t Total(const Workload& w) {
+  size_t n = 0;
+  for (const auto& b : w.blocks) n += b.size();
+  return n;
 }
 struct Reads {
   size_t hits = 0, misses = 0, wrong = 0;
@@ -254,7 +231,7 @@ TEST_CASE("etcd: the leader coordinator killed under client load; the other lead
   const Workload w = MakeWorkload(16, 4, cfg->model.block_tokens, cfg->model.FullBlockBytes(), 1);
   auto client = Client(list);
   REQUIRE(PutAll(client->router(), w).ok());
-  REQUIRE(ReadAll(client->router(), w).hits == w.total);
+  REQUIRE(ReadAll(client->router(), w).hits == Total(w));
 
   // Client load through the failover: every read must hit, byte for byte.
   std::atomic<bool> stop{false};
@@ -283,7 +260,7 @@ TEST_CASE("etcd: the leader coordinator killed under client load; the other lead
     auto late = Client(list);
     json s = GetJson(c.port[follower], "/stats");  // not leading yet: the client came in during the outage
     during_outage = s.is_object() && s.contains("etcd") && !s["etcd"].value("leader", true);
-    CHECK(ReadAll(late->router(), w).hits == w.total);
+    CHECK(ReadAll(late->router(), w).hits == Total(w));
   }
   CHECK(c.WaitLeader(8s, leader) == follower);
   const size_t misses_before_join = misses.load();
@@ -301,7 +278,7 @@ TEST_CASE("etcd: the leader coordinator killed under client load; the other lead
   const Workload w2 = MakeWorkload(8, 4, cfg->model.block_tokens, cfg->model.FullBlockBytes(), 2);
   REQUIRE(PutAll(client->router(), w2).ok());
   const Reads r2 = ReadAll(client->router(), w2);
-  CHECK(r2.hits == w2.total);
+  CHECK(r2.hits == Total(w2));
   CHECK(r2.wrong == 0);
   json s = GetJson(c.port[follower], "/stats");
   CHECK(s["etcd"]["leader"] == true);
