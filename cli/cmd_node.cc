@@ -4,6 +4,7 @@
 #include "cli/commands.h"
 #include "cli/daemon_signals.h"
 #include "kvmesh/config.h"
+#include "router/map_fetch.h"
 #include "shard_node/server/node_daemon.h"
 
 namespace kvmesh::cli {
@@ -18,7 +19,8 @@ void AddNodeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--config", a->config, "cluster config JSON")->required();
   cmd->add_option("--id", a->id, "this node's id in the config")->required();
   cmd->add_option("--coordinator", a->coordinator,
-                  "coordinator host:port (default: $.coordinator when its port is set; none = standalone)");
+                  "coordinator host:port, or several separated by commas "
+                  "(default: $.coordinator.addresses, or host:port when its port is set; none = standalone)");
   cmd->add_option("--token", a->token, "shared secret (overrides $.auth.token)");
   cmd->add_flag("--no-resp", a->no_resp, "do not serve the Redis protocol");
   cmd->callback([a, exit_code] {
@@ -33,8 +35,7 @@ void AddNodeCommand(CLI::App& app, int* exit_code) {
     NodeDaemonOptions o;
     o.node_id = a->id;
     o.coordinator = a->coordinator;
-    if (o.coordinator.empty() && c->coordinator.port != 0)
-      o.coordinator = c->coordinator.host + ":" + std::to_string(c->coordinator.port);
+    if (o.coordinator.empty()) o.coordinator = ConfigCoordinators(c->coordinator);
     o.resp = !a->no_resp;
     auto d = NodeDaemon::Start(*c, o);
     if (!d.ok()) {

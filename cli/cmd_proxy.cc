@@ -15,6 +15,7 @@
 #include "common/credentials.h"
 #include "kvmesh/config.h"
 #include "kvmesh/network.h"
+#include "router/map_fetch.h"
 #include "router/proxy/resp_proxy.h"
 #include "transport/resp/resp_commands.h"
 #include "transport/http_client.h"
@@ -26,12 +27,13 @@ namespace {
 
 // DBSIZE/INFO figures: the coordinator's /stats totals (node heartbeats, so
 // up to one heartbeat period old).
-Result<RespClusterStats> CoordinatorStats(const std::string& host, uint16_t port, int64_t timeout_ms,
+Result<RespClusterStats> CoordinatorStats(const std::vector<CoordinatorAddress>& coordinators, int64_t timeout_ms,
                                           const std::string& token, std::shared_ptr<const TlsClientContext> tls) {
   HttpRequestOptions h;
   if (!token.empty()) h.authorization = BearerAuthorization(token);
   h.tls = std::move(tls);
-  KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(host, port, "GET", "/stats", "", timeout_ms, h));
+  size_t at = 0;
+  KVMESH_ASSIGN_OR_RETURN(HttpResult r, CoordinatorRequest(coordinators, &at, "GET", "/stats", "", timeout_ms, h));
   if (r.status != 200) return Unavailable("coordinator /stats: HTTP " + std::to_string(r.status));
   // Bounded in depth before "totals" is copied (common/bounded_json.h).
   const nlohmann::json j = ParseBoundedJson(r.body).value_or(nlohmann::json());
@@ -64,7 +66,8 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--config", a->config, "cluster config JSON (slot size, coordinator, token, $.resp)")->required();
-  cmd->add_option("--coordinator", a->coordinator, "coordinator host:port (default: $.coordinator)");
+  cmd->add_option("--coordinator", a->coordinator,
+                  "coordinator host:port, or several separated by commas (default: $.coordinator)");
   cmd->add_option("--host", a->host, "listen address (default 127.0.0.1)");
   cmd->add_option("--resp-port", a->port, "RESP port (default 6380; 0 = a free port)")->check(CLI::Range(0, 65535));
   cmd->add_option("--io-threads", a->io_threads,
@@ -83,8 +86,7 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
     if (!c.ok()) return fail(c.status());
     NetworkClientOptions n;
     n.coordinator = a->coordinator;
-    if (n.coordinator.empty() && c->coordinator.port != 0)
-      n.coordinator = c->coordinator.host + ":" + std::to_string(c->coordinator.port);
+    if (n.coordinator.empty()) n.coordinator = ConfigCoordinators(c->coordinator);
     if (n.coordinator.empty()) return fail(InvalidArgument("no coordinator: pass --coordinator or set $.coordinator.port"));
     n.client_id = "kvmesh-proxy";
     n.token = a->token.empty() ? c->auth.token : a->token;
@@ -95,9 +97,8 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
     }
     n.timeout_ms = a->timeout_ms > 0 ? a->timeout_ms : c->transport.timeout_ms;
     n.connect_timeout_ms = c->transport.connect_timeout_ms;
-    std::string coord_host;
-    uint16_t coord_port = 0;
-    if (Status s = SplitHostPort(n.coordinator, &coord_host, &coord_port); !s.ok()) return fail(s);
+    auto coordinators = ParseCoordinatorList(n.coordinator);
+    if (!coordinators.ok()) return fail(coordinators.status());
     auto client = NetworkClient::Connect(n);
     if (!client.ok()) return fail(client.status());
     NetworkClient* nc = client->get();
@@ -131,8 +132,8 @@ void AddProxyCommand(CLI::App& app, int* exit_code) {
       if (!ctx.ok()) return fail(ctx.status());
       stats_tls = *ctx;
     }
-    o.stats = [coord_host, coord_port, t = n.timeout_ms, token = n.token, stats_tls] {
-      return CoordinatorStats(coord_host, coord_port, t, token, stats_tls);
+    o.stats = [coordinators = *coordinators, t = n.timeout_ms, token = n.token, stats_tls] {
+      return CoordinatorStats(coordinators, t, token, stats_tls);
     };
     auto proxy = RespProxy::Start(o);
     if (!proxy.ok()) return fail(proxy.status());

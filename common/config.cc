@@ -221,12 +221,57 @@ Status ReadPressure(const json& j, PressureConfig* p) {
   return Status::Ok();
 }
 
+// A non-empty array of "host:port" strings (at most 64).
+Status ReadAddressList(const json& j, const std::string& path, std::vector<std::string>* out) {
+  if (!j.is_array() || j.empty() || j.size() > 64)
+    return InvalidArgument(path + ": must be an array of 1 to 64 \"host:port\" strings");
+  out->clear();
+  for (size_t i = 0; i < j.size(); ++i) {
+    const std::string at = path + "[" + std::to_string(i) + "]";
+    if (!j[i].is_string()) return InvalidArgument(at + ": expected a \"host:port\" string, got " + JsonTypeName(j[i]));
+    const std::string a = j[i].get<std::string>();
+    const size_t colon = a.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : a.substr(colon + 1);
+    const bool digits = !port.empty() && port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
+    if (colon == 0 || !digits || std::stoul(port) == 0 || std::stoul(port) > 65535)
+      return InvalidArgument(at + ": must be \"host:port\" with a port in 1..65535, got \"" + a.substr(0, 80) + "\"");
+    out->push_back(a);
+  }
+  return Status::Ok();
+}
+
+Status ReadEtcd(const json& j, EtcdConfig* e) {
+  ObjectReader r(j, "$.coordinator.etcd");
+  if (const json* a = r.Child("endpoints", /*required=*/true))
+    KVMESH_RETURN_IF_ERROR(ReadAddressList(*a, "$.coordinator.etcd.endpoints", &e->endpoints));
+  r.Optional("prefix", &e->prefix)
+      .Optional("lease_ms", &e->lease_ms)
+      .Optional("request_timeout_ms", &e->request_timeout_ms)
+      .Optional("user", &e->user)
+      .Optional("password", &e->password)
+      .Optional("tls", &e->tls);
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  if (e->lease_ms < 1000 || e->lease_ms > 600000)
+    return InvalidArgument("$.coordinator.etcd.lease_ms: must be in 1000..600000 (etcd leases count whole seconds)");
+  if (e->request_timeout_ms <= 0 || e->request_timeout_ms >= e->lease_ms)
+    return InvalidArgument("$.coordinator.etcd.request_timeout_ms: must be > 0 and less than lease_ms");
+  if (!e->prefix.empty() && e->prefix.back() != '/')
+    return InvalidArgument("$.coordinator.etcd.prefix: must end with '/'");
+  if (e->user.empty() != e->password.empty())
+    return InvalidArgument("$.coordinator.etcd." + std::string(e->user.empty() ? "user" : "password") +
+                           ": user and password go together");
+  return Status::Ok();
+}
+
 Status ReadCoordinator(const json& j, CoordinatorConfig* c) {
   ObjectReader r(j, "$.coordinator");
   r.Optional("host", &c->host)
       .Optional("port", &c->port)
       .Optional("heartbeat_ms", &c->heartbeat_ms)
       .Optional("dead_after_ms", &c->dead_after_ms);
+  if (const json* a = r.Child("addresses"))
+    KVMESH_RETURN_IF_ERROR(ReadAddressList(*a, "$.coordinator.addresses", &c->addresses));
+  if (const json* e = r.Child("etcd")) KVMESH_RETURN_IF_ERROR(ReadEtcd(*e, &c->etcd));
   KVMESH_RETURN_IF_ERROR(r.Finish());
   if (c->host.empty()) return InvalidArgument("$.coordinator.host: must not be empty");
   if (c->heartbeat_ms <= 0) return InvalidArgument("$.coordinator.heartbeat_ms: must be > 0");
@@ -491,6 +536,10 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
   if (const json* l = r.Child("limits")) KVMESH_RETURN_IF_ERROR(ReadLimits(*l, &c.limits));
   if (const json* e = r.Child("events")) KVMESH_RETURN_IF_ERROR(ReadEvents(*e, &c.events));
   KVMESH_RETURN_IF_ERROR(r.Finish());
+  if (c.coordinator.etcd.tls && !c.tls.enabled())
+    return InvalidArgument("$.coordinator.etcd.tls: needs $.tls (its ca, cert and key are what etcd sees)");
+  if (c.coordinator.etcd.enabled() && c.coordinator.etcd.prefix.empty())
+    c.coordinator.etcd.prefix = "/kvmesh/" + c.name + "/";
   if (c.store.slot_bytes != 0 && c.store.slot_bytes < 64)
     return InvalidArgument("$.store.slot_bytes: must be at least 64 bytes");
   return c;

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "coordinator/etcd_control.h"
 #include "coordinator/membership.h"
 #include "transport/http_server.h"
 #include "transport/asio_tls.h"
@@ -34,6 +35,11 @@ class Coordinator final : public CoordinatorServer {
                                [this](const HttpServerRequest& r) { return members_.Handle(r); }, std::move(o));
     if (!s.ok()) return s.status();
     http_ = std::move(*s);
+    if (config_.coordinator.etcd.enabled()) {  // the members and the map live in etcd (coordinator/etcd_control.h)
+      KVMESH_ASSIGN_OR_RETURN(etcd_, EtcdControl::Create(config_, &members_, config_.coordinator.host + ":" +
+                                                                                 std::to_string(http_->port())));
+      members_.SetStoreReachable(false);  // until the first round reaches etcd
+    }
     reaper_ = std::thread([this] { Reap(); });
     return Status::Ok();
   }
@@ -56,6 +62,7 @@ class Coordinator final : public CoordinatorServer {
     }
     cv_.notify_all();
     if (reaper_.joinable()) reaper_.join();
+    if (etcd_) etcd_->Stop();
     if (http_) http_->Stop();
   }
 
@@ -63,12 +70,18 @@ class Coordinator final : public CoordinatorServer {
   void Reap() {
     const auto period = std::chrono::milliseconds(std::max<int64_t>(10, config_.coordinator.heartbeat_ms / 2));
     std::unique_lock<std::mutex> lock(mu_);
-    while (!cv_.wait_for(lock, period, [this] { return stopping_; })) members_.Reap(std::chrono::steady_clock::now());
+    do {
+      lock.unlock();
+      members_.Reap(std::chrono::steady_clock::now());
+      if (etcd_) etcd_->Tick();  // blocking calls to etcd: on this thread, never the HTTP server's
+      lock.lock();
+    } while (!cv_.wait_for(lock, period, [this] { return stopping_; }));
   }
 
   const ClusterConfig config_;
   Membership members_;
   std::unique_ptr<HttpServer> http_;  // after members_: stopped (and destroyed) before it
+  std::unique_ptr<EtcdControl> etcd_;  // with $.coordinator.etcd; the reaper thread's
   std::thread reaper_;
   std::mutex mu_;
   std::condition_variable cv_;

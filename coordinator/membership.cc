@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -78,8 +79,26 @@ struct Membership::Impl {
   uint64_t auth_refused = 0;                         // guarded by mu
   std::map<std::string, Member> members;             // guarded by mu
   EventRateLimiter refusal_log;
+  // $.coordinator.etcd (membership.h): members and map live in etcd.
+  const bool etcd;
+  bool store_reachable = true;               // guarded by mu
+  std::string published;                     // guarded by mu: the map last read from etcd ("" = none yet)
+  std::vector<ShardInfo> published_nodes;    // guarded by mu: its nodes
+  std::vector<std::string> left;             // guarded by mu: /leave ids not yet taken
+  json store_status = json::object();        // guarded by mu
 
-  Impl(const ClusterConfig& c, EventSink s) : config(c), sink(std::move(s)) {}
+  Impl(const ClusterConfig& c, EventSink s)
+      : config(c), sink(std::move(s)), etcd(c.coordinator.etcd.enabled()) {
+    if (etcd) epoch = 0;  // the epoch is etcd's (Publish)
+  }
+
+  // etcd mode while etcd is out of reach: this coordinator cannot speak for
+  // the cluster; nodes and clients try the next one. REQUIRES mu held.
+  std::optional<HttpServerResponse> Unreachable() const {
+    if (etcd && !store_reachable)
+      return Json(503, {{"error", "this coordinator cannot reach etcd: try another"}, {"epoch", epoch}});
+    return std::nullopt;
+  }
 
   // One structured event per line (docs/architecture.md, "Observability").
   void Log(json j) {
@@ -147,7 +166,15 @@ struct Membership::Impl {
       return Json(413, {{"error", "request body larger than " + std::to_string(limit) + " bytes"}});
     if (r.method == "GET") {
       if (path == "/healthz") return {200, "text/plain", "ok\n"};
-      if (path == "/map") return {200, "application/json", MapJson() + "\n"};
+      if (path == "/map") {
+        if (etcd) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (auto refused = Unreachable()) return std::move(*refused);
+          if (published.empty()) return Json(503, {{"error", "no shard map in etcd yet (no leader has published)"}});
+          return {200, "application/json", published + "\n"};
+        }
+        return {200, "application/json", MapJson() + "\n"};
+      }
       if (path == "/nodes") return Json(200, NodesJson());
       if (path == "/stats") return Json(200, StatsJson());
       return Json(404, {{"error", "no such endpoint: " + path}});
@@ -180,6 +207,7 @@ struct Membership::Impl {
         stats = std::move(s).value();
       }
       std::lock_guard<std::mutex> lock(mu);
+      if (auto refused = Unreachable()) return std::move(*refused);
       auto it = members.find(id);
       if (it == members.end()) return Json(404, {{"error", "unknown node " + id + ": register again"}, {"epoch", epoch}});
       it->second.last = SteadyClock::now();
@@ -196,6 +224,13 @@ struct Membership::Impl {
     }
     if (path == "/leave") {
       std::lock_guard<std::mutex> lock(mu);
+      if (etcd) {  // the owner deletes its registration in etcd; the leader publishes the map without it
+        if (members.erase(id)) {
+          left.push_back(id);
+          Log({{"event", "node_left"}, {"node_id", id}});
+        }
+        return Json(200, {{"epoch", epoch}});
+      }
       if (members.erase(id)) {
         ++epoch;
         ++removals;
@@ -232,11 +267,14 @@ struct Membership::Impl {
     if (r.ok() && !IsHex(ucx)) r.Fail("ucx", "must be hex digits (the UCX worker address)");
     if (Status st = r.Finish(); !st.ok()) return Json(400, {{"error", "bad registration: " + st.message()}});
     std::lock_guard<std::mutex> lock(mu);
+    if (auto refused = Unreachable()) return std::move(*refused);
     auto it = members.find(id);
     const bool rejoin = it != members.end();
     if (!rejoin && members.size() >= kMaxMembers)
       return Json(503, {{"error", "too many members (at most " + std::to_string(kMaxMembers) + ")"}});
-    if (!rejoin || it->second.info.host != s.host || it->second.info.ports.data != s.ports.data ||
+    if (etcd) {  // the epoch advances when the leader publishes the map with it
+      if (!rejoin) Log({{"event", "node_joined"}, {"node_id", id}, {"data_port", s.ports.data}});
+    } else if (!rejoin || it->second.info.host != s.host || it->second.info.ports.data != s.ports.data ||
         it->second.info.weight != s.weight) {
       ++epoch;
       ++registrations;
@@ -267,6 +305,14 @@ struct Membership::Impl {
   json NodesJson() const {
     std::lock_guard<std::mutex> lock(mu);
     json nodes = json::array();
+    if (etcd) {  // the published map's nodes; "local": those that talk to this coordinator
+      for (const ShardInfo& n : published_nodes)
+        nodes.push_back({{"id", n.id}, {"host", n.host}, {"weight", n.weight},
+                         {"ports", {{"data", n.ports.data}, {"http", n.ports.http}, {"resp", n.ports.resp}}}});
+      json local = json::array();
+      for (const auto& [id, m] : members) local.push_back(id);
+      return {{"epoch", epoch}, {"nodes", nodes}, {"local", local}};
+    }
     const auto now = SteadyClock::now();
     for (const auto& [id, m] : members) {
       nodes.push_back({{"id", id}, {"host", m.info.host}, {"weight", m.info.weight},
@@ -289,8 +335,11 @@ struct Membership::Impl {
       }
       per[id] = std::move(mine);
     }
-    return {{"epoch", epoch}, {"live_nodes", members.size()}, {"registrations", registrations},
-            {"removals", removals}, {"auth_refused", auth_refused}, {"totals", totals}, {"nodes", per}};
+    json out = {{"epoch", epoch}, {"live_nodes", etcd ? published_nodes.size() : members.size()},
+                {"registrations", registrations}, {"removals", removals}, {"auth_refused", auth_refused},
+                {"totals", totals}, {"nodes", per}};
+    if (etcd) out["etcd"] = store_status;
+    return out;
   }
 };
 
@@ -306,7 +355,10 @@ void Membership::Reap(SteadyClock::time_point now) {
   const auto dead_after = std::chrono::milliseconds(im.config.coordinator.dead_after_ms);
   std::lock_guard<std::mutex> lock(im.mu);
   for (auto it = im.members.begin(); it != im.members.end();) {
-    if (now - it->second.last > dead_after) {
+    if (im.etcd && now - it->second.last > dead_after) {  // its lease then runs out in etcd
+      im.Log({{"event", "node_silent"}, {"node_id", it->first}});
+      it = im.members.erase(it);
+    } else if (now - it->second.last > dead_after) {
       ++im.epoch;
       ++im.removals;
       im.Log({{"event", "node_removed"}, {"node_id", it->first}, {"reason", "missed heartbeats"}, {"epoch", im.epoch}});
@@ -324,7 +376,47 @@ uint64_t Membership::epoch() const {
 
 size_t Membership::live_nodes() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->members.size();
+  return impl_->etcd ? impl_->published_nodes.size() : impl_->members.size();
+}
+
+std::vector<Membership::LocalMember> Membership::LocalMembers() const {
+  const auto dead_after = std::chrono::milliseconds(impl_->config.coordinator.dead_after_ms);
+  const auto now = SteadyClock::now();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<LocalMember> out;
+  for (const auto& [id, m] : impl_->members)
+    if (now - m.last <= dead_after) out.push_back({m.info, m.ucx});
+  return out;
+}
+
+std::vector<std::string> Membership::TakeLeft() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return std::exchange(impl_->left, {});
+}
+
+void Membership::Publish(const std::string& map_json) {
+  Result<PublishedMap> pm = ParsePublishedMap(map_json);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (!pm.ok() || pm->epoch < impl_->epoch) return;  // epochs only grow
+  impl_->epoch = pm->epoch;
+  impl_->published = map_json;
+  impl_->published_nodes = pm->nodes;
+}
+
+void Membership::SetStoreReachable(bool reachable) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->store_reachable = reachable;
+}
+
+void Membership::LogEvent(const std::string& json_object) {
+  json j = json::parse(json_object, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object()) impl_->Log(std::move(j));
+}
+
+void Membership::SetStoreStatus(const std::string& json_object) {
+  json j = json::parse(json_object, nullptr, /*allow_exceptions=*/false);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->store_status = std::move(j);
 }
 
 }  // namespace kvmesh

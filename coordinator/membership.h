@@ -26,8 +26,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kvmesh/config.h"
+#include "router/shard_map.h"
 #include "transport/http_server.h"
 
 namespace kvmesh {
@@ -66,6 +68,30 @@ class Membership {
 
   uint64_t epoch() const;
   size_t live_nodes() const;
+
+  // With $.coordinator.etcd the members, the shard map and its epoch live in
+  // etcd (coordinator/etcd_control.h keeps them there). This Membership then
+  // holds only the nodes that talk to this coordinator, whose leases its
+  // owner keeps alive; a registration, heartbeat or leave changes no epoch
+  // here; GET /map, /nodes and the epoch in answers are what Publish last
+  // gave; and while SetStoreReachable(false) (etcd out of reach) it answers
+  // /register, /heartbeat and /map 503, so nodes and clients move on to
+  // another coordinator.
+  struct LocalMember {
+    ShardInfo info;
+    std::string ucx;
+  };
+  // The nodes heard from within dead_after_ms.
+  std::vector<LocalMember> LocalMembers() const;
+  // The ids that left (/leave) since the last call.
+  std::vector<std::string> TakeLeft();
+  // The map read from etcd (router/map_json.h); its epoch is the answers' (never a lower one).
+  void Publish(const std::string& map_json);
+  void SetStoreReachable(bool reachable);
+  // A JSON object /stats shows as "etcd" (leadership, leader changes).
+  void SetStoreStatus(const std::string& json_object);
+  // Logs a JSON object as one event line, as this Membership's own (the sink, or stderr).
+  void LogEvent(const std::string& json_object);
 
  private:
   struct Impl;

@@ -1,5 +1,6 @@
 #include "kvmesh/network.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -32,8 +33,8 @@ struct NodeChannel {
 
 struct NetworkClient::Impl {
   NetworkClientOptions o;
-  std::string host;
-  uint16_t port = 0;
+  std::vector<CoordinatorAddress> coordinators;  // o.coordinator: one or several, tried in turn
+  std::atomic<size_t> preferred{0};              // the coordinator that answered last
   std::unique_ptr<Router> router;
   mutable std::mutex mu;  // serialises refreshes; guards channels and epoch
   std::map<std::string, NodeChannel> channels;  // by "id@host:port[#ucx]"
@@ -54,7 +55,10 @@ struct NetworkClient::Impl {
     h.tls = tls;
     if (!o.tenant.empty()) h.authorization = BasicAuthorization(o.tenant, o.token);
     else if (!o.token.empty()) h.authorization = BearerAuthorization(o.token);
-    return FetchPublishedMap(host, port, o.timeout_ms, h);
+    size_t at = preferred.load();
+    Result<PublishedMap> pm = FetchPublishedMap(coordinators, &at, o.timeout_ms, h);
+    preferred.store(at);
+    return pm;
   }
 
   // Builds the map and channels for `pm`; REQUIRES mu held.
@@ -168,7 +172,7 @@ NetworkClient::~NetworkClient() {
 Result<std::unique_ptr<NetworkClient>> NetworkClient::Connect(NetworkClientOptions options) {
   auto impl = std::make_unique<Impl>();
   impl->o = std::move(options);
-  KVMESH_RETURN_IF_ERROR(SplitHostPort(impl->o.coordinator, &impl->host, &impl->port));
+  KVMESH_ASSIGN_OR_RETURN(impl->coordinators, ParseCoordinatorList(impl->o.coordinator));
   if (!impl->o.tls_ca.empty()) {
     TlsClientOptions t;
     t.ca = impl->o.tls_ca;

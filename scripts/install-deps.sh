@@ -23,6 +23,7 @@ PKGS=(
   python3-venv python3-pip python3-setuptools python3-wheel   # pip install . (offline) and its test
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev   # KV events: the nodes' ZMQ PUB/ROUTER sockets, msgpack (docs/kv-events.md)
   python3-zmq python3-msgpack                 # the KV-event subscriber test (python/tests/test_kv_events.py)
+  etcd-server etcd-client    # the etcd-backed control plane ($.coordinator.etcd): its tests and scripts/multihost.sh
 )
 
 missing=()

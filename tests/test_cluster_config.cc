@@ -1,4 +1,4 @@
-// The cluster sections of the config: transport, coordinator, auth.
+// The cluster sections of the config: transport, coordinator (and its etcd), auth.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
@@ -110,4 +110,41 @@ TEST_CASE("Bad tenants name the JSON path", "[config][cluster][security]") {
   j["auth"] = json::parse(R"({"token": "c", "tenants": [{"name": "a", "token": "x"}]})");
   j["auth"]["tenants"][0]["token"] = std::string(257, 't');
   CHECK_THAT(Error(j), Catch::StartsWith("$.auth.tenants[0].token: at most 256 bytes"));
+}
+
+TEST_CASE("$.coordinator.etcd and addresses: off by default, values, errors naming their path", "[config][cluster]") {
+  auto d = ParseConfig(Base().dump());
+  REQUIRE(d.ok());
+  CHECK(!d->coordinator.etcd.enabled());  // the default launch needs no etcd
+  CHECK(d->coordinator.addresses.empty());
+  json j = Base();
+  j["name"] = "c1";
+  j["coordinator"] = {{"addresses", {"10.0.0.1:7070", "10.0.0.2:7070"}},
+                      {"etcd", {{"endpoints", {"10.0.0.1:2379"}}, {"lease_ms", 3000}, {"user", "u"}, {"password", "p"}}}};
+  auto r = ParseConfig(j.dump());
+  REQUIRE(r.ok());
+  CHECK(r->coordinator.addresses.size() == 2);
+  CHECK(r->coordinator.etcd.enabled());
+  CHECK(r->coordinator.etcd.prefix == "/kvmesh/c1/");
+  CHECK(r->coordinator.etcd.lease_ms == 3000);
+  const std::pair<json, std::string> bad[] = {
+      {{{"etcd", {{"lease_ms", 2000}}}}, "$.coordinator.etcd.endpoints:"},
+      {{{"etcd", {{"endpoints", json::array()}}}}, "$.coordinator.etcd.endpoints:"},
+      {{{"etcd", {{"endpoints", {"no-port"}}}}}, "$.coordinator.etcd.endpoints[0]:"},
+      {{{"etcd", {{"endpoints", {"h:1", 5}}}}}, "$.coordinator.etcd.endpoints[1]:"},
+      {{{"etcd", {{"endpoints", {"h:1"}}, {"lease_ms", 10}}}}, "$.coordinator.etcd.lease_ms:"},
+      {{{"etcd", {{"endpoints", {"h:1"}}, {"request_timeout_ms", 5000}}}}, "$.coordinator.etcd.request_timeout_ms:"},
+      {{{"etcd", {{"endpoints", {"h:1"}}, {"prefix", "/x"}}}}, "$.coordinator.etcd.prefix:"},
+      {{{"etcd", {{"endpoints", {"h:1"}}, {"user", "u"}}}}, "$.coordinator.etcd.password:"},
+      {{{"etcd", {{"endpoints", {"h:1"}}, {"tls", true}}}}, "$.coordinator.etcd.tls:"},
+      {{{"etcd", {{"endpoints", {"h:1"}}, {"colour", 1}}}}, "$.coordinator.etcd.colour: unknown key"},
+      {{{"addresses", {"h:70000"}}}, "$.coordinator.addresses[0]:"},
+      {{{"addresses", "h:1"}}, "$.coordinator.addresses:"},
+  };
+  for (const auto& [coordinator, path] : bad) {
+    json k = Base();
+    k["coordinator"] = coordinator;
+    INFO(coordinator.dump());
+    CHECK_THAT(Error(k), Catch::StartsWith(path));
+  }
 }

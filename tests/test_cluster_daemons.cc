@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cluster_process.h"
+#include "cluster_workload.h"
 #include "test_time.h"
 #include "kvmesh/build_config.h"
 #include "kvmesh/config.h"
@@ -22,6 +23,7 @@
 
 using namespace kvmesh;
 using kvmesh::testing::Process;
+using namespace kvmesh::testing;  // the workload (cluster_workload.h)
 using kvmesh::testing::TimeBound;
 using SteadyClock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
@@ -76,20 +78,6 @@ struct Cluster {
   }
 };
 
-std::vector<TokenId> Tokens(size_t n, TokenId base) {
-  std::vector<TokenId> t(n);
-  std::iota(t.begin(), t.end(), base);
-  return t;
-}
-
-std::vector<std::vector<std::byte>> Blocks(size_t n, size_t bytes, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::vector<std::byte>> v(n, std::vector<std::byte>(bytes));
-  for (auto& b : v)
-    for (auto& x : b) x = static_cast<std::byte>(rng());
-  return v;
-}
-
 // A client whose calls time out after timeout_ms (before the build's scaling).
 std::unique_ptr<NetworkClient> Client(const Cluster& c, int64_t timeout_ms = 1000) {
   NetworkClientOptions o;
@@ -101,26 +89,6 @@ std::unique_ptr<NetworkClient> Client(const Cluster& c, int64_t timeout_ms = 100
   return std::move(*r);
 }
 
-// Puts the blocks of `seqs` sequences (each `per` full blocks) and returns the payloads.
-struct Workload {
-  std::vector<std::vector<TokenId>> seqs;
-  std::vector<std::vector<std::vector<std::byte>>> blocks;
-};
-Workload MakeWorkload(size_t seqs, size_t per, uint32_t block_tokens, size_t block_bytes, uint64_t seed) {
-  Workload w;
-  for (size_t s = 0; s < seqs; ++s) {
-    w.seqs.push_back(Tokens(per * block_tokens, static_cast<TokenId>(seed * 100000 + s * 1000)));
-    w.blocks.push_back(Blocks(per, block_bytes, seed * 7919 + s));
-  }
-  return w;
-}
-Status PutAll(Router& r, const Workload& w) {
-  for (size_t s = 0; s < w.seqs.size(); ++s) {
-    std::vector<std::span<const std::byte>> spans(w.blocks[s].begin(), w.blocks[s].end());
-    KVMESH_RETURN_IF_ERROR(r.Put(w.seqs[s], spans));
-  }
-  return Status::Ok();
-}
 // Number of blocks read back byte-for-byte.
 size_t CountHits(Router& r, const Workload& w) {
   size_t hits = 0;

@@ -39,12 +39,51 @@ int64_t ContentLength(std::string_view head) {
   return -1;
 }
 
+// True when the header block `head` says "Transfer-Encoding: chunked"
+// (case-insensitive), as etcd's JSON gateway does for its streaming calls.
+bool Chunked(std::string_view head) {
+  std::string lower(head);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const size_t at = lower.find("\r\ntransfer-encoding:");
+  if (at == std::string::npos) return false;
+  const size_t eol = lower.find("\r\n", at + 2);
+  return lower.substr(at, eol - at).find("chunked") != std::string::npos;
+}
+
+// Decodes a chunked body (RFC 9112 section 7.1; extensions and trailers are
+// skipped) into `out`. True once the last (zero-size) chunk has arrived.
+bool Dechunk(std::string_view body, std::string* out) {
+  out->clear();
+  size_t pos = 0;
+  for (;;) {
+    const size_t eol = body.find("\r\n", pos);
+    if (eol == std::string_view::npos) return false;
+    uint64_t size = 0;
+    size_t i = pos, digits = 0;
+    for (; i < eol && std::isxdigit(static_cast<unsigned char>(body[i])) && digits < 8; ++i, ++digits)
+      size = size * 16 + static_cast<uint64_t>(std::isdigit(static_cast<unsigned char>(body[i]))
+                                                    ? body[i] - '0'
+                                                    : std::tolower(static_cast<unsigned char>(body[i])) - 'a' + 10);
+    if (digits == 0) return false;
+    if (size == 0) return true;
+    if (body.size() - (eol + 2) < size + 2) return false;
+    out->append(body.substr(eol + 2, size));
+    pos = eol + 2 + size + 2;
+  }
+}
+
 // True once `resp` holds the whole answer: its headers and Content-Length
-// bytes of body (answers without one run to the end of the connection).
+// bytes of body, or a chunked body's last chunk (answers with neither run to
+// the end of the connection).
 bool Complete(const std::string& resp) {
   const size_t end = resp.find("\r\n\r\n");
   if (end == std::string::npos) return false;
-  const int64_t len = ContentLength(std::string_view(resp).substr(0, end + 2));
+  const std::string_view head = std::string_view(resp).substr(0, end + 2);
+  if (Chunked(head)) {
+    std::string body;
+    return Dechunk(std::string_view(resp).substr(end + 4), &body);
+  }
+  const int64_t len = ContentLength(head);
   return len >= 0 && resp.size() - (end + 4) >= static_cast<uint64_t>(len);
 }
 
@@ -102,7 +141,10 @@ Result<HttpResult> HttpRequest(const std::string& host, uint16_t port, const std
     return Unavailable("malformed HTTP answer");
   HttpResult r;
   r.status = std::atoi(resp.c_str() + sp + 1);
-  // Chunked answers are not expected from our servers.
+  if (Chunked(std::string_view(resp).substr(0, end + 2))) {  // etcd's streaming calls (coordinator/etcd_client.h)
+    Dechunk(std::string_view(resp).substr(end + 4), &r.body);
+    return r;
+  }
   r.body = resp.substr(end + 4);
   const int64_t len = ContentLength(std::string_view(resp).substr(0, end + 2));
   if (len >= 0 && r.body.size() > static_cast<uint64_t>(len)) r.body.resize(static_cast<size_t>(len));

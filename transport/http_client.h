@@ -1,7 +1,7 @@
 // transport/http_client.h — a minimal blocking HTTP/1.1 client for the control
 // plane (nodes register and heartbeat with the coordinator; routers fetch the
 // shard map). One request per connection (Connection: close), bounded by a
-// timeout, body capped at 16 MiB, over TLS when given a client context
+// timeout, body capped at 16 MiB (Content-Length or chunked), over TLS when given a client context
 // (transport/fd_tls_client.h). Not for the data plane.
 #pragma once
 

@@ -125,12 +125,33 @@ struct TransportConfig {
   int64_t ucx_workers = 0;
 };
 
+// $.coordinator.etcd: the membership store of a highly available control
+// plane (docs/launch.md, "etcd-backed launch"). With endpoints set, every
+// `kvmesh coordinator` of the cluster keeps the members, the shard map and its
+// epoch in etcd, one of them leads by an etcd lease, and any answers GET /map.
+// Unset (the default), the coordinator keeps them in its memory, as before.
+struct EtcdConfig {
+  std::vector<std::string> endpoints;  // "host:port" of etcd members' client URLs; empty: no etcd
+  std::string prefix;                  // every key of this cluster; default "/kvmesh/<$.name>/"
+  int64_t lease_ms = 2000;             // the leader's lease (etcd counts whole seconds: rounded up)
+  int64_t request_timeout_ms = 1000;   // one call to one etcd member
+  std::string user;                    // etcd auth (`etcdctl auth enable`): user and password
+  std::string password;
+  bool tls = false;                    // HTTPS to etcd with $.tls's ca, cert and key (etcd client certificates)
+
+  bool enabled() const { return !endpoints.empty(); }
+};
+
 // The coordinator daemon (membership, heartbeats, shard-map epochs).
 struct CoordinatorConfig {
   std::string host = "127.0.0.1";
   uint16_t port = 0;              // HTTP control API; 0 = pick a free port
   int64_t heartbeat_ms = 300;     // node heartbeat period
   int64_t dead_after_ms = 1500;   // a node silent this long is removed (epoch advances)
+  // Every coordinator's "host:port" (several with $.coordinator.etcd): nodes
+  // and clients try them in turn. Empty: host:port alone.
+  std::vector<std::string> addresses;
+  EtcdConfig etcd;
 };
 
 // A tenant ($.auth.tenants[]): an identity of its own on every data port

@@ -28,7 +28,10 @@
 namespace kvmesh {
 
 struct NetworkClientOptions {
-  std::string coordinator;  // "host:port" of the coordinator's HTTP API (required)
+  // "host:port" of the coordinator's HTTP API (required), or several
+  // separated by commas (an etcd-backed control plane: each is tried in turn,
+  // starting with the one that answered last).
+  std::string coordinator;
   std::string client_id = "kvmesh-client";
   std::string tenant_salt;  // keys of different salts never meet (the client's own sub-namespace)
   // Credentials. Without `tenant`, `token` is the cluster secret

@@ -127,7 +127,7 @@ class Daemon final : public NodeDaemon {
                                                      [this](const HttpServerRequest& r) { return Http(r); },
                                                      std::move(ho)));
     if (!o_.coordinator.empty()) {
-      KVMESH_RETURN_IF_ERROR(SplitHostPort(o_.coordinator, &coord_host_, &coord_port_));
+      KVMESH_ASSIGN_OR_RETURN(coordinators_, ParseCoordinatorList(o_.coordinator));
       heart_ = std::thread([this] { Heartbeats(); });
     }
     return Status::Ok();
@@ -158,8 +158,8 @@ class Daemon final : public NodeDaemon {
     cv_.notify_all();
     if (heart_.joinable()) heart_.join();
     if (registered_)  // let routers move on at once instead of after dead_after_ms
-      (void)HttpRequest(coord_host_, coord_port_, "POST", "/leave", json{{"id", o_.node_id}}.dump(), 500,
-                        CoordinatorAuth());
+      (void)CoordinatorRequest(coordinators_, &coord_at_, "POST", "/leave", json{{"id", o_.node_id}}.dump(), 500,
+                               CoordinatorAuth());
     if (http_) http_->Stop();
     if (resp_) resp_->Stop();
 #if defined(KVMESH_HAVE_UCX)
@@ -296,8 +296,9 @@ class Daemon final : public NodeDaemon {
     json body = {{"id", o_.node_id}, {"host", node_cfg_.host}, {"weight", node_cfg_.weight},
                  {"ports", {{"data", data_->port()}, {"http", http_->port()}, {"resp", resp_ ? resp_->port() : 0}}}};
     if (!ucx_address_.empty()) body["ucx"] = ucx_address_;
-    KVMESH_ASSIGN_OR_RETURN(HttpResult r, HttpRequest(coord_host_, coord_port_, "POST", "/register", body.dump(),
-                                                      config_.coordinator.heartbeat_ms * 2, CoordinatorAuth()));
+    KVMESH_ASSIGN_OR_RETURN(HttpResult r,
+                            CoordinatorRequest(coordinators_, &coord_at_, "POST", "/register", body.dump(),
+                                               config_.coordinator.heartbeat_ms * 2, CoordinatorAuth()));
     if (r.status == 401 || r.status == 403)
       return PermissionDenied("register: HTTP " + std::to_string(r.status) + " " + r.body);
     if (r.status != 200) return Unavailable("register: HTTP " + std::to_string(r.status) + " " + r.body);
@@ -318,7 +319,7 @@ class Daemon final : public NodeDaemon {
 
   // Cluster mode: the slots of the map the coordinator publishes now.
   Status RefreshClusterView() {
-    KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, FetchPublishedMap(coord_host_, coord_port_,
+    KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, FetchPublishedMap(coordinators_, &coord_at_,
                                                                config_.coordinator.heartbeat_ms * 2, CoordinatorAuth()));
     KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<const RespClusterView> v, BuildClusterView(pm, o_.node_id));
     size_t own = 0;
@@ -343,8 +344,10 @@ class Daemon final : public NodeDaemon {
     json eviction = json::object();
     for (const PolicyGroups::Entry& e : node_->policy_groups().Snapshot()) eviction[e.key] = e.own;
     if (!eviction.empty()) body["eviction"] = std::move(eviction);
-    auto sent = HttpRequest(coord_host_, coord_port_, "POST", "/heartbeat", body.dump(),
-                            config_.coordinator.heartbeat_ms * 2, CoordinatorAuth());
+    // A coordinator that is down or cut off from etcd sends it to the next,
+    // which answers 404 (it does not know this node): it registers there.
+    auto sent = CoordinatorRequest(coordinators_, &coord_at_, "POST", "/heartbeat", body.dump(),
+                                   config_.coordinator.heartbeat_ms * 2, CoordinatorAuth());
     if (!sent.ok() || sent->status != 200) node_->policy_groups().SetPeers({});  // no peers heard: decide alone
     KVMESH_ASSIGN_OR_RETURN(HttpResult r, std::move(sent));
     if (r.status == 404) {  // the coordinator dropped us (restart or a long pause): join again
@@ -375,8 +378,8 @@ class Daemon final : public NodeDaemon {
   std::unique_ptr<HttpServer> http_;
   std::atomic<uint64_t> http_refused_{0};
   EventRateLimiter refusal_log_;
-  std::string coord_host_;
-  uint16_t coord_port_ = 0;
+  std::vector<CoordinatorAddress> coordinators_;  // o_.coordinator: one or several
+  size_t coord_at_ = 0;                            // the heartbeat thread's (Stop's once it ended): the one that answered last
   std::shared_ptr<const TlsClientContext> coord_tls_;  // with $.tls
   std::thread heart_;
   std::atomic<bool> registered_{false};

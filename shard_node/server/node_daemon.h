@@ -18,7 +18,7 @@ namespace kvmesh {
 
 struct NodeDaemonOptions {
   std::string node_id;      // must name a node of the config
-  std::string coordinator;  // "host:port"; empty: standalone
+  std::string coordinator;  // "host:port", or several separated by commas (tried in turn); empty: standalone
   bool resp = true;         // serve the RESP front
 };
 
