@@ -31,4 +31,7 @@ void AddDecodeCommand(CLI::App& app, int* exit_code);
 // kvmesh bench-serve: the serving benchmark (cli/cmd_bench_serve.cc, cli/serve/).
 void AddBenchServeCommand(CLI::App& app, int* exit_code);
 
+// kvmesh worldmodel: world-model frames with similarity-gated KV reuse (cli/cmd_worldmodel.cc).
+void AddWorldModelCommand(CLI::App& app, int* exit_code);
+
 }  // namespace kvmesh::cli

@@ -346,6 +346,27 @@ Status ReadSequences(const json& j, SequencesConfig* q) {
   return Status::Ok();
 }
 
+Status ReadFrames(const json& j, FramesConfig* f) {
+  ObjectReader r(j, "$.frames");
+  r.Optional("window", &f->window)
+      .Optional("ssim_threshold", &f->ssim_threshold)
+      .Optional("change_threshold", &f->change_threshold)
+      .Optional("pixel_delta", &f->pixel_delta)
+      .Optional("recompute_radius", &f->recompute_radius);
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  if (f->window == 0 || f->window > 1024)
+    return InvalidArgument("$.frames.window: must be in 1..1024, got " + std::to_string(f->window));
+  if (!(f->ssim_threshold >= -1 && f->ssim_threshold <= 1))
+    return InvalidArgument("$.frames.ssim_threshold: must be in [-1, 1], got " + std::to_string(f->ssim_threshold));
+  if (!(f->change_threshold >= 0 && f->change_threshold <= 1))
+    return InvalidArgument("$.frames.change_threshold: must be in [0, 1], got " + std::to_string(f->change_threshold));
+  if (f->pixel_delta > 255)
+    return InvalidArgument("$.frames.pixel_delta: must be in 0..255, got " + std::to_string(f->pixel_delta));
+  if (f->recompute_radius > 64)
+    return InvalidArgument("$.frames.recompute_radius: must be in 0..64, got " + std::to_string(f->recompute_radius));
+  return Status::Ok();
+}
+
 Status ReadLimits(const json& j, LimitsConfig* l) {
   ObjectReader r(j, "$.limits");
   r.Optional("max_connections", &l->max_connections)
@@ -461,6 +482,7 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
   if (const json* k = r.Child("codec")) KVMESH_RETURN_IF_ERROR(ReadCodec(*k, c.model.num_layers, &c.codec));
   if (const json* q = r.Child("sequences")) KVMESH_RETURN_IF_ERROR(ReadSequences(*q, &c.sequences));
   if (const json* l = r.Child("limits")) KVMESH_RETURN_IF_ERROR(ReadLimits(*l, &c.limits));
+  if (const json* f = r.Child("frames")) KVMESH_RETURN_IF_ERROR(ReadFrames(*f, &c.frames));
   KVMESH_RETURN_IF_ERROR(r.Finish());
   if (c.store.slot_bytes != 0 && c.store.slot_bytes < 64)
     return InvalidArgument("$.store.slot_bytes: must be at least 64 bytes");

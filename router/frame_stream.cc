@@ -26,6 +26,16 @@ Status FrameMatchOptions::Validate() const {
   return Status::Ok();
 }
 
+FrameMatchOptions FrameMatchOptions::FromConfig(const FramesConfig& c) {
+  FrameMatchOptions o;
+  o.window = c.window;
+  o.ssim_threshold = static_cast<float>(c.ssim_threshold);
+  o.change_threshold = static_cast<float>(c.change_threshold);
+  o.pixel_delta = c.pixel_delta;
+  o.recompute_radius = c.recompute_radius;
+  return o;
+}
+
 float PatchSsim(std::span<const uint8_t> a, std::span<const uint8_t> b) {
   const size_t n = std::min(a.size(), b.size());
   if (n == 0) return 1.0f;

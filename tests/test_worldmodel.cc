@@ -315,3 +315,23 @@ TEST_CASE("on a mostly static scene the gate reuses >= 85% of patches and stores
   const LogitError e = CompareLogits(r.similar.logits, r.off.logits, mc.vocab);
   CHECK(e.mean_abs > 0);  // a moving sprite changes its neighbours' context: reuse is not free
 }
+
+TEST_CASE("the gate's defaults come from $.frames, checked with their JSON path", "[worldmodel]") {
+  const std::string nodes = R"("nodes": [{"id": "n0", "memory": {"host": "1MiB"}}])";
+  const std::string model = R"("model": {"model_id": "m", "num_layers": 1, "num_kv_heads": 1, "head_dim": 2, "block_tokens": 1})";
+  auto c = ParseConfig("{" + model + "," + nodes +
+                       R"(, "frames": {"window": 8, "ssim_threshold": 0.8, "change_threshold": 0.1,
+                                       "pixel_delta": 20, "recompute_radius": 1}})");
+  REQUIRE(c.ok());
+  const FrameMatchOptions g = FrameMatchOptions::FromConfig(c->frames);
+  CHECK(g.window == 8);
+  CHECK(g.ssim_threshold == Approx(0.8f));
+  CHECK(g.change_threshold == Approx(0.1f));
+  CHECK(g.pixel_delta == 20);
+  CHECK(g.recompute_radius == 1);
+  auto bad = ParseConfig("{" + model + "," + nodes + R"(, "frames": {"change_threshold": 1.5}})");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("$.frames.change_threshold") != std::string::npos);
+  auto unknown = ParseConfig("{" + model + "," + nodes + R"(, "frames": {"tau": 0.9}})");
+  CHECK_FALSE(unknown.ok());
+}

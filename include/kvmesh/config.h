@@ -247,6 +247,16 @@ struct LimitsConfig {
   uint64_t max_pending_answer_bytes = 32u << 20;  // answer bytes a connection holds unwritten before it stops reading
 };
 
+// Similarity-gated reuse of world-model frame KV ($.frames; kvmesh/frame_stream.h,
+// docs/worldmodel.md): the defaults of every FrameStream's gate.
+struct FramesConfig {
+  uint32_t window = 16;            // frames a patch is matched against (1..1024)
+  double ssim_threshold = 0.92;    // tau, in [-1, 1]
+  double change_threshold = 0.05;  // rho, in [0, 1]
+  uint32_t pixel_delta = 16;       // 0..255
+  uint32_t recompute_radius = 0;   // CacheBlend-style repair radius in patches (0: off)
+};
+
 struct ClusterConfig {
   std::string name = "kvmesh";
   ModelSpec model;
@@ -262,6 +272,7 @@ struct ClusterConfig {
   CodecConfig codec;
   SequencesConfig sequences;
   LimitsConfig limits;
+  FramesConfig frames;
 
   std::string source;  // file name or "<string>", for messages
 

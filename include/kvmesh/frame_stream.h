@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "kvmesh/block_key.h"
+#include "kvmesh/config.h"
 #include "kvmesh/request.h"
 #include "kvmesh/status.h"
 
@@ -76,6 +77,8 @@ struct FrameMatchOptions {
   uint32_t recompute_radius = 0;
 
   Status Validate() const;
+  // The cluster's defaults ($.frames).
+  static FrameMatchOptions FromConfig(const FramesConfig& c);
 };
 
 struct FrameStreamOptions {
