@@ -145,14 +145,24 @@ Status WorldModel::ComputeFrame(const WorldFrameInput& in, std::span<float> bloc
   for (uint32_t l = 0; l < c.layers && C > 0; ++l) {
     const WorldWeights::Layer& L = w_->layers[l];
     const uint32_t ls = 2 * l, lt = 2 * l + 1;
-    // Spatial attention over the whole frame (reused patches bring their K, V).
-    for (size_t i = 0; i < C; ++i) RmsNorm(x.data() + i * H, L.s_norm.data(), H, h.data() + i * H);
-    MatMul(L.s_wq.data(), H, H, H, h.data(), H, C, q.data(), H);
-    for (size_t i = 0; i < C; ++i) {
-      float* b = blocks.data() + size_t{comp[i]} * BF;
-      MatMul(L.s_wk.data(), H, H, H, h.data() + i * H, H, 1, b + size_t{ls} * 2 * H, H);
-      MatMul(L.s_wv.data(), H, H, H, h.data() + i * H, H, 1, b + size_t{ls} * 2 * H + H, H);
-    }
+    // h = RMSNorm(x); q = Wq h; K and V of kv layer kvl into each computed patch's block.
+    auto project = [&](const std::vector<float>& norm, const std::vector<float>& wq, const std::vector<float>& wk,
+                       const std::vector<float>& wv, uint32_t kvl) {
+      for (size_t i = 0; i < C; ++i) RmsNorm(x.data() + i * H, norm.data(), H, h.data() + i * H);
+      MatMul(wq.data(), H, H, H, h.data(), H, C, q.data(), H);
+      for (size_t i = 0; i < C; ++i) {
+        float* b = blocks.data() + size_t{comp[i]} * BF;
+        MatMul(wk.data(), H, H, H, h.data() + i * H, H, 1, b + size_t{kvl} * 2 * H, H);
+        MatMul(wv.data(), H, H, H, h.data() + i * H, H, 1, b + size_t{kvl} * 2 * H + H, H);
+      }
+    };
+    // x += Wo att.
+    auto residual = [&](const std::vector<float>& wo) {
+      MatMul(wo.data(), H, H, H, att.data(), H, C, o.data(), H);
+      for (size_t e = 0; e < C * H; ++e) x[e] += o[e];
+    };
+    // Spatial attention over the neighbourhood (reused patches bring their K, V).
+    project(L.s_norm, L.s_wq, L.s_wk, L.s_wv, ls);
     const int32_t R = static_cast<int32_t>(c.spatial_radius);
     for (size_t i = 0; i < C; ++i) {
       const uint32_t p = comp[i];
@@ -171,16 +181,9 @@ Status WorldModel::ComputeFrame(const WorldFrameInput& in, std::span<float> bloc
                scores.data(), att.data() + i * H + a * D);
       }
     }
-    MatMul(L.s_wo.data(), H, H, H, att.data(), H, C, o.data(), H);
-    for (size_t e = 0; e < C * H; ++e) x[e] += o[e];
+    residual(L.s_wo);
     // Temporal attention at each patch position over the window.
-    for (size_t i = 0; i < C; ++i) RmsNorm(x.data() + i * H, L.t_norm.data(), H, h.data() + i * H);
-    MatMul(L.t_wq.data(), H, H, H, h.data(), H, C, q.data(), H);
-    for (size_t i = 0; i < C; ++i) {
-      float* b = blocks.data() + size_t{comp[i]} * BF;
-      MatMul(L.t_wk.data(), H, H, H, h.data() + i * H, H, 1, b + size_t{lt} * 2 * H, H);
-      MatMul(L.t_wv.data(), H, H, H, h.data() + i * H, H, 1, b + size_t{lt} * 2 * H + H, H);
-    }
+    project(L.t_norm, L.t_wq, L.t_wk, L.t_wv, lt);
     for (size_t i = 0; i < C; ++i) {
       const uint32_t p = comp[i];
       const std::vector<const float*>& hist = in.history[p];
@@ -199,8 +202,7 @@ Status WorldModel::ComputeFrame(const WorldFrameInput& in, std::span<float> bloc
                scores.data(), att.data() + i * H + a * D);
       }
     }
-    MatMul(L.t_wo.data(), H, H, H, att.data(), H, C, o.data(), H);
-    for (size_t e = 0; e < C * H; ++e) x[e] += o[e];
+    residual(L.t_wo);
     // FFN (SwiGLU).
     for (size_t i = 0; i < C; ++i) RmsNorm(x.data() + i * H, L.f_norm.data(), H, h.data() + i * H);
     MatMul(L.w1.data(), H, F, H, h.data(), H, C, a1.data(), F);
