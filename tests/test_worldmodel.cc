@@ -138,7 +138,7 @@ TEST_CASE("sensor noise alone does not defeat similarity reuse (it defeats exact
   }
 }
 
-TEST_CASE("a moving sprite is recomputed where it is; the background it uncovers is reused", "[worldmodel]") {
+TEST_CASE("a moving sprite is recomputed where it is, the background it uncovers is reused", "[worldmodel]") {
   const WorldModelConfig mc = SmallModel();
   auto cluster = EmbeddedCluster::Start(Config(mc));
   REQUIRE(cluster.ok());
@@ -174,7 +174,7 @@ TEST_CASE("a moving sprite is recomputed where it is; the background it uncovers
   CHECK((*s)->stats().released <= distinct_before_end);
 }
 
-TEST_CASE("a stream's blocks stay on one node; two tenants never share a block", "[worldmodel]") {
+TEST_CASE("a stream's blocks stay on one node and two tenants never share a block", "[worldmodel]") {
   const WorldModelConfig mc = SmallModel();
   ClusterConfig cfg = Config(mc, 4);
   RouterOptions ra;
