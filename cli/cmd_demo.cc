@@ -27,6 +27,8 @@ struct DemoArgs {
   uint32_t conversations = 400;
   bool decode = true;
   int decode_ranks = 4;
+  bool worldmodel = true;
+  uint32_t worldmodel_frames = 32;
 };
 
 double Us(uint64_t ns) { return static_cast<double>(ns) / 1e3; }
@@ -165,6 +167,11 @@ int Run(const DemoArgs& a) {
         {"wall_s", r.wall_s},
     };
     if (a.decode) j["decode"] = DecodeJson(*dec);
+    if (a.worldmodel) {
+      std::string wm;
+      if (RunWorldModelDemoPart(a.config, a.worldmodel_frames, true, &wm) != 0) return 1;
+      j["worldmodel"] = nlohmann::json::parse(wm);
+    }
     std::cout << j.dump(2) << "\n";
   } else {
     std::printf("kvmesh demo: embedded cluster \"%s\", %zu nodes, %s budget, %s blocks, policy %s\n",
@@ -211,6 +218,11 @@ int Run(const DemoArgs& a) {
                   d.same_tokens() ? "yes" : d.codec ? "no (lossy KV codec)" : "NO");
     }
   }
+  if (!a.json && a.worldmodel) {
+    std::printf("\nworld-model frames with similarity-gated KV reuse; `kvmesh worldmodel` for more\n");
+    std::fflush(stdout);
+    if (RunWorldModelDemoPart(a.config, a.worldmodel_frames, false, nullptr) != 0) return 1;
+  }
   // With raw KV, prefix reuse must not change a single generated token.
   const bool decode_ok = !a.decode || dec->codec || dec->same_tokens();
   if (!decode_ok) std::cerr << "kvmesh demo: prefix reuse changed the generated tokens\n";
@@ -230,6 +242,9 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("!--no-decode", a->decode, "skip the model-parallel decode part");
   cmd->add_option("--decode-ranks", a->decode_ranks, "tensor/expert-parallel ranks of the decode part")
       ->check(CLI::Range(1, 4));
+  cmd->add_flag("!--no-worldmodel", a->worldmodel, "skip the world-model frames part");
+  cmd->add_option("--worldmodel-frames", a->worldmodel_frames, "frames of the world-model part")
+      ->check(CLI::Range(1, 100000));
   cmd->callback([a, exit_code] { *exit_code = Run(*a); });
 }
 

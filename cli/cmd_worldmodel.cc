@@ -202,7 +202,7 @@ int Fail(const Status& s) {
   return 1;
 }
 
-int Run(const WorldArgs& a) {
+int Run(const WorldArgs& a, nlohmann::json* out = nullptr) {
   Result<ClusterConfig> base = a.config.empty()
                                    ? ParseConfig(kDefaultLocalConfig, "cluster_configs/local.json (built in)")
                                    : LoadConfigFile(a.config);
@@ -298,7 +298,10 @@ int Run(const WorldArgs& a) {
     nlohmann::json j = {{"scene", a.scene}, {"frames", a.frames}, {"model", model_json},
                         {"runs", nlohmann::json::array()}};
     for (const ModeRun& m : runs) j["runs"].push_back(RunJson(m, runs.front(), a.per_frame));
-    std::cout << j.dump(2) << "\n";
+    if (out)
+      *out = std::move(j);
+    else
+      std::cout << j.dump(2) << "\n";
   } else {
     std::printf("kvmesh worldmodel: scene %s, %u frames of %ux%u (%u patches of %ux%u); model %.0fk params "
                 "(hidden %u, %u layers, %u heads), KV block %zu B per patch; tau %.2f, rho %.2f, window %u\n",
@@ -335,6 +338,18 @@ int Run(const WorldArgs& a) {
 }
 
 }  // namespace
+
+int RunWorldModelDemoPart(const std::string& config, uint32_t frames, bool json, std::string* json_out) {
+  WorldArgs a;
+  a.config = config;
+  a.frames = frames;
+  a.json = json;
+  a.progress = !json;
+  nlohmann::json j;
+  const int rc = Run(a, json ? &j : nullptr);
+  if (json && json_out) *json_out = j.dump();
+  return rc;
+}
 
 void AddWorldModelCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<WorldArgs>();
