@@ -34,6 +34,8 @@ struct DemoArgs {
   int decode_ranks = 4;
   std::string compare_policy;  // empty: no comparison
   int compare_rounds = 3;
+  bool worldmodel = true;
+  uint32_t worldmodel_frames = 32;
 };
 
 double Us(uint64_t ns) { return static_cast<double>(ns) / 1e3; }
@@ -297,6 +299,11 @@ int Run(const DemoArgs& a) {
         {"wall_s", r.wall_s},
     };
     if (a.decode) j["decode"] = DecodeJson(*dec);
+    if (a.worldmodel) {
+      std::string wm;
+      if (RunWorldModelDemoPart(a.config, a.worldmodel_frames, true, &wm) != 0) return 1;
+      j["worldmodel"] = nlohmann::json::parse(wm);
+    }
     std::cout << j.dump(2) << "\n";
   } else {
     std::printf("kvmesh demo: embedded cluster \"%s\", %zu nodes, %s budget, %s blocks, policy %s\n",
@@ -343,6 +350,11 @@ int Run(const DemoArgs& a) {
                   d.same_tokens() ? "yes" : d.codec ? "no (lossy KV codec)" : "NO");
     }
   }
+  if (!a.json && a.worldmodel) {
+    std::printf("\nworld-model frames with similarity-gated KV reuse; `kvmesh worldmodel` for more\n");
+    std::fflush(stdout);
+    if (RunWorldModelDemoPart(a.config, a.worldmodel_frames, false, nullptr) != 0) return 1;
+  }
   // With raw KV, prefix reuse must not change a single generated token.
   const bool decode_ok = !a.decode || dec->codec || dec->same_tokens();
   if (!decode_ok) std::cerr << "kvmesh demo: prefix reuse changed the generated tokens\n";
@@ -367,6 +379,9 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
                   "clusters, and print both with their ratio");
   cmd->add_option("--compare-rounds", a->compare_rounds, "rounds of --compare-policy (medians over them)")
       ->check(CLI::Range(1, 21));
+  cmd->add_flag("!--no-worldmodel", a->worldmodel, "skip the world-model frames part");
+  cmd->add_option("--worldmodel-frames", a->worldmodel_frames, "frames of the world-model part")
+      ->check(CLI::Range(1, 100000));
   cmd->callback([a, exit_code] { *exit_code = Run(*a); });
 }
 

@@ -33,5 +33,10 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code);
 
 // kvmesh route: KV-aware routing over HTTP, fed by KV events (cli/cmd_route.cc).
 void AddRouteCommand(CLI::App& app, int* exit_code);
+// kvmesh worldmodel: world-model frames with similarity-gated KV reuse (cli/cmd_worldmodel.cc).
+void AddWorldModelCommand(CLI::App& app, int* exit_code);
+// The world-model part of `kvmesh demo`: `kvmesh worldmodel --frames N` on the
+// demo's config; text on stdout, or (json) the command's JSON in *json_out.
+int RunWorldModelDemoPart(const std::string& config, uint32_t frames, bool json, std::string* json_out);
 
 }  // namespace kvmesh::cli

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   kvmesh::cli::AddRouteCommand(app, &exit_code);
   kvmesh::cli::AddDecodeCommand(app, &exit_code);
   kvmesh::cli::AddBenchServeCommand(app, &exit_code);
+  kvmesh::cli::AddWorldModelCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -416,6 +416,24 @@ Status ReadEvents(const json& j, EventsConfig* e) {
                            std::to_string(e->max_batch_events));
   if (e->hash != "bytes" && e->hash != "int")
     return InvalidArgument("$.events.hash: must be \"bytes\" or \"int\", got \"" + e->hash + "\"");
+Status ReadFrames(const json& j, FramesConfig* f) {
+  ObjectReader r(j, "$.frames");
+  r.Optional("window", &f->window)
+      .Optional("ssim_threshold", &f->ssim_threshold)
+      .Optional("change_threshold", &f->change_threshold)
+      .Optional("pixel_delta", &f->pixel_delta)
+      .Optional("recompute_radius", &f->recompute_radius);
+  KVMESH_RETURN_IF_ERROR(r.Finish());
+  if (f->window == 0 || f->window > 1024)
+    return InvalidArgument("$.frames.window: must be in 1..1024, got " + std::to_string(f->window));
+  if (!(f->ssim_threshold >= -1 && f->ssim_threshold <= 1))
+    return InvalidArgument("$.frames.ssim_threshold: must be in [-1, 1], got " + std::to_string(f->ssim_threshold));
+  if (!(f->change_threshold >= 0 && f->change_threshold <= 1))
+    return InvalidArgument("$.frames.change_threshold: must be in [0, 1], got " + std::to_string(f->change_threshold));
+  if (f->pixel_delta > 255)
+    return InvalidArgument("$.frames.pixel_delta: must be in 0..255, got " + std::to_string(f->pixel_delta));
+  if (f->recompute_radius > 64)
+    return InvalidArgument("$.frames.recompute_radius: must be in 0..64, got " + std::to_string(f->recompute_radius));
   return Status::Ok();
 }
 
@@ -535,6 +553,7 @@ Result<ClusterConfig> ParseConfig(std::string_view text, std::string_view source
   if (const json* q = r.Child("sequences")) KVMESH_RETURN_IF_ERROR(ReadSequences(*q, &c.sequences));
   if (const json* l = r.Child("limits")) KVMESH_RETURN_IF_ERROR(ReadLimits(*l, &c.limits));
   if (const json* e = r.Child("events")) KVMESH_RETURN_IF_ERROR(ReadEvents(*e, &c.events));
+  if (const json* f = r.Child("frames")) KVMESH_RETURN_IF_ERROR(ReadFrames(*f, &c.frames));
   KVMESH_RETURN_IF_ERROR(r.Finish());
   if (c.coordinator.etcd.tls && !c.tls.enabled())
     return InvalidArgument("$.coordinator.etcd.tls: needs $.tls (its ca, cert and key are what etcd sees)");

@@ -11,8 +11,9 @@ namespace {
 
 uint64_t Mix(uint64_t z) { return Mix64(z); }
 
-// Uniform floats in (-a, a) from a splitmix64 stream named by (seed, tag).
-void Fill(std::vector<float>& v, size_t n, uint64_t seed, uint64_t tag, float a) {
+}  // namespace
+
+void FillUniform(std::vector<float>& v, size_t n, uint64_t seed, uint64_t tag, float a) {
   v.resize(n);
   uint64_t x = Mix(seed ^ Mix(tag + 0x9E3779B97F4A7C15ull));
   for (size_t i = 0; i < n; ++i) {
@@ -21,6 +22,8 @@ void Fill(std::vector<float>& v, size_t n, uint64_t seed, uint64_t tag, float a)
     v[i] = static_cast<float>((2.0 * u - 1.0) * a);
   }
 }
+
+namespace {
 
 uint64_t Tag(uint32_t layer, uint32_t tensor, uint32_t expert = 0) {
   return (uint64_t{layer} << 40) | (uint64_t{tensor} << 32) | expert;
@@ -68,30 +71,30 @@ Result<std::shared_ptr<const Weights>> Weights::Generate(const ModelConfig& c) {
   const float a_h = std::sqrt(3.0f / c.hidden);
   const float a_attn = std::sqrt(3.0f / (c.q_heads * c.head_dim));
   const float a_ffn = std::sqrt(3.0f / c.ffn);
-  Fill(w->embed, size_t{c.vocab} * c.hidden, c.seed, Tag(0xFFFF, 1), std::sqrt(3.0f));
-  Fill(w->lm_head, size_t{c.vocab} * c.hidden, c.seed, Tag(0xFFFF, 3), std::sqrt(3.0f));
-  Fill(w->final_norm, c.hidden, c.seed, Tag(0xFFFF, 2), 0.1f);
+  FillUniform(w->embed, size_t{c.vocab} * c.hidden, c.seed, Tag(0xFFFF, 1), std::sqrt(3.0f));
+  FillUniform(w->lm_head, size_t{c.vocab} * c.hidden, c.seed, Tag(0xFFFF, 3), std::sqrt(3.0f));
+  FillUniform(w->final_norm, c.hidden, c.seed, Tag(0xFFFF, 2), 0.1f);
   for (float& g : w->final_norm) g += 1.0f;
   w->layers.resize(c.layers);
   const uint32_t nffn = c.experts ? c.experts : 1;
   for (uint32_t l = 0; l < c.layers; ++l) {
     LayerWeights& L = w->layers[l];
-    Fill(L.attn_norm, c.hidden, c.seed, Tag(l, 1), 0.1f);
-    Fill(L.ffn_norm, c.hidden, c.seed, Tag(l, 2), 0.1f);
+    FillUniform(L.attn_norm, c.hidden, c.seed, Tag(l, 1), 0.1f);
+    FillUniform(L.ffn_norm, c.hidden, c.seed, Tag(l, 2), 0.1f);
     for (float& g : L.attn_norm) g += 1.0f;
     for (float& g : L.ffn_norm) g += 1.0f;
-    Fill(L.wq, size_t{c.q_heads} * c.head_dim * c.hidden, c.seed, Tag(l, 3), a_h);
-    Fill(L.wk, size_t{c.kv_heads} * c.head_dim * c.hidden, c.seed, Tag(l, 4), a_h);
-    Fill(L.wv, size_t{c.kv_heads} * c.head_dim * c.hidden, c.seed, Tag(l, 5), a_h);
-    Fill(L.wo, size_t{c.hidden} * c.q_heads * c.head_dim, c.seed, Tag(l, 6), a_attn);
-    if (c.experts) Fill(L.gate, size_t{c.experts} * c.hidden, c.seed, Tag(l, 7), a_h);
+    FillUniform(L.wq, size_t{c.q_heads} * c.head_dim * c.hidden, c.seed, Tag(l, 3), a_h);
+    FillUniform(L.wk, size_t{c.kv_heads} * c.head_dim * c.hidden, c.seed, Tag(l, 4), a_h);
+    FillUniform(L.wv, size_t{c.kv_heads} * c.head_dim * c.hidden, c.seed, Tag(l, 5), a_h);
+    FillUniform(L.wo, size_t{c.hidden} * c.q_heads * c.head_dim, c.seed, Tag(l, 6), a_attn);
+    if (c.experts) FillUniform(L.gate, size_t{c.experts} * c.hidden, c.seed, Tag(l, 7), a_h);
     L.w1.resize(nffn);
     L.w2.resize(nffn);
     L.w3.resize(nffn);
     for (uint32_t e = 0; e < nffn; ++e) {
-      Fill(L.w1[e], size_t{c.ffn} * c.hidden, c.seed, Tag(l, 8, e), a_h);
-      Fill(L.w3[e], size_t{c.ffn} * c.hidden, c.seed, Tag(l, 9, e), a_h);
-      Fill(L.w2[e], size_t{c.hidden} * c.ffn, c.seed, Tag(l, 10, e), a_ffn);
+      FillUniform(L.w1[e], size_t{c.ffn} * c.hidden, c.seed, Tag(l, 8, e), a_h);
+      FillUniform(L.w3[e], size_t{c.ffn} * c.hidden, c.seed, Tag(l, 9, e), a_h);
+      FillUniform(L.w2[e], size_t{c.hidden} * c.ffn, c.seed, Tag(l, 10, e), a_ffn);
     }
   }
   return std::shared_ptr<const Weights>(std::move(w));

@@ -87,6 +87,9 @@ void Rope(float* v, uint32_t dim, uint32_t pos, float theta);
 // also for the CUDA model, which takes the angles from the host.
 void RopeAngle(uint32_t dim, uint32_t pos, uint32_t i, float theta, float* c, float* s);
 float Silu(float x);
+// v = n uniform floats in (-a, a) from a splitmix64 stream named by (seed, tag):
+// every weight of the reference models (this one and world_model.h).
+void FillUniform(std::vector<float>& v, size_t n, uint64_t seed, uint64_t tag, float a);
 // Logits = LogitScale * LmHead . RMSNorm(x): keeps logits of a random model in a
 // range where sampling is neither uniform nor always greedy.
 inline float LogitScale(const ModelConfig& c) { return 4.0f / std::sqrt(static_cast<float>(c.hidden)); }

@@ -281,6 +281,14 @@ struct EventsConfig {
   uint32_t max_batch_events = 512; // events per published batch at most
   std::string topic;               // first frame of every message ("" as vLLM's default)
   std::string hash = "bytes";      // block hash on the wire: "bytes" (16-byte key) or "int" (its low 64 bits)
+// Similarity-gated reuse of world-model frame KV ($.frames; kvmesh/frame_stream.h,
+// docs/worldmodel.md): the defaults of every FrameStream's gate.
+struct FramesConfig {
+  uint32_t window = 16;            // frames a patch is matched against (1..1024)
+  double ssim_threshold = 0.92;    // tau, in [-1, 1]
+  double change_threshold = 0.05;  // rho, in [0, 1]
+  uint32_t pixel_delta = 16;       // 0..255
+  uint32_t recompute_radius = 0;   // CacheBlend-style repair radius in patches (0: off)
 };
 
 struct ClusterConfig {
@@ -299,6 +307,7 @@ struct ClusterConfig {
   SequencesConfig sequences;
   LimitsConfig limits;
   EventsConfig events;
+  FramesConfig frames;
 
   std::string source;  // file name or "<string>", for messages
 

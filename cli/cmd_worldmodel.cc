@@ -1,0 +1,390 @@
+// kvmesh worldmodel: frame sessions of the reference world model with their
+// KV in kvmesh, reuse off, exact-only and similarity-gated (docs/worldmodel.md).
+//
+//   kvmesh worldmodel [--scene static] [--frames 64] [--tau 0.92] [--rho 0.05] [--json] [--plot PREFIX]
+//   kvmesh worldmodel --sweep [--scene static]     reuse rate against error over tau x rho
+//
+// Every mode runs the same frames on a fresh embedded cluster (the built-in
+// config or --config, its model replaced by the world model's KV block), so
+// KV bytes stored are each mode's own; the errors are against the logits of
+// the reuse-off run, which recomputes every patch of every frame.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/default_config.h"
+#include "cli/report.h"
+#include "common/progress.h"
+#include "coordinator/decode/world_run.h"
+#include "kvmesh/embedded.h"
+
+namespace kvmesh::cli {
+namespace {
+
+using namespace kvmesh::decode;
+
+struct WorldArgs {
+  std::string config;
+  std::string scene = "static";
+  uint32_t frames = 64;
+  // The gate: unset (negative) values come from the config's $.frames.
+  double tau = -2, rho = -1;
+  int64_t window = -1, pixel_delta = -1, recompute_radius = -1;
+  bool json = false, progress = true, per_frame = false, sweep = false;
+  std::string plot;
+  std::string sweep_tau = "0.5,0.7,0.8,0.85,0.9,0.92,0.95,0.98";
+  std::string sweep_rho = "0.02,0.05,0.1,0.2,0.5";
+  WorldModelConfig model;
+  // Overrides of the scene's knobs (negative: the preset's value).
+  double noise = -1, speed = -1, pan = -1, drift = -1;
+  int64_t sprites = -1, sprite_size = -1, cut_every = -1;
+};
+
+struct ModeRun {
+  std::string mode;
+  FrameMatchOptions gate;
+  WorldStreamResult r;
+  uint64_t node_bytes = 0;  // bytes the nodes hold after the run (before End's release: blocks stay)
+  LogitError err;
+  std::vector<LogitError> frame_err;
+};
+
+double Pct(const std::vector<double>& v, double q) {
+  if (v.empty()) return 0;
+  std::vector<double> s = v;
+  std::sort(s.begin(), s.end());
+  const size_t i = std::min(s.size() - 1, static_cast<size_t>(q * static_cast<double>(s.size() - 1) + 0.5));
+  return s[i];
+}
+
+struct Summary {
+  double reuse = 0, ms_p50 = 0, ms_p99 = 0, ms_mean = 0;
+  uint64_t bytes = 0, blocks = 0;
+};
+
+Summary Summarize(const ModeRun& m) {
+  Summary s;
+  std::vector<double> ms;
+  uint64_t reused = 0, patches = 0;
+  for (const WorldFrameStats& f : m.r.frames) {
+    ms.push_back(f.ms);
+    reused += f.reused;
+    patches += f.patches;
+    s.ms_mean += f.ms;
+  }
+  if (!ms.empty()) s.ms_mean /= static_cast<double>(ms.size());
+  s.reuse = patches ? static_cast<double>(reused) / static_cast<double>(patches) : 0;
+  s.ms_p50 = Pct(ms, 0.5);
+  s.ms_p99 = Pct(ms, 0.99);
+  s.bytes = m.r.stats.bytes_put;
+  s.blocks = m.r.stats.blocks_put;
+  return s;
+}
+
+std::vector<double> ParseFloats(const std::string& s) {
+  std::vector<double> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) v.push_back(std::stod(item));
+  return v;
+}
+
+class Runner {
+ public:
+  Runner(const WorldArgs& a, ClusterConfig cfg, std::shared_ptr<const WorldWeights> w, FrameGenParams scene)
+      : a_(a), cfg_(std::move(cfg)), model_(std::move(w)), gen_(std::move(scene)) {}
+
+  Result<ModeRun> Run(const std::string& mode, FrameMatchOptions gate, bool progress) {
+    KVMESH_ASSIGN_OR_RETURN(auto cluster, EmbeddedCluster::Start(cfg_));
+    WorldStreamOptions o;
+    o.frames = a_.frames;
+    o.stream.stream_id = 1;
+    o.stream.match = gate;
+    ProgressBar bar("worldmodel " + mode, a_.frames, progress);
+    o.progress = [&](uint32_t d) { bar.Update(d); };
+    ModeRun m;
+    m.mode = mode;
+    m.gate = gate;
+    KVMESH_ASSIGN_OR_RETURN(m.r, RunWorldStream(cluster->router(), model_, gen_, o));
+    bar.Finish();
+    return m;
+  }
+
+  void Score(ModeRun& m, const ModeRun& ref) const {
+    const uint32_t V = model_.config().vocab;
+    m.err = CompareLogits(m.r.logits, ref.r.logits, V);
+    const size_t per = size_t{model_.config().num_patches()} * V;
+    for (size_t f = 0; f < m.r.frames.size(); ++f)
+      m.frame_err.push_back(CompareLogits(std::span<const float>(m.r.logits).subspan(f * per, per),
+                                          std::span<const float>(ref.r.logits).subspan(f * per, per), V));
+  }
+
+  const WorldModel& model() const { return model_; }
+  const FrameGenerator& gen() const { return gen_; }
+
+ private:
+  const WorldArgs& a_;
+  ClusterConfig cfg_;
+  WorldModel model_;
+  FrameGenerator gen_;
+};
+
+nlohmann::json RunJson(const ModeRun& m, const ModeRun& off, bool per_frame) {
+  const Summary s = Summarize(m), b = Summarize(off);
+  nlohmann::json j = {{"mode", m.mode},
+                      {"tau", m.gate.ssim_threshold},
+                      {"rho", m.gate.change_threshold},
+                      {"window", m.gate.window},
+                      {"recompute_radius", m.gate.recompute_radius},
+                      {"patch_reuse", s.reuse},
+                      {"ms_per_frame", {{"p50", s.ms_p50}, {"p99", s.ms_p99}, {"mean", s.ms_mean}}},
+                      {"kv_bytes_stored", s.bytes},
+                      {"kv_blocks_stored", s.blocks},
+                      {"reuse_misses", m.r.stats.reuse_misses},
+                      {"released", m.r.stats.released},
+                      {"vs_off", {{"kv_bytes", Ratio(double(s.bytes), double(b.bytes))},
+                                  {"ms_p50", Ratio(s.ms_p50, b.ms_p50)}}},
+                      {"logit_error", {{"mean_abs", m.err.mean_abs}, {"max_abs", m.err.max_abs},
+                                       {"token_agreement", m.err.token_agreement}}}};
+  if (per_frame) {
+    nlohmann::json fr = nlohmann::json::array();
+    for (size_t i = 0; i < m.r.frames.size(); ++i) {
+      const WorldFrameStats& f = m.r.frames[i];
+      fr.push_back({{"frame", f.frame}, {"reused", f.reused}, {"patches", f.patches}, {"ms", f.ms},
+                    {"bytes_put", f.bytes_put}, {"blocks_read", f.blocks_read},
+                    {"mean_abs_error", m.frame_err[i].mean_abs}, {"max_abs_error", m.frame_err[i].max_abs},
+                    {"token_agreement", m.frame_err[i].token_agreement}});
+    }
+    j["frames"] = fr;
+  }
+  return j;
+}
+
+bool WritePlot(const std::string& prefix, const std::vector<ModeRun>& runs, const std::string& title) {
+  const std::string dat = prefix + ".dat", gp = prefix + ".gp", png = prefix + ".png";
+  {
+    std::ofstream f(dat);
+    for (const ModeRun& m : runs) {
+      f << "# " << m.mode << ": frame reuse ms mean_abs_error\n";
+      for (size_t i = 0; i < m.r.frames.size(); ++i) {
+        const WorldFrameStats& fr = m.r.frames[i];
+        f << fr.frame << ' ' << double(fr.reused) / fr.patches << ' ' << fr.ms << ' '
+          << (m.frame_err.empty() ? 0.0 : m.frame_err[i].mean_abs) << '\n';
+      }
+      f << "\n\n";
+    }
+  }
+  {
+    std::ofstream f(gp);
+    f << "set terminal pngcairo size 900,900\nset output '" << png << "'\nset multiplot layout 3,1 title '" << title
+      << "'\nset grid\nset key outside right\nset xlabel 'frame'\n";
+    const char* ylabel[3] = {"patch reuse", "ms per frame", "mean |logit error|"};
+    for (int c = 0; c < 3; ++c) {
+      f << "set ylabel '" << ylabel[c] << "'\nplot ";
+      for (size_t i = 0; i < runs.size(); ++i)
+        f << (i ? ", " : "") << "'" << dat << "' index " << i << " using 1:" << (c + 2) << " with lines title '"
+          << runs[i].mode << "'";
+      f << "\n";
+    }
+    f << "unset multiplot\n";
+  }
+  return std::system(("gnuplot '" + gp + "' 2>/dev/null").c_str()) == 0;
+}
+
+int Fail(const Status& s) {
+  std::cerr << "kvmesh worldmodel: " << s.ToString() << "\n";
+  return 1;
+}
+
+int Run(const WorldArgs& a, nlohmann::json* out = nullptr) {
+  Result<ClusterConfig> base = a.config.empty()
+                                   ? ParseConfig(kDefaultLocalConfig, "cluster_configs/local.json (built in)")
+                                   : LoadConfigFile(a.config);
+  if (!base.ok()) return Fail(base.status());
+  ClusterConfig cfg = std::move(base).value();
+  cfg.model = a.model.Spec();
+  cfg.store.slot_bytes = 0;
+  auto scene = FrameGenPresetByName(a.scene);
+  if (!scene.ok()) return Fail(scene.status());
+  FrameGenParams sp = std::move(scene).value();
+  sp.width = a.model.width;
+  sp.height = a.model.height;
+  if (a.noise >= 0) sp.noise_sigma = static_cast<float>(a.noise);
+  if (a.speed >= 0) sp.sprite_speed = static_cast<float>(a.speed);
+  if (a.pan >= 0) sp.pan_speed = static_cast<float>(a.pan);
+  if (a.drift >= 0) sp.light_drift = static_cast<float>(a.drift);
+  if (a.sprites >= 0) sp.sprites = static_cast<uint32_t>(a.sprites);
+  if (a.sprite_size >= 0) sp.sprite_size = static_cast<uint32_t>(a.sprite_size);
+  if (a.cut_every >= 0) sp.cut_every = static_cast<uint32_t>(a.cut_every);
+  if (Status s = sp.Validate(); !s.ok()) return Fail(s);
+  WorldModelConfig model_cfg = a.model;
+  model_cfg.window = a.window >= 0 ? static_cast<uint32_t>(a.window) : cfg.frames.window;
+  cfg.model = model_cfg.Spec();
+  auto w = WorldWeights::Generate(model_cfg);
+  if (!w.ok()) return Fail(w.status());
+  Runner runner(a, cfg, std::move(w).value(), sp);
+  const bool progress = a.progress && !a.json;
+
+  FrameMatchOptions gate = FrameMatchOptions::FromConfig(cfg.frames);
+  if (a.window >= 0) gate.window = static_cast<uint32_t>(a.window);
+  if (a.tau > -2) gate.ssim_threshold = static_cast<float>(a.tau);
+  if (a.rho >= 0) gate.change_threshold = static_cast<float>(a.rho);
+  if (a.pixel_delta >= 0) gate.pixel_delta = static_cast<uint32_t>(a.pixel_delta);
+  if (a.recompute_radius >= 0) gate.recompute_radius = static_cast<uint32_t>(a.recompute_radius);
+  if (Status s = gate.Validate(); !s.ok()) return Fail(s);
+  FrameMatchOptions off = gate, exact = gate;
+  off.mode = FrameReuse::kOff;
+  exact.mode = FrameReuse::kExact;
+
+  auto ref = runner.Run("off", off, progress);
+  if (!ref.ok()) return Fail(ref.status());
+  runner.Score(*ref, *ref);
+  const WorldModelConfig& mc = model_cfg;
+  const nlohmann::json model_json = {{"params", mc.Params()},       {"hidden", mc.hidden},   {"layers", mc.layers},
+                                     {"heads", mc.heads},           {"ffn", mc.ffn},         {"vocab", mc.vocab},
+                                     {"patches", mc.num_patches()}, {"patch", mc.patch},     {"width", mc.width},
+                                     {"height", mc.height},         {"block_bytes", mc.BlockBytes()},
+                                     {"window", mc.window},         {"macs_per_patch", mc.MacsPerPatch(mc.window)},
+                                     {"spatial_radius", mc.spatial_radius}, {"pool", mc.pool}};
+
+  if (a.sweep) {
+    nlohmann::json rows = nlohmann::json::array();
+    const Summary b = Summarize(*ref);
+    if (!a.json)
+      std::printf("kvmesh worldmodel --sweep: scene %s, %u frames; errors against the reuse-off run\n"
+                  "  %-6s %-6s %8s %10s %10s %10s %9s\n",
+                  a.scene.c_str(), a.frames, "tau", "rho", "reuse", "bytes/off", "mean|err|", "max|err|", "tokens");
+    for (double t : ParseFloats(a.sweep_tau))
+      for (double r : ParseFloats(a.sweep_rho)) {
+        FrameMatchOptions g = gate;
+        g.ssim_threshold = static_cast<float>(t);
+        g.change_threshold = static_cast<float>(r);
+        auto m = runner.Run("similar", g, false);
+        if (!m.ok()) return Fail(m.status());
+        runner.Score(*m, *ref);
+        const Summary s = Summarize(*m);
+        rows.push_back({{"tau", t}, {"rho", r}, {"patch_reuse", s.reuse},
+                        {"kv_bytes_vs_off", Ratio(double(s.bytes), double(b.bytes))},
+                        {"mean_abs", m->err.mean_abs}, {"max_abs", m->err.max_abs},
+                        {"token_agreement", m->err.token_agreement}});
+        if (!a.json)
+          std::printf("  %-6.2f %-6.2f %7.1f%% %9.2fx %10.5f %10.4f %8.2f%%\n", t, r, 100 * s.reuse,
+                      Ratio(double(s.bytes), double(b.bytes)), m->err.mean_abs, m->err.max_abs,
+                      100 * m->err.token_agreement);
+      }
+    if (a.json)
+      std::cout << nlohmann::json({{"scene", a.scene}, {"frames", a.frames}, {"model", model_json}, {"sweep", rows}})
+                       .dump(2)
+                << "\n";
+    return 0;
+  }
+
+  std::vector<ModeRun> runs;
+  runs.push_back(std::move(ref).value());
+  for (auto [name, g] : {std::pair{"exact", exact}, std::pair{"similar", gate}}) {
+    auto m = runner.Run(name, g, progress);
+    if (!m.ok()) return Fail(m.status());
+    runner.Score(*m, runs.front());
+    runs.push_back(std::move(m).value());
+  }
+
+  if (a.json) {
+    nlohmann::json j = {{"scene", a.scene}, {"frames", a.frames}, {"model", model_json},
+                        {"runs", nlohmann::json::array()}};
+    for (const ModeRun& m : runs) j["runs"].push_back(RunJson(m, runs.front(), a.per_frame));
+    if (out)
+      *out = std::move(j);
+    else
+      std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("kvmesh worldmodel: scene %s, %u frames of %ux%u (%u patches of %ux%u); model %.0fk params "
+                "(hidden %u, %u layers, %u heads), KV block %zu B per patch; tau %.2f, rho %.2f, window %u\n",
+                a.scene.c_str(), a.frames, mc.width, mc.height, mc.num_patches(), mc.patch, mc.patch,
+                double(mc.Params()) / 1e3, mc.hidden, mc.layers, mc.heads, mc.BlockBytes(), gate.ssim_threshold,
+                gate.change_threshold, gate.window);
+    if (a.per_frame) {
+      std::printf("  %5s | %-21s | %-21s | %-21s\n", "frame", "off: reuse ms", "exact: reuse ms",
+                  "similar: reuse ms err");
+      for (size_t i = 0; i < runs[0].r.frames.size(); ++i) {
+        std::printf("  %5zu", i);
+        for (const ModeRun& m : runs) {
+          const WorldFrameStats& f = m.r.frames[i];
+          std::printf(" | %5.1f%% %7.2f", 100.0 * f.reused / f.patches, f.ms);
+          if (&m == &runs.back()) std::printf(" %.5f", m.frame_err[i].mean_abs);
+        }
+        std::printf("\n");
+      }
+    }
+    std::printf("  %-8s %8s %9s %9s %12s %9s %10s %10s %8s\n", "mode", "reuse", "ms p50", "ms p99", "KV bytes",
+                "bytes/off", "p50/off", "mean|err|", "tokens");
+    const Summary b = Summarize(runs.front());
+    for (const ModeRun& m : runs) {
+      const Summary s = Summarize(m);
+      std::printf("  %-8s %7.1f%% %9.2f %9.2f %12llu %8.2fx %9.2fx %10.5f %7.2f%%\n", m.mode.c_str(), 100 * s.reuse,
+                  s.ms_p50, s.ms_p99, static_cast<unsigned long long>(s.bytes), Ratio(double(s.bytes), double(b.bytes)),
+                  Ratio(s.ms_p50, b.ms_p50), m.err.mean_abs, 100 * m.err.token_agreement);
+    }
+    std::printf("  (errors against the reuse-off run; max |err| similar %.4f)\n", runs.back().err.max_abs);
+  }
+  if (!a.plot.empty() && !WritePlot(a.plot, runs, "kvmesh worldmodel: scene " + a.scene))
+    std::cerr << "kvmesh worldmodel: gnuplot failed; the data is in " << a.plot << ".dat\n";
+  return 0;
+}
+
+}  // namespace
+
+int RunWorldModelDemoPart(const std::string& config, uint32_t frames, bool json, std::string* json_out) {
+  WorldArgs a;
+  a.config = config;
+  a.frames = frames;
+  a.json = json;
+  a.progress = !json;
+  nlohmann::json j;
+  const int rc = Run(a, json ? &j : nullptr);
+  if (json && json_out) *json_out = j.dump();
+  return rc;
+}
+
+void AddWorldModelCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<WorldArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "worldmodel", "World-model frames: KV reused across frames by similarity, with its error measured");
+  cmd->add_option("--config", args->config, "cluster config (default: the built-in local config)");
+  cmd->add_option("--scene", args->scene, "frame generator parameter set: static, busy, static-b, drift, pan, cuts, noisy");
+  cmd->add_option("--frames", args->frames, "frames per session")->check(CLI::Range(1u, 100000u));
+  cmd->add_option("--tau", args->tau, "SSIM threshold: a patch reuses when SSIM >= tau (default: $.frames, 0.92)");
+  cmd->add_option("--rho", args->rho, "changed-pixel share: reuse when <= rho (default: $.frames, 0.05)");
+  cmd->add_option("--window", args->window, "frames a patch is matched against (default: $.frames, 16)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--pixel-delta", args->pixel_delta, "a pixel changed when it moved by more (default: $.frames, 16)");
+  cmd->add_option("--noise", args->noise, "override the scene: sensor noise sigma (gray levels)");
+  cmd->add_option("--sprites", args->sprites, "override the scene: number of moving sprites");
+  cmd->add_option("--sprite-size", args->sprite_size, "override the scene: sprite side (pixels)");
+  cmd->add_option("--speed", args->speed, "override the scene: sprite speed (pixels per frame)");
+  cmd->add_option("--pan", args->pan, "override the scene: camera pan (pixels per frame)");
+  cmd->add_option("--drift", args->drift, "override the scene: lighting drift (gray levels per frame)");
+  cmd->add_option("--cut-every", args->cut_every, "override the scene: a scene cut every N frames (0: none)");
+  cmd->add_option("--recompute-radius", args->recompute_radius,
+                  "also compute reused patches within this grid distance of a computed one (0: off)");
+  cmd->add_option("--spatial-radius", args->model.spatial_radius, "model: spatial attention reach (patches)");
+  cmd->add_option("--pool", args->model.pool, "model: tokenizer pooling (pixels)");
+  cmd->add_option("--hidden", args->model.hidden, "model width");
+  cmd->add_option("--layers", args->model.layers, "model layers");
+  cmd->add_option("--seed", args->model.seed, "model seed");
+  cmd->add_flag("--json", args->json, "print JSON");
+  cmd->add_flag("--per-frame", args->per_frame, "print (or put in the JSON) every frame");
+  cmd->add_flag("--sweep", args->sweep, "sweep tau x rho (reuse rate against error)");
+  cmd->add_option("--sweep-tau", args->sweep_tau, "tau values of --sweep");
+  cmd->add_option("--sweep-rho", args->sweep_rho, "rho values of --sweep");
+  cmd->add_option("--plot", args->plot, "write PREFIX.png: reuse, latency and error over frames");
+  cmd->add_flag("!--no-progress", args->progress, "no progress bar");
+  cmd->callback([args, exit_code] { *exit_code = Run(*args); });
+}
+
+}  // namespace kvmesh::cli

@@ -1,0 +1,242 @@
+#include "coordinator/decode/world_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "coordinator/decode/model.h"
+
+namespace kvmesh::decode {
+namespace {
+
+// Tags of the weight streams (FillUniform), distinct from the decoder's.
+uint64_t Tag(uint32_t layer, uint32_t tensor) { return (uint64_t{0x57} << 56) | (uint64_t{layer} << 32) | tensor; }
+
+// out[d] = v_self[d] + sum_j w_j (v_j[d] - v_self[d]) with w = softmax(scale * q . k_j):
+// attending to copies of one's own entry returns it exactly.
+void Attend(const float* q, const float* const* k, const float* const* v, size_t n, const float* v_self, uint32_t D,
+            float scale, float* scores, float* out) {
+  float mx = -INFINITY;
+  for (size_t j = 0; j < n; ++j) {
+    scores[j] = Dot(q, k[j], D) * scale;
+    mx = std::max(mx, scores[j]);
+  }
+  float sum = 0;
+  for (size_t j = 0; j < n; ++j) sum += scores[j] = std::exp(scores[j] - mx);
+  for (uint32_t d = 0; d < D; ++d) out[d] = 0.0f;
+  for (size_t j = 0; j < n; ++j) {
+    const float w = scores[j] / sum;
+    const float* vj = v[j];
+    for (uint32_t d = 0; d < D; ++d) out[d] += w * (vj[d] - v_self[d]);
+  }
+  for (uint32_t d = 0; d < D; ++d) out[d] += v_self[d];
+}
+
+}  // namespace
+
+Status WorldModelConfig::Validate() const {
+  if (patch == 0 || width == 0 || height == 0 || width % patch || height % patch)
+    return InvalidArgument("world model: width and height must be positive multiples of patch");
+  if (pool == 0 || patch % pool) return InvalidArgument("world model: pool must divide patch");
+  if (hidden == 0 || heads == 0 || hidden % heads) return InvalidArgument("world model: heads must divide hidden");
+  if (layers == 0 || ffn == 0 || vocab < 2 || actions == 0 || window == 0)
+    return InvalidArgument("world model: layers, ffn, actions, window must be > 0 and vocab >= 2");
+  return Status::Ok();
+}
+
+ModelSpec WorldModelConfig::Spec() const {
+  ModelSpec m;
+  m.model_id = model_id + "-s" + std::to_string(seed) + "-" + std::to_string(width) + "x" + std::to_string(height) +
+               "p" + std::to_string(patch) + "-h" + std::to_string(hidden) + "-a" + std::to_string(heads) + "-l" +
+               std::to_string(layers) + "-f" + std::to_string(ffn) + "-v" + std::to_string(vocab) + "-r" +
+               std::to_string(spatial_radius) + "-q" + std::to_string(pool);
+  m.num_layers = 2 * layers + 1;
+  m.num_kv_heads = heads;
+  m.head_dim = head_dim();
+  m.dtype = DType::kFp32;
+  m.block_tokens = 1;
+  m.num_experts = 0;
+  return m;
+}
+
+uint64_t WorldModelConfig::Params() const {
+  const uint64_t H = hidden, pp = uint64_t{patch / pool} * (patch / pool);
+  const uint64_t per_layer = 8 * H * H + 3 * H * ffn + 3 * H;
+  return H * pp + uint64_t{num_patches()} * H + layers * per_layer + H + uint64_t{actions} * H + uint64_t{vocab} * H;
+}
+
+uint64_t WorldModelConfig::MacsPerPatch(uint32_t context) const {
+  const uint64_t H = hidden, pp = uint64_t{patch / pool} * (patch / pool);
+  const uint64_t side = std::min<uint64_t>(2 * spatial_radius + 1, width / patch);
+  const uint64_t attn = 2 * H * (side * side + context);  // scores and weighted sums, both attentions
+  return H * pp + layers * (8 * H * H + 3 * H * ffn + attn) + uint64_t{vocab} * H;
+}
+
+Result<std::shared_ptr<const WorldWeights>> WorldWeights::Generate(const WorldModelConfig& c) {
+  KVMESH_RETURN_IF_ERROR(c.Validate());
+  auto w = std::make_shared<WorldWeights>();
+  w->config = c;
+  const size_t H = c.hidden, pp = size_t{c.patch / c.pool} * (c.patch / c.pool);
+  const float a_h = std::sqrt(3.0f / H);
+  // Pixels in [-0.5, 0.5] have variance 1/12 at most: scale the input so a
+  // token's embedding has a spread like the position embedding's.
+  FillUniform(w->patch_in, H * pp, c.seed, Tag(0xFFFF, 1), std::sqrt(3.0f / pp) * 3.0f);
+  FillUniform(w->pos, size_t{c.num_patches()} * H, c.seed, Tag(0xFFFF, 2), 0.5f);
+  FillUniform(w->final_norm, H, c.seed, Tag(0xFFFF, 3), 0.1f);
+  for (float& g : w->final_norm) g += 1.0f;
+  FillUniform(w->action, size_t{c.actions} * H, c.seed, Tag(0xFFFF, 4), 0.5f);
+  FillUniform(w->head, size_t{c.vocab} * H, c.seed, Tag(0xFFFF, 5), std::sqrt(3.0f));
+  w->layers.resize(c.layers);
+  for (uint32_t l = 0; l < c.layers; ++l) {
+    WorldWeights::Layer& L = w->layers[l];
+    uint32_t t = 0;
+    for (std::vector<float>* g : {&L.s_norm, &L.t_norm, &L.f_norm}) {
+      FillUniform(*g, H, c.seed, Tag(l, ++t), 0.1f);
+      for (float& x : *g) x += 1.0f;
+    }
+    for (std::vector<float>* m : {&L.s_wq, &L.s_wk, &L.s_wv, &L.s_wo, &L.t_wq, &L.t_wk, &L.t_wv, &L.t_wo})
+      FillUniform(*m, H * H, c.seed, Tag(l, ++t), a_h);
+    FillUniform(L.w1, size_t{c.ffn} * H, c.seed, Tag(l, ++t), a_h);
+    FillUniform(L.w3, size_t{c.ffn} * H, c.seed, Tag(l, ++t), a_h);
+    FillUniform(L.w2, H * c.ffn, c.seed, Tag(l, ++t), std::sqrt(3.0f / c.ffn));
+  }
+  return std::shared_ptr<const WorldWeights>(std::move(w));
+}
+
+WorldModel::WorldModel(std::shared_ptr<const WorldWeights> w) : w_(std::move(w)) {}
+
+Status WorldModel::ComputeFrame(const WorldFrameInput& in, std::span<float> blocks, std::span<float> logits) const {
+  const WorldModelConfig& c = w_->config;
+  const uint32_t N = c.num_patches(), H = c.hidden, D = c.head_dim(), A = c.heads, P = c.patch, F = c.ffn;
+  const size_t BF = c.BlockFloats();
+  if (in.pixels.size() != size_t{c.width} * c.height || in.reused.size() != N || in.history.size() != N ||
+      blocks.size() < N * BF || logits.size() < size_t{N} * c.vocab || in.action >= c.actions)
+    return InvalidArgument("world model: frame inputs do not match the model's shape");
+  // Offsets inside a block: kv layer j's K at j*2H, V at j*2H + H.
+  auto K = [&](const float* b, uint32_t kvl) { return b + size_t{kvl} * 2 * H; };
+  auto V = [&](const float* b, uint32_t kvl) { return b + size_t{kvl} * 2 * H + H; };
+  std::vector<uint32_t> comp;  // computed patches
+  std::vector<const float*> src(N);
+  for (uint32_t p = 0; p < N; ++p) {
+    src[p] = in.reused[p] ? in.reused[p] : blocks.data() + size_t{p} * BF;
+    if (!in.reused[p]) comp.push_back(p);
+  }
+  const size_t C = comp.size();
+  const uint32_t S = P / c.pool, GW = c.grid_w(), GH = c.height / P;
+  std::vector<float> x(C * H), h(C * H), q(C * H), att(C * H), o(C * H), a1(C * F), a3(C * F), px(size_t{S} * S),
+      scores(std::max<size_t>(N, c.window) + 1);
+  // Embedding: Win . (pool x pool means / 255 - 0.5) + pos.
+  const float inv_pool = 1.0f / (255.0f * static_cast<float>(c.pool * c.pool));
+  for (size_t i = 0; i < C; ++i) {
+    const uint32_t p = comp[i], gx = p % GW, gy = p / GW;
+    for (uint32_t y = 0; y < S; ++y)
+      for (uint32_t xx = 0; xx < S; ++xx) {
+        uint32_t sum = 0;
+        for (uint32_t dy = 0; dy < c.pool; ++dy)
+          for (uint32_t dx = 0; dx < c.pool; ++dx)
+            sum += in.pixels[(size_t{gy} * P + y * c.pool + dy) * c.width + size_t{gx} * P + xx * c.pool + dx];
+        px[size_t{y} * S + xx] = static_cast<float>(sum) * inv_pool - 0.5f;
+      }
+    MatMul(w_->patch_in.data(), size_t{S} * S, H, size_t{S} * S, px.data(), size_t{S} * S, 1, x.data() + i * H, H);
+    for (uint32_t d = 0; d < H; ++d) x[i * H + d] += w_->pos[size_t{p} * H + d];
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  std::vector<const float*> kp, vp;
+  for (uint32_t l = 0; l < c.layers && C > 0; ++l) {
+    const WorldWeights::Layer& L = w_->layers[l];
+    const uint32_t ls = 2 * l, lt = 2 * l + 1;
+    // h = RMSNorm(x); q = Wq h; K and V of kv layer kvl into each computed patch's block.
+    auto project = [&](const std::vector<float>& norm, const std::vector<float>& wq, const std::vector<float>& wk,
+                       const std::vector<float>& wv, uint32_t kvl) {
+      for (size_t i = 0; i < C; ++i) RmsNorm(x.data() + i * H, norm.data(), H, h.data() + i * H);
+      MatMul(wq.data(), H, H, H, h.data(), H, C, q.data(), H);
+      for (size_t i = 0; i < C; ++i) {
+        float* b = blocks.data() + size_t{comp[i]} * BF;
+        MatMul(wk.data(), H, H, H, h.data() + i * H, H, 1, b + size_t{kvl} * 2 * H, H);
+        MatMul(wv.data(), H, H, H, h.data() + i * H, H, 1, b + size_t{kvl} * 2 * H + H, H);
+      }
+    };
+    // x += Wo att.
+    auto residual = [&](const std::vector<float>& wo) {
+      MatMul(wo.data(), H, H, H, att.data(), H, C, o.data(), H);
+      for (size_t e = 0; e < C * H; ++e) x[e] += o[e];
+    };
+    // Spatial attention over the neighbourhood (reused patches bring their K, V).
+    project(L.s_norm, L.s_wq, L.s_wk, L.s_wv, ls);
+    const int32_t R = static_cast<int32_t>(c.spatial_radius);
+    for (size_t i = 0; i < C; ++i) {
+      const uint32_t p = comp[i];
+      const int32_t px0 = static_cast<int32_t>(p % GW), py0 = static_cast<int32_t>(p / GW);
+      const float* self = src[p];
+      for (uint32_t a = 0; a < A; ++a) {
+        kp.clear();
+        vp.clear();
+        for (int32_t y = std::max(0, py0 - R); y <= std::min(int32_t(GH) - 1, py0 + R); ++y)
+          for (int32_t xx = std::max(0, px0 - R); xx <= std::min(int32_t(GW) - 1, px0 + R); ++xx) {
+            const float* b = src[size_t(y) * GW + size_t(xx)];
+            kp.push_back(K(b, ls) + a * D);
+            vp.push_back(V(b, ls) + a * D);
+          }
+        Attend(q.data() + i * H + a * D, kp.data(), vp.data(), kp.size(), V(self, ls) + a * D, D, scale,
+               scores.data(), att.data() + i * H + a * D);
+      }
+    }
+    residual(L.s_wo);
+    // Temporal attention at each patch position over the window.
+    project(L.t_norm, L.t_wq, L.t_wk, L.t_wv, lt);
+    for (size_t i = 0; i < C; ++i) {
+      const uint32_t p = comp[i];
+      const std::vector<const float*>& hist = in.history[p];
+      const size_t keep = std::min<size_t>(hist.size(), c.window - 1);
+      const float* self = src[p];
+      for (uint32_t a = 0; a < A; ++a) {
+        kp.clear();
+        vp.clear();
+        for (size_t j = hist.size() - keep; j < hist.size(); ++j) {
+          kp.push_back(K(hist[j], lt) + a * D);
+          vp.push_back(V(hist[j], lt) + a * D);
+        }
+        kp.push_back(K(self, lt) + a * D);
+        vp.push_back(V(self, lt) + a * D);
+        Attend(q.data() + i * H + a * D, kp.data(), vp.data(), kp.size(), V(self, lt) + a * D, D, scale,
+               scores.data(), att.data() + i * H + a * D);
+      }
+    }
+    residual(L.t_wo);
+    // FFN (SwiGLU).
+    for (size_t i = 0; i < C; ++i) RmsNorm(x.data() + i * H, L.f_norm.data(), H, h.data() + i * H);
+    MatMul(L.w1.data(), H, F, H, h.data(), H, C, a1.data(), F);
+    MatMul(L.w3.data(), H, F, H, h.data(), H, C, a3.data(), F);
+    for (size_t e = 0; e < C * F; ++e) a1[e] = Silu(a1[e]) * a3[e];
+    MatMul(L.w2.data(), F, H, F, a1.data(), F, C, o.data(), H);
+    for (size_t e = 0; e < C * H; ++e) x[e] += o[e];
+  }
+  // The output kv layer: RMSNorm(x) and x.
+  const uint32_t lo = 2 * c.layers;
+  for (size_t i = 0; i < C; ++i) {
+    float* b = blocks.data() + size_t{comp[i]} * BF;
+    RmsNorm(x.data() + i * H, w_->final_norm.data(), H, b + size_t{lo} * 2 * H);
+    std::memcpy(b + size_t{lo} * 2 * H + H, x.data() + i * H, H * sizeof(float));
+  }
+  // Logits of every patch from its output state and the action.
+  std::vector<float> z(size_t{N} * H);
+  for (uint32_t p = 0; p < N; ++p) {
+    const float* hn = K(src[p], lo);
+    for (uint32_t d = 0; d < H; ++d) z[size_t{p} * H + d] = hn[d] + w_->action[size_t{in.action} * H + d];
+  }
+  MatMul(w_->head.data(), H, c.vocab, H, z.data(), H, N, logits.data(), c.vocab);
+  const float ls = 4.0f / std::sqrt(static_cast<float>(H));
+  for (size_t e = 0; e < size_t{N} * c.vocab; ++e) logits[e] *= ls;
+  return Status::Ok();
+}
+
+std::vector<uint32_t> PredictedTokens(std::span<const float> logits, uint32_t vocab) {
+  std::vector<uint32_t> out(logits.size() / vocab);
+  for (size_t p = 0; p < out.size(); ++p) {
+    const float* l = logits.data() + p * vocab;
+    out[p] = static_cast<uint32_t>(std::max_element(l, l + vocab) - l);
+  }
+  return out;
+}
+
+}  // namespace kvmesh::decode

@@ -1,0 +1,53 @@
+// coordinator/decode/world_run.h — frame sessions of the reference world
+// model with their KV in kvmesh (docs/worldmodel.md): each frame is matched
+// against its stream (kvmesh/frame_stream.h), reused blocks and the temporal
+// context are read back from the nodes into registered memory, the other
+// patches are computed and put. `kvmesh worldmodel` and the tests run it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "coordinator/decode/frame_gen.h"
+#include "coordinator/decode/world_model.h"
+#include "kvmesh/frame_stream.h"
+#include "kvmesh/router.h"
+
+namespace kvmesh::decode {
+
+struct WorldFrameStats {
+  uint32_t frame = 0;
+  uint32_t patches = 0, reused = 0;
+  double ms = 0;               // match, reads, compute, puts: the whole frame
+  uint64_t bytes_put = 0;      // KV bytes this frame stored
+  uint64_t blocks_read = 0;    // blocks read back (reused and temporal context)
+  uint64_t history_misses = 0; // context blocks that missed (left out of attention)
+};
+
+struct WorldStreamOptions {
+  FrameStreamOptions stream;  // width/height/patch are taken from the model
+  uint32_t frames = 64;
+  std::function<void(uint32_t done)> progress;
+};
+
+struct WorldStreamResult {
+  std::vector<WorldFrameStats> frames;
+  std::vector<float> logits;  // [frame][patch][vocab]
+  FrameStreamStats stats;
+};
+
+// Runs frames [0, o.frames) of `gen` through `model` over `router`; ends the
+// stream before returning. The router's model must be model.config().Spec().
+Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model, const FrameGenerator& gen,
+                                         const WorldStreamOptions& o);
+
+struct LogitError {
+  double mean_abs = 0, max_abs = 0;
+  double token_agreement = 1;  // share of patches whose predicted token agrees
+};
+// a against the reference b (same shape, [..][vocab]).
+LogitError CompareLogits(std::span<const float> a, std::span<const float> b, uint32_t vocab);
+
+}  // namespace kvmesh::decode
