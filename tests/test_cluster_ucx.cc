@@ -24,27 +24,38 @@ using namespace kvmesh;
 
 namespace {
 
-struct Fixture {
-  explicit Fixture(std::string token = "", uint64_t epoch = 0, UcxProgress progress = UcxProgress::kHybrid,
-                   int workers = 1)
-      : epoch_(epoch), progress_(progress) {
+// A node of `host` memory served over UCX with `so`, starting at `epoch0`.
+struct Served {
+  Served(const std::string& host, const UcxServerOptions& so, uint64_t epoch0 = 0) : epoch(epoch0) {
     auto c = ParseConfig(R"({
       "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
-      "nodes": [{"id": "u0", "memory": {"host": "64MiB"}}],
+      "nodes": [{"id": "u0", "memory": {"host": ")" + host + R"("}}],
       "store": {"slot_bytes": "2MiB", "stripes": 2}})");
     REQUIRE(c.ok());
     auto n = ShardNode::Create(*c, "u0");
     REQUIRE(n.ok());
     node = std::move(*n);
+    auto s = UcxServer::Start(node.get(), so, &epoch);
+    REQUIRE(s.ok());
+    server = std::move(*s);
+  }
+  std::atomic<uint64_t> epoch;
+  std::unique_ptr<ShardNode> node;
+  std::unique_ptr<UcxServer> server;
+};
+
+struct Fixture : Served {
+  explicit Fixture(std::string token = "", uint64_t epoch = 0, UcxProgress progress = UcxProgress::kHybrid,
+                   int workers = 1)
+      : Served("64MiB", Options(std::move(token), progress, workers), epoch), progress_(progress) {}
+  static UcxServerOptions Options(std::string token, UcxProgress progress, int workers) {
     UcxServerOptions o;
     o.token = std::move(token);
     o.limits.max_block_bytes = 2 << 20;
     o.limits.max_body_bytes = 16 << 20;
     o.progress = progress;
     o.workers = workers;
-    auto s = UcxServer::Start(node.get(), o, &epoch_);
-    REQUIRE(s.ok());
-    server = std::move(*s);
+    return o;
   }
   Result<std::unique_ptr<UcxChannel>> Channel(std::string token = "") {
     UcxChannelOptions o;
@@ -56,10 +67,7 @@ struct Fixture {
     o.progress = progress_;
     return UcxChannel::Connect(o);
   }
-  std::atomic<uint64_t> epoch_;
   UcxProgress progress_;
-  std::unique_ptr<ShardNode> node;
-  std::unique_ptr<UcxServer> server;
 };
 
 BlockKey Key(uint64_t i) { return BlockKey{i * 0x9E3779B97F4A7C15ull, i}; }
@@ -443,20 +451,11 @@ TEST_CASE("UCX: large GET batches (16 MiB, 128 MiB of 256 KiB blocks) come back 
   // frames of 512 MiB (bench-serve's transport.max_frame_bytes) by a client
   // that accepts answers of 64 MiB (the default limits): the batch must be
   // split by the smaller, or the node's 128 MiB answer is one the client drops.
-  auto c = ParseConfig(R"({
-    "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
-    "nodes": [{"id": "u0", "memory": {"host": "384MiB"}}],
-    "store": {"slot_bytes": "2MiB", "stripes": 2}})");
-  REQUIRE(c.ok());
-  auto n = ShardNode::Create(*c, "u0");
-  REQUIRE(n.ok());
-  std::atomic<uint64_t> epoch{0};
   UcxServerOptions so;
   so.limits.max_body_bytes = 512u << 20;  // node_daemon: transport.max_frame_bytes
-  auto s = UcxServer::Start(n->get(), so, &epoch);
-  REQUIRE(s.ok());
+  Served sv("384MiB", so);
   UcxChannelOptions co;
-  co.node_address = (*s)->address();
+  co.node_address = sv.server->address();
   co.timeout_ms = kvmesh::testing::TimeBound(std::chrono::milliseconds(20000)).count();
   auto ch = UcxChannel::Connect(co);
   REQUIRE(ch.ok());
@@ -607,20 +606,11 @@ TEST_CASE("UCX: a GET answer is sent from its pinned slot; a client that stops r
   // while the send is in flight; a client that never progresses its worker
   // would hold that pin forever, so the node closes its session after
   // max_pinned_send_ms, which ends the send and drops the pin.
-  auto cfg = ParseConfig(R"({
-    "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
-    "nodes": [{"id": "u0", "memory": {"host": "64MiB"}}],
-    "store": {"slot_bytes": "2MiB", "stripes": 2}})");
-  REQUIRE(cfg.ok());
-  auto n = ShardNode::Create(*cfg, "u0");
-  REQUIRE(n.ok());
-  std::atomic<uint64_t> epoch{0};
   UcxServerOptions so;
   so.max_pinned_send_ms = 400;
-  auto s = UcxServer::Start(n->get(), so, &epoch);
-  REQUIRE(s.ok());
+  Served sv("64MiB", so);
   UcxChannelOptions co;
-  co.node_address = (*s)->address();
+  co.node_address = sv.server->address();
   co.timeout_ms = kvmesh::testing::TimeBound(std::chrono::milliseconds(5000)).count();
   auto ch = UcxChannel::Connect(co);
   REQUIRE(ch.ok());
@@ -628,7 +618,7 @@ TEST_CASE("UCX: a GET answer is sent from its pinned slot; a client that stops r
   std::vector<PutItem> p = {PutItem{Key(1), v, {}}};
   REQUIRE((*ch)->Put(p, {}).ok());
   REQUIRE(p[0].status.ok());
-  auto pinned = [&] { return (*n)->store().Stats().pinned_blocks; };
+  auto pinned = [&] { return sv.node->store().Stats().pinned_blocks; };
   REQUIRE(pinned() == 0);
   {
     // The GET is posted and nobody progresses the client's worker: the
