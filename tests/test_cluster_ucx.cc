@@ -39,6 +39,13 @@ struct Served {
     REQUIRE(s.ok());
     server = std::move(*s);
   }
+  // A channel to it with the default client options and `timeout` (scaled).
+  Result<std::unique_ptr<UcxChannel>> Connect(std::chrono::milliseconds timeout) const {
+    UcxChannelOptions co;
+    co.node_address = server->address();
+    co.timeout_ms = kvmesh::testing::TimeBound(timeout).count();
+    return UcxChannel::Connect(co);
+  }
   std::atomic<uint64_t> epoch;
   std::unique_ptr<ShardNode> node;
   std::unique_ptr<UcxServer> server;
@@ -454,10 +461,7 @@ TEST_CASE("UCX: large GET batches (16 MiB, 128 MiB of 256 KiB blocks) come back 
   UcxServerOptions so;
   so.limits.max_body_bytes = 512u << 20;  // node_daemon: transport.max_frame_bytes
   Served sv("384MiB", so);
-  UcxChannelOptions co;
-  co.node_address = sv.server->address();
-  co.timeout_ms = kvmesh::testing::TimeBound(std::chrono::milliseconds(20000)).count();
-  auto ch = UcxChannel::Connect(co);
+  auto ch = sv.Connect(std::chrono::milliseconds(20000));
   REQUIRE(ch.ok());
   constexpr size_t kBlock = 256 << 10, kBlocks = 512;
   std::vector<std::byte> data(kBlock * kBlocks);
@@ -609,10 +613,7 @@ TEST_CASE("UCX: a GET answer is sent from its pinned slot; a client that stops r
   UcxServerOptions so;
   so.max_pinned_send_ms = 400;
   Served sv("64MiB", so);
-  UcxChannelOptions co;
-  co.node_address = sv.server->address();
-  co.timeout_ms = kvmesh::testing::TimeBound(std::chrono::milliseconds(5000)).count();
-  auto ch = UcxChannel::Connect(co);
+  auto ch = sv.Connect(std::chrono::milliseconds(5000));
   REQUIRE(ch.ok());
   std::vector<std::byte> v(1 << 20, std::byte{7}), got(1 << 20);
   std::vector<PutItem> p = {PutItem{Key(1), v, {}}};
@@ -637,7 +638,7 @@ TEST_CASE("UCX: a GET answer is sent from its pinned slot; a client that stops r
     (void)call.Wait();  // the closed session fails the call (or times it out); either way it ends
   }
   // A new channel is served as before.
-  auto again = UcxChannel::Connect(co);
+  auto again = sv.Connect(std::chrono::milliseconds(5000));
   REQUIRE(again.ok());
   std::vector<GetItem> g = {GetItem{Key(1), got, 0, {}}};
   REQUIRE((*again)->Get(g, {}).ok());
