@@ -74,7 +74,13 @@ class Server final : public UcxServer {
 
   Server(ShardNode* node, UcxServerOptions o, const std::atomic<uint64_t>* epoch)
       : node_(node), o_(o), handler_(node, o.limits, o.token, epoch), sd_(io_) {}
-  ~Server() override { Stop(); }
+  // The worker goes first, while the maps its send callbacks erase from are
+  // still here: destroying it purges the sends still pending on its
+  // endpoints (to a client that vanished) and calls them back.
+  ~Server() override {
+    Stop();
+    worker_.reset();
+  }
 
   // A worker of `context` (shared with the node's other workers) serving
   // one-sided transfers over `pools`, mapped on that context.
