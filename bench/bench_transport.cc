@@ -9,7 +9,8 @@
 // blocks live in one buffer registered with its UCX channel (an engine's KV
 // pool; by default memory from UcxContext::Allocate, what
 // Router::AllocateMemory hands out; --ucx-memory malloc for heap memory), so
-// UCX GETs and PUTs are one-sided (GET_INTO / PUT_FROM); TCP reads and writes
+// UCX GETs and PUTs are one-sided (GET_INTO / PUT_FROM); --ucx-memory
+// unregistered registers nothing, so they are two-sided; TCP reads and writes
 // the same buffers. The baselines, measured in the same run:
 // ucx_perftest (ucp_am_lat per size: what one UCX message costs between two
 // processes with the same UCX_TLS; ucp_am_bw for 64 KiB), raw loopback TCP
@@ -28,7 +29,7 @@
 //   build/bin/bench_transport [--seconds 1] [--reps 3] [--sizes 65536,262144,1048576] [--clients 1,8]
 //                             [--tables transport,resp] [--resp-sizes 16384] [--resp-clients 1,8]
 //                             [--resp-pipeline 1,16] [--redis-benchmark /usr/bin/redis-benchmark]
-//                             [--ucx-progress poll|event|hybrid|adaptive] [--ucx-memory allocated|malloc] [--json]
+//                             [--ucx-progress poll|event|hybrid|adaptive] [--ucx-memory allocated|malloc|unregistered] [--json]
 //                             [--ucx-workers N]   (the node's $.transport.ucx.workers; 0 = its default)
 //                             [--backends tcp,ucx,redis,raw,batch]   (which cells run, batch = the batch rows: to profile one path)
 //                             [--ops GET,PUT]   (which operations of those cells run)
@@ -752,7 +753,7 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: bench_transport [--seconds S] [--reps R] [--sizes B,...] [--clients N,...] [--backends tcp,ucx,redis,raw,batch]\n"
           "                       [--ops GET,PUT] [--tables transport,resp] [--resp-sizes B,...] [--resp-clients N,...]\n"
-          "                       [--resp-pipeline D,...] [--ucx-progress P] [--ucx-memory allocated|malloc] [--ucx-workers N]\n"
+          "                       [--resp-pipeline D,...] [--ucx-progress P] [--ucx-memory allocated|malloc|unregistered] [--ucx-workers N]\n"
           "                       [--kvmesh BIN] [--redis-server BIN] [--redis-benchmark BIN] [--json]\n"
           "Moves blocks through real kvmesh daemons (TCP and UCX) and redis-server, beside raw loopback TCP and\n"
           "ucx_perftest in the same run; prints medians and same-run ratios per cell.\n");
@@ -832,7 +833,8 @@ int main(int argc, char** argv) {
   const size_t per_client = (1 + std::max(keys_per_client, kBatch)) * slot;
   // Over UCX by default the memory an engine gets from Router::AllocateMemory
   // (UcxContext::Allocate: a shared-memory segment the node maps);
-  // --ucx-memory malloc registers plain heap memory instead.
+  // --ucx-memory malloc registers plain heap memory instead; unregistered
+  // registers nothing (two-sided transfers).
 #if defined(KVMESH_HAVE_UCX)
   auto ctx = UcxContext::Create(/*mt_workers=*/true);
 #endif
@@ -865,8 +867,13 @@ int main(int argc, char** argv) {
       uo.context = *ctx;
       uo.progress = ParseUcxProgress(ucx_progress).value_or(UcxProgress::kAdaptive);
       auto u = UcxChannel::Connect(uo);
-      Status reg = u.ok() ? (*u)->RegisterMemory(MemoryRegion{c + 1, pool[c].get(), per_client, MemoryKind::kHost})
-                          : u.status();
+      // --ucx-memory unregistered: heap memory never registered, so every
+      // GET and PUT is two-sided (active messages, the answer received by
+      // the client), as for an engine that registers nothing.
+      Status reg = !u.ok() ? u.status()
+                   : ucx_memory == "unregistered"
+                       ? Status::Ok()
+                       : (*u)->RegisterMemory(MemoryRegion{c + 1, pool[c].get(), per_client, MemoryKind::kHost});
       if (!reg.ok()) {
         std::fprintf(stderr, "bench: UCX channel: %s\n", reg.ToString().c_str());
         ux.clear();
@@ -905,8 +912,10 @@ int main(int argc, char** argv) {
   const char* tls = std::getenv("UCX_TLS");
   if (!json)
     std::printf("# kvmesh TCP and UCX vs ucx_perftest, redis-server and raw loopback TCP — %d reps x %.1f s per cell, "
-                "medians (UCX_TLS=%s, progress %s; UCX: one-sided, into %s registered memory)\n",
-                reps, seconds, tls ? tls : "default", ucx_progress.c_str(), ucx_memory.c_str());
+                "medians (UCX_TLS=%s, progress %s; UCX: %s)\n",
+                reps, seconds, tls ? tls : "default", ucx_progress.c_str(),
+                ucx_memory == "unregistered" ? "two-sided, unregistered heap memory"
+                                             : ("one-sided, into " + ucx_memory + " registered memory").c_str());
   if (!json) {
     // UCX/am_lat compares medians: ucp_am_lat's figure is size / its median
     // one-way latency, kvmesh's "p50 GB/s" is size / the median of whole calls

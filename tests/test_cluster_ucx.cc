@@ -24,27 +24,45 @@ using namespace kvmesh;
 
 namespace {
 
-struct Fixture {
-  explicit Fixture(std::string token = "", uint64_t epoch = 0, UcxProgress progress = UcxProgress::kHybrid,
-                   int workers = 1)
-      : epoch_(epoch), progress_(progress) {
+// A node of `host` memory served over UCX with `so`, starting at `epoch0`.
+struct Served {
+  Served(const std::string& host, const UcxServerOptions& so, uint64_t epoch0 = 0) : epoch(epoch0) {
     auto c = ParseConfig(R"({
       "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
-      "nodes": [{"id": "u0", "memory": {"host": "64MiB"}}],
+      "nodes": [{"id": "u0", "memory": {"host": ")" + host + R"("}}],
       "store": {"slot_bytes": "2MiB", "stripes": 2}})");
     REQUIRE(c.ok());
     auto n = ShardNode::Create(*c, "u0");
     REQUIRE(n.ok());
     node = std::move(*n);
+    auto s = UcxServer::Start(node.get(), so, &epoch);
+    REQUIRE(s.ok());
+    server = std::move(*s);
+  }
+  // A channel to it with the default client options and `timeout` (scaled).
+  Result<std::unique_ptr<UcxChannel>> Connect(std::chrono::milliseconds timeout) const {
+    UcxChannelOptions co;
+    co.node_address = server->address();
+    co.timeout_ms = kvmesh::testing::TimeBound(timeout).count();
+    return UcxChannel::Connect(co);
+  }
+  std::atomic<uint64_t> epoch;
+  std::unique_ptr<ShardNode> node;
+  std::unique_ptr<UcxServer> server;
+};
+
+struct Fixture : Served {
+  explicit Fixture(std::string token = "", uint64_t epoch = 0, UcxProgress progress = UcxProgress::kHybrid,
+                   int workers = 1)
+      : Served("64MiB", Options(std::move(token), progress, workers), epoch), progress_(progress) {}
+  static UcxServerOptions Options(std::string token, UcxProgress progress, int workers) {
     UcxServerOptions o;
     o.token = std::move(token);
     o.limits.max_block_bytes = 2 << 20;
     o.limits.max_body_bytes = 16 << 20;
     o.progress = progress;
     o.workers = workers;
-    auto s = UcxServer::Start(node.get(), o, &epoch_);
-    REQUIRE(s.ok());
-    server = std::move(*s);
+    return o;
   }
   Result<std::unique_ptr<UcxChannel>> Channel(std::string token = "") {
     UcxChannelOptions o;
@@ -56,10 +74,7 @@ struct Fixture {
     o.progress = progress_;
     return UcxChannel::Connect(o);
   }
-  std::atomic<uint64_t> epoch_;
   UcxProgress progress_;
-  std::unique_ptr<ShardNode> node;
-  std::unique_ptr<UcxServer> server;
 };
 
 BlockKey Key(uint64_t i) { return BlockKey{i * 0x9E3779B97F4A7C15ull, i}; }
@@ -443,22 +458,10 @@ TEST_CASE("UCX: large GET batches (16 MiB, 128 MiB of 256 KiB blocks) come back 
   // frames of 512 MiB (bench-serve's transport.max_frame_bytes) by a client
   // that accepts answers of 64 MiB (the default limits): the batch must be
   // split by the smaller, or the node's 128 MiB answer is one the client drops.
-  auto c = ParseConfig(R"({
-    "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
-    "nodes": [{"id": "u0", "memory": {"host": "384MiB"}}],
-    "store": {"slot_bytes": "2MiB", "stripes": 2}})");
-  REQUIRE(c.ok());
-  auto n = ShardNode::Create(*c, "u0");
-  REQUIRE(n.ok());
-  std::atomic<uint64_t> epoch{0};
   UcxServerOptions so;
   so.limits.max_body_bytes = 512u << 20;  // node_daemon: transport.max_frame_bytes
-  auto s = UcxServer::Start(n->get(), so, &epoch);
-  REQUIRE(s.ok());
-  UcxChannelOptions co;
-  co.node_address = (*s)->address();
-  co.timeout_ms = kvmesh::testing::TimeBound(std::chrono::milliseconds(20000)).count();
-  auto ch = UcxChannel::Connect(co);
+  Served sv("384MiB", so);
+  auto ch = sv.Connect(std::chrono::milliseconds(20000));
   REQUIRE(ch.ok());
   constexpr size_t kBlock = 256 << 10, kBlocks = 512;
   std::vector<std::byte> data(kBlock * kBlocks);
@@ -491,4 +494,154 @@ TEST_CASE("UCX: large GET batches (16 MiB, 128 MiB of 256 KiB blocks) come back 
     REQUIRE(bad == 0);
     CHECK(std::memcmp(dst.data(), data.data(), dst.size()) == 0);
   }
+}
+
+TEST_CASE("UCX two-sided GET: answers land in the callers' buffers or in reused pooled buffers, byte-for-byte",
+          "[cluster][ucx]") {
+  // docs/protocol.md "UCX": a GET answer's item table rides in the AM
+  // header, so the client knows every hit's size before it accepts the
+  // payloads: hits that fit their dsts and lie end to end there are received
+  // in place (direct); others land in a pooled buffer and are copied out.
+  Fixture f;
+  auto ch = f.Channel();
+  REQUIRE(ch.ok());
+  UcxChannel& c = **ch;
+  std::mt19937_64 rng(31);
+  constexpr size_t kBig = 300000, kSmall = 1000;  // rendezvous and eager answers
+  std::vector<std::vector<std::byte>> data;
+  for (size_t i = 0; i < 8; ++i) data.emplace_back(i < 6 ? kBig : kSmall);
+  for (auto& d : data)
+    for (auto& b : d) b = static_cast<std::byte>(rng());
+  std::vector<PutItem> puts;
+  for (size_t i = 0; i < data.size(); ++i) puts.push_back(PutItem{Key(40000 + i), data[i], {}});
+  REQUIRE(c.Put(puts, {}).ok());
+  const std::byte kFill{0xAB};
+  auto untouched = [&](std::span<const std::byte> s) {
+    return std::all_of(s.begin(), s.end(), [&](std::byte b) { return b == kFill; });
+  };
+
+  SECTION("single blocks and adjacent batches land directly") {
+    const auto before = c.answer_counts();
+    std::vector<std::byte> one(kBig, kFill);
+    for (int r = 0; r < 20; ++r) {
+      std::vector<GetItem> g = {GetItem{Key(40000 + r % 6), one, 0, {}}};
+      REQUIRE(c.Get(g, {}).ok());
+      REQUIRE(g[0].status.ok());
+      REQUIRE(g[0].size == kBig);
+      CHECK(std::equal(one.begin(), one.end(), data[r % 6].begin()));
+    }
+    // Four blocks into four adjacent slices of one buffer (a KV pool's layout).
+    std::vector<std::byte> run(4 * kBig, kFill);
+    std::vector<GetItem> g;
+    for (size_t i = 0; i < 4; ++i) g.push_back(GetItem{Key(40000 + i), std::span(run).subspan(i * kBig, kBig), 0, {}});
+    REQUIRE(c.Get(g, {}).ok());
+    for (size_t i = 0; i < 4; ++i) {
+      REQUIRE(g[i].status.ok());
+      CHECK(std::equal(data[i].begin(), data[i].end(), run.begin() + i * kBig));
+    }
+    // Eager answers: copied from UCX's buffer straight into separate dsts.
+    std::vector<std::byte> s0(kSmall, kFill), s1(kSmall, kFill);
+    std::vector<GetItem> gs = {GetItem{Key(40006), s0, 0, {}}, GetItem{Key(40007), s1, 0, {}}};
+    REQUIRE(c.Get(gs, {}).ok());
+    REQUIRE(gs[0].status.ok());
+    REQUIRE(gs[1].status.ok());
+    CHECK(s0 == data[6]);
+    CHECK(s1 == data[7]);
+    const auto after = c.answer_counts();
+    CHECK(after.direct - before.direct == 22);
+    CHECK(after.pooled == before.pooled);
+  }
+
+  SECTION("a miss between hits, a dst larger than its block, a dst too small: pooled, nothing written off the hits") {
+    const auto before = c.answer_counts();
+    for (int r = 0; r < 30; ++r) {
+      // Slices of kBig + 100 bytes: the hits do not lie end to end.
+      constexpr size_t kSlot = kBig + 100;
+      std::vector<std::byte> run(4 * kSlot, kFill), tiny(10, kFill);
+      std::vector<GetItem> g = {GetItem{Key(40000), std::span(run).subspan(0, kSlot), 0, {}},
+                                GetItem{Key(49999), std::span(run).subspan(kSlot, kSlot), 0, {}},  // a miss
+                                GetItem{Key(40002), std::span(run).subspan(2 * kSlot, kSlot), 0, {}},
+                                GetItem{Key(40003), tiny, 0, {}},  // smaller than its block
+                                GetItem{Key(40004), std::span(run).subspan(3 * kSlot, kSlot), 0, {}}};
+      REQUIRE(c.Get(g, {}).ok());
+      REQUIRE(g[0].status.ok());
+      CHECK(g[1].status.code() == StatusCode::kNotFound);
+      REQUIRE(g[2].status.ok());
+      CHECK(g[3].status.code() == StatusCode::kResourceExhausted);
+      CHECK(g[3].size == kBig);
+      REQUIRE(g[4].status.ok());
+      CHECK(std::equal(data[0].begin(), data[0].end(), run.begin()));
+      CHECK(std::equal(data[2].begin(), data[2].end(), run.begin() + 2 * kSlot));
+      CHECK(std::equal(data[4].begin(), data[4].end(), run.begin() + 3 * kSlot));
+      CHECK(untouched(std::span(run).subspan(kBig, kSlot - kBig + kSlot)));  // the tail of slice 0 and the miss's
+      CHECK(untouched(std::span(run).subspan(3 * kSlot + kBig, kSlot - kBig)));
+      CHECK(untouched(tiny));
+    }
+    const auto after = c.answer_counts();
+    CHECK(after.pooled - before.pooled == 30);
+    CHECK(after.direct == before.direct);
+    CHECK(after.pool_allocations - before.pool_allocations <= 4);  // reused, not one per answer
+  }
+
+  SECTION("a table too long for the AM header: the answer lands pooled, byte-for-byte") {
+    // 300 items (4800 table bytes): over the 256 items that ride in the header.
+    std::vector<std::byte> run(6 * kBig, kFill);
+    std::vector<std::byte> scratch(294 * 16, kFill);
+    std::vector<GetItem> g;
+    for (size_t i = 0; i < 300; ++i) {
+      if (i < 6) g.push_back(GetItem{Key(40000 + i), std::span(run).subspan(i * kBig, kBig), 0, {}});
+      else g.push_back(GetItem{Key(60000 + i), std::span(scratch).subspan((i - 6) * 16, 16), 0, {}});  // misses
+    }
+    const auto before = c.answer_counts();
+    REQUIRE(c.Get(g, {}).ok());
+    for (size_t i = 0; i < 6; ++i) {
+      REQUIRE(g[i].status.ok());
+      CHECK(std::equal(data[i].begin(), data[i].end(), run.begin() + i * kBig));
+    }
+    for (size_t i = 6; i < 300; ++i) CHECK(g[i].status.code() == StatusCode::kNotFound);
+    CHECK(untouched(scratch));
+    CHECK(c.answer_counts().pooled - before.pooled == 1);
+  }
+}
+
+TEST_CASE("UCX: a GET answer is sent from its pinned slot; a client that stops reading loses its session",
+          "[cluster][ucx]") {
+  // The node sends a GET's payload straight from the pool (no copy), pinned
+  // while the send is in flight; a client that never progresses its worker
+  // would hold that pin forever, so the node closes its session after
+  // max_pinned_send_ms, which ends the send and drops the pin.
+  UcxServerOptions so;
+  so.max_pinned_send_ms = 400;
+  Served sv("64MiB", so);
+  auto ch = sv.Connect(std::chrono::milliseconds(5000));
+  REQUIRE(ch.ok());
+  std::vector<std::byte> v(1 << 20, std::byte{7}), got(1 << 20);
+  std::vector<PutItem> p = {PutItem{Key(1), v, {}}};
+  REQUIRE((*ch)->Put(p, {}).ok());
+  REQUIRE(p[0].status.ok());
+  auto pinned = [&] { return sv.node->store().Stats().pinned_blocks; };
+  REQUIRE(pinned() == 0);
+  {
+    // The GET is posted and nobody progresses the client's worker: the
+    // answer's rendezvous cannot finish.
+    std::vector<GetItem> g = {GetItem{Key(1), got, 0, {}}};
+    ChannelCall call;
+    (*ch)->StartGet(g, {}, &call);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (pinned() == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2))
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    CHECK(pinned() == 1);  // sent from the slot, which stays pinned while the send is in flight
+    while (pinned() != 0 && std::chrono::steady_clock::now() - t0 < kvmesh::testing::TimeBound(std::chrono::seconds(5)))
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(pinned() == 0);  // the session was closed: the send ended, the pin went
+    CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(400));
+    (void)call.Wait();  // the closed session fails the call (or times it out); either way it ends
+  }
+  // A new channel is served as before.
+  auto again = sv.Connect(std::chrono::milliseconds(5000));
+  REQUIRE(again.ok());
+  std::vector<GetItem> g = {GetItem{Key(1), got, 0, {}}};
+  REQUIRE((*again)->Get(g, {}).ok());
+  REQUIRE(g[0].status.ok());
+  CHECK(got == v);
 }

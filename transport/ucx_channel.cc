@@ -29,6 +29,88 @@ namespace {
 using namespace proto;
 using Clock = std::chrono::steady_clock;
 
+// Reused receive buffers for GET answers that cannot land in their callers'
+// buffers (a rendezvous answer whose table is not known before its data, or
+// whose payloads are not adjacent in the callers' memory): a channel keeps a
+// few and hands them out again, so a large answer costs no allocation, no
+// zero-filling and no page faults per frame. A lease returns its buffer when
+// it goes. Thread-safety: thread-safe.
+class AnswerPool : public std::enable_shared_from_this<AnswerPool> {
+ public:
+  struct Buffer {
+    std::unique_ptr<std::byte[]> data;  // uninitialised: every byte is received before it is read
+    size_t capacity = 0;
+  };
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&&) = default;
+    Lease& operator=(Lease&& o) noexcept {
+      Return();
+      pool_ = std::move(o.pool_);
+      buf_ = std::move(o.buf_);
+      size_ = o.size_;
+      return *this;
+    }
+    ~Lease() { Return(); }
+    explicit operator bool() const { return buf_ != nullptr; }
+    std::span<std::byte> bytes() const { return {buf_->data.get(), size_}; }
+
+   private:
+    friend class AnswerPool;
+    void Return() {
+      if (buf_) pool_->Put(std::move(buf_));
+      pool_.reset();
+    }
+    std::shared_ptr<AnswerPool> pool_;
+    std::unique_ptr<Buffer> buf_;
+    size_t size_ = 0;
+  };
+
+  // A buffer of at least n bytes: a kept one that is large enough, else the
+  // largest kept one grown, else a new one.
+  Lease Take(size_t n) {
+    Lease l;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (best == free_.end()) {
+          best = it;
+          continue;
+        }
+        const size_t c = (*it)->capacity, b = (*best)->capacity;
+        if (b >= n ? (c >= n && c < b) : c > b) best = it;  // the smallest that fits, else the largest
+      }
+      if (best != free_.end()) {
+        l.buf_ = std::move(*best);
+        free_.erase(best);
+      }
+    }
+    if (!l.buf_) l.buf_ = std::make_unique<Buffer>();
+    if (l.buf_->capacity < n) {
+      l.buf_->data.reset(new std::byte[n]);
+      l.buf_->capacity = n;
+      allocations_.fetch_add(1, std::memory_order_relaxed);
+    }
+    l.pool_ = shared_from_this();
+    l.size_ = n;
+    return l;
+  }
+
+ private:
+  static constexpr size_t kKept = 4;  // buffers kept for reuse; a fifth one is freed
+  void Put(std::unique_ptr<Buffer> b) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.size() < kKept) free_.push_back(std::move(b));
+  }
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Buffer>> free_;  // guarded by mu_
+
+ public:
+  std::atomic<uint64_t> allocations_{0};  // buffers allocated or grown
+};
+
 struct Pending {
   std::mutex mu;
   std::condition_variable cv;
@@ -37,6 +119,13 @@ struct Pending {
   Status call;
   FrameHeader header;
   std::vector<std::byte> body;
+  // A two-sided GET frame: the items its answer's payloads go to (set
+  // before the request is posted), and how the answer landed:
+  std::span<GetItem> get_items;
+  bool direct = false;     // body is the item table alone: every hit's payload is in its item's dst
+  bool landing = false;    // a receive straight into get_items' dsts is under way
+  bool abandoned = false;  // the caller gave up: nothing more may be written to its dsts
+  AnswerPool::Lease pooled;  // the answer (table + payloads) landed here; body is empty
 };
 
 class Channel;
@@ -119,6 +208,9 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   }
 
   std::string_view transport() const override { return "ucx"; }
+  AnswerCounts answer_counts() const override {
+    return {direct_.load(), pooled_.load(), answers_->allocations_.load()};
+  }
   void set_epoch(uint64_t e) override { epoch_.store(e); }
 
   // Asynchronous forms (router fan-out): Start* posts the request (UCX
@@ -141,14 +233,17 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   }
   // GET / GET_INTO answer: a GET record per item, then (GET) the hits'
   // payloads, copied into the items' destinations, or (GET_INTO, `into`)
-  // nothing: the node already wrote them there. Each hit is verified where
-  // it landed.
+  // nothing: the node already wrote them there. An answer that landed
+  // straight in the destinations (p.direct) has only its table left to read.
+  // Each hit is verified where it landed.
   Status FinishGet(const Pending& p, std::span<GetItem> items, bool into) const {
+    const std::span<const std::byte> body = p.pooled ? p.pooled.bytes() : std::span<const std::byte>(p.body);
     const size_t table = size_t{p.header.count} * kGetItemSize;
-    if (p.header.count != items.size() || p.body.size() < table || (into && p.body.size() != table))
+    if (p.header.count != items.size() || body.size() < table || ((into || p.direct) && body.size() != table))
       return Unavailable(into ? "bad GET_INTO answer" : "bad GET answer");
     std::vector<GetRecord> recs;
-    KVMESH_RETURN_IF_ERROR(ParseGetTable(p.header, std::span(p.body).first(table), o_.limits, &recs));
+    KVMESH_RETURN_IF_ERROR(ParseGetTable(p.header, body.first(table), o_.limits, &recs));
+    const bool landed = into || p.direct;
     size_t off = table;
     for (size_t i = 0; i < items.size(); ++i) {
       GetItem& it = items[i];
@@ -156,17 +251,41 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       it.size = r.size;
       it.status = GetRecordStatus(r);
       if (!it.status.ok()) continue;
-      const std::byte* src = p.body.data() + off;
-      if (!into) off += r.size;
+      const std::byte* src = body.data() + off;
+      if (!landed) off += r.size;
       if (it.dst.size() < r.size) {
         it.status = into ? Unavailable("node wrote past the destination it was given")
                          : ResourceExhausted("destination smaller than the block");
         continue;
       }
-      if (!into) std::memcpy(it.dst.data(), src, r.size);
+      if (!landed) std::memcpy(it.dst.data(), src, r.size);
       it.status = VerifyPayload(it.dst.first(r.size), r.checksum);
     }
     return Status::Ok();
+  }
+
+  // Whether a GET answer whose table came first (in the AM header) can land
+  // in its callers' buffers: every hit fits its item's dst and the hits'
+  // payloads add up to the answer's data. `adjacent`: each hit's dst starts
+  // where the previous hit's payload ends, so one contiguous receive at
+  // `*start` places them all.
+  static bool HitsFit(const FrameHeader& h, std::span<const std::byte> table, std::span<GetItem> items,
+                      size_t data_len, const ProtocolLimits& limits, bool* adjacent, std::byte** start) {
+    std::vector<GetRecord> recs;
+    if (items.size() != h.count || !ParseGetTable(h, table, limits, &recs).ok()) return false;
+    size_t sum = 0;
+    std::byte* end = nullptr;
+    *adjacent = true;
+    *start = nullptr;
+    for (size_t i = 0; i < recs.size(); ++i) {
+      if (!GetRecordStatus(recs[i]).ok() || recs[i].size == 0) continue;
+      if (items[i].dst.size() < recs[i].size) return false;
+      if (*start == nullptr) *start = items[i].dst.data();
+      else if (items[i].dst.data() != end) *adjacent = false;
+      end = items[i].dst.data() + recs[i].size;
+      sum += recs[i].size;
+    }
+    return sum == data_len;
   }
 
   // ---- registered memory (docs/protocol.md "Registered memory") ---------------
@@ -418,7 +537,24 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     if (!Progress(finished, deadline)) {
       // The send holds only its own bytes (SendHolder): nothing to wait for.
       Forget(x.id);
+      {
+        std::lock_guard<std::mutex> lock(p->mu);
+        if (p->done) return p->call;
+        if (!p->landing) {
+          p->abandoned = true;  // a late answer never touches the caller's buffers
+          return DeadlineExceeded("no answer from the node within the timeout");
+        }
+      }
+      // The answer is being received straight into the caller's buffers
+      // (the node is sending it): that receive ends before they are handed
+      // back, within one more timeout or the node's death.
+      auto ended = [&] {
+        std::lock_guard<std::mutex> lock(p->mu);
+        return p->done || broken_.load();
+      };
+      (void)Progress(ended, Clock::now() + std::chrono::milliseconds(o_.timeout_ms));
       std::lock_guard<std::mutex> lock(p->mu);
+      p->abandoned = true;
       return p->done ? p->call : DeadlineExceeded("no answer from the node within the timeout");
     }
     std::lock_guard<std::mutex> lock(p->mu);
@@ -501,10 +637,18 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Channel*>(arg);
     FrameHeader h;
-    if (header_length != kHeaderSize ||
-        !DecodeHeader(std::span(static_cast<const std::byte*>(header), header_length), self->o_.limits, &h).ok() ||
-        !h.is_response() || h.body_len != length)
+    const auto hb = std::span(static_cast<const std::byte*>(header), header_length);
+    if (header_length < kHeaderSize || !DecodeHeader(hb.first(kHeaderSize), self->o_.limits, &h).ok() ||
+        !h.is_response())
       return UCS_OK;  // not ours to trust: dropped (the caller times out)
+    // A successful GET answer may carry its item table in the AM header,
+    // after the frame header (docs/protocol.md "UCX"); the data is then the
+    // payloads alone.
+    const std::span<const std::byte> table = hb.subspan(kHeaderSize);
+    if (!table.empty() &&
+        (h.opcode != Opcode::kGet || h.status != StatusCode::kOk || table.size() != size_t{h.count} * kGetItemSize))
+      return UCS_OK;
+    if (h.body_len != table.size() + length) return UCS_OK;
     std::shared_ptr<Pending> p;
     {
       std::lock_guard<std::mutex> lock(self->map_mu_);
@@ -513,13 +657,32 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       p = it->second;
       self->pending_.erase(it);
     }
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-      self->rndv_.push_back({p, h, data});
-      return UCS_INPROGRESS;
-    }
+    const auto* bytes = static_cast<const std::byte*>(data);
     std::lock_guard<std::mutex> lock(p->mu);
     p->header = h;
-    p->body.assign(static_cast<const std::byte*>(data), static_cast<const std::byte*>(data) + length);
+    p->body.assign(table.begin(), table.end());  // the header is UCX's only during this callback
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+      self->rndv_.push_back({p, h, data, table.size()});
+      return UCS_INPROGRESS;
+    }
+    bool adjacent = false;
+    std::byte* start = nullptr;
+    if (!table.empty() && !p->abandoned &&
+        HitsFit(h, table, p->get_items, length, self->o_.limits, &adjacent, &start)) {
+      // Eager: each hit copied from UCX's buffer into its caller's buffer.
+      std::vector<GetRecord> recs;
+      (void)ParseGetTable(h, table, self->o_.limits, &recs);  // HitsFit parsed it
+      size_t off = 0;
+      for (size_t i = 0; i < recs.size(); ++i) {
+        if (!GetRecordStatus(recs[i]).ok() || recs[i].size == 0) continue;
+        std::memcpy(p->get_items[i].dst.data(), bytes + off, recs[i].size);
+        off += recs[i].size;
+      }
+      p->direct = true;
+      self->direct_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      p->body.insert(p->body.end(), bytes, bytes + length);
+    }
     Complete(p.get());
     return UCS_OK;
   }
@@ -534,16 +697,42 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     std::shared_ptr<Pending> p;
     FrameHeader h;
     void* desc;
+    size_t table;  // the item table's bytes that came in the AM header (in p->body)
   };
 
+  // Receives the rendezvous answers OnReply queued. A GET answer whose
+  // table came first lands straight in its callers' buffers when its hits
+  // fit them and lie end to end there (one contiguous receive: UCX reads the
+  // node's pool in place, no copy here at all); otherwise, and for a GET
+  // answer whose table is in the data, it lands in a pooled buffer
+  // (FinishGet copies out). Other answers land in their Pending's body.
   void StartRendezvous() {
     while (!rndv_.empty()) {
       Rndv rv = std::move(rndv_.front());
       rndv_.pop_front();
+      const size_t data_len = rv.h.body_len - rv.table;
+      std::byte* into = nullptr;
       {
         std::lock_guard<std::mutex> lock(rv.p->mu);
-        rv.p->header = rv.h;
-        rv.p->body.resize(rv.h.body_len);  // bounded by the limits DecodeHeader checked
+        bool adjacent = false;
+        std::byte* start = nullptr;
+        if (rv.table > 0 && !rv.p->abandoned &&
+            HitsFit(rv.h, rv.p->body, rv.p->get_items, data_len, o_.limits, &adjacent, &start) && adjacent &&
+            start != nullptr) {
+          into = start;
+          rv.p->direct = true;
+          rv.p->landing = true;
+          direct_.fetch_add(1, std::memory_order_relaxed);
+        } else if (rv.table > 0 || (rv.h.opcode == Opcode::kGet && rv.h.status == StatusCode::kOk)) {
+          rv.p->pooled = answers_->Take(rv.h.body_len);  // bounded by the limits DecodeHeader checked
+          pooled_.fetch_add(1, std::memory_order_relaxed);
+          std::memcpy(rv.p->pooled.bytes().data(), rv.p->body.data(), rv.table);
+          rv.p->body.clear();
+          into = rv.p->pooled.bytes().data() + rv.table;
+        } else {
+          rv.p->body.resize(rv.h.body_len);  // bounded by the limits DecodeHeader checked
+          into = rv.p->body.data();
+        }
       }
       ucp_request_param_t rp{};
       rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
@@ -556,6 +745,7 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
         auto* hp = static_cast<RecvHolder*>(user);
         {
           std::lock_guard<std::mutex> lock(hp->p->mu);
+          hp->p->landing = false;
           if (st == UCS_OK) Complete(hp->p.get());
           else {
             hp->p->call = Unavailable("UCX receive failed");
@@ -566,10 +756,11 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
         Release(hp);
         ucp_request_free(req);
       };
-      void* r = ucp_am_recv_data_nbx(worker_->get(), rv.desc, rv.p->body.data(), rv.p->body.size(), &rp);
+      void* r = ucp_am_recv_data_nbx(worker_->get(), rv.desc, into, data_len, &rp);
       if (r == nullptr || UCS_PTR_IS_ERR(r)) {
         Release(holder);
         std::lock_guard<std::mutex> lock(rv.p->mu);
+        rv.p->landing = false;
         if (r == nullptr) Complete(rv.p.get());
         else {
           rv.p->call = Unavailable("UCX receive failed");
@@ -602,6 +793,8 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   std::mutex map_mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending_;  // guarded by map_mu_
   std::deque<Rndv> rndv_;  // touched only by the caller holding progress_mu_ (callbacks run inside its progress)
+  std::shared_ptr<AnswerPool> answers_ = std::make_shared<AnswerPool>();  // GET answers that land off the callers' buffers
+  std::atomic<uint64_t> direct_{0}, pooled_{0};  // answer_counts()
   std::mutex inflight_mu_;
   std::unordered_set<InFlight*> inflight_;  // requests' holders not yet released; guarded by inflight_mu_
 };
@@ -637,6 +830,7 @@ class UcxCallState final : public ChannelCallState {
     Frame& fr = frames.emplace_back();
     fr.f = f;
     fr.x.p = std::make_shared<Pending>();
+    if (kind == UcxCallKind::kGet) fr.x.p->get_items = get.subspan(f.begin, f.size());
     unsent = ch->Post(op, flags, f.size(), iov, len, o, &fr.x);
     if (unsent.ok()) return true;
     frames.pop_back();

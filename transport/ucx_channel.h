@@ -48,6 +48,13 @@ class UcxChannel : public ShardChannel {
   // Creates the worker and endpoint and performs the HELLO.
   static Result<std::unique_ptr<UcxChannel>> Connect(UcxChannelOptions options);
   virtual void set_epoch(uint64_t epoch) = 0;
+  // Where the answers of two-sided GET frames landed: `direct`, straight in
+  // the callers' buffers; `pooled`, in a reused receive buffer (then copied
+  // out); `pool_allocations`, receive buffers the pool allocated or grew.
+  struct AnswerCounts {
+    uint64_t direct = 0, pooled = 0, pool_allocations = 0;
+  };
+  virtual AnswerCounts answer_counts() const = 0;
 };
 
 }  // namespace kvmesh

@@ -151,6 +151,10 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::Create(std::shared_ptr<UcxContext>
   w->address_.assign(reinterpret_cast<const char*>(addr), len);
   ucp_worker_release_address(w->worker_, addr);
   KVMESH_UCX_RETURN(ucp_worker_get_efd(w->worker_, &w->efd_));
+  ucp_worker_attr_t wa{};
+  wa.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  KVMESH_UCX_RETURN(ucp_worker_query(w->worker_, &wa));
+  w->max_am_header_ = wa.max_am_header;
   return w;
 }
 

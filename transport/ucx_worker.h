@@ -295,6 +295,9 @@ class UcxWorker {
   bool Arm();
   // Progresses until no more immediate work.
   void ProgressAll();
+  // The longest active-message header this worker sends (UCX's
+  // max_am_header worker attribute).
+  size_t max_am_header() const { return max_am_header_; }
 
  private:
   UcxWorker() = default;
@@ -302,6 +305,7 @@ class UcxWorker {
   ucp_worker_h worker_ = nullptr;
   std::string address_;
   int efd_ = -1;
+  size_t max_am_header_ = 0;
 };
 
 // A node with several UCX workers publishes one address for all of them:

@@ -38,12 +38,19 @@ struct Incoming {
   bool malformed = false;
 };
 
-// A reply in flight: owns every byte the send reads.
+// A reply in flight: owns every byte the send reads, and the pins
+// (rep.refs) on the pool blocks it sends from, until the send completes.
 struct Outgoing {
   FrameReply rep;
   std::vector<ucp_dt_iov_t> iov;
-  std::vector<std::byte> owned;  // payloads copied out of the pool (see Send)
+  std::vector<std::byte> amh;  // a GET answer's AM header: frame header + item table (see Send)
+  uint64_t nonce = 0;          // the session it answers
+  std::chrono::steady_clock::time_point since;  // when the send was posted
 };
+
+// Largest GET item table that rides in the AM header (with the worker's own
+// max_am_header bound): 256 items.
+constexpr size_t kMaxTableInHeader = 256 * kGetItemSize;
 
 class Server final : public UcxServer {
  public:
@@ -67,7 +74,13 @@ class Server final : public UcxServer {
 
   Server(ShardNode* node, UcxServerOptions o, const std::atomic<uint64_t>* epoch)
       : node_(node), o_(o), handler_(node, o.limits, o.token, epoch), sd_(io_) {}
-  ~Server() override { Stop(); }
+  // The worker goes first, while the maps its send callbacks erase from are
+  // still here: destroying it purges the sends still pending on its
+  // endpoints (to a client that vanished) and calls them back.
+  ~Server() override {
+    Stop();
+    worker_.reset();
+  }
 
   // A worker of `context` (shared with the node's other workers) serving
   // one-sided transfers over `pools`, mapped on that context.
@@ -140,6 +153,7 @@ class Server final : public UcxServer {
       }
       CloseFailed();
       ReapCloses();
+      SweepPinned();
       StartRendezvous();
       if (!ready_.empty()) {
         HandleReady();
@@ -276,7 +290,9 @@ class Server final : public UcxServer {
       if (oc != FrameOutcome::kReply) ss.auth.Reset();
       // HELLO answers go on the watch endpoint: its connection then exists
       // both ways, so either side's death is seen.
-      Send(in->header.opcode == Opcode::kHello ? ss.watch : ss.ep, std::move(out));
+      out->nonce = ss.nonce;
+      Send(in->header.opcode == Opcode::kHello ? ss.watch : ss.ep, std::move(out),
+           in->header.opcode == Opcode::kGet && oc == FrameOutcome::kReply);
     }
   }
 
@@ -320,7 +336,8 @@ class Server final : public UcxServer {
       if (it == sessions_.end() || it->second->failed) return;  // the client is gone
       auto o = std::make_unique<Outgoing>();
       o->rep = std::move(*rep);
-      Send(it->second->ep, std::move(o));
+      o->nonce = nonce;
+      Send(it->second->ep, std::move(o), /*get_answer=*/false);
     });
     ss->auth.memory = ss->memory.get();
     return sessions_.emplace(nonce, std::move(ss)).first;
@@ -364,46 +381,102 @@ class Server final : public UcxServer {
     }
   }
 
-  // Sends a reply. A reply whose payloads are pinned pool blocks (a GET
-  // answered by active message: the client's bounce path) is copied out first
-  // and the blocks unpinned: a send to a client that died may never complete
-  // (the data endpoint has no peer-failure handling), and it must not hold
-  // pins while it waits. One-sided transfers (GET_INTO) need no copy.
-  void Send(ucp_ep_h ep, std::unique_ptr<Outgoing> out) {
+  // Sends a reply: the frame header as the AM header, the body's pieces as
+  // the AM data, gathered from where they lie: a GET's payloads straight
+  // from their pool slots, pinned (out->rep.refs) until the send completes,
+  // with no copy. A GET answer's item table rides in the AM header after the
+  // frame header when it fits (docs/protocol.md "UCX"), so the data is the
+  // payloads alone: the client, knowing every size before it accepts the
+  // data, receives them straight into its callers' buffers, and a single
+  // payload goes as one contiguous buffer, which UCX's rendezvous reads in
+  // place from the mapped pool. A send to a client that stopped reading may
+  // not complete (the data endpoint has no peer-failure handling):
+  // SweepPinned closes its session after max_pinned_send_ms, which completes
+  // the send and drops its pins.
+  void Send(ucp_ep_h ep, std::unique_ptr<Outgoing> out, bool get_answer) {
     auto& pieces = out->rep.pieces;  // pieces[0] is the header: it goes as the AM header
-    if (!out->rep.refs.empty()) {
-      size_t n = 0;
-      for (size_t i = 1; i < pieces.size(); ++i) n += pieces[i].size();
-      out->owned.resize(n);
-      size_t at = 0;
-      for (size_t i = 1; i < pieces.size(); ++i) {
-        std::memcpy(out->owned.data() + at, pieces[i].data(), pieces[i].size());
-        at += pieces[i].size();
-      }
-      out->rep.refs.clear();
-      pieces.resize(1);
-      pieces.push_back(out->owned);
+    const void* amh = out->rep.header.data();
+    size_t amh_len = kHeaderSize;
+    size_t first = 1;
+    if (get_answer && pieces.size() >= 2 && TableFitsHeader(out->rep, pieces[1].size())) {
+      out->amh.resize(kHeaderSize + pieces[1].size());
+      std::memcpy(out->amh.data(), out->rep.header.data(), kHeaderSize);
+      std::memcpy(out->amh.data() + kHeaderSize, pieces[1].data(), pieces[1].size());
+      amh = out->amh.data();
+      amh_len = out->amh.size();
+      first = 2;
     }
-    for (size_t i = 1; i < pieces.size(); ++i)
+    for (size_t i = first; i < pieces.size(); ++i)
       if (!pieces[i].empty()) out->iov.push_back({const_cast<std::byte*>(pieces[i].data()), pieces[i].size()});
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
-    // An empty answer body (SEQ_TRUNCATE, SEQ_RELEASE) goes as zero contiguous
-    // bytes: UCX refuses an iov datatype with no entries.
-    const bool empty = out->iov.empty();
-    p.datatype = empty ? ucp_dt_make_contig(1) : ucp_dt_make_iov();
+    // An empty answer body (SEQ_TRUNCATE, SEQ_RELEASE, a GET of misses)
+    // goes as zero contiguous bytes: UCX refuses an iov datatype with no
+    // entries. One piece goes contiguous (rendezvous zero-copy).
     static const std::byte kNoBody{};
+    const void* data = &kNoBody;
+    size_t count = 0;
+    p.datatype = ucp_dt_make_contig(1);
+    if (out->iov.size() == 1) {
+      data = out->iov[0].buffer;
+      count = out->iov[0].length;
+    } else if (out->iov.size() > 1) {
+      p.datatype = ucp_dt_make_iov();
+      data = out->iov.data();
+      count = out->iov.size();
+    }
     Outgoing* raw = out.get();
     p.user_data = this;
     p.cb.send = [](void* req, ucs_status_t, void* user) {
       auto* self = static_cast<Server*>(user);
-      self->inflight_.erase(req);
+      if (self->inflight_.erase(req) == 0) self->abandoned_.erase(req);
       ucp_request_free(req);
     };
-    void* r = ucp_am_send_nbx(ep, kUcxAmReply, raw->rep.header.data(), kHeaderSize,
-                              empty ? static_cast<const void*>(&kNoBody) : raw->iov.data(), raw->iov.size(), &p);
+    void* r = ucp_am_send_nbx(ep, kUcxAmReply, amh, amh_len, data, count, &p);
     if (r == nullptr || UCS_PTR_IS_ERR(r)) return;  // sent (or failed) at once: `out` may go
+    raw->since = std::chrono::steady_clock::now();
     inflight_[r] = std::move(out);
+  }
+
+  // A successful GET answer whose item table (`table` bytes) fits the AM
+  // header: only those carry it there; an error answer keeps its message as data.
+  bool TableFitsHeader(const FrameReply& rep, size_t table) const {
+    if (table > kMaxTableInHeader || kHeaderSize + table > worker_->max_am_header()) return false;
+    FrameHeader h;
+    const ProtocolLimits any{UINT32_MAX, UINT32_MAX, UINT32_MAX};
+    return DecodeHeader(rep.header, any, &h).ok() && h.status == StatusCode::kOk &&
+           size_t{h.count} * kGetItemSize == table;
+  }
+
+  // Ends the sends that have held pool pins for longer than
+  // max_pinned_send_ms (their client stopped reading): closes their sessions
+  // (forced) and drops their pins. UCX 1.13 does not always complete such a
+  // send on a forced close (a rendezvous whose RTS the client never took
+  // stays a request of UCX's), so the reply is kept, unpinned, among the
+  // abandoned ones until its callback comes, and the loop no longer waits
+  // for it. Its slots stay mapped; should UCX still read them, the client's
+  // checksum check turns whatever they then hold into a miss. Checked at
+  // most every 100 ms.
+  void SweepPinned() {
+    if (inflight_.empty()) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_sweep_ < std::chrono::milliseconds(100)) return;
+    last_sweep_ = now;
+    std::vector<void*> stuck;
+    for (const auto& [req, o] : inflight_)
+      if (!o->rep.refs.empty() && now - o->since > std::chrono::milliseconds(o_.max_pinned_send_ms))
+        stuck.push_back(req);
+    for (void* req : stuck) {
+      auto o = inflight_.find(req);
+      if (o == inflight_.end()) continue;  // completed by an earlier close
+      auto it = sessions_.find(o->second->nonce);
+      if (it != sessions_.end()) CloseSession(it);  // may complete (and erase) the send
+      o = inflight_.find(req);
+      if (o == inflight_.end()) continue;
+      o->second->rep.refs.clear();
+      abandoned_[req] = std::move(o->second);
+      inflight_.erase(o);
+    }
   }
 
   ShardNode* node_;
@@ -420,6 +493,7 @@ class Server final : public UcxServer {
   std::deque<std::unique_ptr<Incoming>> rndv_, ready_;
   std::map<void*, std::unique_ptr<Incoming>> receiving_;
   std::map<void*, std::unique_ptr<Outgoing>> inflight_;
+  std::map<void*, std::unique_ptr<Outgoing>> abandoned_;  // unpinned by SweepPinned, awaiting UCX's callback
   Sessions sessions_;              // by client session nonce
   std::vector<uint64_t> failed_;   // sessions whose endpoint failed, to close
   struct Closing {
@@ -428,6 +502,7 @@ class Server final : public UcxServer {
   };
   std::vector<Closing> closing_;   // endpoint close requests in progress
   uint64_t use_clock_ = 0;
+  std::chrono::steady_clock::time_point last_sweep_;  // SweepPinned's last look
 };
 
 // Several workers over one node: independent Servers, one address for all.

@@ -42,6 +42,10 @@ struct UcxServerOptions {
   // own UCX worker, loop thread and client sessions; a client channel talks
   // to one of them (address() packs all their addresses).
   int workers = 1;
+  // The longest a reply may hold pins on the pool blocks it sends from (a
+  // GET answer goes straight from its slots): past it the client is taken to
+  // have stopped reading and its session is closed, which ends the send.
+  int64_t max_pinned_send_ms = 5000;
 };
 
 class UcxServer {
