@@ -416,6 +416,9 @@ Status ReadEvents(const json& j, EventsConfig* e) {
                            std::to_string(e->max_batch_events));
   if (e->hash != "bytes" && e->hash != "int")
     return InvalidArgument("$.events.hash: must be \"bytes\" or \"int\", got \"" + e->hash + "\"");
+  return Status::Ok();
+}
+
 Status ReadFrames(const json& j, FramesConfig* f) {
   ObjectReader r(j, "$.frames");
   r.Optional("window", &f->window)

@@ -281,6 +281,8 @@ struct EventsConfig {
   uint32_t max_batch_events = 512; // events per published batch at most
   std::string topic;               // first frame of every message ("" as vLLM's default)
   std::string hash = "bytes";      // block hash on the wire: "bytes" (16-byte key) or "int" (its low 64 bits)
+};
+
 // Similarity-gated reuse of world-model frame KV ($.frames; kvmesh/frame_stream.h,
 // docs/worldmodel.md): the defaults of every FrameStream's gate.
 struct FramesConfig {
