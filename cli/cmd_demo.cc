@@ -300,9 +300,9 @@ int Run(const DemoArgs& a) {
     };
     if (a.decode) j["decode"] = DecodeJson(*dec);
     if (a.worldmodel) {
-      std::string wm;
-      if (RunWorldModelDemoPart(a.config, a.worldmodel_frames, true, &wm) != 0) return 1;
-      j["worldmodel"] = nlohmann::json::parse(wm);
+      nlohmann::json wm;
+      if (RunWorldModelDemoPart(a.config, a.worldmodel_frames, &wm) != 0) return 1;
+      j["worldmodel"] = std::move(wm);
     }
     std::cout << j.dump(2) << "\n";
   } else {
@@ -353,7 +353,7 @@ int Run(const DemoArgs& a) {
   if (!a.json && a.worldmodel) {
     std::printf("\nworld-model frames with similarity-gated KV reuse; `kvmesh worldmodel` for more\n");
     std::fflush(stdout);
-    if (RunWorldModelDemoPart(a.config, a.worldmodel_frames, false, nullptr) != 0) return 1;
+    if (RunWorldModelDemoPart(a.config, a.worldmodel_frames, nullptr) != 0) return 1;
   }
   // With raw KV, prefix reuse must not change a single generated token.
   const bool decode_ok = !a.decode || dec->codec || dec->same_tokens();

@@ -339,16 +339,13 @@ int Run(const WorldArgs& a, nlohmann::json* out = nullptr) {
 
 }  // namespace
 
-int RunWorldModelDemoPart(const std::string& config, uint32_t frames, bool json, std::string* json_out) {
+int RunWorldModelDemoPart(const std::string& config, uint32_t frames, nlohmann::json* json_out) {
   WorldArgs a;
   a.config = config;
   a.frames = frames;
-  a.json = json;
-  a.progress = !json;
-  nlohmann::json j;
-  const int rc = Run(a, json ? &j : nullptr);
-  if (json && json_out) *json_out = j.dump();
-  return rc;
+  a.json = json_out != nullptr;
+  a.progress = !a.json;
+  return Run(a, json_out);
 }
 
 void AddWorldModelCommand(CLI::App& app, int* exit_code) {

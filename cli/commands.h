@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 namespace kvmesh::cli {
 
@@ -36,7 +37,7 @@ void AddRouteCommand(CLI::App& app, int* exit_code);
 // kvmesh worldmodel: world-model frames with similarity-gated KV reuse (cli/cmd_worldmodel.cc).
 void AddWorldModelCommand(CLI::App& app, int* exit_code);
 // The world-model part of `kvmesh demo`: `kvmesh worldmodel --frames N` on the
-// demo's config; text on stdout, or (json) the command's JSON in *json_out.
-int RunWorldModelDemoPart(const std::string& config, uint32_t frames, bool json, std::string* json_out);
+// demo's config; text on stdout, or (json_out set) the command's JSON there.
+int RunWorldModelDemoPart(const std::string& config, uint32_t frames, nlohmann::json* json_out);
 
 }  // namespace kvmesh::cli
