@@ -243,9 +243,9 @@ void EtcdControl::Tick() {
     Log({{"event", "etcd_unreachable"}, {"error", s.ToString()}});
     unreachable_logged_ = true;
   }
-  // Out of reach for a lease's time: this coordinator speaks for no one (503s send nodes and clients on).
-  const bool reachable = now - last_ok_ < std::chrono::milliseconds(config_.coordinator.etcd.lease_ms);
-  members_->SetStoreReachable(reachable);
+  // Out of reach for a lease's time: this coordinator speaks for no one (503s send nodes and clients on),
+  // from that moment on, not from the end of the round that finds it out.
+  members_->SetStoreReachableUntil(last_ok_ + std::chrono::milliseconds(config_.coordinator.etcd.lease_ms));
   if (leader_ && now >= lease_end_) StepDown("lease ran out before it could be renewed");
   PublishStatus();
 }

@@ -81,7 +81,8 @@ struct Membership::Impl {
   EventRateLimiter refusal_log;
   // $.coordinator.etcd (membership.h): members and map live in etcd.
   const bool etcd;
-  bool store_reachable = true;               // guarded by mu
+  // guarded by mu: until when etcd counts as reachable (max: always; min: not now)
+  SteadyClock::time_point store_reachable_until = SteadyClock::time_point::max();
   std::string published;                     // guarded by mu: the map last read from etcd ("" = none yet)
   std::vector<ShardInfo> published_nodes;    // guarded by mu: its nodes
   std::vector<std::string> left;             // guarded by mu: /leave ids not yet taken
@@ -95,7 +96,7 @@ struct Membership::Impl {
   // etcd mode while etcd is out of reach: this coordinator cannot speak for
   // the cluster; nodes and clients try the next one. REQUIRES mu held.
   std::optional<HttpServerResponse> Unreachable() const {
-    if (etcd && !store_reachable)
+    if (etcd && SteadyClock::now() >= store_reachable_until)
       return Json(503, {{"error", "this coordinator cannot reach etcd: try another"}, {"epoch", epoch}});
     return std::nullopt;
   }
@@ -404,8 +405,12 @@ void Membership::Publish(const std::string& map_json) {
 }
 
 void Membership::SetStoreReachable(bool reachable) {
+  SetStoreReachableUntil(reachable ? SteadyClock::time_point::max() : SteadyClock::time_point::min());
+}
+
+void Membership::SetStoreReachableUntil(SteadyClock::time_point until) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->store_reachable = reachable;
+  impl_->store_reachable_until = until;
 }
 
 void Membership::LogEvent(const std::string& json_object) {

@@ -74,7 +74,8 @@ class Membership {
   // holds only the nodes that talk to this coordinator, whose leases its
   // owner keeps alive; a registration, heartbeat or leave changes no epoch
   // here; GET /map, /nodes and the epoch in answers are what Publish last
-  // gave; and while SetStoreReachable(false) (etcd out of reach) it answers
+  // gave; and while SetStoreReachable(false), or once the time given to
+  // SetStoreReachableUntil has passed (etcd out of reach), it answers
   // /register, /heartbeat and /map 503, so nodes and clients move on to
   // another coordinator.
   struct LocalMember {
@@ -88,6 +89,11 @@ class Membership {
   // The map read from etcd (router/map_json.h); its epoch is the answers' (never a lower one).
   void Publish(const std::string& map_json);
   void SetStoreReachable(bool reachable);
+  // Reachable until `until` by the steady clock, checked at each request: a
+  // round of calls to an etcd that went silent can last several request
+  // timeouts, and the nodes that talk here must move on by `until` all the
+  // same (their registrations expire dead_after_ms after their last renewal).
+  void SetStoreReachableUntil(std::chrono::steady_clock::time_point until);
   // A JSON object /stats shows as "etcd" (leadership, leader changes).
   void SetStoreStatus(const std::string& json_object);
   // Logs a JSON object as one event line, as this Membership's own (the sink, or stderr).
