@@ -35,12 +35,14 @@
 #include "coordinator/membership.h"
 #include "kvmesh/config.h"
 #include "kvmesh/network.h"
+#include "test_pki.h"
 #include "test_time.h"
 #include "transport/http_client.h"
 
 using namespace kvmesh;
 using kvmesh::testing::Process;
 using namespace kvmesh::testing;  // the workload (cluster_workload.h)
+using kvmesh::testing::Certs;
 using kvmesh::testing::TimeBound;
 using nlohmann::json;
 using SteadyClock = std::chrono::steady_clock;
@@ -73,28 +75,52 @@ uint16_t FreePort() {
   return port;
 }
 
+// $.tls of a coordinator showing `name`.pem of the test PKI (tests/test_pki.h)
+// as its client certificate ("": none), trusting the cluster CA.
+TlsConfig ClientTls(const std::string& name) {
+  TlsConfig t;
+  t.ca = Certs()("ca.pem");
+  if (!name.empty()) {
+    t.cert = Certs()(name + ".pem");
+    t.key = Certs()(name + ".key");
+  }
+  return t;
+}
+
 // One etcd member on 127.0.0.1, its data and log in a temporary directory.
+// With `tls`: HTTPS with the PKI's node certificate, and only clients that
+// show a certificate of the cluster CA get in (--client-cert-auth; flags from
+// https://etcd.io/docs/v3.4/op-guide/security/).
 struct Etcd {
   Process p;
   std::string dir;
   uint16_t port = 0;
+  bool tls = false;
 
-  Etcd() {
+  explicit Etcd(bool with_tls = false) : tls(with_tls) {
     char tmpl[] = "/tmp/kvmesh-etcd-XXXXXX";
     REQUIRE(::mkdtemp(tmpl) != nullptr);
     dir = tmpl;
     port = FreePort();
-    const std::string client = "http://127.0.0.1:" + std::to_string(port);
+    const std::string client = std::string(tls ? "https" : "http") + "://127.0.0.1:" + std::to_string(port);
     const std::string peer = "http://127.0.0.1:" + std::to_string(FreePort());
+    const std::string tls_flags = tls ? " --cert-file " + Certs()("node.pem") + " --key-file " + Certs()("node.key") +
+                                            " --trusted-ca-file " + Certs()("ca.pem") + ""
+                                      : "";
     REQUIRE(p.Start({"/bin/sh", "-c",
                      "exec " + kEtcd + " --name t --data-dir '" + dir + "/data' --listen-client-urls " + client +
                          " --advertise-client-urls " + client + " --listen-peer-urls " + peer +
-                         " --initial-advertise-peer-urls " + peer + " --initial-cluster t=" + peer + " >'" + dir +
-                         "/log' 2>&1"}));
+                         " --initial-advertise-peer-urls " + peer + " --initial-cluster t=" + peer + tls_flags +
+                         " >'" + dir + "/log' 2>&1"}));
+    EtcdConfig e;
+    e.endpoints = {endpoint()};
+    e.tls = tls;
+    e.request_timeout_ms = kHttpMs;
+    auto probe = EtcdClient::Create(e, tls ? ClientTls("client") : TlsConfig{});
+    REQUIRE(probe.ok());
     const auto end = SteadyClock::now() + TimeBound(10s);
     for (;;) {
-      auto r = HttpRequest("127.0.0.1", port, "POST", "/v3/kv/range", R"({"key":"AA=="})", kHttpMs);
-      if (r.ok() && r->status == 200) break;
+      if ((*probe)->Call("kv/range", {{"key", "AA=="}}).ok()) break;
       REQUIRE(SteadyClock::now() < end);
       std::this_thread::sleep_for(50ms);
     }
@@ -404,4 +430,69 @@ TEST_CASE("etcd: a leader stopped past its lease (SIGSTOP) and resumed publishes
   // Both answer the new leader's map.
   CHECK(GetJson(c.port[leader], "/map")["epoch"].get<uint64_t>() == GetJson(c.port[follower], "/map")["epoch"]);
   CHECK(c.WaitMap(follower, 3, 1s) >= e2);
+}
+
+TEST_CASE("etcd over TLS with client certificates: the cluster CA's certificate gets in, no other", "[cluster][etcd]") {
+  if (!HaveEtcd()) return;
+  Etcd etcd(/*with_tls=*/true);
+  EtcdConfig e;
+  e.endpoints = {etcd.endpoint()};
+  e.tls = true;
+  e.request_timeout_ms = kHttpMs;
+  const std::string key = "/kvmesh/tls-test/k";
+  {
+    auto c = EtcdClient::Create(e, ClientTls("client"));
+    REQUIRE(c.ok());
+    auto put = (*c)->Call("kv/put", EtcdClient::PutOp(key, "v").at("request_put"));
+    INFO(put.status().ToString());
+    REQUIRE(put.ok());
+    auto got = (*c)->Get(key);
+    REQUIRE(got.ok());
+    REQUIRE(got->has_value());
+    CHECK((*got)->value == "v");
+  }
+  // A certificate of another CA, no certificate, and plain HTTP: refused, nothing read.
+  for (const char* who : {"rogue", ""}) {
+    INFO("client certificate: " << (*who ? who : "none"));
+    auto c = EtcdClient::Create(e, ClientTls(who));
+    REQUIRE(c.ok());
+    auto got = (*c)->Get(key);
+    CHECK(!got.ok());
+  }
+  {
+    EtcdConfig plain = e;
+    plain.tls = false;
+    auto c = EtcdClient::Create(plain, TlsConfig{});
+    REQUIRE(c.ok());
+    CHECK(!(*c)->Get(key).ok());
+  }
+
+  // A coordinator's control plane over it: $.coordinator.etcd.tls with $.tls's
+  // client certificate leads; with the other CA's certificate it cannot.
+  auto cfg = LoadConfigFile(kConfig);
+  REQUIRE(cfg.ok());
+  cfg->coordinator.etcd = e;
+  cfg->coordinator.etcd.prefix = "/kvmesh/tls-test/";
+  cfg->tls = ClientTls("client");
+  Membership m(*cfg, [](const std::string&) {});
+  auto ok = EtcdControl::Create(*cfg, &m, "with-cert");
+  REQUIRE(ok.ok());
+  ClusterConfig rogue_cfg = *cfg;
+  rogue_cfg.tls = ClientTls("rogue");
+  Membership rm(rogue_cfg, [](const std::string&) {});
+  auto rogue = EtcdControl::Create(rogue_cfg, &rm, "rogue");
+  REQUIRE(rogue.ok());
+  (*rogue)->Tick();
+  CHECK(!(*rogue)->leader());
+  (*ok)->Tick();
+  CHECK((*ok)->leader());
+  (*rogue)->Tick();
+  CHECK(!(*rogue)->leader());
+  auto c = EtcdClient::Create(e, ClientTls("client"));
+  REQUIRE(c.ok());
+  auto leader = (*c)->Get("/kvmesh/tls-test/leader");
+  REQUIRE(leader.ok());
+  REQUIRE(leader->has_value());
+  CHECK((*leader)->value == "with-cert");
+  (*ok)->Stop();
 }
