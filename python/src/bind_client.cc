@@ -33,8 +33,11 @@ void BindClient(py::module_& m) {
   py::class_<Client, std::shared_ptr<Client>> c(m, "Client", R"(A client of a kvmesh cluster.
 
 Client(coordinator="127.0.0.1:7070") reaches daemons through their coordinator;
-Client(config="cluster.json") takes the coordinator address and auth token from
-a cluster config. tenant is the key salt: keys of different tenants never meet.
+several separated by commas ("h0:7070,h1:7070", an etcd-backed control plane)
+are tried in turn, and the client moves on when the one it uses stops
+answering. Client(config="cluster.json") takes the coordinator addresses
+($.coordinator.addresses, else host:port) and auth token from a cluster
+config. tenant is the key salt: keys of different tenants never meet.
 With token, tenant is also the identity: the client proves it is that tenant of
 the cluster's $.auth.tenants with the tenant's token, and the nodes keep its
 blocks in the tenant's namespace (no other tenant reads them, whatever key

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "kvmesh/build_config.h"
+#include "router/map_fetch.h"
 
 namespace kvmesh::python {
 
@@ -74,9 +75,11 @@ std::shared_ptr<Client> Client::Connect(const ConnectArgs& a) {
   if (!a.config.is_none()) {
     ClusterConfig c = LoadConfigArg(a.config);
     if (o.coordinator.empty()) {
-      if (c.coordinator.port == 0)
-        Throw(InvalidArgument("the config's coordinator port is 0 (chosen at run time): pass coordinator='host:port'"));
-      o.coordinator = c.coordinator.host + ":" + std::to_string(c.coordinator.port);
+      // $.coordinator.addresses (every coordinator, tried in turn), else host:port.
+      o.coordinator = ConfigCoordinators(c.coordinator);
+      if (o.coordinator.empty())
+        Throw(InvalidArgument("the config's coordinator port is 0 (chosen at run time) and it lists no "
+                              "$.coordinator.addresses: pass coordinator='host:port'"));
     }
     o.token = c.auth.token;
     o.ucx_progress = c.transport.ucx_progress;

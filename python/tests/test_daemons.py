@@ -4,15 +4,20 @@ in flight, registered memory over UCX, and a killed node's blocks coming back
 as per-item misses."""
 
 import json
+import os
 import signal
+import socket
+import subprocess
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import pytest
 
 import kvmesh
 from conftest import DAEMONS_CONFIG, Daemons, daemons_over, scaled
+from launch import die_with_parent
 
 BT = 16
 
@@ -65,6 +70,95 @@ def test_client_from_a_config_file(daemons, tmp_path):
     path.write_text(json.dumps(cfg))
     with pytest.raises(kvmesh.InvalidArgumentError):
         kvmesh.Client(config=str(path))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_client_from_a_config_tries_each_of_its_coordinator_addresses(daemons, tmp_path):
+    # $.coordinator.addresses (an etcd-backed control plane lists every
+    # coordinator): the first is down, the client goes on to the next.
+    cfg = json.load(open(DAEMONS_CONFIG))
+    cfg["coordinator"]["port"] = 0
+    cfg["coordinator"]["addresses"] = [f"127.0.0.1:{free_port()}", daemons.address]
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(cfg))
+    with kvmesh.Client(config=str(path), tenant="addresses", connect_timeout_ms=300) as c:
+        assert c.num_nodes == 3
+        keys, data = fill(c, 4, seed=3, base=200)
+        assert c.get(keys[1]) == data[1].tobytes()
+
+
+ETCD = "/usr/bin/etcd"
+
+
+@pytest.mark.skipif(not os.access(ETCD, os.X_OK), reason=f"{ETCD} is missing (Debian: etcd-server)")
+def test_client_from_a_config_fails_over_between_coordinators_on_etcd(tmp_path):
+    # A real etcd, two coordinators keeping the map in it, three nodes; the
+    # Python client from a config that lists both coordinators. The one it
+    # talks to is killed: the client keeps its blocks, and a client created
+    # from the same config afterwards (its first address dead) connects
+    # through the other and reads them back.
+    client_url, peer_url = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
+    etcd = subprocess.Popen([ETCD, "--name", "t", "--data-dir", str(tmp_path / "etcd"),
+                             "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                             "--initial-cluster", f"t={peer_url}"],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "etcd.log", "wb"),
+                            start_new_session=True, preexec_fn=die_with_parent)
+    d = Daemons(log_dir=str(tmp_path))
+    try:
+        end = time.monotonic() + scaled(10)
+        while True:  # etcd's v3 gateway answers once the member serves
+            try:
+                urllib.request.urlopen(urllib.request.Request(client_url + "/v3/kv/range", b'{"key":"AA=="}'),
+                                       timeout=1).read()
+                break
+            except OSError:
+                assert time.monotonic() < end, open(tmp_path / "etcd.log").read()[-2000:]
+                time.sleep(0.05)
+        cfg = json.load(open(DAEMONS_CONFIG))
+        cfg["coordinator"]["etcd"] = {"endpoints": [client_url[len("http://"):]], "lease_ms": 2000,
+                                      "request_timeout_ms": 500}
+        server_cfg = tmp_path / "server.json"
+        server_cfg.write_text(json.dumps(cfg))
+        addresses = []
+        for name in ("c0", "c1"):
+            ev = d.launch(name, ["coordinator", "--config", str(server_cfg), "--port", "0"])
+            addresses.append(f"127.0.0.1:{ev['ports']['http']}")
+        for n in ("n0", "n1", "n2"):
+            d.launch(n, ["node", "--config", str(server_cfg), "--id", n, "--coordinator", ",".join(addresses)])
+        cfg["coordinator"]["port"] = 0
+        cfg["coordinator"]["addresses"] = addresses
+        client_cfg = tmp_path / "client.json"
+        client_cfg.write_text(json.dumps(cfg))
+        end = time.monotonic() + scaled(15)
+        while True:  # the leader publishes the map of the three nodes
+            try:
+                with kvmesh.Client(config=str(client_cfg), tenant="probe") as p:
+                    if p.num_nodes == 3:
+                        break
+            except kvmesh.Error:
+                pass
+            assert time.monotonic() < end, "no map of three nodes: " + d.log("c0") + d.log("c1")
+            time.sleep(0.1)
+        with kvmesh.Client(config=str(client_cfg), tenant="failover", refresh_ms=200) as c:
+            keys, data = fill(c, 8, seed=4, base=300)
+            d.kill("c0")  # the first address: the one every client and node talks to
+            assert [c.get(k) for k in keys] == [b.tobytes() for b in data]
+            with kvmesh.Client(config=str(client_cfg), tenant="failover", connect_timeout_ms=300) as late:
+                assert late.num_nodes == 3
+                assert [late.get(k) for k in keys] == [b.tobytes() for b in data]
+            # The first client refreshes its map from the surviving coordinator and still finds every block.
+            time.sleep(0.5)
+            assert c.match_prefix(list(range(300, 300 + 8 * BT))) == 8
+    finally:
+        d.kill_all()
+        etcd.kill()
+        etcd.wait()
 
 
 def test_unreachable_coordinator_raises():
