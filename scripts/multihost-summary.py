@@ -32,7 +32,7 @@ def main():
     nodes = ranks - 1
     calls = compared = wrong = 0
     load_phases = {}
-    for backend in ("tcp", "ucx"):
+    for backend in ("tcp", "ucx", "etcd"):
         r = load(os.path.join(work, "load-%s.report.json" % backend))
         if r:
             calls += r.get("calls", 0)
@@ -73,6 +73,15 @@ def main():
                             (d["probes_failed"], d["probes_ok"], d["canary_served_min"], d["canary_blocks"],
                              json.dumps([d.get("canary_missed"), d.get("canary_copies_when_put"),
                                          d.get("canary_copies_at_end")])))
+        # The control plane's faults (scripts/multihost-test-etcd.sh) touch no node: every probe and canary
+        # read is served and the clients' map never loses a node (a node joins: 3..4).
+        if name in ("leader_killed", "etcd_member_killed", "coordinator_partitioned") and (
+                d["probes_failed"] or not d["probes_ok"] or d["map_nodes_min"] < nodes or
+                d["canary_served_min"] != d["canary_blocks"]):
+            failures.append("etcd %s: %d probes failed, %d served, map down to %d nodes, %d of %d canary blocks at "
+                            "worst (missed: %s)" % (name, d["probes_failed"], d["probes_ok"], d["map_nodes_min"],
+                                                    d["canary_served_min"], d["canary_blocks"],
+                                                    json.dumps(d.get("canary_missed"))))
         if name in ("link_down", "ucx_link_down", "partition"):
             if d["map_nodes_min"] != nodes - 1:
                 failures.append("%s: the clients' map went down to %d nodes, expected %d (the coordinator "
@@ -108,6 +117,27 @@ def main():
     same = bool(threads) and threads.get("with_reuse", {}).get("token_digest") == \
         mpi.get("with_reuse", {}).get("token_digest")
     lanes = load(os.path.join(work, "ucx-lanes.json"))
+    # The etcd phase (scripts/multihost-test-etcd.sh).
+    etcd = load(os.path.join(work, "etcd.json"))
+    if etcd:
+        wrong += etcd["new_clients_wrong_bytes"]
+        compared += etcd["new_clients_bytes_compared"]
+        for name, ms in etcd["failover_ms"].items():
+            if ms is None:
+                failures.append("etcd %s: no map was published after the fault" % name)
+        if etcd["new_clients_ok"] != etcd["new_clients_during_faults"] or not etcd["new_clients_during_faults"]:
+            failures.append("etcd: %d of %d clients started during the faults succeeded" %
+                            (etcd["new_clients_ok"], etcd["new_clients_during_faults"]))
+        if not etcd["hit_rates_equal"] or etcd["hit_rate_before"] != 1.0:
+            failures.append("etcd: hit rates before and after each fault: %s" % json.dumps(etcd["hit_rate"]))
+        if not etcd["epochs_unique"] or not etcd["epochs_chained"]:
+            failures.append("etcd: published epochs: unique %s, each following the one before %s" %
+                            (etcd["epochs_unique"], etcd["epochs_chained"]))
+        # Each fault that takes the leader away (killed, cut off from etcd) makes another lead.
+        expected = sum(1 for f in ("leader_killed", "coordinator_partitioned") if f in etcd["failover_ms"])
+        if etcd["leader_changes"] < expected:
+            failures.append("etcd: %d leader changes, expected at least %d (%s)" %
+                            (etcd["leader_changes"], expected, ", ".join(etcd["failover_ms"])))
     if wrong:
         failures.append("%d wrong bytes" % wrong)
     out = {
@@ -125,6 +155,7 @@ def main():
         "rate_limited_gbps": rate_limited,
         "ucx_lanes": lanes,
         "decode": {"same_tokens_across_hosts": same, "rank_cut": cut},
+        "etcd": etcd,
         "passed": not failures,
         "failures": failures,
     }

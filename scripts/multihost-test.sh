@@ -16,6 +16,10 @@
 #  4. `kvmesh serve --decode` (= decode --mpi) across h0..h3 gives the same tokens
 #     as 4 ranks as threads; then `kvmesh decode --mpi` with a rank's host cut
 #     off mid-run must fail with a clear error within its bound, never hang.
+#  5. The control plane on etcd (scripts/multihost-test-etcd.sh): three etcd
+#     members, two coordinators, the leader killed under load (`etcd_short`,
+#     the default); `--phases etcd` adds an etcd member killed and the leader
+#     cut off from etcd.
 # Last line on stdout: one JSON object (hosts, ranks, calls, bytes_compared,
 # wrong_bytes, faults, max_recovery_ms, ...). Exit 0 when every check held.
 
@@ -150,12 +154,15 @@ mt_proxy() {
 
 # ---- the load client and its faults ---------------------------------------------
 
+# MT_LOAD_COORDINATORS: the coordinators (default h0's); MT_LOAD_NO_PROXY: no RESP clients.
 mt_load_start() {   # LOG [extra client args]
   local log=$1
   shift
   local launch="h$((MT_HOSTS - 1))"
-  mh_exec_argv "$MT_ID" "$launch" "$MT_CLIENT" load --coordinator "$(mh_addr 0):7070" --nodes "$MT_NODES" \
-    --proxy "$(mh_addr $((MT_HOSTS - 1))):6380" --work-dir "$MT_WORK/client" "$@"
+  local proxy=(--proxy "$(mh_addr $((MT_HOSTS - 1))):6380")
+  [[ -n ${MT_LOAD_NO_PROXY:-} ]] && proxy=()
+  mh_exec_argv "$MT_ID" "$launch" "$MT_CLIENT" load --coordinator "${MT_LOAD_COORDINATORS:-$(mh_addr 0):7070}" \
+    --nodes "$MT_NODES" "${proxy[@]}" --work-dir "$MT_WORK/client" "$@"
   coproc "${MH_ARGV[@]}" 2> "$log.err"
   MT_LOAD_PID=$COPROC_PID
   exec {MT_LOAD_IN}>&"${COPROC[1]}" {MT_LOAD_OUT}<&"${COPROC[0]}"
@@ -246,3 +253,4 @@ mt_sinks() {
 }
 
 source "$MH_ROOT/scripts/multihost-test-phases.sh"
+source "$MH_ROOT/scripts/multihost-test-etcd.sh"

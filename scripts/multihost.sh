@@ -10,8 +10,11 @@
 #   scripts/multihost.sh partition A B|unpartition A B  A and B cannot reach each other; the rest can
 #   scripts/multihost.sh down [ID]       remove instance ID, or every instance no running test holds
 #                                        (those `up` made, leftovers of killed runs)
-#   scripts/multihost.sh test [--json-out F] [--keep] [--bench-seconds S] [--bench-reps N] [--phases "tcp ucx decode"]
-#                                        the multi-host test (scripts/multihost-test.sh)
+#   scripts/multihost.sh test [--json-out F] [--keep] [--bench-seconds S] [--bench-reps N]
+#                             [--phases "tcp ucx decode etcd_short"]
+#                                        the multi-host test (scripts/multihost-test.sh); phase
+#                                        `etcd` (ctest multihost_etcd) runs all three etcd faults
+#                                        (scripts/multihost-test-etcd.sh)
 #
 # Every host h<i> is network namespace kvmesh-<ID>-h<i> with one link: a
 # veth pair whose outer end is on bridge kvmb<ID> (in the root namespace,

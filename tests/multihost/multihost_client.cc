@@ -5,7 +5,11 @@
 //   kvmesh_multihost_client sink --listen HOST:PORT        raw TCP sink (the throughput baseline)
 //   kvmesh_multihost_client bench --coordinator H:P ...    per-host throughput: kvmesh vs raw TCP
 //   kvmesh_multihost_client load --coordinator H:P --nodes N [--proxy H:P] ...
+//   kvmesh_multihost_client fresh --coordinator H:P[,H:P...] --salt S
+//                                                          a new client: connect, put and read back 32 blocks
 //
+// Every --coordinator takes several addresses separated by commas (the
+// etcd-backed control plane's coordinators); the first that answers serves.
 // `load` drives the cluster through NetworkClient (the soak's prefix-cache
 // and live-sequence workers, every byte read back compared) and, with
 // --proxy, Redis clients through `kvmesh proxy` (every value compared),
@@ -15,6 +19,8 @@
 //   fault NAME    the fault is in place: probe until end     -> {"event":"fault"}
 //   end NAME      the fault is about to go: stop probing      -> {"event":"ended"}
 //   restore NAME  the fault is gone: measure the recovery -> {"event":"recovered","recovery_ms",...}
+//   hitset        puts 64 blocks (priority 3) kept for hitrate -> {"event":"hitset","blocks"}
+//   hitrate NAME  reads the hit set back, every byte compared  -> {"event":"hitrate","hits","blocks","rate"}
 //   stop | EOF    stop the load                            -> {"event":"report",...}; exit 1 on a violation
 // Recovered = the coordinator lists all N nodes, this client's map has
 // caught up with that epoch and holds N nodes, and 32 fresh blocks put and
@@ -75,12 +81,17 @@ struct LoadArgs {
   int64_t recover_bound_ms = 30000;
 };
 
-// The coordinator's map now: {epoch, live nodes}, or an error.
+// The map of the first coordinator of `coordinators` ("host:port", several
+// separated by commas) that answers.
+Result<PublishedMap> MapNow(const std::string& coordinators, int64_t timeout_ms) {
+  KVMESH_ASSIGN_OR_RETURN(std::vector<CoordinatorAddress> list, ParseCoordinatorList(coordinators));
+  size_t preferred = 0;
+  return FetchPublishedMap(list, &preferred, timeout_ms, {});
+}
+
+// The coordinators' map now: {epoch, live nodes}, or an error.
 Result<std::pair<uint64_t, size_t>> CoordinatorMap(const std::string& coordinator, int64_t timeout_ms) {
-  std::string host;
-  uint16_t port = 0;
-  KVMESH_RETURN_IF_ERROR(SplitHostPort(coordinator, &host, &port));
-  KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, FetchPublishedMap(host, port, timeout_ms, {}));
+  KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, MapNow(coordinator, timeout_ms));
   return std::pair{pm.epoch, pm.nodes.size()};
 }
 
@@ -117,10 +128,7 @@ struct NodeProbe {
   std::vector<std::unique_ptr<TcpChannel>> chs;
 };
 Result<NodeProbe> NodesNow(const std::string& coordinator) {
-  std::string host;
-  uint16_t port = 0;
-  KVMESH_RETURN_IF_ERROR(SplitHostPort(coordinator, &host, &port));
-  KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, FetchPublishedMap(host, port, 1000, {}));
+  KVMESH_ASSIGN_OR_RETURN(PublishedMap pm, MapNow(coordinator, 1000));
   NodeProbe np;
   for (const ShardInfo& n : pm.nodes) {
     TcpChannelOptions t;
@@ -233,6 +241,7 @@ int Load(const LoadArgs& a) {
 
   nlohmann::json faults = nlohmann::json::array();
   std::unique_ptr<FaultWatch> w;
+  std::vector<BlockKey> hitset;
   uint64_t salt = 1;
   auto end_fault = [&] {
     if (!w || w->ended || !w->prober.joinable()) return;
@@ -255,6 +264,28 @@ int Load(const LoadArgs& a) {
     const size_t sp = line.find(' ');
     const std::string verb = line.substr(0, sp), name = sp == std::string::npos ? "" : line.substr(sp + 1);
     if (verb == "stop") break;
+    if (verb == "hitset") {
+      hitset.clear();
+      for (uint64_t k = 0; k < 2; ++k) {
+        const std::vector<BlockKey> keys = soak::PutProbeBlocks(c, r, 0x4175e7 + (salt++ << 8));
+        hitset.insert(hitset.end(), keys.begin(), keys.end());
+      }
+      Say({{"event", "hitset"}, {"blocks", hitset.size()}});
+      continue;
+    }
+    if (verb == "hitrate") {
+      std::map<std::string, uint64_t> why;
+      const size_t hits = hitset.empty() ? 0 : soak::ReadProbeBlocks(c, r, hitset, &why, "hitset");
+      nlohmann::json j = {{"event", "hitrate"}, {"name", name}, {"hits", hits}, {"blocks", hitset.size()},
+                          {"rate", hitset.empty() ? 0.0 : double(hits) / double(hitset.size())}, {"missed", why},
+                          {"epoch", nc.epoch()}, {"map_nodes", nc.num_nodes()}};
+      if (hits < hitset.size()) {  // where the blocks are: on no node, or on nodes the reads did not ask
+        if (auto np = NodesNow(a.coordinator); np.ok())
+          j["copies"] = CountCopies(*np, hitset, r.model().FullBlockBytes());
+      }
+      Say(j);
+      continue;
+    }
     if (verb == "arm") {
       stop_prober();
       w = std::make_unique<FaultWatch>();
@@ -403,6 +434,45 @@ int Load(const LoadArgs& a) {
   return c.inv.count() == 0 ? 0 : 1;
 }
 
+// A client started now: connects through `coordinators` (each in turn),
+// puts 32 fresh blocks and reads them back, every byte compared. One JSON
+// line; exit 0 when every block came back intact.
+int Fresh(const std::string& coordinators, uint64_t salt, int64_t timeout_ms) {
+  soak::Options so;
+  so.timeout_ms = timeout_ms;
+  soak::Context c(so, Clock::now());
+  const auto t0 = Clock::now();
+  NetworkClientOptions no;
+  no.coordinator = coordinators;
+  no.client_id = "kvmesh-multihost-fresh";
+  no.tenant_salt = "multihost";
+  no.timeout_ms = timeout_ms;
+  no.connect_timeout_ms = std::min<int64_t>(500, timeout_ms);
+  auto client = NetworkClient::Connect(no);
+  const double connect_ms = MsSince(t0);
+  nlohmann::json j = {{"event", "fresh_client"}, {"salt", salt}, {"connect_ms", connect_ms}};
+  if (!client.ok()) {
+    j["ok"] = false;
+    j["error"] = client.status().ToString();
+    Say(j);
+    return 1;
+  }
+  Router& r = (*client)->router();
+  const std::vector<BlockKey> keys = soak::PutProbeBlocks(c, r, 0xf7e500000 + (salt << 8));
+  const size_t back = keys.empty() ? 0 : soak::ReadProbeBlocks(c, r, keys, nullptr, "fresh");
+  const bool ok = !keys.empty() && back == keys.size() && c.st.wrong_bytes == 0 && c.inv.count() == 0;
+  j["ok"] = ok;
+  j["ms"] = MsSince(t0);
+  j["epoch"] = (*client)->epoch();
+  j["blocks"] = keys.size();
+  j["read_back"] = back;
+  j["wrong_bytes"] = c.st.wrong_bytes.load();
+  j["bytes_compared"] = c.st.bytes_verified.load();
+  if (!ok) j["invariants"] = c.inv.Json();
+  Say(j);
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -476,6 +546,15 @@ int main(int argc, char** argv) {
     la.o.nodes = la.nodes;
     rc = Load(la);
   });
+
+  auto* fresh = app.add_subcommand("fresh", "a new client: connect, put and read back 32 blocks (one JSON line)");
+  std::string fresh_coordinators;
+  uint64_t fresh_salt = 1;
+  int64_t fresh_timeout_ms = 1000;
+  fresh->add_option("--coordinator", fresh_coordinators, "HOST:PORT[,HOST:PORT...]")->required();
+  fresh->add_option("--salt", fresh_salt, "the blocks' keys");
+  fresh->add_option("--timeout-ms", fresh_timeout_ms, "client call timeout");
+  fresh->callback([&] { rc = Fresh(fresh_coordinators, fresh_salt, fresh_timeout_ms); });
 
   CLI11_PARSE(app, argc, argv);
   return rc;
