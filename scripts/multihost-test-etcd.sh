@@ -98,13 +98,16 @@ mt_etcd_start_coordinator() {   # H
   mt_wait_line "$log.out" '"event":"listening"' 20 || mt_fail "coordinator on h$h did not listen in 20 s"
 }
 
-mt_etcd_start_node() {   # I: node n<I>, on h<I+1> (n3 on h3)
+mt_etcd_launch_node() {   # I: node n<I>, on h<I+1> (n3 on h3); its log in MT_ETCD_NLOG
   local i=$1 h=$(($1 + 1))
   ((h > 3)) && h=3
-  local log="$MT_WORK/etcd-node$i.$((MT_ETCD_STARTS++))"
-  mt_bg "$log" "h$h" "$MT_KVMESH" node --config "$MT_WORK/etcd-c0.json" --id "n$i" > /dev/null
+  MT_ETCD_NLOG="$MT_WORK/etcd-node$i.$((MT_ETCD_STARTS++))"
+  mt_bg "$MT_ETCD_NLOG" "h$h" "$MT_KVMESH" node --config "$MT_WORK/etcd-c0.json" --id "n$i" > /dev/null
   MT_ETCD_NPID[$i]=${MT_PIDS[-1]}
-  mt_wait_line "$log.out" '"event":"listening"' 20 || mt_fail "node n$i did not listen in 20 s"
+}
+mt_etcd_start_node() {   # I: launched, and listening
+  mt_etcd_launch_node "$1"
+  mt_wait_line "$MT_ETCD_NLOG.out" '"event":"listening"' 20 || mt_fail "node n$1 did not listen in 20 s"
 }
 
 # Polls the coordinators from the launch host (one Python process, every
@@ -146,6 +149,23 @@ mt_etcd_mark() {
   echo "{\"fault\":\"$1\",\"t0_ms\":$((MT_ETCD_T0 / 1000000))${2:+,$2}}" >> "$MT_WORK/etcd-faults.jsonl"
 }
 
+# Right after a fault is injected: three new clients start at once (each
+# connects through the coordinator list, puts and reads back its blocks), and
+# n3 starts, to join (mt_etcd_during waits for both).
+MT_ETCD_SALT=1
+mt_etcd_after_inject() {
+  local k
+  MT_ETCD_FRESH=()
+  for k in 1 2 3; do
+    mh_exec_argv "$MT_ID" "h$((MT_HOSTS - 1))" "$MT_CLIENT" fresh --coordinator "$(mt_etcd_coordinators)" \
+      --salt "$((MT_ETCD_SALT++))"
+    "${MH_ARGV[@]}" >> "$MT_WORK/fresh-$MT_ETCD_FAULT.jsonl" 2>> "$MT_WORK/fresh.err" &
+    MT_ETCD_FRESH+=("$!")
+  done
+  MT_ETCD_FRESH_STARTED=$((($(date +%s%N) - MT_ETCD_T0) / 1000000))
+  mt_etcd_launch_node 3
+}
+
 mt_etcd_kill_leader() {
   local h
   h=$(mt_etcd_leader 10) || {
@@ -155,6 +175,7 @@ mt_etcd_kill_leader() {
   MT_ETCD_VICTIM=$h
   mt_etcd_mark leader_killed "\"host\":\"h$h\""
   kill -KILL "${MT_ETCD_CPID[$h]}"
+  mt_etcd_after_inject
   mt_log "leader_killed: the coordinator on h$h (leader) SIGKILLed"
 }
 mt_etcd_restart_victim() {
@@ -179,6 +200,7 @@ mt_etcd_kill_member() {
   MT_ETCD_VICTIM=$i
   mt_etcd_mark etcd_member_killed "\"member\":\"e$i\""
   kill -KILL "${MT_ETCD_PID[$i]}"
+  mt_etcd_after_inject
   mt_log "etcd_member_killed: e$i on h$i (raft leader) SIGKILLed"
 }
 mt_etcd_restart_member() {
@@ -198,6 +220,7 @@ mt_etcd_cut_leader() {
   for i in $MT_ETCD_MEMBERS; do
     ip -n "$(mh_ns "$MT_ID" "$h")" neigh replace "$(mt_etcd_addr "$i")" lladdr 02:00:5e:00:de:ad nud permanent dev eth0
   done
+  mt_etcd_after_inject
   mt_log "coordinator_partitioned: the coordinator on h$h (leader) cut off from every etcd member"
 }
 mt_etcd_uncut_leader() {
@@ -214,23 +237,17 @@ mt_etcd_leave_n3() {
   MT_ETCD_NPID[3]=
 }
 
-# During each fault: three new clients start at once (each connects through
-# the coordinator list, puts and reads back its blocks), and n3 joins; the
-# fault lasts until a coordinator publishes a map with it (or 20 s).
-MT_ETCD_SALT=1
+# During each fault: the fault lasts until a coordinator publishes a map with
+# n3 (or 20 s) and the new clients are done.
 mt_etcd_during() {
-  local pids=() k p started
-  for k in 1 2 3; do
-    mh_exec_argv "$MT_ID" "h$((MT_HOSTS - 1))" "$MT_CLIENT" fresh --coordinator "$(mt_etcd_coordinators)" \
-      --salt "$((MT_ETCD_SALT++))"
-    "${MH_ARGV[@]}" >> "$MT_WORK/fresh-$MT_ETCD_FAULT.jsonl" 2>> "$MT_WORK/fresh.err" &
-    pids+=("$!")
-  done
-  started=$((($(date +%s%N) - MT_ETCD_T0) / 1000000))
-  mt_etcd_start_node 3
+  local p
+  mt_wait_line "$MT_ETCD_NLOG.out" '"event":"listening"' 20 || mt_fail "node n3 did not listen in 20 s"
   mt_etcd_wait_map 4 20 || mt_fail "$MT_ETCD_FAULT: no coordinator published a map with n3 within 20 s"
-  for p in "${pids[@]}"; do wait "$p" || mt_fail "$MT_ETCD_FAULT: a client started during the fault failed"; done
-  echo "{\"fault\":\"$MT_ETCD_FAULT\",\"clients\":${#pids[@]},\"started_within_ms\":$started}" >> "$MT_WORK/etcd-fresh.jsonl"
+  for p in "${MT_ETCD_FRESH[@]}"; do
+    wait "$p" || mt_fail "$MT_ETCD_FAULT: a client started during the fault failed"
+  done
+  echo "{\"fault\":\"$MT_ETCD_FAULT\",\"clients\":${#MT_ETCD_FRESH[@]},\"started_within_ms\":$MT_ETCD_FRESH_STARTED}" \
+    >> "$MT_WORK/etcd-fresh.jsonl"
 }
 
 # NAME INJECT HEAL: fresh hit set put and read (the hit rate before), the
@@ -290,6 +307,8 @@ mt_phase_etcd() {
   mt_load_stop
   echo "$MT_REPLY" > "$MT_WORK/load-etcd.report.json"
 
+  # Leader changes are counted up to here: stopping a leader makes another lead.
+  echo "$(($(date +%s%N) / 1000000))" > "$MT_WORK/etcd-stop-ms"
   for i in 0 1 2; do mt_stop_pid "${MT_ETCD_NPID[$i]}"; done
   for h in $(mt_etcd_coordinator_hosts); do mt_stop_pid "${MT_ETCD_CPID[$h]}"; done
   for i in $MT_ETCD_MEMBERS; do mt_stop_pid "${MT_ETCD_PID[$i]}"; done
@@ -314,7 +333,9 @@ def lines(path):
                 out.append(j)
     return out
 events = lines("coordinator-h*.err")
-elected = sorted((e for e in events if e.get("event") == "leader_elected"), key=lambda e: e["ts_ms"])
+stop_ms = int(open(os.path.join(work, "etcd-stop-ms")).read())
+elected = sorted((e for e in events if e.get("event") == "leader_elected" and e["ts_ms"] < stop_ms),
+                 key=lambda e: e["ts_ms"])
 published = sorted((e for e in events if e.get("event") == "map_published"), key=lambda e: e["ts_ms"])
 epochs = [e["epoch"] for e in published]
 chained = all(b["previous"] == a["epoch"] for a, b in zip(published, published[1:]))
@@ -323,6 +344,7 @@ for f in lines("etcd-faults.jsonl"):
     after = [e["ts_ms"] - f["t0_ms"] for e in published if e["ts_ms"] >= f["t0_ms"]]
     failover[f["fault"]] = after[0] if after else None
 fresh = lines("fresh-*.jsonl")
+started = {j["fault"]: j["started_within_ms"] for j in lines("etcd-fresh.jsonl")}
 hit_rate = {}
 for h in lines("etcd-hitrate.jsonl"):
     fault, when = h["name"].split()
@@ -338,7 +360,10 @@ print(json.dumps({
     "new_clients_during_faults": len(fresh), "new_clients_ok": sum(1 for c in fresh if c.get("ok")),
     "new_clients_wrong_bytes": sum(c.get("wrong_bytes", 0) for c in fresh),
     "new_clients_bytes_compared": sum(c.get("bytes_compared", 0) for c in fresh),
-    "new_clients_started_within_ms": {j["fault"]: j["started_within_ms"] for j in lines("etcd-fresh.jsonl")},
+    "new_clients_started_within_ms": started,
+    # Started while the control plane was still failing over: before the fault's next map.
+    "new_clients_started_before_next_map": bool(started) and all(
+        failover.get(f) is not None and ms < failover[f] for f, ms in started.items()),
     "hit_rate": hit_rate,
     "hit_rate_before": None if None in before or not before else min(before),
     "hit_rate_after": None if None in after or not after else min(after),
