@@ -68,6 +68,16 @@ std::vector<uint8_t> Pixels(py::handle pixels) {
   return std::vector<uint8_t>(b, b + mem.size());
 }
 
+// A host buffer holding one equal block per patch, and that block's size.
+std::pair<Memory, size_t> PatchBlocks(py::handle obj, bool writable, size_t patches, const char* call) {
+  Memory mem = Memory::Acquire(obj, writable);
+  if (mem.device()) Throw(InvalidArgument(std::string("FrameStream.") + call + ": the buffer must be host memory"));
+  if (mem.size() % patches != 0)
+    Throw(InvalidArgument(std::string("FrameStream.") + call + ": the buffer must hold one equal block per patch"));
+  const size_t bb = mem.size() / patches;
+  return {std::move(mem), bb};
+}
+
 void NeedPending(const PyFrameStream& f, const char* call) {
   if (!f.has_pending) Throw(FailedPrecondition(std::string("FrameStream.") + call + ": no frame matched"));
 }
@@ -102,12 +112,8 @@ computed ones and slides the window, end() releases the stream's blocks.)");
           "get_reused",
           [](PyFrameStream& f, py::handle out) {
             NeedPending(f, "get_reused");
-            Memory mem = Memory::Acquire(out, /*writable=*/true);
-            if (mem.device()) Throw(InvalidArgument("FrameStream.get_reused: out must be host memory"));
             const size_t n = f.pending.patches.size();
-            if (mem.size() % n != 0)
-              Throw(InvalidArgument("FrameStream.get_reused: out must hold one equal block per patch"));
-            const size_t bb = mem.size() / n;
+            auto [mem, bb] = PatchBlocks(out, /*writable=*/true, n, "get_reused");
             std::vector<std::span<std::byte>> dst(n);
             for (size_t i = 0; i < n; ++i) dst[i] = {mem.data() + i * bb, bb};
             Status st = f.client->WithRouter([&](Router&) { return f.s->GetReused(f.pending, dst); });
@@ -136,12 +142,8 @@ computed ones and slides the window, end() releases the stream's blocks.)");
           [](PyFrameStream& f, py::handle pixels, py::handle blocks) {
             NeedPending(f, "commit");
             std::vector<uint8_t> px = Pixels(pixels);
-            Memory mem = Memory::Acquire(blocks, /*writable=*/false);
-            if (mem.device()) Throw(InvalidArgument("FrameStream.commit: blocks must be host memory"));
             const size_t n = f.pending.patches.size();
-            if (mem.size() % n != 0)
-              Throw(InvalidArgument("FrameStream.commit: blocks must hold one equal block per patch"));
-            const size_t bb = mem.size() / n;
+            auto [mem, bb] = PatchBlocks(blocks, /*writable=*/false, n, "commit");
             std::vector<std::span<const std::byte>> src(n);
             for (size_t i = 0; i < n; ++i) src[i] = {mem.data() + i * bb, bb};
             Status st = f.client->WithRouter([&](Router&) { return f.s->Commit(f.pending, px, src); });

@@ -95,6 +95,9 @@ def test_the_gate_comes_per_stream_and_bad_values_raise():
             s.commit(bg, blocks_of(0))  # nothing matched yet
         with pytest.raises(kvmesh.InvalidArgumentError, match="pixels"):
             s.match(bytes(10))
+        s.match(bg)
+        with pytest.raises(kvmesh.InvalidArgumentError, match="one equal block per patch"):
+            s.get_reused(bytearray(PATCHES * BLOCK + 1))
 
 
 def test_refresh_turns_a_reused_patch_into_a_stored_one_and_end_releases_the_blocks():
