@@ -9,6 +9,7 @@
 // KV bytes stored are each mode's own; the errors are against the logits of
 // the reuse-off run, which recomputes every patch of every frame.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -34,8 +35,9 @@ struct WorldArgs {
   uint32_t frames = 64;
   // The gate: unset (negative) values come from the config's $.frames.
   double tau = -2, rho = -1;
-  int64_t window = -1, pixel_delta = -1, recompute_radius = -1;
-  bool json = false, progress = true, per_frame = false, sweep = false;
+  int64_t window = -1, pixel_delta = -1, recompute_radius = -1, max_age = -1, motion_radius = -1;
+  double refresh_deviation = -1;
+  bool json = false, progress = true, per_frame = false, sweep = false, diagnose = false;
   std::string plot;
   std::string sweep_tau = "0.5,0.7,0.8,0.85,0.9,0.92,0.95,0.98";
   std::string sweep_rho = "0.02,0.05,0.1,0.2,0.5";
@@ -100,9 +102,10 @@ class Runner {
   Runner(const WorldArgs& a, ClusterConfig cfg, std::shared_ptr<const WorldWeights> w, FrameGenParams scene)
       : a_(a), cfg_(std::move(cfg)), model_(std::move(w)), gen_(std::move(scene)) {}
 
-  Result<ModeRun> Run(const std::string& mode, FrameMatchOptions gate, bool progress) {
+  Result<ModeRun> Run(const std::string& mode, FrameMatchOptions gate, bool progress, bool keep_blocks = false) {
     KVMESH_ASSIGN_OR_RETURN(auto cluster, EmbeddedCluster::Start(cfg_));
     WorldStreamOptions o;
+    o.keep_blocks = keep_blocks;
     o.frames = a_.frames;
     o.stream.stream_id = 1;
     o.stream.match = gate;
@@ -142,6 +145,9 @@ nlohmann::json RunJson(const ModeRun& m, const ModeRun& off, bool per_frame) {
                       {"rho", m.gate.change_threshold},
                       {"window", m.gate.window},
                       {"recompute_radius", m.gate.recompute_radius},
+                      {"refresh_deviation", m.gate.refresh_deviation},
+                      {"max_age", m.gate.max_age},
+                      {"motion_radius", m.gate.motion_radius},
                       {"patch_reuse", s.reuse},
                       {"ms_per_frame", {{"p50", s.ms_p50}, {"p99", s.ms_p99}, {"mean", s.ms_mean}}},
                       {"kv_bytes_stored", s.bytes},
@@ -197,6 +203,84 @@ bool WritePlot(const std::string& prefix, const std::vector<ModeRun>& runs, cons
   return std::system(("gnuplot '" + gp + "' 2>/dev/null").c_str()) == 0;
 }
 
+// Where the error of a reused run comes from, against the reuse-off run of the
+// same frames: by the age of the reused block, by the grid distance to the
+// nearest computed patch of the frame, and per KV layer of the reused blocks.
+void PrintDiagnosis(const ModeRun& m, const ModeRun& off, const WorldModelConfig& c) {
+  const uint32_t N = c.num_patches(), V = c.vocab, GW = c.grid_w(), GH = c.height / c.patch;
+  const size_t BF = c.BlockFloats(), H = c.hidden;
+  const size_t frames = m.r.frames.size();
+  auto patch_err = [&](size_t f, uint32_t p) {
+    double e = 0;
+    for (uint32_t v = 0; v < V; ++v)
+      e += std::fabs(double(m.r.logits[(f * N + p) * V + v]) - off.r.logits[(f * N + p) * V + v]);
+    return e / V;
+  };
+  struct Acc {
+    double sum = 0;
+    uint64_t n = 0;
+  };
+  const char* age_names[] = {"computed", "1", "2-3", "4-7", "8-15", "16+"};
+  Acc by_age[6], by_dist[6];
+  const uint32_t kvl = 2 * c.layers + 1;
+  std::vector<Acc> layer_dev(kvl);
+  for (size_t f = 0; f < frames; ++f) {
+    std::vector<uint8_t> computed(N);
+    for (uint32_t p = 0; p < N; ++p) computed[p] = m.r.source_frame[f * N + p] == f;
+    for (uint32_t p = 0; p < N; ++p) {
+      const double e = patch_err(f, p);
+      const uint32_t age = static_cast<uint32_t>(f - m.r.source_frame[f * N + p]);
+      const int ab = age == 0 ? 0 : age == 1 ? 1 : age < 4 ? 2 : age < 8 ? 3 : age < 16 ? 4 : 5;
+      by_age[ab].sum += e;
+      ++by_age[ab].n;
+      uint32_t dist = 5;
+      const int32_t x0 = int32_t(p % GW), y0 = int32_t(p / GW);
+      for (uint32_t q = 0; q < N; ++q)
+        if (computed[q])
+          dist = std::min<uint32_t>(dist, static_cast<uint32_t>(std::max(std::abs(int32_t(q % GW) - x0),
+                                                                         std::abs(int32_t(q / GW) - y0))));
+      by_dist[std::min<uint32_t>(dist, 5)].sum += e;
+      ++by_dist[std::min<uint32_t>(dist, 5)].n;
+      if (computed[p]) continue;
+      const float* a = m.r.blocks.data() + (f * N + p) * BF;
+      const float* b = off.r.blocks.data() + (f * N + p) * BF;
+      for (uint32_t l = 0; l < kvl; ++l) {
+        double d = 0, r = 0;
+        for (size_t i = 0; i < 2 * H; ++i) {
+          d += (double(a[l * 2 * H + i]) - b[l * 2 * H + i]) * (double(a[l * 2 * H + i]) - b[l * 2 * H + i]);
+          r += double(b[l * 2 * H + i]) * b[l * 2 * H + i];
+        }
+        layer_dev[l].sum += std::sqrt(d / std::max(r, 1e-30));
+        ++layer_dev[l].n;
+      }
+    }
+  }
+  (void)GH;
+  const double total = [&] {
+    double s = 0;
+    for (const Acc& a : by_age) s += a.sum;
+    return s;
+  }();
+  std::printf("  error of '%s' by the age of the patch's block (frames since it was computed):\n", m.mode.c_str());
+  std::printf("    %-9s %8s %10s %8s\n", "age", "patches", "mean|err|", "share");
+  for (int i = 0; i < 6; ++i)
+    if (by_age[i].n)
+      std::printf("    %-9s %8llu %10.5f %7.1f%%\n", age_names[i], static_cast<unsigned long long>(by_age[i].n),
+                  by_age[i].sum / by_age[i].n, 100 * by_age[i].sum / std::max(total, 1e-30));
+  std::printf("  by grid distance to the nearest computed patch of the frame (0: computed):\n");
+  std::printf("    %-9s %8s %10s %8s\n", "distance", "patches", "mean|err|", "share");
+  for (int i = 0; i < 6; ++i)
+    if (by_dist[i].n)
+      std::printf("    %-9s %8llu %10.5f %7.1f%%\n", (i == 5 ? ">=5/none" : std::to_string(i).c_str()),
+                  static_cast<unsigned long long>(by_dist[i].n), by_dist[i].sum / by_dist[i].n,
+                  100 * by_dist[i].sum / std::max(total, 1e-30));
+  std::printf("  reused blocks against the recomputed ones, per KV layer (mean ||reused - recomputed|| / ||recomputed||):\n   ");
+  for (uint32_t l = 0; l < kvl; ++l)
+    std::printf(" %s%u %.4f", l == kvl - 1 ? "out" : (l % 2 ? "t" : "s"), l == kvl - 1 ? 0 : l / 2,
+                layer_dev[l].n ? layer_dev[l].sum / layer_dev[l].n : 0.0);
+  std::printf("\n");
+}
+
 int Fail(const Status& s) {
   std::cerr << "kvmesh worldmodel: " << s.ToString() << "\n";
   return 1;
@@ -237,12 +321,16 @@ int Run(const WorldArgs& a, nlohmann::json* out = nullptr) {
   if (a.rho >= 0) gate.change_threshold = static_cast<float>(a.rho);
   if (a.pixel_delta >= 0) gate.pixel_delta = static_cast<uint32_t>(a.pixel_delta);
   if (a.recompute_radius >= 0) gate.recompute_radius = static_cast<uint32_t>(a.recompute_radius);
+  if (a.refresh_deviation >= 0) gate.refresh_deviation = static_cast<float>(a.refresh_deviation);
+  if (a.max_age >= 0) gate.max_age = static_cast<uint32_t>(a.max_age);
+  if (a.motion_radius >= 0) gate.motion_radius = static_cast<uint32_t>(a.motion_radius);
   if (Status s = gate.Validate(); !s.ok()) return Fail(s);
   FrameMatchOptions off = gate, exact = gate;
   off.mode = FrameReuse::kOff;
+  off.refresh_deviation = 0;  // the reference recomputes everything: nothing to refresh
   exact.mode = FrameReuse::kExact;
 
-  auto ref = runner.Run("off", off, progress);
+  auto ref = runner.Run("off", off, progress, a.diagnose);
   if (!ref.ok()) return Fail(ref.status());
   runner.Score(*ref, *ref);
   const WorldModelConfig& mc = model_cfg;
@@ -288,7 +376,7 @@ int Run(const WorldArgs& a, nlohmann::json* out = nullptr) {
   std::vector<ModeRun> runs;
   runs.push_back(std::move(ref).value());
   for (auto [name, g] : {std::pair{"exact", exact}, std::pair{"similar", gate}}) {
-    auto m = runner.Run(name, g, progress);
+    auto m = runner.Run(name, g, progress, a.diagnose);
     if (!m.ok()) return Fail(m.status());
     runner.Score(*m, runs.front());
     runs.push_back(std::move(m).value());
@@ -296,7 +384,7 @@ int Run(const WorldArgs& a, nlohmann::json* out = nullptr) {
 
   if (a.json) {
     nlohmann::json j = {{"scene", a.scene}, {"frames", a.frames}, {"model", model_json},
-                        {"runs", nlohmann::json::array()}};
+                        {"logit_scale", LogitScale(runs.front().r.logits)}, {"runs", nlohmann::json::array()}};
     for (const ModeRun& m : runs) j["runs"].push_back(RunJson(m, runs.front(), a.per_frame));
     if (out)
       *out = std::move(j);
@@ -308,6 +396,9 @@ int Run(const WorldArgs& a, nlohmann::json* out = nullptr) {
                 a.scene.c_str(), a.frames, mc.width, mc.height, mc.num_patches(), mc.patch, mc.patch,
                 double(mc.Params()) / 1e3, mc.hidden, mc.layers, mc.heads, mc.BlockBytes(), gate.ssim_threshold,
                 gate.change_threshold, gate.window);
+    if (gate.refresh_deviation > 0 || gate.max_age > 0 || gate.motion_radius > 0 || gate.recompute_radius > 0)
+      std::printf("  similar: refresh deviation %.3f, max age %u, motion radius %u, recompute radius %u\n",
+                  gate.refresh_deviation, gate.max_age, gate.motion_radius, gate.recompute_radius);
     if (a.per_frame) {
       std::printf("  %5s | %-21s | %-21s | %-21s\n", "frame", "off: reuse ms", "exact: reuse ms",
                   "similar: reuse ms err");
@@ -330,7 +421,9 @@ int Run(const WorldArgs& a, nlohmann::json* out = nullptr) {
                   s.ms_p50, s.ms_p99, static_cast<unsigned long long>(s.bytes), Ratio(double(s.bytes), double(b.bytes)),
                   Ratio(s.ms_p50, b.ms_p50), m.err.mean_abs, 100 * m.err.token_agreement);
     }
-    std::printf("  (errors against the reuse-off run; max |err| similar %.4f)\n", runs.back().err.max_abs);
+    std::printf("  (errors against the reuse-off run; max |err| similar %.4f; logit scale: std of the reference logits %.3f)\n",
+                runs.back().err.max_abs, LogitScale(runs.front().r.logits));
+    if (a.diagnose) PrintDiagnosis(runs.back(), runs.front(), mc);
   }
   if (!a.plot.empty() && !WritePlot(a.plot, runs, "kvmesh worldmodel: scene " + a.scene))
     std::cerr << "kvmesh worldmodel: gnuplot failed; the data is in " << a.plot << ".dat\n";
@@ -369,6 +462,12 @@ void AddWorldModelCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--cut-every", args->cut_every, "override the scene: a scene cut every N frames (0: none)");
   cmd->add_option("--recompute-radius", args->recompute_radius,
                   "also compute reused patches within this grid distance of a computed one (0: off)");
+  cmd->add_option("--refresh-deviation", args->refresh_deviation,
+                  "compute reused patches whose layer-1 KV moved by more than this (relative; default: $.frames)");
+  cmd->add_option("--max-age", args->max_age, "reuse no block computed more than N frames ago (default: $.frames)");
+  cmd->add_option("--motion-radius", args->motion_radius,
+                  "also match blocks of patch positions within this grid distance (default: $.frames)")
+      ->check(CLI::Range(0, 4));
   cmd->add_option("--spatial-radius", args->model.spatial_radius, "model: spatial attention reach (patches)");
   cmd->add_option("--pool", args->model.pool, "model: tokenizer pooling (pixels)");
   cmd->add_option("--hidden", args->model.hidden, "model width");
@@ -376,6 +475,7 @@ void AddWorldModelCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", args->model.seed, "model seed");
   cmd->add_flag("--json", args->json, "print JSON");
   cmd->add_flag("--per-frame", args->per_frame, "print (or put in the JSON) every frame");
+  cmd->add_flag("--diagnose", args->diagnose, "break the similar run's error down by block age, distance and KV layer");
   cmd->add_flag("--sweep", args->sweep, "sweep tau x rho (reuse rate against error)");
   cmd->add_option("--sweep-tau", args->sweep_tau, "tau values of --sweep");
   cmd->add_option("--sweep-rho", args->sweep_rho, "rho values of --sweep");

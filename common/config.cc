@@ -425,7 +425,10 @@ Status ReadFrames(const json& j, FramesConfig* f) {
       .Optional("ssim_threshold", &f->ssim_threshold)
       .Optional("change_threshold", &f->change_threshold)
       .Optional("pixel_delta", &f->pixel_delta)
-      .Optional("recompute_radius", &f->recompute_radius);
+      .Optional("recompute_radius", &f->recompute_radius)
+      .Optional("refresh_deviation", &f->refresh_deviation)
+      .Optional("max_age", &f->max_age)
+      .Optional("motion_radius", &f->motion_radius);
   KVMESH_RETURN_IF_ERROR(r.Finish());
   if (f->window == 0 || f->window > 1024)
     return InvalidArgument("$.frames.window: must be in 1..1024, got " + std::to_string(f->window));
@@ -437,6 +440,11 @@ Status ReadFrames(const json& j, FramesConfig* f) {
     return InvalidArgument("$.frames.pixel_delta: must be in 0..255, got " + std::to_string(f->pixel_delta));
   if (f->recompute_radius > 64)
     return InvalidArgument("$.frames.recompute_radius: must be in 0..64, got " + std::to_string(f->recompute_radius));
+  if (!(f->refresh_deviation >= 0 && f->refresh_deviation <= 100))
+    return InvalidArgument("$.frames.refresh_deviation: must be in [0, 100], got " +
+                           std::to_string(f->refresh_deviation));
+  if (f->motion_radius > 4)
+    return InvalidArgument("$.frames.motion_radius: must be in 0..4, got " + std::to_string(f->motion_radius));
   return Status::Ok();
 }
 

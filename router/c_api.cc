@@ -11,11 +11,20 @@
 #include <string>
 #include <vector>
 
+#include "kvmesh/frame_stream.h"
 #include "kvmesh/kv_route.h"
 #include "kvmesh/network.h"
 
 struct kvmesh_client {
   std::unique_ptr<kvmesh::NetworkClient> net;
+};
+
+// One thread at a time: the stream and the match pending between
+// kvmesh_frame_match and kvmesh_frame_commit.
+struct kvmesh_frame_stream {
+  std::unique_ptr<kvmesh::FrameStream> s;
+  kvmesh::FrameMatch pending;
+  bool has_pending = false;
 };
 
 // Immutable after creation: shared by the caller's threads without locks.
@@ -423,6 +432,174 @@ int kvmesh_kv_index_route(kvmesh_kv_index* x, const kvmesh_key* keys, size_t n_k
     }
     return Ok();
   });
+}
+
+kvmesh_frame_options kvmesh_frame_default_options(void) {
+  const kvmesh::FrameMatchOptions g;
+  const kvmesh::FrameStreamOptions so;
+  kvmesh_frame_options o;
+  o.stream_id = 0;
+  o.width = so.width;
+  o.height = so.height;
+  o.patch = so.patch;
+  o.mode = static_cast<uint32_t>(g.mode);
+  o.window = g.window;
+  o.ssim_threshold = g.ssim_threshold;
+  o.change_threshold = g.change_threshold;
+  o.pixel_delta = g.pixel_delta;
+  o.recompute_radius = g.recompute_radius;
+  o.refresh_deviation = g.refresh_deviation;
+  o.max_age = g.max_age;
+  o.motion_radius = g.motion_radius;
+  o.priority = kvmesh::kDefaultPriority;
+  return o;
+}
+
+namespace {
+
+kvmesh_patch_match CMatch(const kvmesh::PatchMatch& m) {
+  kvmesh_patch_match c;
+  c.reused = m.reused ? 1 : 0;
+  c.blended = m.blended ? 1 : 0;
+  c.key = kvmesh_key{m.key.hi, m.key.lo};
+  c.source_frame = m.source_frame;
+  c.source_patch = m.source_patch;
+  c.ssim = m.ssim;
+  c.change = m.change;
+  return c;
+}
+
+}  // namespace
+
+int kvmesh_frame_open(kvmesh_client* c, const kvmesh_frame_options* options, kvmesh_frame_stream** out) {
+  return Guard([&] {
+    if (!c || !out) return Fail(kvmesh::InvalidArgument("null argument"));
+    const kvmesh_frame_options fo = options ? *options : kvmesh_frame_default_options();
+    if (fo.mode > 2) return Fail(kvmesh::InvalidArgument("frame options: mode must be 0, 1 or 2"));
+    kvmesh::FrameStreamOptions so;
+    so.stream_id = fo.stream_id;
+    so.width = fo.width;
+    so.height = fo.height;
+    so.patch = fo.patch;
+    so.match.mode = static_cast<kvmesh::FrameReuse>(fo.mode);
+    so.match.window = fo.window;
+    so.match.ssim_threshold = fo.ssim_threshold;
+    so.match.change_threshold = fo.change_threshold;
+    so.match.pixel_delta = fo.pixel_delta;
+    so.match.recompute_radius = fo.recompute_radius;
+    so.match.refresh_deviation = fo.refresh_deviation;
+    so.match.max_age = fo.max_age;
+    so.match.motion_radius = fo.motion_radius;
+    so.request.priority = fo.priority;
+    auto s = kvmesh::FrameStream::Open(c->net->router(), so);
+    if (!s.ok()) return Fail(s.status());
+    *out = new kvmesh_frame_stream{std::move(*s), {}, false};
+    return Ok();
+  });
+}
+
+uint32_t kvmesh_frame_patches(const kvmesh_frame_stream* s) { return s && s->s ? s->s->num_patches() : 0; }
+
+int kvmesh_frame_match(kvmesh_frame_stream* s, const uint8_t* pixels, size_t n, kvmesh_patch_match* out,
+                       size_t cap) {
+  return Guard([&] {
+    if (!s || !s->s || (!pixels && n)) return Fail(kvmesh::InvalidArgument("null argument"));
+    if (out == nullptr || cap < s->s->num_patches())
+      return Fail(kvmesh::InvalidArgument("frame match: out needs one entry per patch"));
+    auto m = s->s->Match({pixels, n});
+    if (!m.ok()) return Fail(m.status());
+    s->pending = std::move(*m);
+    s->has_pending = true;
+    for (size_t i = 0; i < s->pending.patches.size(); ++i) out[i] = CMatch(s->pending.patches[i]);
+    return Ok();
+  });
+}
+
+int kvmesh_frame_get_reused(kvmesh_frame_stream* s, void* const* dsts, size_t cap, kvmesh_patch_match* out,
+                            size_t n_out) {
+  return Guard([&] {
+    if (!s || !s->s || !dsts) return Fail(kvmesh::InvalidArgument("null argument"));
+    if (!s->has_pending) return Fail(kvmesh::FailedPrecondition("frame get_reused: no frame matched"));
+    const size_t n = s->pending.patches.size();
+    std::vector<std::span<std::byte>> dst(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (!s->pending.patches[i].reused) continue;
+      if (!dsts[i]) return Fail(kvmesh::InvalidArgument("frame get_reused: null destination of a reused patch"));
+      dst[i] = {static_cast<std::byte*>(dsts[i]), cap};
+    }
+    kvmesh::Status st = s->s->GetReused(s->pending, dst);
+    if (!st.ok()) return Fail(st);
+    if (out)
+      for (size_t i = 0; i < std::min(n, n_out); ++i) out[i] = CMatch(s->pending.patches[i]);
+    return Ok();
+  });
+}
+
+int kvmesh_frame_refresh(kvmesh_frame_stream* s, uint32_t patch) {
+  return Guard([&] {
+    if (!s || !s->s) return Fail(kvmesh::InvalidArgument("null argument"));
+    if (!s->has_pending) return Fail(kvmesh::FailedPrecondition("frame refresh: no frame matched"));
+    kvmesh::Status st = s->s->Refresh(s->pending, patch);
+    return st.ok() ? Ok() : Fail(st);
+  });
+}
+
+int kvmesh_frame_history(kvmesh_frame_stream* s, uint32_t patch, kvmesh_key* keys, size_t cap, size_t* n) {
+  return Guard([&] {
+    if (!s || !s->s || (!keys && cap) || !n) return Fail(kvmesh::InvalidArgument("null argument"));
+    if (patch >= s->s->num_patches()) return Fail(kvmesh::InvalidArgument("frame history: no such patch"));
+    const std::vector<kvmesh::BlockKey> h = s->s->History(patch);
+    *n = h.size();
+    for (size_t i = 0; i < std::min(cap, h.size()); ++i) keys[i] = kvmesh_key{h[i].hi, h[i].lo};
+    return Ok();
+  });
+}
+
+int kvmesh_frame_commit(kvmesh_frame_stream* s, const uint8_t* pixels, size_t n, const void* const* srcs,
+                        size_t block_bytes) {
+  return Guard([&] {
+    if (!s || !s->s || (!pixels && n)) return Fail(kvmesh::InvalidArgument("null argument"));
+    if (!s->has_pending) return Fail(kvmesh::FailedPrecondition("frame commit: no frame matched"));
+    const size_t np = s->pending.patches.size();
+    std::vector<std::span<const std::byte>> src(np);
+    for (size_t i = 0; i < np; ++i) {
+      if (s->pending.patches[i].reused) continue;
+      if (!srcs || !srcs[i]) return Fail(kvmesh::InvalidArgument("frame commit: null block of a computed patch"));
+      src[i] = {static_cast<const std::byte*>(srcs[i]), block_bytes};
+    }
+    kvmesh::Status st = s->s->Commit(s->pending, {pixels, n}, src);
+    if (!st.ok()) return Fail(st);
+    s->has_pending = false;
+    return Ok();
+  });
+}
+
+int kvmesh_frame_stats_get(const kvmesh_frame_stream* s, kvmesh_frame_stats* out) {
+  return Guard([&] {
+    if (!s || !s->s || !out) return Fail(kvmesh::InvalidArgument("null argument"));
+    const kvmesh::FrameStreamStats& st = s->s->stats();
+    *out = kvmesh_frame_stats{st.frames,    st.patches,      st.reused,       st.blocks_put,
+                              st.bytes_put, st.put_failures, st.reuse_misses, st.released};
+    return Ok();
+  });
+}
+
+int kvmesh_frame_end(kvmesh_frame_stream* s) {
+  return Guard([&] {
+    if (!s || !s->s) return Fail(kvmesh::InvalidArgument("null argument"));
+    s->has_pending = false;
+    kvmesh::Status st = s->s->End();
+    return st.ok() ? Ok() : Fail(st);
+  });
+}
+
+void kvmesh_frame_free(kvmesh_frame_stream* s) {
+  if (s == nullptr) return;
+  try {
+    if (s->s) (void)s->s->End();
+  } catch (...) {
+  }
+  delete s;
 }
 
 }  // extern "C"

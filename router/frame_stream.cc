@@ -23,6 +23,8 @@ Status FrameMatchOptions::Validate() const {
   if (!(change_threshold >= 0.0f && change_threshold <= 1.0f))
     return InvalidArgument("frame match: change_threshold must be in [0, 1]");
   if (pixel_delta > 255) return InvalidArgument("frame match: pixel_delta must be in [0, 255]");
+  if (!(refresh_deviation >= 0.0f)) return InvalidArgument("frame match: refresh_deviation must be >= 0");
+  if (motion_radius > 4) return InvalidArgument("frame match: motion_radius must be in [0, 4]");
   return Status::Ok();
 }
 
@@ -33,6 +35,9 @@ FrameMatchOptions FrameMatchOptions::FromConfig(const FramesConfig& c) {
   o.change_threshold = static_cast<float>(c.change_threshold);
   o.pixel_delta = c.pixel_delta;
   o.recompute_radius = c.recompute_radius;
+  o.refresh_deviation = static_cast<float>(c.refresh_deviation);
+  o.max_age = c.max_age;
+  o.motion_radius = c.motion_radius;
   return o;
 }
 
@@ -139,41 +144,55 @@ Result<FrameMatch> FrameStream::Match(std::span<const uint8_t> pixels, const Fra
   const uint32_t n = num_patches();
   m.patches.resize(n);
   std::vector<uint8_t>& px = impl_->patch_px;
+  std::vector<uint32_t> cand;
+  const int32_t gw = static_cast<int32_t>(grid_w()), gh = static_cast<int32_t>(grid_h());
   const size_t first = impl_->window.size() > g.window ? impl_->window.size() - g.window : 0;
   for (uint32_t p = 0; p < n; ++p) {
     PatchMatch& pm = m.patches[p];
     pm.key = impl_->NewKey(m.frame, p);
     pm.source_frame = m.frame;
+    pm.source_patch = p;
     if (g.mode == FrameReuse::kOff) continue;
     ExtractPatch(pixels, p, px.data());
     const BlockKey* best = nullptr;
     float best_ssim = -2.0f, best_change = 1.0f;
     bool best_pass = false;
-    const BlockKey* last = nullptr;
-    for (size_t f = impl_->window.size(); f-- > first;) {  // newest first
-      const BlockKey& k = impl_->window[f].keys[p];
-      if (last && *last == k) continue;  // the same block as the newer frame
-      last = &k;
-      auto it = impl_->blocks.find(k);
-      if (it == impl_->blocks.end()) continue;
-      const std::vector<uint8_t>& src = it->second.pixels;
-      float ssim, change;
-      bool pass;
-      if (g.mode == FrameReuse::kExact) {
-        pass = std::memcmp(src.data(), px.data(), px.size()) == 0;
-        ssim = pass ? 1.0f : PatchSsim(px, src);
-        change = pass ? 0.0f : PatchChangeRate(px, src, g.pixel_delta);
-      } else {
-        ssim = PatchSsim(px, src);
-        change = PatchChangeRate(px, src, g.pixel_delta);
-        pass = ssim >= g.ssim_threshold && change <= g.change_threshold;
-      }
-      // Passing beats failing; then higher SSIM; ties keep the newer.
-      if ((pass && !best_pass) || (pass == best_pass && ssim > best_ssim)) {
-        best = &k;
-        best_ssim = ssim;
-        best_change = change;
-        best_pass = pass;
+    // Candidate positions: p itself first, then (motion_radius) its grid
+    // neighbours, so a tie keeps the same position.
+    cand.assign(1, p);
+    const int32_t MR = g.mode == FrameReuse::kSimilar ? static_cast<int32_t>(g.motion_radius) : 0;
+    const int32_t px0 = static_cast<int32_t>(p % gw), py0 = static_cast<int32_t>(p / gw);
+    for (int32_t y = std::max(0, py0 - MR); y <= std::min(gh - 1, py0 + MR); ++y)
+      for (int32_t x = std::max(0, px0 - MR); x <= std::min(gw - 1, px0 + MR); ++x)
+        if (x != px0 || y != py0) cand.push_back(static_cast<uint32_t>(y * gw + x));
+    for (const uint32_t q : cand) {
+      const BlockKey* last = nullptr;
+      for (size_t f = impl_->window.size(); f-- > first;) {  // newest first
+        const BlockKey& k = impl_->window[f].keys[q];
+        if (last && *last == k) continue;  // the same block as the newer frame
+        last = &k;
+        auto it = impl_->blocks.find(k);
+        if (it == impl_->blocks.end()) continue;
+        if (g.max_age > 0 && m.frame - it->second.source_frame > g.max_age) continue;  // too stale to reuse
+        const std::vector<uint8_t>& src = it->second.pixels;
+        float ssim, change;
+        bool pass;
+        if (g.mode == FrameReuse::kExact) {
+          pass = std::memcmp(src.data(), px.data(), px.size()) == 0;
+          ssim = pass ? 1.0f : PatchSsim(px, src);
+          change = pass ? 0.0f : PatchChangeRate(px, src, g.pixel_delta);
+        } else {
+          ssim = PatchSsim(px, src);
+          change = PatchChangeRate(px, src, g.pixel_delta);
+          pass = ssim >= g.ssim_threshold && change <= g.change_threshold;
+        }
+        // Passing beats failing; then higher SSIM; ties keep the newer.
+        if ((pass && !best_pass) || (pass == best_pass && ssim > best_ssim)) {
+          best = &k;
+          best_ssim = ssim;
+          best_change = change;
+          best_pass = pass;
+        }
       }
     }
     if (best == nullptr) continue;
@@ -183,11 +202,11 @@ Result<FrameMatch> FrameStream::Match(std::span<const uint8_t> pixels, const Fra
       pm.reused = true;
       pm.key = *best;
       pm.source_frame = impl_->blocks.at(*best).source_frame;
+      pm.source_patch = impl_->blocks.at(*best).patch;
     }
   }
   if (g.recompute_radius > 0) {
-    const int32_t R = static_cast<int32_t>(g.recompute_radius), gw = static_cast<int32_t>(grid_w()),
-                  gh = static_cast<int32_t>(grid_h());
+    const int32_t R = static_cast<int32_t>(g.recompute_radius);
     std::vector<uint8_t> failed(n);
     for (uint32_t p = 0; p < n; ++p) failed[p] = !m.patches[p].reused;
     for (uint32_t p = 0; p < n; ++p) {
@@ -203,9 +222,23 @@ Result<FrameMatch> FrameStream::Match(std::span<const uint8_t> pixels, const Fra
       pm.blended = true;
       pm.key = impl_->NewKey(m.frame, p);
       pm.source_frame = m.frame;
+      pm.source_patch = p;
     }
   }
   return m;
+}
+
+Status FrameStream::Refresh(FrameMatch& m, uint32_t p) const {
+  if (p >= m.patches.size() || m.frame != next_frame_)
+    return InvalidArgument("frame stream: Refresh of a patch outside the next frame's match");
+  PatchMatch& pm = m.patches[p];
+  if (!pm.reused) return Status::Ok();
+  pm.reused = false;
+  pm.blended = true;
+  pm.key = impl_->NewKey(m.frame, p);
+  pm.source_frame = m.frame;
+  pm.source_patch = p;
+  return Status::Ok();
 }
 
 Status FrameStream::GetReused(FrameMatch& m, std::span<const std::span<std::byte>> dst) {
@@ -228,6 +261,7 @@ Status FrameStream::GetReused(FrameMatch& m, std::span<const std::span<std::byte
     pm.reused = false;
     pm.key = impl_->NewKey(m.frame, static_cast<uint32_t>(idx[j]));
     pm.source_frame = m.frame;
+    pm.source_patch = static_cast<uint32_t>(idx[j]);
     ++stats_.reuse_misses;
   }
   return Status::Ok();
@@ -299,6 +333,12 @@ void FrameStream::ReleaseUnreferenced() {
   // An eviction hint: a node that cannot take it (gone, say) loses nothing.
   (void)router_.Release(impl_->to_release, o_.request);
   stats_.released += impl_->to_release.size();
+  impl_->to_release.clear();
+}
+
+void FrameStream::Detach() {
+  impl_->window.clear();
+  impl_->blocks.clear();
   impl_->to_release.clear();
 }
 

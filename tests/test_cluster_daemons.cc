@@ -204,6 +204,7 @@ TEST_CASE("Daemons: coordinator + 3 nodes serve put/get/match through the networ
     REQUIRE(ok);
     CHECK((*ok)["matched"] == 4);
     CHECK((*ok)["seq_prefix_tokens"] == 2 * r.block_tokens());  // the C sequence calls, second client reuse
+    CHECK((*ok)["frames_reused"] == 4);  // the C frame-stream calls: a repeated frame reuses its four blocks
     auto st = ex.Wait(TimeBound(5s));
     REQUIRE(st);
     CHECK(WEXITSTATUS(*st) == 0);

@@ -316,12 +316,102 @@ TEST_CASE("on a mostly static scene the gate reuses >= 85% of patches and stores
   CHECK(e.mean_abs > 0);  // a moving sprite changes its neighbours' context: reuse is not free
 }
 
+WorldStreamResult RunGate(const WorldModelConfig& mc, const FrameGenParams& scene, uint32_t frames,
+                          const FrameMatchOptions& gate) {
+  auto w = WorldWeights::Generate(mc);
+  REQUIRE(w.ok());
+  WorldModel model(*w);
+  FrameGenerator gen(scene);
+  auto cluster = EmbeddedCluster::Start(Config(mc));
+  REQUIRE(cluster.ok());
+  WorldStreamOptions o;
+  o.frames = frames;
+  o.stream.stream_id = 9;
+  o.stream.match = gate;
+  o.keep_blocks = true;
+  auto res = RunWorldStream((*cluster)->router(), model, gen, o);
+  REQUIRE(res.ok());
+  return std::move(*res);
+}
+
+TEST_CASE("refresh by measured deviation computes the reused patches that moved and lowers the error",
+          "[worldmodel]") {
+  const WorldModelConfig mc = SmallModel();
+  const FrameGenParams scene = Scene(1, 2.0f);
+  FrameMatchOptions off, plain, blend;
+  off.mode = FrameReuse::kOff;
+  blend.refresh_deviation = 0.05f;
+  const WorldStreamResult ref = RunGate(mc, scene, 24, off), a = RunGate(mc, scene, 24, plain),
+                          b = RunGate(mc, scene, 24, blend);
+  uint32_t refreshed = 0;
+  for (const WorldFrameStats& f : b.frames) refreshed += f.refreshed;
+  CHECK(refreshed > 0);
+  CHECK(b.stats.reused < a.stats.reused);
+  // A refreshed patch is stored like a computed one: blocks put + reused = patches.
+  CHECK(b.stats.blocks_put + b.stats.reused == b.stats.patches);
+  const LogitError ea = CompareLogits(a.logits, ref.logits, mc.vocab), eb = CompareLogits(b.logits, ref.logits, mc.vocab);
+  CHECK(eb.mean_abs < 0.6 * ea.mean_abs);
+  // A threshold nothing reaches refreshes nothing: the same patches are reused.
+  FrameMatchOptions never = plain;
+  never.refresh_deviation = 1e6f;
+  const WorldStreamResult c = RunGate(mc, scene, 24, never);
+  CHECK(c.stats.reused == a.stats.reused);
+  for (const WorldFrameStats& f : c.frames) CHECK(f.refreshed == 0);
+}
+
+TEST_CASE("max_age bounds how old a reused block is", "[worldmodel]") {
+  const WorldModelConfig mc = SmallModel();
+  FrameMatchOptions g;
+  g.max_age = 3;
+  const WorldStreamResult r = RunGate(mc, Scene(0, 0.0f), 10, g);
+  const uint32_t N = mc.num_patches();
+  for (uint32_t f = 0; f < 10; ++f) {
+    CHECK(r.frames[f].reused == (f % 4 == 0 ? 0u : N));  // identical frames: recomputed every 4th
+    for (uint32_t p = 0; p < N; ++p) CHECK(f - r.source_frame[size_t{f} * N + p] <= 3u);
+  }
+}
+
+TEST_CASE("motion_radius matches a patch against neighbouring positions (a camera moved by one patch)",
+          "[worldmodel]") {
+  auto cluster = EmbeddedCluster::Start(Config(SmallModel()));
+  REQUIRE(cluster.ok());
+  FrameGenerator gen(Scene(0, 0.0f));
+  const std::vector<uint8_t> f0 = gen.Frame(0);
+  std::vector<uint8_t> f1(f0.size());
+  for (uint32_t y = 0; y < 64; ++y)  // the picture moved left by one patch; a new column enters on the right
+    for (uint32_t x = 0; x < 64; ++x) f1[y * 64 + x] = x + 8 < 64 ? f0[y * 64 + x + 8] : uint8_t((x * 37 + y * 11) % 256);
+  for (uint32_t radius : {0u, 1u}) {
+    FrameStreamOptions so;
+    so.stream_id = 70 + radius;
+    so.match.motion_radius = radius;
+    auto s = FrameStream::Open((*cluster)->router(), so);
+    REQUIRE(s.ok());
+    std::vector<std::byte> block(64, std::byte{7});
+    std::vector<std::span<const std::byte>> blocks((*s)->num_patches(), block);
+    auto m0 = (*s)->Match(f0);
+    REQUIRE(m0.ok());
+    REQUIRE((*s)->Commit(*m0, f0, blocks).ok());
+    auto m1 = (*s)->Match(f1);
+    REQUIRE(m1.ok());
+    for (uint32_t p = 0; p < 64; ++p) {
+      const PatchMatch& pm = m1->patches[p];
+      if (radius == 0 || p % 8 == 7) {
+        CHECK(!pm.reused);
+      } else {
+        CHECK(pm.reused);
+        CHECK(pm.source_patch == p + 1);
+      }
+    }
+  }
+}
+
 TEST_CASE("the gate's defaults come from $.frames, checked with their JSON path", "[worldmodel]") {
   const std::string nodes = R"("nodes": [{"id": "n0", "memory": {"host": "1MiB"}}])";
   const std::string model = R"("model": {"model_id": "m", "num_layers": 1, "num_kv_heads": 1, "head_dim": 2, "block_tokens": 1})";
   auto c = ParseConfig("{" + model + "," + nodes +
                        R"(, "frames": {"window": 8, "ssim_threshold": 0.8, "change_threshold": 0.1,
-                                       "pixel_delta": 20, "recompute_radius": 1}})");
+                                       "pixel_delta": 20, "recompute_radius": 1, "refresh_deviation": 0.05,
+                                       "max_age": 12, "motion_radius": 1}})");
   REQUIRE(c.ok());
   const FrameMatchOptions g = FrameMatchOptions::FromConfig(c->frames);
   CHECK(g.window == 8);
@@ -329,6 +419,12 @@ TEST_CASE("the gate's defaults come from $.frames, checked with their JSON path"
   CHECK(g.change_threshold == Approx(0.1f));
   CHECK(g.pixel_delta == 20);
   CHECK(g.recompute_radius == 1);
+  CHECK(g.refresh_deviation == Approx(0.05f));
+  CHECK(g.max_age == 12);
+  CHECK(g.motion_radius == 1);
+  auto far = ParseConfig("{" + model + "," + nodes + R"(, "frames": {"motion_radius": 9}})");
+  REQUIRE_FALSE(far.ok());
+  CHECK(far.status().message().find("$.frames.motion_radius") != std::string::npos);
   auto bad = ParseConfig("{" + model + "," + nodes + R"(, "frames": {"change_threshold": 1.5}})");
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().message().find("$.frames.change_threshold") != std::string::npos);

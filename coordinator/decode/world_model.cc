@@ -115,13 +115,17 @@ Status WorldModel::ComputeFrame(const WorldFrameInput& in, std::span<float> bloc
   // Offsets inside a block: kv layer j's K at j*2H, V at j*2H + H.
   auto K = [&](const float* b, uint32_t kvl) { return b + size_t{kvl} * 2 * H; };
   auto V = [&](const float* b, uint32_t kvl) { return b + size_t{kvl} * 2 * H + H; };
-  std::vector<uint32_t> comp;  // computed patches
+  // Selective refresh needs a second layer to measure the deviation at.
+  const bool blend = in.refresh_deviation > 0 && c.layers >= 2;
+  std::vector<uint32_t> comp;  // patches computed (with blend: in the first layer, every patch)
   std::vector<const float*> src(N);
   for (uint32_t p = 0; p < N; ++p) {
-    src[p] = in.reused[p] ? in.reused[p] : blocks.data() + size_t{p} * BF;
-    if (!in.reused[p]) comp.push_back(p);
+    src[p] = in.reused[p] && !blend ? in.reused[p] : blocks.data() + size_t{p} * BF;
+    if (!in.reused[p] || blend) comp.push_back(p);
+    if (in.refreshed) in.refreshed[p] = 0;
+    if (in.deviation) in.deviation[p] = 0;
   }
-  const size_t C = comp.size();
+  size_t C = comp.size();
   const uint32_t S = P / c.pool, GW = c.grid_w(), GH = c.height / P;
   std::vector<float> x(C * H), h(C * H), q(C * H), att(C * H), o(C * H), a1(C * F), a3(C * F), px(size_t{S} * S),
       scores(std::max<size_t>(N, c.window) + 1);
@@ -144,6 +148,40 @@ Status WorldModel::ComputeFrame(const WorldFrameInput& in, std::span<float> bloc
   std::vector<const float*> kp, vp;
   for (uint32_t l = 0; l < c.layers && C > 0; ++l) {
     const WorldWeights::Layer& L = w_->layers[l];
+    if (blend && l == 1) {
+      // CacheBlend's test at the second layer: the fresh spatial K and V of
+      // each reused patch against its reused block's; the patches that moved
+      // more than refresh_deviation go on through every layer, the others
+      // drop out and keep their reused block (src) for the layers above.
+      size_t kept = 0;
+      std::vector<float> kv(2 * size_t{H});
+      for (size_t i = 0; i < C; ++i) {
+        const uint32_t p = comp[i];
+        bool keep = in.reused[p] == nullptr;
+        if (!keep) {
+          RmsNorm(x.data() + i * H, L.s_norm.data(), H, h.data());
+          MatMul(L.s_wk.data(), H, H, H, h.data(), H, 1, kv.data(), H);
+          MatMul(L.s_wv.data(), H, H, H, h.data(), H, 1, kv.data() + H, H);
+          const float* old = in.reused[p] + size_t{2} * 2 * H;  // kv layer 2: layer 1's spatial K, V
+          double d = 0, r = 0;
+          for (size_t e = 0; e < 2 * size_t{H}; ++e) {
+            d += double(kv[e] - old[e]) * double(kv[e] - old[e]);
+            r += double(old[e]) * old[e];
+          }
+          const float dev = static_cast<float>(std::sqrt(d / std::max(r, 1e-30)));
+          if (in.deviation) in.deviation[p] = dev;
+          keep = dev > in.refresh_deviation;
+          if (keep && in.refreshed) in.refreshed[p] = 1;
+          if (!keep) src[p] = in.reused[p];
+        }
+        if (!keep) continue;
+        if (kept != i) std::memmove(x.data() + kept * H, x.data() + i * H, H * sizeof(float));
+        comp[kept++] = p;
+      }
+      comp.resize(kept);
+      C = kept;
+      if (C == 0) break;
+    }
     const uint32_t ls = 2 * l, lt = 2 * l + 1;
     // h = RMSNorm(x); q = Wq h; K and V of kv layer kvl into each computed patch's block.
     auto project = [&](const std::vector<float>& norm, const std::vector<float>& wq, const std::vector<float>& wk,

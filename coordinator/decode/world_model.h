@@ -99,6 +99,17 @@ struct WorldFrameInput {
   uint32_t action = 0;
   std::span<const float* const> reused;
   std::span<const std::vector<const float*>> history;
+  // CacheBlend-style selective refresh (0: off). The first layer is computed
+  // for every patch, reused ones included (their history must then be given
+  // too); a reused patch whose fresh layer-1 spatial K and V deviate from its
+  // reused block's by more than this (||fresh - reused|| / ||reused||) is
+  // computed through every layer, the others keep the reused block.
+  float refresh_deviation = 0;
+  // Out, when not null (num_patches entries): 1 where a reused patch was
+  // refreshed (its block written to `blocks` like a computed one's), else 0;
+  // and, for reused patches, the measured deviation.
+  uint8_t* refreshed = nullptr;
+  float* deviation = nullptr;
 };
 
 class WorldModel {

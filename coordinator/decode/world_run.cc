@@ -38,7 +38,7 @@ Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model
   std::vector<std::vector<const float*>> history(N);
   std::map<BlockKey, size_t> ctx_slot;
   std::vector<GetItem> gets;
-  std::vector<uint8_t> pixels(size_t{c.width} * c.height);
+  std::vector<uint8_t> pixels(size_t{c.width} * c.height), refreshed(N);
 
   WorldStreamResult res;
   res.logits.reserve(size_t{o.frames} * N * c.vocab);
@@ -50,12 +50,14 @@ Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model
     fs.patches = N;
     KVMESH_ASSIGN_OR_RETURN(FrameMatch m, stream->Match(pixels));
     KVMESH_RETURN_IF_ERROR(stream->GetReused(m, reused_dst));
-    // Temporal context of the computed patches, each distinct block read once.
+    // Temporal context of the computed patches (with refresh_deviation, of
+    // every patch: the first layer runs for all), each distinct block read once.
+    const bool blend = so.match.refresh_deviation > 0;
     ctx_slot.clear();
     gets.clear();
     std::vector<std::vector<BlockKey>> hist_keys(N);
     for (uint32_t p = 0; p < N; ++p) {
-      if (m.patches[p].reused) continue;
+      if (m.patches[p].reused && !blend) continue;
       hist_keys[p] = stream->History(p);
       for (const BlockKey& k : hist_keys[p])
         if (ctx_slot.emplace(k, N + ctx_slot.size()).second)
@@ -80,7 +82,15 @@ Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model
     }
     fs.blocks_read = m.reused() + gets.size();
     WorldFrameInput in{pixels, gen.Action(t), reused, history};
+    in.refresh_deviation = so.match.refresh_deviation;
+    in.refreshed = refreshed.data();
     KVMESH_RETURN_IF_ERROR(model.ComputeFrame(in, out_blocks, logits));
+    for (uint32_t p = 0; p < N; ++p)
+      if (refreshed[p]) {
+        KVMESH_RETURN_IF_ERROR(stream->Refresh(m, p));
+        reused[p] = nullptr;
+        ++fs.refreshed;
+      }
     const uint64_t before = stream->stats().bytes_put;
     KVMESH_RETURN_IF_ERROR(stream->Commit(m, pixels, put_src));
     fs.bytes_put = stream->stats().bytes_put - before;
@@ -88,6 +98,12 @@ Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model
     fs.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     res.frames.push_back(fs);
     res.logits.insert(res.logits.end(), logits.begin(), logits.end());
+    if (o.keep_blocks)
+      for (uint32_t p = 0; p < N; ++p) {
+        const float* b = reused[p] ? reused[p] : out_blocks.data() + size_t{p} * BF;
+        res.blocks.insert(res.blocks.end(), b, b + BF);
+        res.source_frame.push_back(m.patches[p].source_frame);
+      }
     if (o.progress) o.progress(t + 1);
   }
   KVMESH_RETURN_IF_ERROR(stream->End());
@@ -111,6 +127,17 @@ LogitError CompareLogits(std::span<const float> a, std::span<const float> b, uin
   for (size_t i = 0; i < ta.size(); ++i) agree += ta[i] == tb[i];
   e.token_agreement = ta.empty() ? 1.0 : static_cast<double>(agree) / static_cast<double>(ta.size());
   return e;
+}
+
+double LogitScale(std::span<const float> logits) {
+  if (logits.empty()) return 0;
+  double sum = 0, sq = 0;
+  for (float v : logits) {
+    sum += v;
+    sq += double{v} * v;
+  }
+  const double n = static_cast<double>(logits.size()), mean = sum / n;
+  return std::sqrt(std::max(0.0, sq / n - mean * mean));
 }
 
 }  // namespace kvmesh::decode

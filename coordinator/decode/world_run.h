@@ -24,18 +24,26 @@ struct WorldFrameStats {
   uint64_t bytes_put = 0;      // KV bytes this frame stored
   uint64_t blocks_read = 0;    // blocks read back (reused and temporal context)
   uint64_t history_misses = 0; // context blocks that missed (left out of attention)
+  uint32_t refreshed = 0;      // matched patches computed after all (refresh_deviation)
 };
 
 struct WorldStreamOptions {
   FrameStreamOptions stream;  // width/height/patch are taken from the model
   uint32_t frames = 64;
   std::function<void(uint32_t done)> progress;
+  // Keep every frame's blocks (computed and reused) and sources in the
+  // result, for breaking the error down (`kvmesh worldmodel --diagnose`).
+  bool keep_blocks = false;
 };
 
 struct WorldStreamResult {
   std::vector<WorldFrameStats> frames;
   std::vector<float> logits;  // [frame][patch][vocab]
   FrameStreamStats stats;
+  // keep_blocks only: [frame][patch][BlockFloats] as the model used them, and
+  // [frame][patch] the frame that computed the block (== frame: computed).
+  std::vector<float> blocks;
+  std::vector<uint32_t> source_frame;
 };
 
 // Runs frames [0, o.frames) of `gen` through `model` over `router`; ends the
@@ -49,5 +57,7 @@ struct LogitError {
 };
 // a against the reference b (same shape, [..][vocab]).
 LogitError CompareLogits(std::span<const float> a, std::span<const float> b, uint32_t vocab);
+// Standard deviation of the values (the logit scale errors are judged against).
+double LogitScale(std::span<const float> logits);
 
 }  // namespace kvmesh::decode

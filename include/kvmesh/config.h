@@ -291,6 +291,9 @@ struct FramesConfig {
   double change_threshold = 0.05;  // rho, in [0, 1]
   uint32_t pixel_delta = 16;       // 0..255
   uint32_t recompute_radius = 0;   // CacheBlend-style repair radius in patches (0: off)
+  double refresh_deviation = 0;    // CacheBlend-style refresh by measured layer-1 KV deviation (0: off)
+  uint32_t max_age = 0;            // a block older than this many frames is not reused (0: no cap)
+  uint32_t motion_radius = 0;      // also match blocks of patch positions within this grid distance (0: same position)
 };
 
 struct ClusterConfig {

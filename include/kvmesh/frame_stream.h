@@ -75,6 +75,20 @@ struct FrameMatchOptions {
   // when a patch within this grid distance (Chebyshev) failed it: the reused
   // patches whose context changed most. 0: off.
   uint32_t recompute_radius = 0;
+  // CacheBlend-style refresh chosen by measured deviation (0: off). A hint to
+  // the model that computes the frame: it runs its first layer for every
+  // patch and computes, through every layer, the reused patches whose fresh
+  // second-layer K and V moved from the reused block's by more than this
+  // (relative L2); the caller marks them with Refresh().
+  float refresh_deviation = 0.0f;
+  // A block computed more than max_age frames before this one fails the gate
+  // (the patch is computed again: bounds how stale a reused block's context
+  // gets). 0: no cap.
+  uint32_t max_age = 0;
+  // Motion neighbourhood: also match the blocks of patch positions within
+  // this grid distance (Chebyshev) in the window, so a camera pan finds the
+  // background where it was. 0: the same position only.
+  uint32_t motion_radius = 0;
 
   Status Validate() const;
   // The cluster's defaults ($.frames).
@@ -93,6 +107,7 @@ struct PatchMatch {
   bool reused = false;
   BlockKey key;               // reused: the earlier frame's block; computed: the key Commit puts
   uint32_t source_frame = 0;  // the frame whose computation made the block
+  uint32_t source_patch = 0;  // the patch position it was computed at (motion_radius: may differ)
   float ssim = 0.0f;          // against the chosen (or best) candidate; 0 when none
   float change = 1.0f;        // share of changed pixels against that candidate
   bool blended = false;       // passed the gate, computed by recompute_radius
@@ -141,6 +156,10 @@ class FrameStream {
   // patch computed (reused = false, a fresh key).
   Status GetReused(FrameMatch& m, std::span<const std::span<std::byte>> dst);
 
+  // Turns reused patch p of m into a computed one (a fresh key; blended =
+  // true): the caller recomputed it (refresh_deviation) and Commit puts it.
+  Status Refresh(FrameMatch& m, uint32_t p) const;
+
   // Keys of patch p in the window's frames, oldest first (one per frame; a
   // block several frames reuse appears once per frame). The temporal context
   // the next frame attends to.
@@ -159,6 +178,9 @@ class FrameStream {
   // Releases every block the stream references and forgets the window
   // (Router::Release, a hint: a node that cannot take it loses nothing).
   Status End();
+  // Forgets the window without calling the router: for a stream whose
+  // router is gone (closed), whose nodes dropped its blocks with it.
+  void Detach();
 
  private:
   struct Impl;

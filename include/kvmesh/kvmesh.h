@@ -242,6 +242,81 @@ int kvmesh_kv_index_set_load(kvmesh_kv_index* index, const char* instance, doubl
 int kvmesh_kv_index_route(kvmesh_kv_index* index, const kvmesh_key* keys, size_t n_keys,
                           const char* const* candidates, size_t n_candidates, kvmesh_prefix_match* out);
 
+/* ---- world-model frames (kvmesh/frame_stream.h, docs/worldmodel.md) --------
+ * A frame stream is one session of gray 8-bit frames (width x height, cut
+ * into patch x patch patches, one KV block per patch) whose patches reuse
+ * the blocks of earlier frames when they look the same (SSIM and change-rate
+ * gate), by reference, not by copy.
+ *
+ *   kvmesh_frame_stream* s = NULL;
+ *   kvmesh_frame_options fo = kvmesh_frame_default_options();   stream_id, size, gate
+ *   kvmesh_frame_open(c, &fo, &s);
+ *   kvmesh_frame_match(s, pixels, n_pixels, matches, n_patches);  matches[i].reused: 1 or 0
+ *   kvmesh_frame_get_reused(s, dsts, block_bytes, matches, n_patches);  a miss turns reused to 0
+ *   kvmesh_frame_history(s, p, keys, cap, &n);                    temporal context of patch p
+ *   kvmesh_frame_commit(s, pixels, n_pixels, srcs, block_bytes);  puts the computed patches
+ *   kvmesh_frame_end(s); kvmesh_frame_free(s);
+ *
+ * The stream keeps the pending match of the frame between kvmesh_frame_match
+ * and kvmesh_frame_commit. End and free every stream before kvmesh_close of
+ * its client. One thread at a time per stream. */
+typedef struct kvmesh_frame_stream kvmesh_frame_stream;
+
+typedef struct kvmesh_frame_options {
+  uint64_t stream_id;
+  uint32_t width, height, patch; /* pixels; width and height multiples of patch */
+  uint32_t mode;                 /* 0: off, 1: exact, 2: similar (SSIM gate) */
+  uint32_t window;               /* frames a patch is matched against */
+  float ssim_threshold;          /* tau */
+  float change_threshold;        /* rho */
+  uint32_t pixel_delta;
+  uint32_t recompute_radius;
+  float refresh_deviation;
+  uint32_t max_age;
+  uint32_t motion_radius;
+  uint8_t priority; /* eviction class of the stream's blocks */
+} kvmesh_frame_options;
+
+/* The defaults of FrameMatchOptions (tau 0.92, rho 0.05, window 16, ...). */
+kvmesh_frame_options kvmesh_frame_default_options(void);
+
+typedef struct kvmesh_patch_match {
+  uint8_t reused;        /* 1: the block `key` of an earlier frame is reused */
+  uint8_t blended;       /* passed the gate but computed (recompute_radius, refresh) */
+  kvmesh_key key;        /* reused: the earlier block; computed: the key commit puts */
+  uint32_t source_frame; /* the frame that computed the block */
+  uint32_t source_patch; /* the patch position it was computed at */
+  float ssim, change;    /* against the chosen (or best) candidate */
+} kvmesh_patch_match;
+
+typedef struct kvmesh_frame_stats {
+  uint64_t frames, patches, reused, blocks_put, bytes_put, put_failures, reuse_misses, released;
+} kvmesh_frame_stats;
+
+int kvmesh_frame_open(kvmesh_client* client, const kvmesh_frame_options* options, kvmesh_frame_stream** out);
+/* Patches of a frame (grid_w * grid_h). */
+uint32_t kvmesh_frame_patches(const kvmesh_frame_stream* stream);
+/* Matches the next frame (n = width * height pixels); out[0..patches). */
+int kvmesh_frame_match(kvmesh_frame_stream* stream, const uint8_t* pixels, size_t n, kvmesh_patch_match* out,
+                       size_t cap);
+/* Reads the block of every reused patch i into dsts[i][0..cap) (dsts of
+ * computed patches are ignored; may be NULL). A miss makes the patch
+ * computed; out[0..patches) (may be NULL) receives the rewritten match. */
+int kvmesh_frame_get_reused(kvmesh_frame_stream* stream, void* const* dsts, size_t cap, kvmesh_patch_match* out,
+                            size_t n_out);
+/* Marks reused patch p computed after all (the caller recomputed it). */
+int kvmesh_frame_refresh(kvmesh_frame_stream* stream, uint32_t patch);
+/* Keys of patch p in the window, oldest first: *n of them, min(cap, *n) written. */
+int kvmesh_frame_history(kvmesh_frame_stream* stream, uint32_t patch, kvmesh_key* keys, size_t cap, size_t* n);
+/* Puts srcs[i][0..block_bytes) for every computed patch i of the pending
+ * match (srcs of reused patches are ignored; may be NULL) and appends the frame. */
+int kvmesh_frame_commit(kvmesh_frame_stream* stream, const uint8_t* pixels, size_t n, const void* const* srcs,
+                        size_t block_bytes);
+int kvmesh_frame_stats_get(const kvmesh_frame_stream* stream, kvmesh_frame_stats* out);
+/* Releases the stream's blocks (the stream stays allocated). */
+int kvmesh_frame_end(kvmesh_frame_stream* stream);
+void kvmesh_frame_free(kvmesh_frame_stream* stream); /* NULL is fine; ends the stream first */
+
 #ifdef __cplusplus
 }
 #endif

@@ -30,6 +30,7 @@ from ._core import (  # noqa: F401
     Allocation,
     Client,
     EmbeddedCluster,
+    FrameStream,
     ItemStatus,
     KvIndex,
     Region,
@@ -62,6 +63,6 @@ def key_from_hex(text: str) -> "tuple[int, int]":
 
 
 __all__ = [
-    "Allocation", "Client", "EmbeddedCluster", "ItemStatus", "KvIndex", "Region", "Sequence", "HAVE_CUDA", "HAVE_UCX", "VERSION",
+    "Allocation", "Client", "EmbeddedCluster", "FrameStream", "ItemStatus", "KvIndex", "Region", "Sequence", "HAVE_CUDA", "HAVE_UCX", "VERSION",
     "key_hex", "key_from_hex", "chain_keys", "derive_keys", "text_keys",
 ] + list(_errors_all)

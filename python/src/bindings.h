@@ -17,5 +17,6 @@ void BindAllocation(pybind11::module_& m);  // allocation.cc: Allocation
 void BindSequence(pybind11::module_& m);    // bind_sequence.cc: Sequence
 void BindClient(pybind11::module_& m);      // bind_client.cc: Client, EmbeddedCluster
 void BindKvIndex(pybind11::module_& m);     // bind_kv_route.cc: KvIndex (KV-aware routing)
+void BindFrames(pybind11::module_& m);      // bind_frames.cc: FrameStream (world-model frames)
 
 }  // namespace kvmesh::python

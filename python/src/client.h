@@ -86,6 +86,12 @@ class Client {
   py::dict stats();
   void Close();
   bool closed() const { return closed_.load(); }
+  // Runs f(router) as the data calls do: the GIL released, the client open
+  // for the call's duration (FailedPrecondition when closed).
+  template <typename F>
+  auto WithRouter(F&& f) {
+    return Io(std::forward<F>(f));
+  }
 
   std::vector<BlockKey> Keys(py::handle tokens, const RequestOptions& o);
   size_t MatchPrefix(py::handle tokens, const RequestOptions& o);

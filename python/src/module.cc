@@ -38,4 +38,5 @@ PYBIND11_MODULE(_core, m) {
   BindSequence(m);
   BindClient(m);
   BindKvIndex(m);
+  BindFrames(m);
 }
