@@ -272,7 +272,7 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
                   "instead of the sweep: TTFT of a hit vs recomputing, one request per prefix length (comma list)");
   cmd->add_option("--workload", a->workload,
                   "sessions (chat and agent turns) | worldmodel (frame sessions of the reference world model; "
-                  "--rates are frames/s, --configs wm-off,wm-exact,wm-kvmesh)")
+                  "--rates are frames/s, --configs wm-off,wm-exact,wm-kvmesh,wm-kvmesh-local)")
       ->capture_default_str();
   cmd->add_option("--wm-frames", a->wm.session_frames, "worldmodel: frames per session")->capture_default_str();
   cmd->add_option("--wm-fps", a->wm.fps, "worldmodel: a session's frames arrive this many a second")

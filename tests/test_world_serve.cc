@@ -4,7 +4,8 @@
 // the engines, the kvmesh configurations in kvmesh; exact-only reuse of noisy
 // frames reuses nothing and, its context read back from kvmesh, gives wm-off's
 // logits bit for bit; the gate reuses most patches of static scenes and holds
-// less KV than wm-off.
+// less KV than wm-off; an engine-side copy of the referenced blocks changes
+// what is read from kvmesh, not the result.
 #include <unistd.h>
 
 #include <filesystem>
@@ -55,9 +56,9 @@ TEST_CASE("world serve: a tiny run on an embedded cluster keeps its invariants",
   o.fps = 20;
   o.scenes = {"static", "static-b"};
   o.slo_frame_s = 10;  // a loose bound: this checks the accounting, not the machine's speed
-  o.configs = {"wm-off", "wm-exact", "wm-kvmesh"};
+  o.configs = {"wm-off", "wm-exact", "wm-kvmesh", "wm-kvmesh-local"};
   const std::vector<WorldRunResult> runs = RunWorldServe(b, o).value();
-  REQUIRE(runs.size() == 3);
+  REQUIRE(runs.size() == 4);
   std::map<std::string, WorldRunResult> by;
   for (const WorldRunResult& r : runs) by[r.config] = r;
   for (const WorldRunResult& r : runs) {
@@ -97,6 +98,16 @@ TEST_CASE("world serve: a tiny run on an embedded cluster keeps its invariants",
   CHECK(sim.blocks_read > 0);
   CHECK(sim.agreement > 0.5);  // its error is measured, not zero (docs/worldmodel.md)
   CHECK(sim.err_mean_abs > 0);
+  // The engine's copy serves the same blocks: the same matches and logits,
+  // far fewer reads from kvmesh, and at most wm-off's KV in the engine.
+  const WorldRunResult& local = by["wm-kvmesh-local"];
+  CHECK(local.reuse == sim.reuse);
+  CHECK(local.err_mean_abs == sim.err_mean_abs);
+  CHECK(local.err_max_abs == sim.err_max_abs);
+  CHECK(local.bytes_put == sim.bytes_put);
+  CHECK(local.blocks_read < sim.blocks_read / 4);
+  CHECK(local.engine_kv_peak > 0);
+  CHECK(local.engine_kv_peak < off.engine_kv_peak);
   const WorldRatios q = CompareWorld(runs);
   CHECK(q.top_rate == 16);
   CHECK(q.top_kv_ratio == Approx(sim.kvmesh_kv_peak / off.engine_kv_peak));

@@ -30,8 +30,9 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 Result<FrameReuse> ModeOf(const std::string& config) {
   if (config == "wm-off") return FrameReuse::kOff;
   if (config == "wm-exact") return FrameReuse::kExact;
-  if (config == "wm-kvmesh") return FrameReuse::kSimilar;
-  return InvalidArgument("unknown world-model configuration '" + config + "' (wm-off, wm-exact, wm-kvmesh)");
+  if (config == "wm-kvmesh" || config == "wm-kvmesh-local") return FrameReuse::kSimilar;
+  return InvalidArgument("unknown world-model configuration '" + config +
+                         "' (wm-off, wm-exact, wm-kvmesh, wm-kvmesh-local)");
 }
 
 struct FrameRecord {
@@ -49,6 +50,7 @@ struct RunShared {
   const std::vector<uint32_t>* actions = nullptr;
   const WorldModel* model = nullptr;
   FrameReuse mode = FrameReuse::kOff;
+  bool local_copy = false;  // wm-kvmesh-local: the engine keeps the blocks its sessions' windows reference
   Clock::time_point origin;
   std::vector<FrameRecord>* recs = nullptr;
   std::vector<std::vector<float>>* logits = nullptr;
@@ -122,7 +124,10 @@ class WorldEngine {
   struct Session {
     std::deque<std::vector<float>> past;  // wm-off: the last window - 1 frames' blocks, oldest first
     std::unique_ptr<FrameStream> stream;  // kvmesh configurations
-    uint64_t held = 0;                    // bytes this session holds (engine or kvmesh)
+    uint64_t held = 0;                    // bytes this session holds in kvmesh (wm-off: in the engine)
+    // wm-kvmesh-local: the blocks the stream's window references, one copy each.
+    std::map<BlockKey, std::vector<float>> copy;
+    uint64_t copy_held = 0;
   };
 
   std::byte* Slot(size_t i) { return region_.base + i * BB_; }
@@ -207,7 +212,16 @@ class WorldEngine {
     }
     FrameStream& st = *ss.stream;
     KVMESH_ASSIGN_OR_RETURN(FrameMatch m, st.Match(pixels));
-    KVMESH_RETURN_IF_ERROR(st.GetReused(m, reused_dst_));
+    // The engine's copy serves what it holds; kvmesh the rest (a reused
+    // block the copy lacks: every reused block is then read from kvmesh).
+    auto copied = [&](const BlockKey& k) -> const float* {
+      auto it = ss.copy.find(k);
+      return it == ss.copy.end() ? nullptr : it->second.data();
+    };
+    bool all_copied = s_.local_copy;
+    for (uint32_t p = 0; p < N_ && all_copied; ++p)
+      if (m.patches[p].reused && !copied(m.patches[p].key)) all_copied = false;
+    if (!all_copied) KVMESH_RETURN_IF_ERROR(st.GetReused(m, reused_dst_));
     ctx_slot_.clear();
     gets_.clear();
     hist_keys_.resize(N_);
@@ -216,7 +230,7 @@ class WorldEngine {
       if (m.patches[p].reused) continue;
       hist_keys_[p] = st.History(p);
       for (const BlockKey& k : hist_keys_[p])
-        if (ctx_slot_.emplace(k, gets_.size()).second)
+        if (!copied(k) && ctx_slot_.emplace(k, gets_.size()).second)
           gets_.push_back(GetItem{k, {Slot(N_ + gets_.size()), BB_}, 0, {}});
     }
     if (!gets_.empty()) {
@@ -225,9 +239,17 @@ class WorldEngine {
         for (GetItem& g : gets_) g.status = call;  // no answer: every context block misses
     }
     for (uint32_t p = 0; p < N_; ++p) {
-      reused_[p] = m.patches[p].reused ? reinterpret_cast<const float*>(Slot(p)) : nullptr;
+      reused_[p] = nullptr;
+      if (m.patches[p].reused) {
+        const float* c = all_copied ? copied(m.patches[p].key) : nullptr;
+        reused_[p] = c ? c : reinterpret_cast<const float*>(Slot(p));
+      }
       history_[p].clear();
       for (const BlockKey& k : hist_keys_[p]) {
+        if (const float* c = copied(k)) {
+          history_[p].push_back(c);
+          continue;
+        }
         const size_t g = ctx_slot_.at(k);
         if (!gets_[g].status.ok()) {  // a miss: attend to what is left
           ++rec.history_misses;
@@ -236,14 +258,32 @@ class WorldEngine {
         history_[p].push_back(reinterpret_cast<const float*>(Slot(N_ + g)));
       }
     }
-    rec.blocks_read = m.reused() + gets_.size();
+    rec.blocks_read = (all_copied ? 0 : m.reused()) + gets_.size();
     decode::WorldFrameInput in{pixels, action, reused_, history_};
     KVMESH_RETURN_IF_ERROR(s_.model->ComputeFrame(in, blocks_, logits_));
     KVMESH_RETURN_IF_ERROR(st.Commit(m, pixels, put_src_));
     rec.reused = static_cast<uint32_t>(m.reused());
     const FrameStreamStats& x = st.stats();
     SetHeld(ss, (x.blocks_put - std::min(x.blocks_put, x.released)) * BB_, kvmesh_kv_);
+    if (s_.local_copy) UpdateCopy(ss, m);
     return Status::Ok();
+  }
+
+  // wm-kvmesh-local: the frame's blocks join the engine's copy (computed ones
+  // and reused ones read from kvmesh), blocks the window no longer references
+  // leave it.
+  void UpdateCopy(Session& ss, const FrameMatch& m) {
+    for (uint32_t p = 0; p < N_; ++p) {
+      const BlockKey& k = m.patches[p].key;
+      if (ss.copy.count(k)) continue;
+      const float* src = m.patches[p].reused ? reinterpret_cast<const float*>(Slot(p)) : blocks_.data() + size_t{p} * BF_;
+      ss.copy.emplace(k, std::vector<float>(src, src + BF_));
+    }
+    for (auto it = ss.copy.begin(); it != ss.copy.end();)
+      it = ss.stream->References(it->first) == 0 ? ss.copy.erase(it) : std::next(it);
+    const uint64_t bytes = uint64_t(ss.copy.size()) * BB_;
+    engine_kv_.fetch_add(bytes - ss.copy_held);
+    ss.copy_held = bytes;
   }
 
   void SetHeld(Session& ss, uint64_t bytes, std::atomic<uint64_t>& total) {
@@ -260,6 +300,7 @@ class WorldEngine {
       st = ss.stream->End();
       Add(ss.stream->stats());
       SetHeld(ss, 0, kvmesh_kv_);
+      engine_kv_.fetch_sub(ss.copy_held);
     } else {
       SetHeld(ss, 0, engine_kv_);
     }
@@ -457,6 +498,21 @@ Result<std::vector<WorldRunResult>> RunWorldServe(const BenchServeOptions& base,
       }
     }
     std::map<std::string, std::vector<std::vector<float>>> logits_of;
+    auto shared = [&](FrameReuse mode, bool local_copy, std::vector<FrameRecord>& recs, std::vector<std::vector<float>>& logits,
+                      Clock::time_point origin) {
+      RunShared sh;
+      sh.o = &o;
+      sh.sched = &sched;
+      sh.pixels = &pixels;
+      sh.actions = &actions;
+      sh.model = &model;
+      sh.mode = mode;
+      sh.local_copy = local_copy;
+      sh.origin = origin;
+      sh.recs = &recs;
+      sh.logits = &logits;
+      return sh;
+    };
     const size_t first = results.size();
     for (size_t c = 0; c < o.configs.size(); ++c, ++run_no) {
       const std::string& config = o.configs[c];
@@ -472,16 +528,7 @@ Result<std::vector<WorldRunResult>> RunWorldServe(const BenchServeOptions& base,
       for (size_t i = 0; i < recs.size(); ++i) recs[i].arrival = sched.frames[i].arrival_s;
       std::vector<std::vector<float>> logits(sched.frames.size());
       const auto run_start = Clock::now();
-      RunShared sh;
-      sh.o = &o;
-      sh.sched = &sched;
-      sh.pixels = &pixels;
-      sh.actions = &actions;
-      sh.model = &model;
-      sh.mode = mode;
-      sh.origin = run_start + std::chrono::milliseconds(100);
-      sh.recs = &recs;
-      sh.logits = &logits;
+      const RunShared sh = shared(mode, config == "wm-kvmesh-local", recs, logits, run_start + std::chrono::milliseconds(100));
       std::vector<std::unique_ptr<WorldEngine>> engines;
       for (uint32_t e = 0; e < b.engines; ++e) {
         engines.push_back(std::make_unique<WorldEngine>(sh, tier ? &tier->router(e) : nullptr));
@@ -557,16 +604,7 @@ Result<std::vector<WorldRunResult>> RunWorldServe(const BenchServeOptions& base,
     if (ref == logits_of.end()) {
       std::vector<FrameRecord> recs(sched.frames.size());
       std::vector<std::vector<float>> logits(sched.frames.size());
-      RunShared sh;
-      sh.o = &o;
-      sh.sched = &sched;
-      sh.pixels = &pixels;
-      sh.actions = &actions;
-      sh.model = &model;
-      sh.recs = &recs;
-      sh.logits = &logits;
-      sh.origin = Clock::now();
-      WorldEngine local(sh, nullptr);
+      WorldEngine local(shared(FrameReuse::kOff, false, recs, logits, Clock::now()), nullptr);
       for (size_t i = 0; i < sched.frames.size(); ++i) KVMESH_RETURN_IF_ERROR(local.ServeNow(i));
       ref = logits_of.emplace("wm-off", std::move(logits)).first;
     }
@@ -622,7 +660,7 @@ void PrintWorldTable(const WorldServeOptions& o, const std::vector<WorldRunResul
                 r.kvmesh_kv_peak / 1e6, (r.engine_kv_peak + r.kvmesh_kv_peak) / 1e6,
                 (r.engine_kv_mean + r.kvmesh_kv_mean) / 1e6, r.bytes_put / 1e6, r.err_mean_abs,
                 r.agreement * 100, r.finished < r.frames ? "  (unfinished frames)" : "");
-  for (const std::string a : {"wm-kvmesh", "wm-exact"}) {
+  for (const std::string a : {"wm-kvmesh", "wm-kvmesh-local", "wm-exact"}) {
     const WorldRatios q = CompareWorld(results, a, "wm-off");
     if (q.top_rate == 0) continue;
     std::printf("%s / wm-off: frames/s at P99 <= %.0f ms (highest swept rate sustained): %.1f vs %.1f", a.c_str(),
@@ -657,7 +695,7 @@ json WorldResultsJson(const BenchServeOptions& base, const WorldServeOptions& o,
                                {"token_agreement", r.agreement}, {"frames_compared", r.compared}}},
                     {"seconds", r.seconds}});
   json ratios = json::object();
-  for (const std::string a : {"wm-kvmesh", "wm-exact"}) {
+  for (const std::string a : {"wm-kvmesh", "wm-kvmesh-local", "wm-exact"}) {
     const WorldRatios q = CompareWorld(results, a, "wm-off");
     if (q.top_rate == 0) continue;
     ratios[a + "_over_wm-off"] = {{"max_sustained_fps", q.a_max_sustained},

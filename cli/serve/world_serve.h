@@ -19,6 +19,10 @@
 //   wm-kvmesh  the same with similarity-gated reuse (SSIM and change gates):
 //              a matched patch reads the earlier frame's block, the others are
 //              computed with their temporal context read from kvmesh
+//   wm-kvmesh-local  the same gate, and the engine keeps one copy of each
+//              block its sessions' windows reference (as the token engines
+//              keep a local prefix cache in front of kvmesh): reads from
+//              kvmesh only what the copy lacks
 // The kvmesh tier is the one the token runs use (bench_serve.h: daemons or
 // embedded). Per run: frame latency (arrival to logits), frames/s, goodput
 // at a frame-latency SLO, KV bytes held (in the engines, in kvmesh: blocks
@@ -83,7 +87,7 @@ struct WorldRunResult {
   double fps = 0, goodput = 0;      // finished / busy time; met SLO / arrival window
   double reuse = 0;                 // patches reused / patches computed or reused
   // KV bytes held between frames, sampled every 20 ms: in the engines (wm-off:
-  // the sessions' past frames) and in kvmesh (blocks the open streams
+  // the sessions' past frames; wm-kvmesh-local: its copy) and in kvmesh (blocks the open streams
   // reference: stored once however many frames reuse them).
   double engine_kv_peak = 0, engine_kv_mean = 0, kvmesh_kv_peak = 0, kvmesh_kv_mean = 0;
   uint64_t bytes_put = 0, blocks_read = 0, reuse_misses = 0, history_misses = 0, put_failures = 0;
