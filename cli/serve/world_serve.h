@@ -49,7 +49,7 @@ namespace kvmesh::serve {
 
 struct WorldServeOptions {
   std::vector<double> rates = {10, 20, 40, 80};  // frames/s offered (all sessions together)
-  std::vector<std::string> configs = {"wm-off", "wm-kvmesh"};
+  std::vector<std::string> configs = {"wm-off", "wm-kvmesh", "wm-kvmesh-local"};
   double duration_s = 20;        // sessions start in [0, duration_s)
   uint32_t session_frames = 32;  // frames per session
   double fps = 10;               // a session's frames arrive this many a second
