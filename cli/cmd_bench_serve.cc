@@ -13,6 +13,7 @@
 #include "cli/serve/bench_serve.h"
 #include "cli/serve/reference.h"
 #include "cli/serve/report.h"
+#include "cli/serve/world_serve.h"
 #include "kvmesh/size.h"
 
 #include <nlohmann/json.hpp>
@@ -28,6 +29,13 @@ struct Args {
   bool json = false;
   std::string plot;
   std::string prefix_check;  // "1024,8192,32768": the hit-vs-recompute check instead of the sweep
+  // --workload worldmodel: frame sessions (world_serve.h); --rates and
+  // --configs keep the world model's defaults unless given.
+  std::string workload = "sessions";
+  serve::WorldServeOptions wm;
+  std::string wm_scenes = "static,busy,static-b,drift,pan,cuts,noisy";
+  double slo_frame_ms = 100;
+  bool rates_given = false, configs_given = false;
 };
 
 template <typename T>
@@ -93,6 +101,59 @@ int PrefixCheck(const Args& a) {
   return 0;
 }
 
+// A progress line on stderr when it is a terminal.
+serve::ServeProgress ProgressLine() {
+  const bool tty = ::isatty(2);
+  return [tty](const std::string& label, uint64_t arrived, uint64_t finished, uint64_t total) {
+    if (!tty) return;
+    std::fprintf(stderr, "\r\033[K[bench-serve] %-28s arrived %4llu/%-4llu finished %4llu", label.c_str(),
+                 (unsigned long long)arrived, (unsigned long long)total, (unsigned long long)finished);
+    if (finished == total && arrived == total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  };
+}
+
+int RunWorld(Args& a) {
+  auto fail = [](const Status& s) {
+    std::cerr << "kvmesh bench-serve: " << s.ToString() << "\n";
+    return 1;
+  };
+  serve::WorldServeOptions& w = a.wm;
+  if (a.rates_given) {
+    auto rates = SplitList<double>(a.rates, "--rates");
+    if (!rates.ok()) return fail(rates.status());
+    w.rates = *rates;
+  }
+  if (a.configs_given) {
+    auto configs = SplitList<std::string>(a.configs, "--configs");
+    if (!configs.ok()) return fail(configs.status());
+    w.configs = *configs;
+  }
+  auto scenes = SplitList<std::string>(a.wm_scenes, "--wm-scenes");
+  if (!scenes.ok()) return fail(scenes.status());
+  w.scenes = *scenes;
+  w.duration_s = a.o.workload.duration_s;
+  w.seed = a.o.workload.seed;
+  w.slo_frame_s = a.slo_frame_ms / 1e3;
+  auto results = serve::RunWorldServe(a.o, w, ProgressLine());
+  if (!results.ok()) return fail(results.status());
+  if (!a.plot.empty() && !serve::WriteWorldPlots(a.plot, w, *results))
+    std::cerr << "kvmesh bench-serve: gnuplot failed; data in " << a.plot << ".dat\n";
+  if (a.json) {
+    std::cout << serve::WorldResultsJson(a.o, w, *results).dump(2) << "\n";
+    return 0;
+  }
+  std::printf("kvmesh bench-serve --workload worldmodel: reference world model (%llu params, %ux%u frames of %u "
+              "patches, computed on this CPU), %u engines, %s kvmesh (%s, %u nodes); gate tau %.2f rho %.2f window %u\n",
+              (unsigned long long)w.model.Params(), w.model.width, w.model.height, w.model.num_patches(),
+              a.o.engines, a.o.cluster.c_str(), a.o.transport.c_str(), a.o.nodes, w.gate.ssim_threshold,
+              w.gate.change_threshold, w.gate.window);
+  serve::PrintWorldTable(w, *results);
+  if (!a.plot.empty())
+    std::printf("plots: %s-frame-p99.png %s-goodput.png %s-kv.png\n", a.plot.c_str(), a.plot.c_str(), a.plot.c_str());
+  return 0;
+}
+
 int Run(Args& a) {
   auto fail = [](const Status& s) {
     std::cerr << "kvmesh bench-serve: " << s.ToString() << "\n";
@@ -117,16 +178,10 @@ int Run(Args& a) {
   a.o.slo_tpot_s = a.slo_tpot_ms / 1e3;
   if (a.o.kvmesh_bin.empty()) a.o.kvmesh_bin = SelfPath();
   if (serve::IsReferenceModel(a.o.engine_model)) a.o.kv_scale = 1;  // its KV is small: real size
+  if (a.workload == "worldmodel") return RunWorld(a);
+  if (a.workload != "sessions") return fail(InvalidArgument("--workload must be sessions or worldmodel"));
   if (!a.prefix_check.empty()) return PrefixCheck(a);
-  const bool tty = ::isatty(2);
-  auto progress = [tty](const std::string& label, uint64_t arrived, uint64_t finished, uint64_t total) {
-    if (!tty) return;
-    std::fprintf(stderr, "\r\033[K[bench-serve] %-28s arrived %4llu/%-4llu finished %4llu", label.c_str(),
-                 (unsigned long long)arrived, (unsigned long long)total, (unsigned long long)finished);
-    if (finished == total && arrived == total) std::fprintf(stderr, "\n");
-    std::fflush(stderr);
-  };
-  auto results = serve::RunBenchServe(a.o, progress);
+  auto results = serve::RunBenchServe(a.o, ProgressLine());
   if (!results.ok()) return fail(results.status());
   if (!a.plot.empty() && !serve::WritePlots(a.plot, a.o, *results))
     std::cerr << "kvmesh bench-serve: gnuplot failed; data in " << a.plot << ".dat\n";
@@ -215,7 +270,29 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--plot", a->plot, "write PREFIX-ttft-p99.png and PREFIX-goodput.png (gnuplot)");
   cmd->add_option("--prefix-check", a->prefix_check,
                   "instead of the sweep: TTFT of a hit vs recomputing, one request per prefix length (comma list)");
-  cmd->callback([a, exit_code] { *exit_code = Run(*a); });
+  cmd->add_option("--workload", a->workload,
+                  "sessions (chat and agent turns) | worldmodel (frame sessions of the reference world model; "
+                  "--rates are frames/s, --configs wm-off,wm-exact,wm-kvmesh,wm-kvmesh-local)")
+      ->capture_default_str();
+  cmd->add_option("--wm-frames", a->wm.session_frames, "worldmodel: frames per session")->capture_default_str();
+  cmd->add_option("--wm-fps", a->wm.fps, "worldmodel: a session's frames arrive this many a second")
+      ->capture_default_str();
+  cmd->add_option("--wm-scenes", a->wm_scenes, "worldmodel: scene presets, one per session in turn (comma list)")
+      ->capture_default_str();
+  cmd->add_option("--slo-frame-ms", a->slo_frame_ms, "worldmodel: goodput SLO, frame latency bound")
+      ->capture_default_str();
+  cmd->add_option("--wm-hidden", a->wm.model.hidden, "worldmodel: the model's hidden size")->capture_default_str();
+  cmd->add_option("--wm-layers", a->wm.model.layers, "worldmodel: the model's layers")->capture_default_str();
+  cmd->add_option("--wm-heads", a->wm.model.heads, "worldmodel: the model's attention heads")->capture_default_str();
+  cmd->add_option("--wm-ffn", a->wm.model.ffn, "worldmodel: the model's FFN width")->capture_default_str();
+  cmd->add_option("--tau", a->wm.gate.ssim_threshold, "worldmodel: wm-kvmesh's SSIM gate")->capture_default_str();
+  cmd->add_option("--rho", a->wm.gate.change_threshold, "worldmodel: wm-kvmesh's changed-pixel gate")
+      ->capture_default_str();
+  cmd->callback([a, exit_code, cmd] {
+    a->rates_given = cmd->count("--rates") > 0;
+    a->configs_given = cmd->count("--configs") > 0;
+    *exit_code = Run(*a);
+  });
 }
 
 }  // namespace kvmesh::cli

@@ -221,6 +221,28 @@ RunResult Summarise(const std::string& config, double rate, const std::vector<Se
 
 }  // namespace
 
+// The world-model workload (world_serve.h) runs against the same kvmesh tier
+// as the token runs: these hand it out.
+Result<json> ServeClusterJson(const BenchServeOptions& o, const Roofline& model) { return ClusterJson(o, model); }
+
+Result<std::unique_ptr<LocalDaemons>> StartServeDaemons(const BenchServeOptions& o, const json& cluster) {
+  return StartDaemons(o, cluster, WorkDir(o));
+}
+
+namespace {
+struct OwnedTier : ServeTier {
+  explicit OwnedTier(Tier t) : tier(std::move(t)) {}
+  Router& router(size_t engine) override { return tier.router(engine); }
+  Tier tier;
+};
+}  // namespace
+
+Result<std::unique_ptr<ServeTier>> OpenServeTier(const BenchServeOptions& o, const json& cluster,
+                                                 const LocalDaemons* daemons, const std::string& salt) {
+  KVMESH_ASSIGN_OR_RETURN(Tier t, OpenTier(o, cluster, daemons, salt));
+  return std::unique_ptr<ServeTier>(std::make_unique<OwnedTier>(std::move(t)));
+}
+
 Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o,
                                                       const std::vector<uint32_t>& prefix_tokens,
                                                       uint32_t suffix_tokens) {

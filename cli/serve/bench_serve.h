@@ -23,8 +23,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/serve/engine.h"
 #include "cli/serve/workload.h"
@@ -113,6 +116,20 @@ struct PrefixCheckResult {
 Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o,
                                                       const std::vector<uint32_t>& prefix_tokens,
                                                       uint32_t suffix_tokens = 16);
+
+// The kvmesh tier of the runs, for the world-model workload (world_serve.h):
+// the cluster config of `model`'s KV layout (the options' nodes, memory and
+// transport), its daemons (none for cluster = "embedded"), and one router per
+// engine under a run's tenant salt (embedded: one router shared).
+class LocalDaemons;
+Result<nlohmann::json> ServeClusterJson(const BenchServeOptions& o, const Roofline& model);
+Result<std::unique_ptr<LocalDaemons>> StartServeDaemons(const BenchServeOptions& o, const nlohmann::json& cluster);
+struct ServeTier {
+  virtual ~ServeTier() = default;
+  virtual Router& router(size_t engine) = 0;
+};
+Result<std::unique_ptr<ServeTier>> OpenServeTier(const BenchServeOptions& o, const nlohmann::json& cluster,
+                                                 const LocalDaemons* daemons, const std::string& salt);
 
 // Percentile p (0..100) of v (sorted inside); 0 for an empty v.
 double Percentile(std::vector<double> v, double p);

@@ -173,25 +173,30 @@ bool WritePlots(const std::string& prefix, const BenchServeOptions& o, const std
       f << "\n\n";
     }
   }
-  bool ok = true;
-  auto plot = [&](const std::string& png, const std::string& ylabel, int column, bool logy) {
-    const std::string gp = png + ".gp";
-    {
-      std::ofstream f(gp);
-      f << "set terminal pngcairo size 800,500\nset output '" << png << "'\n"
-        << "set title 'kvmesh bench-serve: " << o.engine_model << ", " << o.engines << " engines'\n"
-        << "set xlabel 'offered load (requests/s)'\nset ylabel '" << ylabel << "'\nset grid\nset key top left\n"
-        << (logy ? "set logscale y\n" : "") << "plot ";
-      for (size_t i = 0; i < configs.size(); ++i)
-        f << (i ? ", " : "") << "'" << dat << "' index " << i << " using 1:" << column
-          << " with linespoints pt 7 title '" << configs[i] << "'";
-      f << "\n";
-    }
-    ok &= std::system(("gnuplot '" + gp + "' 2>/dev/null").c_str()) == 0;
-  };
-  plot(prefix + "-ttft-p99.png", "TTFT p99 (ms)", 2, true);
-  plot(prefix + "-goodput.png", "goodput (requests/s within SLO)", 3, false);
+  const std::string title = "kvmesh bench-serve: " + o.engine_model + ", " + std::to_string(o.engines) + " engines";
+  bool ok = GnuplotCurves(prefix + "-ttft-p99.png", dat, configs, 2, title, "offered load (requests/s)",
+                          "TTFT p99 (ms)", true);
+  ok &= GnuplotCurves(prefix + "-goodput.png", dat, configs, 3, title, "offered load (requests/s)",
+                      "goodput (requests/s within SLO)", false);
   return ok;
+}
+
+bool GnuplotCurves(const std::string& png, const std::string& dat, const std::vector<std::string>& curves,
+                   int column, const std::string& title, const std::string& xlabel, const std::string& ylabel,
+                   bool logy) {
+  const std::string gp = png + ".gp";
+  {
+    std::ofstream f(gp);
+    f << "set terminal pngcairo size 800,500\nset output '" << png << "'\n"
+      << "set title '" << title << "'\n"
+      << "set xlabel '" << xlabel << "'\nset ylabel '" << ylabel << "'\nset grid\nset key top left\n"
+      << (logy ? "set logscale y\n" : "") << "plot ";
+    for (size_t i = 0; i < curves.size(); ++i)
+      f << (i ? ", " : "") << "'" << dat << "' index " << i << " using 1:" << column
+        << " with linespoints pt 7 title '" << curves[i] << "'";
+    f << "\n";
+  }
+  return std::system(("gnuplot '" + gp + "' 2>/dev/null").c_str()) == 0;
 }
 
 }  // namespace kvmesh::serve

@@ -48,4 +48,11 @@ nlohmann::json ResultsJson(const BenchServeOptions& o, const std::vector<RunResu
 // Returns false when gnuplot failed (the .dat files stay).
 bool WritePlots(const std::string& prefix, const BenchServeOptions& o, const std::vector<RunResult>& results);
 
+// Writes `png` with gnuplot from `dat` (one data block per curve, titled
+// `curves`): column `column` against column 1, one line per curve.
+// Returns false when gnuplot failed. WritePlots and the world-model report use it.
+bool GnuplotCurves(const std::string& png, const std::string& dat, const std::vector<std::string>& curves,
+                   int column, const std::string& title, const std::string& xlabel, const std::string& ylabel,
+                   bool logy);
+
 }  // namespace kvmesh::serve
