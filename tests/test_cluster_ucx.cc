@@ -271,7 +271,16 @@ TEST_CASE("UCX: a node with two workers serves channels on both, byte-for-byte",
   CHECK(per_worker[0] + per_worker[1] == f.server->requests());
 }
 
-TEST_CASE("UCX: a node's default worker count is one per core, up to 4", "[cluster][ucx]") {
+TEST_CASE("UCX: the same over UCX_TLS=tcp", "[cluster][ucx]") {
+  const char* old = std::getenv("UCX_TLS");
+  std::string saved = old ? old : "";
+  ::setenv("UCX_TLS", "tcp", 1);
+  RoundTrip();
+  if (old) ::setenv("UCX_TLS", saved.c_str(), 1);
+  else ::unsetenv("UCX_TLS");
+}
+
+TEST_CASE("UCX: by default a node runs one worker per core (up to 4)", "[cluster][ucx]") {
   // $.transport.ucx.workers left out (0): the node decides from the cores.
   auto cfg = ParseConfig(R"({"model": {"model_id": "w", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64,
                                        "block_tokens": 16},
@@ -289,15 +298,6 @@ TEST_CASE("UCX: a node's default worker count is one per core, up to 4", "[clust
   const size_t want = std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 4);
   CHECK(UnpackWorkerAddresses(*address).size() == want);
   (*d)->Stop();
-}
-
-TEST_CASE("UCX: the same over UCX_TLS=tcp", "[cluster][ucx]") {
-  const char* old = std::getenv("UCX_TLS");
-  std::string saved = old ? old : "";
-  ::setenv("UCX_TLS", "tcp", 1);
-  RoundTrip();
-  if (old) ::setenv("UCX_TLS", saved.c_str(), 1);
-  else ::unsetenv("UCX_TLS");
 }
 
 TEST_CASE("UCX channel: batches over the node's limits are split into several frames", "[cluster][ucx]") {
