@@ -13,7 +13,7 @@
 // unregistered registers nothing, so they are two-sided; TCP reads and writes
 // the same buffers. The baselines, measured in the same run:
 // ucx_perftest (ucp_am_lat per size: what one UCX message costs between two
-// processes with the same UCX_TLS; ucp_am_bw for 64 KiB), raw loopback TCP
+// processes with the same UCX_TLS; ucp_am_bw per size and for 64 KiB), raw loopback TCP
 // request/ack of the same size (what a perfect store over one TCP round trip
 // could reach; "req/ack" is PUT-shaped, "get" sends a 1-byte request and
 // reads the block back, the GET shape; both from one cache-hot buffer per
@@ -23,7 +23,14 @@
 // redis-server. Every cell also
 // reports CPU us per operation (user + system of this process and of the
 // server process: the node, redis-server; the raw server's threads live in
-// this process), a cost that holds whatever else the cores are doing. Batch rows: one GetInto / PutFrom of
+// this process), a cost that holds whatever else the cores are doing. Beside
+// the UCX GETs, "copy+verify": client threads that copy each block from a
+// pool-sized source into the GET's destination and hash it there, the work a
+// one-sided GET cannot avoid, with no transport (the ceiling of that
+// footprint at that many clients on these cores). After each size, the
+// issue-36 targets as same-run ratios (UCX GET many clients / 1 client, /
+// ucp_am_bw, p99 / p50; TCP GET / raw same shape, / raw same footprint),
+// with the load average. Batch rows: one GetInto / PutFrom of
 // 64 x 64 KiB blocks against ucp_am_bw. Progress goes to stderr.
 //
 //   build/bin/bench_transport [--seconds 1] [--reps 3] [--sizes 65536,262144,1048576] [--clients 1,8]
@@ -31,12 +38,13 @@
 //                             [--resp-pipeline 1,16] [--redis-benchmark /usr/bin/redis-benchmark]
 //                             [--ucx-progress poll|event|hybrid|adaptive] [--ucx-memory allocated|malloc|unregistered] [--json]
 //                             [--ucx-workers N]   (the node's $.transport.ucx.workers; 0 = its default)
+//                             [--keys K]   (blocks per client, default 16: the footprint the GETs read and write)
 //                             [--backends tcp,ucx,redis,raw,batch]   (which cells run, batch = the batch rows: to profile one path)
 //                             [--ops GET,PUT]   (which operations of those cells run)
 //
 // --json prints one object, {"rows": [{backend, op, block_bytes, clients,
 // batch, gbps, ops, p50_us, p99_us, cpu_us, server_cpu_us}, ...]}, backends tcp, ucx, redis, raw (op req/ack
-// or get), ucx_perftest, instead of the tables (raw ops: req/ack, get, req/ack-footprint, get-footprint).
+// or get), ucx_perftest, copy+verify, instead of the tables (raw ops: req/ack, get, req/ack-footprint, get-footprint).
 // server_cpu_us is the server's part of cpu_us: the node, redis-server, or the
 // raw server's connection threads.
 //
@@ -68,6 +76,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/checksum.h"
 #include "common/histogram.h"
 #include "kvmesh/build_config.h"
 #include "tests/cluster_process.h"
@@ -142,6 +151,12 @@ void Progress(const char* fmt, A... a) {
   std::fprintf(stderr, "\n");
 }
 
+// ucp_am_bw's iterations: about 1.3 GB per run (20000 x 64 KiB), at least 2000 (10% warm-up).
+std::string BwIterations(size_t size) {
+  const size_t n = std::max<size_t>(2000, 20000 * 65536 / std::max<size_t>(size, 1));
+  return " -n " + std::to_string(n) + " -w " + std::to_string(n / 10);
+}
+
 // ucx_perftest between two processes on this machine (server and client),
 // the same UCX_TLS as the node: ucp_am_lat gives the one-way latency (its
 // median; gbps = size / latency, what a request/response moving `size` once
@@ -160,7 +175,7 @@ Cell Perftest(const std::string& test, size_t size) {
   std::this_thread::sleep_for(300ms);
   const bool lat = test == "ucp_am_lat";
   const std::string cmd = bin + " 127.0.0.1 -p " + std::to_string(port) + " -t " + test + " -s " + std::to_string(size) +
-                          (lat ? " -n 4000 -w 400" : " -n 20000 -w 2000") + " 2>&1";
+                          (lat ? " -n 4000 -w 400" : BwIterations(size)) + " 2>&1";
   std::string out;
   if (FILE* f = ::popen(cmd.c_str(), "r")) {
     char buf[512];
@@ -190,6 +205,17 @@ Cell Perftest(const std::string& test, size_t size) {
 
 // size / the median call latency: the same measure as ucp_am_lat's figure.
 double P50Gbps(const Cell& c, size_t size) { return c.p50_us > 0 ? double(size) / c.p50_us / 1e3 : 0; }
+
+// The 1-, 5- and 15-minute load averages (/proc/loadavg), to print beside the
+// figures: on a shared machine they say how many threads competed for the cores.
+std::string LoadAverage() {
+  std::ifstream f("/proc/loadavg");
+  double a = 0, b = 0, c = 0;
+  if (!(f >> a >> b >> c)) return "unknown";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.2f %.2f %.2f", a, b, c);
+  return buf;
+}
 
 // Runs `clients` threads of op(thread, iteration) for `seconds`; returns throughput and latency.
 double CpuSeconds(pid_t pid);
@@ -734,6 +760,40 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
 
 }  // namespace
 
+// The issue-36 targets for one block size, from this run's medians: UCX GET
+// with the most clients against one client, against ucp_am_bw of the size,
+// and its p99 against its p50; TCP GET against raw loopback of the same shape
+// and against the raw server over the same footprint. The copy+verify
+// ceiling's own many/one ratio says how much scaling the cores and memory
+// leave at that footprint.
+void PrintTargets(size_t size, const std::vector<size_t>& client_counts,
+                  std::map<size_t, std::map<std::string, Cell>>& med, const Cell& am_bw) {
+  const size_t many = *std::max_element(client_counts.begin(), client_counts.end());
+  if (many < 2) return;
+  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  const Cell u1 = med[1]["ux_get"], un = med[many]["ux_get"], cv1 = med[1]["copy_verify"], cvn = med[many]["copy_verify"];
+  const Cell tn = med[many]["kv_get"], rn = med[many]["raw_get"], rfn = med[many]["raw_get_fp"];
+  std::printf("\n# targets, GET %s, %zu clients (load average %s)\n", SizeName(size).c_str(), many, LoadAverage().c_str());
+  std::printf("| target | ratio | figures |\n|---|---|---|\n");
+  if (un.ops > 0) {
+    if (u1.ops > 0)
+      std::printf("| UCX %zu clients / 1 client (>= 1.5x) | %.2fx | %.2f / %.2f GB/s; copy+verify ceiling %zu / 1: "
+                  "%.2fx (%.2f / %.2f GB/s) |\n",
+                  many, ratio(un.gbps, u1.gbps), un.gbps, u1.gbps, many, ratio(cvn.gbps, cv1.gbps), cvn.gbps, cv1.gbps);
+    std::printf("| UCX %zu clients / ucp_am_bw (>= 0.5x) | %.2fx | %.2f / %.2f GB/s |\n", many, ratio(un.gbps, am_bw.gbps),
+                un.gbps, am_bw.gbps);
+    std::printf("| UCX %zu clients p99 / p50 (<= 4x) | %.2fx | %.0f / %.0f us |\n", many, ratio(un.p99_us, un.p50_us),
+                un.p99_us, un.p50_us);
+  }
+  if (tn.ops > 0) {
+    std::printf("| TCP %zu clients / raw same shape (>= 0.8x) | %.2fx | %.2f / %.2f GB/s |\n", many,
+                ratio(tn.gbps, rn.gbps), tn.gbps, rn.gbps);
+    std::printf("| TCP %zu clients / raw same footprint (>= 0.95x) | %.2fx | %.2f / %.2f GB/s |\n", many,
+                ratio(tn.gbps, rfn.gbps), tn.gbps, rfn.gbps);
+  }
+  std::fflush(stdout);
+}
+
 int main(int argc, char** argv) {
   double seconds = 1.0;
   int reps = 3;
@@ -743,6 +803,7 @@ int main(int argc, char** argv) {
   std::string rb_bin = "/usr/bin/redis-benchmark";
   std::string ucx_progress = "adaptive";  // the config's default
   int ucx_workers = 0;                   // the node's $.transport.ucx.workers (0: its default)
+  size_t keys_arg = 16;                  // blocks per client (the footprint: cache-hot when small)
   std::string ucx_memory = "allocated";  // the clients' registered memory: UcxContext::Allocate, or malloc
   std::string backends = "tcp,ucx,redis,raw,batch";  // which cells run (a profile of one path)
   std::string ops_arg = "GET,PUT";  // which operations of those cells run
@@ -754,6 +815,7 @@ int main(int argc, char** argv) {
           "usage: bench_transport [--seconds S] [--reps R] [--sizes B,...] [--clients N,...] [--backends tcp,ucx,redis,raw,batch]\n"
           "                       [--ops GET,PUT] [--tables transport,resp] [--resp-sizes B,...] [--resp-clients N,...]\n"
           "                       [--resp-pipeline D,...] [--ucx-progress P] [--ucx-memory allocated|malloc|unregistered] [--ucx-workers N]\n"
+          "                       [--keys K]   (blocks per client, default 16: the footprint each client reads)\n"
           "                       [--kvmesh BIN] [--redis-server BIN] [--redis-benchmark BIN] [--json]\n"
           "Moves blocks through real kvmesh daemons (TCP and UCX) and redis-server, beside raw loopback TCP and\n"
           "ucx_perftest in the same run; prints medians and same-run ratios per cell.\n");
@@ -779,6 +841,7 @@ int main(int argc, char** argv) {
     else if (k == "--ucx-progress") ucx_progress = v;
     else if (k == "--ucx-memory") ucx_memory = v;
     else if (k == "--ucx-workers") ucx_workers = std::stoi(v);
+    else if (k == "--keys") keys_arg = std::max(1, std::stoi(v));
     else if (k == "--backends") backends = "," + v + ",";
     else if (k == "--ops") ops_arg = v;
     else if (k == "--resp-pipeline") resp_pipeline_arg = v;
@@ -804,7 +867,7 @@ int main(int argc, char** argv) {
                      ParseList(resp_pipeline_arg));
   }
   const size_t max_clients = *std::max_element(client_counts.begin(), client_counts.end());
-  const size_t keys_per_client = 16;
+  const size_t keys_per_client = keys_arg;
   constexpr size_t kBatch = 64, kBatchBlock = 65536;  // the batch rows: one GetInto of 64 x 64 KiB
 
   // The kvmesh node: one standalone daemon with room for every key of the run.
@@ -912,10 +975,11 @@ int main(int argc, char** argv) {
   const char* tls = std::getenv("UCX_TLS");
   if (!json)
     std::printf("# kvmesh TCP and UCX vs ucx_perftest, redis-server and raw loopback TCP — %d reps x %.1f s per cell, "
-                "medians (UCX_TLS=%s, progress %s; UCX: %s)\n",
+                "medians (UCX_TLS=%s, progress %s; UCX: %s; load average %s on %ld cores)\n",
                 reps, seconds, tls ? tls : "default", ucx_progress.c_str(),
                 ucx_memory == "unregistered" ? "two-sided, unregistered heap memory"
-                                             : ("one-sided, into " + ucx_memory + " registered memory").c_str());
+                                             : ("one-sided, into " + ucx_memory + " registered memory").c_str(),
+                LoadAverage().c_str(), ::sysconf(_SC_NPROCESSORS_ONLN));
   if (!json) {
     // UCX/am_lat compares medians: ucp_am_lat's figure is size / its median
     // one-way latency, kvmesh's "p50 GB/s" is size / the median of whole calls
@@ -923,8 +987,9 @@ int main(int argc, char** argv) {
     std::printf("| op | block | clients | kvmesh TCP GB/s | TCP p50/p99 us | kvmesh UCX GB/s | UCX p50/p99 us | "
                 "UCX p50 GB/s | ucp_am_lat GB/s (one-way us) | redis GB/s | raw req/ack GB/s | UCX/am_lat (p50) | "
                 "UCX/TCP | TCP/raw | TCP/redis | raw same-shape GB/s | TCP/raw same-shape | raw same footprint GB/s | "
-                "TCP/raw footprint | CPU us/op TCP / UCX / redis / raw / raw footprint |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "TCP/raw footprint | CPU us/op TCP / UCX / redis / raw / raw footprint | ucp_am_bw GB/s | UCX/am_bw | "
+                "copy+verify GB/s | UCX/copy+verify |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   }
   for (size_t size : sizes) {
     // The same random bytes as every other table, in each client's registered payload.
@@ -949,6 +1014,19 @@ int main(int argc, char** argv) {
     for (int r = 0; r < reps; ++r) lat_cells.push_back(Perftest("ucp_am_lat", size));
     const Cell am_lat = Median(lat_cells);
     add("ucx_perftest", "ucp_am_lat", size, 1, 1, am_lat);
+    // ucp_am_bw of this size (streaming, one sender), the bandwidth the many-client GETs are held to.
+    const bool want_ucx = ("," + backends + ",").find(",ucx,") != std::string::npos;
+    std::vector<Cell> bw_cells;
+    for (int r = 0; want_ucx && r < reps; ++r) bw_cells.push_back(Perftest("ucp_am_bw", size));
+    const Cell am_bw = Median(bw_cells);
+    add("ucx_perftest", "ucp_am_bw", size, 1, 1, am_bw);
+    // The copy+verify ceiling's sources: as many blocks per client as the node holds for it.
+    // (each client's payload: the destinations then hold what the GETs are checked against).
+    std::vector<std::byte> cv_src(max_clients * keys_per_client * size);
+    for (size_t c = 0; c < max_clients; ++c)
+      for (size_t k = 0; k < keys_per_client; ++k)
+        std::memcpy(cv_src.data() + (c * keys_per_client + k) * size, payload[c].data(), size);
+    std::map<size_t, std::map<std::string, Cell>> med;  // by client count: the medians the targets compare
     RawServer raw(size, keys_per_client);
     // The raw GETs' destinations over the store's footprint (as many blocks per client as dst_of has).
     std::vector<std::byte> raw_fp_dst(max_clients * keys_per_client * size, std::byte{1});
@@ -978,6 +1056,20 @@ int main(int argc, char** argv) {
             GetItem it{key(c, i), dst_of(c, i % keys_per_client, size), 0, {}};
             return ux[c]->Get(std::span<GetItem>(&it, 1), {}).ok() && it.status.ok() && it.size == size;
           }, node.pid()));
+          // The least a one-sided GET of this footprint costs with no transport at all: each
+          // client thread copies a block from its share of a pool-sized source (the node's
+          // copy) into the same destination the GET uses and hashes it there (the client's
+          // check). What the cores and memory allow this many clients, in this run.
+          if (get) {
+            std::atomic<uint64_t> sink{0};
+            cells["copy_verify"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+              const size_t k = i % keys_per_client;
+              auto d = dst_of(c, k, size);
+              std::memcpy(d.data(), cv_src.data() + (c * keys_per_client + k) * size, size);
+              sink.fetch_add(Checksum64(d.data(), size), std::memory_order_relaxed);
+              return true;
+            }));
+          }
         }
         if (have_redis && want("redis")) {
           if (put) cells["rd_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
@@ -1037,6 +1129,10 @@ int main(int argc, char** argv) {
       add("raw", "req/ack-footprint", size, clients, 1, raw_req_fp);
       const Cell raw_get_fp = Median(cells["raw_get_fp"]);
       add("raw", "get-footprint", size, clients, 1, raw_get_fp);
+      const Cell copy_verify = Median(cells["copy_verify"]);
+      add("copy+verify", "GET", size, clients, 1, copy_verify);
+      for (const char* name : {"ux_get", "kv_get", "raw_get", "raw_get_fp", "copy_verify"})
+        med[clients][name] = Median(cells[name]);
       for (const char* op : {"put", "get"}) {
         const std::string OP = std::string(op) == "put" ? "PUT" : "GET";
         const Cell kv = Median(cells[std::string("kv_") + op]);
@@ -1050,17 +1146,22 @@ int main(int argc, char** argv) {
           // The raw baseline of the same shape: req/ack for PUT, a 1-byte request and the block back for GET.
           const Cell& raw_same = OP == "GET" ? raw_get : raw_req;
           const Cell& raw_fp = OP == "GET" ? raw_get_fp : raw_req_fp;
+          // copy+verify is the GET's ceiling (no PUT counterpart is measured).
+          const Cell cv = OP == "GET" ? copy_verify : Cell{};
           std::printf("| %s | %s | %zu | %.2f | %.0f / %.0f | %.2f | %.0f / %.0f | %.2f | %.2f (%.1f) | %.2f | %.2f | "
-                      "%.2fx | %.2fx | %.2fx | %.2fx | %.2f | %.2fx | %.2f | %.2fx | %.0f / %.0f / %.0f / %.0f / %.0f |\n",
+                      "%.2fx | %.2fx | %.2fx | %.2fx | %.2f | %.2fx | %.2f | %.2fx | %.0f / %.0f / %.0f / %.0f / %.0f | "
+                      "%.2f | %.2fx | %.2f | %.2fx |\n",
                       OP.c_str(), SizeName(size).c_str(), clients, kv.gbps, kv.p50_us, kv.p99_us, uc.gbps, uc.p50_us,
                       uc.p99_us, P50Gbps(uc, size), am_lat.gbps, am_lat.p50_us, rd.gbps, raw_req.gbps,
                       ratio(P50Gbps(uc, size), am_lat.gbps), ratio(uc.gbps, kv.gbps), ratio(kv.gbps, raw_req.gbps),
                       ratio(kv.gbps, rd.gbps), raw_same.gbps, ratio(kv.gbps, raw_same.gbps), raw_fp.gbps,
-                      ratio(kv.gbps, raw_fp.gbps), kv.cpu_us, uc.cpu_us, rd.cpu_us, raw_same.cpu_us, raw_fp.cpu_us);
+                      ratio(kv.gbps, raw_fp.gbps), kv.cpu_us, uc.cpu_us, rd.cpu_us, raw_same.cpu_us, raw_fp.cpu_us,
+                      am_bw.gbps, ratio(uc.gbps, am_bw.gbps), cv.gbps, ratio(uc.gbps, cv.gbps));
         }
         std::fflush(stdout);
       }
     }
+    if (!json) PrintTargets(size, client_counts, med, am_bw);
   }
 
   // The batch rows: one GetInto (and one PutFrom) of 64 blocks of 64 KiB, one client.

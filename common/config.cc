@@ -171,7 +171,7 @@ Status ReadTransport(const json& j, TransportConfig* t) {
     if (t->ucx_spin_us < 0 || t->ucx_spin_us > 1000000)
       return InvalidArgument("$.transport.ucx.spin_us: must be in 0..1000000");
     if (t->ucx_workers < 0 || t->ucx_workers > 64)
-      return InvalidArgument("$.transport.ucx.workers: must be in 0..64 (0: one per 2 cores, up to 4)");
+      return InvalidArgument("$.transport.ucx.workers: must be in 0..64 (0: one per core, up to 4)");
   }
   KVMESH_RETURN_IF_ERROR(r.Finish());
   if (t->backend != "tcp" && t->backend != "ucx")

@@ -4,6 +4,7 @@
 // byte-for-byte, token refusal, stale epochs.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "kvmesh/config.h"
 #include "kvmesh/router.h"
 #include "router/shard_map.h"
+#include "shard_node/server/node_daemon.h"
 #include "shard_node/server/ucx_server.h"
 #include "shard_node/shard_node.h"
 #include "transport/ucx_channel.h"
@@ -276,6 +278,26 @@ TEST_CASE("UCX: the same over UCX_TLS=tcp", "[cluster][ucx]") {
   RoundTrip();
   if (old) ::setenv("UCX_TLS", saved.c_str(), 1);
   else ::unsetenv("UCX_TLS");
+}
+
+TEST_CASE("UCX: by default a node runs one worker per core (up to 4)", "[cluster][ucx]") {
+  // $.transport.ucx.workers left out (0): the node decides from the cores.
+  auto cfg = ParseConfig(R"({"model": {"model_id": "w", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64,
+                                       "block_tokens": 16},
+                             "nodes": [{"id": "n0", "memory": {"host": "64MiB"}}],
+                             "transport": {"backend": "ucx", "io_threads": 1}})");
+  REQUIRE(cfg.ok());
+  CHECK(cfg->transport.ucx_workers == 0);
+  NodeDaemonOptions o;
+  o.node_id = "n0";
+  o.resp = false;
+  auto d = NodeDaemon::Start(*cfg, o);
+  REQUIRE(d.ok());
+  auto address = HexDecode((*d)->ucx_address());
+  REQUIRE(address.ok());
+  const size_t want = std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 4);
+  CHECK(UnpackWorkerAddresses(*address).size() == want);
+  (*d)->Stop();
 }
 
 TEST_CASE("UCX channel: batches over the node's limits are split into several frames", "[cluster][ucx]") {

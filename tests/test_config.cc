@@ -93,7 +93,7 @@ TEST_CASE("$.transport.ucx.progress: adaptive by default, every mode accepted", 
   REQUIRE(d.ok());
   CHECK(d->transport.ucx_progress == "adaptive");
   CHECK(d->transport.ucx_spin_us == 100);
-  CHECK(d->transport.ucx_workers == 0);  // one per 2 cores, up to 4
+  CHECK(d->transport.ucx_workers == 0);  // one per core, up to 4
   for (const char* mode : {"poll", "event", "hybrid", "adaptive"}) {
     json j = Base();
     j["transport"] = {{"ucx", {{"progress", mode}, {"spin_us", 40}, {"workers", 2}}}};

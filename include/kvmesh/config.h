@@ -120,8 +120,8 @@ struct TransportConfig {
   std::string ucx_progress = "adaptive";
   int64_t ucx_spin_us = 100;
   // $.transport.ucx.workers: UCX worker threads per node, each with its own
-  // worker and client sessions (clients spread over them). 0 = one per 2
-  // cores, 1 to 4 (two on a 2-core machine: bench_transport, docs/config.md).
+  // worker and client sessions (clients spread over them). 0 = one per
+  // core, 1 to 4 (two on a 2-core machine: bench_transport, docs/config.md).
   int64_t ucx_workers = 0;
 };
 

@@ -93,9 +93,12 @@ class Daemon final : public NodeDaemon {
       u.token = d.token;
       KVMESH_ASSIGN_OR_RETURN(u.progress, ParseUcxProgress(config_.transport.ucx_progress));
       u.spin_us = config_.transport.ucx_spin_us;
+      // 0: one worker per core, up to 4 (each worker's loop copies GET
+      // answers into its clients' memory, so many clients keep every core
+      // copying; docs/guide.md has the 1-vs-2-worker runs on 2 cores).
       u.workers = config_.transport.ucx_workers > 0
                       ? static_cast<int>(config_.transport.ucx_workers)
-                      : static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency() / 2, 1, 4));
+                      : static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 4));
       KVMESH_ASSIGN_OR_RETURN(ucx_, UcxServer::Start(node_.get(), u, &epoch_));
       ucx_address_ = HexEncode(ucx_->address());
 #else
