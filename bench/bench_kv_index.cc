@@ -2,7 +2,9 @@
 // (kvmesh/kv_route.h): route lookups per second on one core and the index's
 // bytes per block, each beside a baseline measured in the same run: a bare
 // absl::flat_hash_set of the same 64-bit block hashes, probed for the same
-// keys (the least any hash index must do), and its memory.
+// keys (the least any hash index must do), and its memory. Route runs two
+// ways: into a vector the caller keeps (pooled: no allocation per call) and
+// into a new vector per call (the allocating form), alternating in one run.
 //
 //   build/bin/bench_kv_index [--blocks N] [--instances I] [--request-blocks R]
 //
@@ -77,8 +79,16 @@ int main(int argc, char** argv) {
   std::vector<size_t> order(kRoutes);
   for (size_t& o : order) o = rng() % sessions;
   volatile uint64_t sink = 0;
-  auto [route, probe] = bench::MeasurePair(
+  std::vector<PrefixMatch> pooled;
+  const std::vector<bench::Sample> s = bench::MeasureAlternating(
       5,
+      {[&] {
+        for (size_t o : order) {
+          index.Route(keys[o], candidates, &pooled);
+          sink = sink + pooled[0].blocks;
+        }
+        return static_cast<double>(order.size());
+      },
       [&] {
         for (size_t o : order) sink = sink + index.Route(keys[o], candidates)[0].blocks;
         return static_cast<double>(order.size());
@@ -90,7 +100,8 @@ int main(int argc, char** argv) {
           sink = sink + found;
         }
         return static_cast<double>(order.size());
-      });
+      }});
+  const bench::Sample &route = s[0], &allocating = s[1], &probe = s[2];
   const double index_bpb = static_cast<double>(index.memory_bytes()) / static_cast<double>(index.blocks());
   const double set_bpb = static_cast<double>(baseline.capacity() * (sizeof(uint64_t) + 1)) /
                          static_cast<double>(baseline.size());
@@ -98,6 +109,8 @@ int main(int argc, char** argv) {
               index.blocks(), instances, request);
   std::printf("route lookups/s (one core):   index %.0f [%.0f, %.0f]   bare hash-set probes %.0f   ratio %.2f\n",
               route.median, route.min, route.max, probe.median, route.median / probe.median);
+  std::printf("  pooled vs allocating Route:  pooled %.0f   a new vector per call %.0f [%.0f, %.0f]   ratio %.2f\n",
+              route.median, allocating.median, allocating.min, allocating.max, route.median / allocating.median);
   std::printf("block lookups/s (one core):   index %.0f   bare hash-set %.0f\n", route.median * request,
               probe.median * request);
   std::printf("bytes per block:              index %.1f   bare hash-set %.1f   ratio %.2f\n", index_bpb, set_bpb,
