@@ -176,7 +176,7 @@ def test_events_reconstruct_the_node_across_subscriber_restarts(tmp_path):
         "store": {"stripes": 1, "slot_bytes": BLOCK_BYTES, "size_classes": 1},
         "transport": {"backend": "tcp", "timeout_ms": scaled(5000)},
         "coordinator": {"host": "127.0.0.1", "port": 0, "heartbeat_ms": 200, "dead_after_ms": 5000},
-        "events": {"enabled": True, "topic": "kvmesh-test", "replay_buffer": 64, "max_batch_events": 1},
+        "events": {"enabled": True, "topic": "kvmesh-test", "replay_buffer": 256, "max_batch_events": 1},
     }
     path = tmp_path / "events.json"
     path.write_text(json.dumps(cfg))
