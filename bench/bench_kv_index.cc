@@ -2,15 +2,21 @@
 // (kvmesh/kv_route.h): route lookups per second on one core and the index's
 // bytes per block, each beside a baseline measured in the same run: a bare
 // absl::flat_hash_set of the same 64-bit block hashes, probed for the same
-// keys (the least any hash index must do), and its memory.
+// keys (the least any hash index must do), and its memory. Route runs two
+// ways: into a vector the caller keeps (pooled: no allocation per call) and
+// into a new vector per call (the allocating form), alternating in one run,
+// and the heap allocations each makes per call are counted (this binary
+// replaces operator new to count them).
 //
 //   build/bin/bench_kv_index [--blocks N] [--instances I] [--request-blocks R]
 //
 // The index holds N distinct blocks: sessions of R chained blocks, each held
 // by 2 of I instances in random tiers. A route is one request of R keys (a
 // stored session: its whole prefix is found) against 4 candidates.
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <cstring>
 #include <random>
 #include <string>
@@ -22,6 +28,18 @@
 #include "kvmesh/kv_route.h"
 
 using namespace kvmesh;
+
+namespace {
+std::atomic<uint64_t> g_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 int main(int argc, char** argv) {
   size_t blocks = 1'000'000, instances = 16, request = 32;
@@ -77,8 +95,16 @@ int main(int argc, char** argv) {
   std::vector<size_t> order(kRoutes);
   for (size_t& o : order) o = rng() % sessions;
   volatile uint64_t sink = 0;
-  auto [route, probe] = bench::MeasurePair(
+  std::vector<PrefixMatch> pooled;
+  const std::vector<bench::Sample> s = bench::MeasureAlternating(
       5,
+      {[&] {
+        for (size_t o : order) {
+          index.Route(keys[o], candidates, &pooled);
+          sink = sink + pooled[0].blocks;
+        }
+        return static_cast<double>(order.size());
+      },
       [&] {
         for (size_t o : order) sink = sink + index.Route(keys[o], candidates)[0].blocks;
         return static_cast<double>(order.size());
@@ -90,7 +116,16 @@ int main(int argc, char** argv) {
           sink = sink + found;
         }
         return static_cast<double>(order.size());
-      });
+      }});
+  const bench::Sample &route = s[0], &allocating = s[1], &probe = s[2];
+  // Heap allocations per call, after the warm-up above (the pooled vector is sized).
+  constexpr size_t kCounted = 10'000;
+  uint64_t before = g_allocations.load();
+  for (size_t i = 0; i < kCounted; ++i) index.Route(keys[order[i]], candidates, &pooled);
+  const double pooled_allocs = double(g_allocations.load() - before) / kCounted;
+  before = g_allocations.load();
+  for (size_t i = 0; i < kCounted; ++i) sink = sink + index.Route(keys[order[i]], candidates)[0].blocks;
+  const double allocating_allocs = double(g_allocations.load() - before) / kCounted;
   const double index_bpb = static_cast<double>(index.memory_bytes()) / static_cast<double>(index.blocks());
   const double set_bpb = static_cast<double>(baseline.capacity() * (sizeof(uint64_t) + 1)) /
                          static_cast<double>(baseline.size());
@@ -98,6 +133,10 @@ int main(int argc, char** argv) {
               index.blocks(), instances, request);
   std::printf("route lookups/s (one core):   index %.0f [%.0f, %.0f]   bare hash-set probes %.0f   ratio %.2f\n",
               route.median, route.min, route.max, probe.median, route.median / probe.median);
+  std::printf("  pooled vs allocating Route:  pooled %.0f   a new vector per call %.0f [%.0f, %.0f]   ratio %.2f\n",
+              route.median, allocating.median, allocating.min, allocating.max, route.median / allocating.median);
+  std::printf("  heap allocations per Route:  pooled %.2f   a new vector per call %.2f\n", pooled_allocs,
+              allocating_allocs);
   std::printf("block lookups/s (one core):   index %.0f   bare hash-set %.0f\n", route.median * request,
               probe.median * request);
   std::printf("bytes per block:              index %.1f   bare hash-set %.1f   ratio %.2f\n", index_bpb, set_bpb,

@@ -36,26 +36,32 @@ inline Sample MeasureRate(int trials, const std::function<double()>& fn) {
   return Sample{rates[rates.size() / 2], rates.front(), rates.back()};
 }
 
+// Measures several functions in alternating trials (A B C A B C ...), so
+// all see the same machine load; one Sample each, in the order given.
+inline std::vector<Sample> MeasureAlternating(int trials, const std::vector<std::function<double()>>& fns) {
+  for (const auto& fn : fns) fn();  // warm-up
+  std::vector<std::vector<double>> rates(fns.size());
+  for (int t = 0; t < trials; ++t) {
+    for (size_t which = 0; which < fns.size(); ++which) {
+      double t0 = NowSeconds();
+      double units = fns[which]();
+      rates[which].push_back(units / (NowSeconds() - t0));
+    }
+  }
+  std::vector<Sample> out;
+  for (std::vector<double>& v : rates) {
+    std::sort(v.begin(), v.end());
+    out.push_back(Sample{v[v.size() / 2], v.front(), v.back()});
+  }
+  return out;
+}
+
 // Measures a candidate and its baseline in alternating trials (A B A B ...),
 // so both see the same machine load; returns {candidate, baseline}.
 inline std::pair<Sample, Sample> MeasurePair(int trials, const std::function<double()>& a,
                                              const std::function<double()>& b) {
-  a();
-  b();
-  std::vector<double> ra, rb;
-  for (int t = 0; t < trials; ++t) {
-    for (int which = 0; which < 2; ++which) {
-      const auto& fn = which == 0 ? a : b;
-      double t0 = NowSeconds();
-      double units = fn();
-      (which == 0 ? ra : rb).push_back(units / (NowSeconds() - t0));
-    }
-  }
-  auto summarise = [](std::vector<double>& v) {
-    std::sort(v.begin(), v.end());
-    return Sample{v[v.size() / 2], v.front(), v.back()};
-  };
-  return {summarise(ra), summarise(rb)};
+  const std::vector<Sample> s = MeasureAlternating(trials, {a, b});
+  return {s[0], s[1]};
 }
 
 }  // namespace kvmesh::bench

@@ -197,6 +197,7 @@ int Run(Args& a) {
                   a.o.engine_model.c_str(), a.o.mfu, a.o.mbu, a.o.engines, a.o.cluster.c_str(),
                   a.o.transport.c_str(), a.o.nodes, a.o.kv_scale);
     serve::PrintTable(a.o, *results);
+    serve::PrintRoutingComparison(*results);
     if (!a.plot.empty()) std::printf("plots: %s-ttft-p99.png %s-goodput.png\n", a.plot.c_str(), a.plot.c_str());
   }
   return 0;
@@ -218,7 +219,11 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--mbu", o.mbu, "share of HBM bandwidth the engine model reaches")->capture_default_str();
   cmd->add_option("--rates", a->rates, "offered request rates, req/s (comma list)")->capture_default_str();
   cmd->add_option("--configs", a->configs, "configurations: recompute,local,kvmesh,kvmesh-blind,kvmesh-ssd,kvmesh-ssd-blind "
-                  "(-ssd: against a second cluster of small device and host tiers over an SSD tier)")->capture_default_str();
+                  "(-ssd: against a second cluster of small device and host tiers over an SSD tier; "
+                  "a -kv suffix: KV-aware routing on the engines' KV events, -kv-approx: on routing history)")
+      ->capture_default_str();
+  cmd->add_option("--approx-ttl", o.approx_ttl_s, "-kv-approx: seconds a routed prompt counts as on its engine")
+      ->capture_default_str();
   cmd->add_option("--engines", o.engines, "engine instances (threads, each its own kvmesh client)")->capture_default_str();
   cmd->add_option("--duration", w.duration_s, "seconds of session arrivals per run")->capture_default_str();
   cmd->add_option("--drain", o.drain_s, "seconds unfinished requests get after the last arrival")->capture_default_str();

@@ -99,7 +99,7 @@ struct RouteService {
                    {"instances", index.instances()},
                    {"subscriber",
                     {{"batches", s.batches}, {"gaps", s.gaps}, {"replays", s.replays}, {"snapshots", s.snapshots},
-                     {"bad_batches", s.bad_batches}}}}
+                     {"snapshot_continuations", s.snapshot_continuations}, {"bad_batches", s.bad_batches}}}}
                       .dump() + "\n"};
     }
     if (r.method != "POST" || (path != "/route" && path != "/load")) return Error(404, "no such endpoint");

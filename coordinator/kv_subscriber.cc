@@ -38,6 +38,9 @@ struct KvEventSubscriber::Impl {
   std::vector<zmq::socket_t> subs;
   mutable std::mutex mu;
   std::vector<int64_t> last;  // guarded by mu
+  // Per source: a snapshot broke off part way, so the index holds part of a
+  // listing: the next gap takes a snapshot, never a replay (subscriber thread only).
+  std::vector<bool> need_snapshot;
   KvSubscriberStats stats;    // guarded by mu
   std::atomic<bool> stop{false};
   std::thread thread;
@@ -50,8 +53,11 @@ struct KvEventSubscriber::Impl {
   }
 
   // Sends `body` to source s's replay socket; returns the (seq, payload)
-  // answers up to the end marker; false when it did not answer in time.
-  bool Ask(size_t s, std::string_view body, std::vector<std::pair<int64_t, zmq::message_t>>* out) {
+  // answers up to the end marker and, in *end, the end marker's payload (a
+  // snapshot's continuation cursor; empty: complete); false when it did not
+  // answer in time.
+  bool Ask(size_t s, std::string_view body, std::vector<std::pair<int64_t, zmq::message_t>>* out,
+           std::string* end = nullptr) {
     zmq::socket_t d(ctx, zmq::socket_type::dealer);
     d.set(zmq::sockopt::linger, 0);
     d.connect(sources[s].replay_endpoint);
@@ -65,7 +71,10 @@ struct KvEventSubscriber::Impl {
       if (!zmq::recv_multipart(d, std::back_inserter(parts))) return false;
       if (parts.size() != 3) return false;
       const int64_t seq = SeqOf(parts[1]);
-      if (seq == -1) return true;
+      if (seq == -1) {
+        if (end) end->assign(static_cast<const char*>(parts[2].data()), parts[2].size());
+        return true;
+      }
       out->emplace_back(seq, std::move(parts[2]));
     }
     return false;
@@ -76,6 +85,7 @@ struct KvEventSubscriber::Impl {
   int64_t Recover(size_t s, int64_t last_applied, bool probe = false) {
     if (sources[s].replay_endpoint.empty()) return -3;  // no replay: take the batch as it comes
     std::vector<std::pair<int64_t, zmq::message_t>> got;
+    if (need_snapshot[s]) return Snapshot(s, last_applied);
     if (!Ask(s, KvEventSeqBytes(last_applied + 1), &got)) return last_applied;  // try again later
     if (probe && got.empty()) return last_applied;
     {
@@ -94,15 +104,45 @@ struct KvEventSubscriber::Impl {
       }
       return last_applied;
     }
-    got.clear();
-    if (!Ask(s, KvEventPublisher::kSnapshotRequest, &got) || got.empty()) return last_applied;  // try again at the next batch
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      ++stats.snapshots;
+    return Snapshot(s, last_applied);
+  }
+
+  // Replaces source s's state with a snapshot, answer by answer (each ends
+  // with the cursor of the next one, or empty). Returns the sequence number
+  // the snapshot stands at (its first answer's), or last_applied when the
+  // first answer did not come (try again at the next batch). A snapshot
+  // broken off after its first answer returns last_applied too and marks the
+  // source: the next gap starts a new snapshot.
+  int64_t Snapshot(size_t s, int64_t last_applied) {
+    std::vector<std::pair<int64_t, zmq::message_t>> got;
+    std::string cursor;
+    int64_t at = -1;
+    for (bool first = true;; first = false) {
+      got.clear();
+      std::string next;
+      const std::string body = std::string(KvEventPublisher::kSnapshotRequest) + cursor;
+      if (!Ask(s, body, &got, &next) || (first && got.empty())) {
+        if (!first) need_snapshot[s] = true;
+        return last_applied;
+      }
+      if (first) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          ++stats.snapshots;
+        }
+        (void)index->Cleared(sources[s].instance);
+        at = got.front().first;
+      }
+      for (auto& [seq, payload] : got) Apply(s, payload);
+      if (next.empty()) break;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ++stats.snapshot_continuations;
+      }
+      cursor = std::move(next);
     }
-    (void)index->Cleared(sources[s].instance);
-    for (auto& [seq, payload] : got) Apply(s, payload);
-    return got.front().first;
+    need_snapshot[s] = false;
+    return at;
   }
 
   void Loop() {
@@ -174,6 +214,7 @@ Result<std::unique_ptr<KvEventSubscriber>> KvEventSubscriber::Start(KvIndex* ind
   impl->index = index;
   impl->sources = std::move(sources);
   impl->last.assign(impl->sources.size(), -1);
+  impl->need_snapshot.assign(impl->sources.size(), false);
   try {
     for (const KvEventSource& src : impl->sources) {
       zmq::socket_t s(impl->ctx, zmq::socket_type::sub);

@@ -33,6 +33,7 @@ struct KvEventSource {
 
 struct KvSubscriberStats {
   uint64_t batches = 0, gaps = 0, replays = 0, snapshots = 0, bad_batches = 0;
+  uint64_t snapshot_continuations = 0;  // answers asked for after a snapshot's first (a cursor)
 };
 
 class KvEventSubscriber {

@@ -385,6 +385,17 @@ int kvmesh_kv_index_create(kvmesh_kv_index** out) {
   });
 }
 
+int kvmesh_kv_index_create_approximate(kvmesh_kv_index** out, double ttl_s) {
+  return Guard([&] {
+    if (!out) return Fail(kvmesh::InvalidArgument("null argument"));
+    if (!(ttl_s > 0)) return Fail(kvmesh::InvalidArgument("approximate KV index: ttl_s must be > 0"));
+    kvmesh::RouteWeights w;
+    w.approx_ttl_s = ttl_s;
+    *out = new kvmesh_kv_index{kvmesh::KvIndex(w)};
+    return Ok();
+  });
+}
+
 void kvmesh_kv_index_free(kvmesh_kv_index* index) {
   try {
     delete index;
@@ -413,17 +424,22 @@ int kvmesh_kv_index_route(kvmesh_kv_index* x, const kvmesh_key* keys, size_t n_k
   return Guard([&] {
     if (!x || (!keys && n_keys) || ((!candidates || !out) && n_candidates))
       return Fail(kvmesh::InvalidArgument("null argument"));
-    std::vector<kvmesh::BlockKey> k(n_keys);
+    // Per-thread buffers: a thread that routes again allocates nothing.
+    thread_local std::vector<kvmesh::BlockKey> k;
+    thread_local std::vector<std::string> names;
+    thread_local std::vector<kvmesh::PrefixMatch> r;
+    thread_local std::vector<bool> used;
+    k.resize(n_keys);
     for (size_t i = 0; i < n_keys; ++i) k[i] = kvmesh::BlockKey{keys[i].hi, keys[i].lo};
-    std::vector<std::string> names(n_candidates);
+    names.resize(n_candidates);
     for (size_t i = 0; i < n_candidates; ++i) {
       if (!candidates[i]) return Fail(kvmesh::InvalidArgument("null candidate name"));
-      names[i] = candidates[i];
+      names[i].assign(candidates[i]);
     }
-    std::vector<kvmesh::PrefixMatch> r = x->index.Route(k, names);
+    x->index.Route(k, names, &r);
     // Route keeps equal names in the candidates' order: give each answer the
     // first candidate index with its name not given yet.
-    std::vector<bool> used(n_candidates, false);
+    used.assign(n_candidates, false);
     for (size_t i = 0; i < r.size(); ++i) {
       size_t c = 0;
       while (c < n_candidates && (used[c] || names[c] != r[i].instance)) ++c;
@@ -600,6 +616,17 @@ void kvmesh_frame_free(kvmesh_frame_stream* s) {
   } catch (...) {
   }
   delete s;
+}
+
+int kvmesh_kv_index_routed(kvmesh_kv_index* x, const char* instance, const kvmesh_key* keys, size_t n_keys) {
+  return Guard([&] {
+    if (!x || !instance || (!keys && n_keys)) return Fail(kvmesh::InvalidArgument("null argument"));
+    thread_local std::vector<kvmesh::BlockKey> k;
+    k.resize(n_keys);
+    for (size_t i = 0; i < n_keys; ++i) k[i] = kvmesh::BlockKey{keys[i].hi, keys[i].lo};
+    kvmesh::Status s = x->index.Routed(instance, k);
+    return s.ok() ? Ok() : Fail(s);
+  });
 }
 
 }  // extern "C"

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -44,6 +45,10 @@ struct KvIndex::Impl {
   absl::flat_hash_map<uint64_t, Where> blocks;  // guarded by mu
   std::vector<std::string> names;               // guarded by mu; bit i = names[i]
   std::vector<double> load;                     // guarded by mu
+  // Approximate mode: (block hash, instance) -> when its last Routed
+  // stops counting (seconds, the caller's clock). Guarded by mu.
+  absl::flat_hash_map<std::pair<uint64_t, uint32_t>, double> approx;
+  uint64_t routed_calls = 0;  // guarded by mu: paces the sweep of expired entries
 
   // REQUIRES mu held exclusively.
   Result<uint32_t> Instance(std::string_view name) {
@@ -174,36 +179,76 @@ Status KvIndex::SetLoad(std::string_view instance, double load) {
   return Status::Ok();
 }
 
-std::vector<PrefixMatch> KvIndex::Route(std::span<const BlockKey> keys, std::span<const std::string> candidates) const {
+namespace {
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+Status KvIndex::Routed(std::string_view instance, std::span<const BlockKey> keys, double now_s) {
+  if (impl_->w.approx_ttl_s <= 0) return FailedPrecondition("KV index: Routed needs approx_ttl_s > 0 (approximate mode)");
+  const double until = (now_s < 0 ? SteadySeconds() : now_s) + impl_->w.approx_ttl_s;
+  std::unique_lock lock(impl_->mu);
+  KVMESH_ASSIGN_OR_RETURN(uint32_t inst, impl_->Instance(instance));
+  for (const BlockKey& k : keys) impl_->approx[{k.lo, inst}] = until;
+  if (++impl_->routed_calls % 4096 == 0) {
+    const double now = until - impl_->w.approx_ttl_s;
+    absl::erase_if(impl_->approx, [now](const auto& kv) { return kv.second <= now; });
+  }
+  return Status::Ok();
+}
+
+size_t KvIndex::approx_entries() const {
+  std::shared_lock lock(impl_->mu);
+  return impl_->approx.size();
+}
+
+void KvIndex::Route(std::span<const BlockKey> keys, std::span<const std::string> candidates,
+                    std::vector<PrefixMatch>* out_ptr, double now_s) const {
   const RouteWeights& w = impl_->w;
-  std::vector<PrefixMatch> out(candidates.size());
-  std::vector<int> bit(candidates.size(), -1);
+  std::vector<PrefixMatch>& out = *out_ptr;
+  out.resize(candidates.size());
   {
     std::shared_lock lock(impl_->mu);
     uint64_t want = 0;  // candidates still inside their prefix, per tier level
+    int bits[kMaxInstances];  // the instance bit of each of the first 64 candidates (later ones: found again below)
     for (size_t c = 0; c < candidates.size(); ++c) {
-      out[c].instance = candidates[c];
+      PrefixMatch& m = out[c];
+      m.instance.assign(candidates[c]);
+      m.gpu_blocks = m.cpu_blocks = m.blocks = 0;
+      m.load = 0;
+      int bit = -1;
       for (size_t i = 0; i < impl_->names.size(); ++i) {
         if (impl_->names[i] == candidates[c]) {
-          bit[c] = static_cast<int>(i);
-          out[c].load = impl_->load[i];
+          bit = static_cast<int>(i);
+          m.load = impl_->load[i];
           want |= uint64_t{1} << i;
           break;
         }
       }
+      if (c < kMaxInstances) bits[c] = bit;
     }
+    const bool approx = !impl_->approx.empty();
+    const double now = approx ? (now_s < 0 ? SteadySeconds() : now_s) : 0;
     // Walk the keys while any candidate's prefix goes on; `gpu`, `cpu`, `any`
     // are the instances whose prefix is still unbroken at that level.
     uint64_t gpu = want, cpu = want, any = want;
     uint32_t counts_gpu[kMaxInstances] = {}, counts_cpu[kMaxInstances] = {}, counts_any[kMaxInstances] = {};
     for (const BlockKey& k : keys) {
       if (any == 0) break;
+      uint64_t in[3] = {0, 0, 0};
       auto it = impl_->blocks.find(k.lo);
-      if (it == impl_->blocks.end()) break;
-      const Impl::Where& where = it->second;
-      gpu &= where.in[0];
-      cpu &= where.in[0] | where.in[1];
-      any &= where.in[0] | where.in[1] | where.in[2];
+      if (it != impl_->blocks.end()) std::copy(std::begin(it->second.in), std::end(it->second.in), in);
+      if (approx) {
+        for (uint64_t m = any; m != 0; m &= m - 1) {
+          const uint32_t i = static_cast<uint32_t>(__builtin_ctzll(m));
+          auto a = impl_->approx.find(std::pair<uint64_t, uint32_t>{k.lo, i});
+          if (a != impl_->approx.end() && a->second > now) in[0] |= uint64_t{1} << i;
+        }
+      }
+      gpu &= in[0];
+      cpu &= in[0] | in[1];
+      any &= in[0] | in[1] | in[2];
       for (uint64_t m = any; m != 0; m &= m - 1) {
         const int i = __builtin_ctzll(m);
         ++counts_any[i];
@@ -212,10 +257,17 @@ std::vector<PrefixMatch> KvIndex::Route(std::span<const BlockKey> keys, std::spa
       }
     }
     for (size_t c = 0; c < candidates.size(); ++c) {
-      if (bit[c] < 0) continue;
-      out[c].gpu_blocks = counts_gpu[bit[c]];
-      out[c].cpu_blocks = counts_cpu[bit[c]];
-      out[c].blocks = counts_any[bit[c]];
+      int bit = -1;
+      if (c < kMaxInstances) {
+        bit = bits[c];
+      } else {
+        for (size_t i = 0; i < impl_->names.size(); ++i)
+          if (impl_->names[i] == candidates[c]) bit = static_cast<int>(i);
+      }
+      if (bit < 0) continue;
+      out[c].gpu_blocks = counts_gpu[bit];
+      out[c].cpu_blocks = counts_cpu[bit];
+      out[c].blocks = counts_any[bit];
     }
   }
   const double n = keys.empty() ? 1.0 : static_cast<double>(keys.size());
@@ -223,10 +275,19 @@ std::vector<PrefixMatch> KvIndex::Route(std::span<const BlockKey> keys, std::spa
     const double cached = w.gpu * m.gpu_blocks + w.cpu * (m.cpu_blocks - m.gpu_blocks) + w.disk * (m.blocks - m.cpu_blocks);
     m.score = cached / n - w.load * m.load;
   }
-  std::stable_sort(out.begin(), out.end(), [](const PrefixMatch& a, const PrefixMatch& b) {
+  // Best first, stable (ties keep the candidates' order); an insertion sort:
+  // a handful of candidates, and std::stable_sort would allocate its buffer.
+  auto better = [](const PrefixMatch& a, const PrefixMatch& b) {
     if (a.score != b.score) return a.score > b.score;
     return a.load < b.load;
-  });
+  };
+  for (size_t i = 1; i < out.size(); ++i)
+    for (size_t j = i; j > 0 && better(out[j], out[j - 1]); --j) std::swap(out[j], out[j - 1]);
+}
+
+std::vector<PrefixMatch> KvIndex::Route(std::span<const BlockKey> keys, std::span<const std::string> candidates) const {
+  std::vector<PrefixMatch> out;
+  Route(keys, candidates, &out);
   return out;
 }
 
@@ -238,7 +299,8 @@ size_t KvIndex::blocks() const {
 size_t KvIndex::memory_bytes() const {
   std::shared_lock lock(impl_->mu);
   // flat_hash_map: one control byte and one slot (key + value) per bucket.
-  return impl_->blocks.capacity() * (sizeof(std::pair<uint64_t, Impl::Where>) + 1);
+  return impl_->blocks.capacity() * (sizeof(std::pair<uint64_t, Impl::Where>) + 1) +
+         impl_->approx.capacity() * (sizeof(std::pair<std::pair<uint64_t, uint32_t>, double>) + 1);
 }
 
 std::vector<std::string> KvIndex::instances() const {

@@ -101,6 +101,28 @@ Result<uint16_t> BoundPort(zmq::socket_t& s) {
 
 }  // namespace
 
+// A snapshot's listing order: medium, then key.
+bool KvEventPublisher::ListedBefore(const Event& a, const Event& b) {
+  if (a.medium != b.medium) return a.medium < b.medium;
+  if (a.key.hi != b.key.hi) return a.key.hi < b.key.hi;
+  return a.key.lo < b.key.lo;
+}
+
+std::string KvEventPublisher::CursorBytes(const Event& e) {
+  std::string c(1, static_cast<char>(e.medium));
+  c += KvEventSeqBytes(static_cast<int64_t>(e.key.hi));
+  c += KvEventSeqBytes(static_cast<int64_t>(e.key.lo));
+  return c;
+}
+
+KvEventPublisher::Event KvEventPublisher::CursorEvent(std::string_view c) {
+  Event e{};
+  e.medium = static_cast<BlockMedium>(static_cast<unsigned char>(c[0]));
+  e.key.hi = static_cast<uint64_t>(KvEventSeqOf(c.substr(1, 8)));
+  e.key.lo = static_cast<uint64_t>(KvEventSeqOf(c.substr(9, 8)));
+  return e;
+}
+
 struct KvEventPublisher::Sockets {
   zmq::context_t ctx{1};
   zmq::socket_t pub{ctx, zmq::socket_type::pub};
@@ -252,19 +274,46 @@ void KvEventPublisher::Loop() {
     if (!zmq::recv_multipart(s.replay, std::back_inserter(req), zmq::recv_flags::dontwait)) return;
     if (req.size() != 3) return;
     const std::string_view body(static_cast<const char*>(req[2].data()), req[2].size());
-    if (body == kSnapshotRequest) {
-      c_.snapshots.fetch_add(1, std::memory_order_relaxed);
+    std::string end_payload;  // empty: the answer is complete
+    const bool snapshot = body.substr(0, kSnapshotRequest.size()) == kSnapshotRequest &&
+                          (body.size() == kSnapshotRequest.size() ||
+                           body.size() == kSnapshotRequest.size() + kSnapshotCursorBytes);
+    if (snapshot) {
+      // The listing runs in (medium, key) order; a continuation starts after
+      // its cursor. At most `cap` blocks an answer: while listing, only the
+      // 2 x cap smallest after the cursor are kept (cut back to cap when full).
+      const bool first = body.size() == kSnapshotRequest.size();
+      Event from{};
+      if (!first) from = CursorEvent(body.substr(kSnapshotRequest.size()));
+      if (first) c_.snapshots.fetch_add(1, std::memory_order_relaxed);
       drain();  // everything before the listing is numbered first
       const int64_t at = s.next_seq - 1;
+      const size_t cap = max_batch * kSnapshotBatchesPerAnswer;
       std::vector<Event> all;
+      bool more = false;
       {
         std::lock_guard<std::mutex> lock(lister_mu_);
         if (lister_)
-          lister_([&](BlockMedium m, const BlockKey& k) { all.push_back(Event{k, BlockChange::kStored, m}); });
+          lister_([&](BlockMedium m, const BlockKey& k) {
+            const Event e{k, BlockChange::kStored, m};
+            if (!first && !ListedBefore(from, e)) return;
+            all.push_back(e);
+            if (all.size() == 2 * cap) {
+              std::nth_element(all.begin(), all.begin() + cap, all.end(), ListedBefore);
+              all.resize(cap);
+              more = true;
+            }
+          });
       }
-      std::stable_sort(all.begin(), all.end(), [](const Event& a, const Event& b) { return a.medium < b.medium; });
-      // Batches of the snapshot all carry `at`: the state after batch `at`.
-      answer(req[0], at, EncodeBatch(true, {}, {}, block_size_, as_int));
+      std::sort(all.begin(), all.end(), ListedBefore);
+      if (all.size() > cap) {
+        all.resize(cap);
+        more = true;
+      }
+      if (more) end_payload = CursorBytes(all.back());
+      // Batches of the snapshot all carry `at`: the state after batch `at`
+      // (a continuation's: after the batch its listing followed).
+      if (first) answer(req[0], at, EncodeBatch(true, {}, {}, block_size_, as_int));
       std::vector<Run> snap_runs;
       std::vector<BlockKey> snap_keys;
       for (size_t i = 0; i < all.size();) {
@@ -286,7 +335,7 @@ void KvEventPublisher::Loop() {
       for (const auto& [seq, payload] : s.buffer)
         if (seq >= start) answer(req[0], seq, payload);
     }
-    answer(req[0], -1, {});
+    answer(req[0], -1, end_payload);
   };
 
   publish(EncodeBatch(true, {}, {}, block_size_, as_int));  // seq 0: the node starts empty

@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -65,8 +66,18 @@ class KvEventPublisher final : public BlockObserver {
   KvEventStats Stats() const;
 
   // The third frame of a snapshot request on the replay socket (a replay
-  // request's is an 8-byte big-endian sequence number).
+  // request's is an 8-byte big-endian sequence number); a continuation is
+  // kSnapshotRequest followed by the cursor the previous answer ended with.
   static constexpr std::string_view kSnapshotRequest = "kvmesh-snapshot";
+  // An answer to a snapshot request lists at most this many batches of
+  // max_batch_events blocks; a longer listing ends with a cursor instead of
+  // the empty end payload (docs/kv-events.md), so neither side ever holds a
+  // whole node's listing in one answer.
+  static constexpr size_t kSnapshotBatchesPerAnswer = 64;
+  // The cursor: the last block of an answer, as medium (1 byte), then its
+  // key's high and low halves (8 bytes each, big-endian); the listing runs in
+  // that order.
+  static constexpr size_t kSnapshotCursorBytes = 17;
 
  private:
   struct Event {
@@ -76,6 +87,9 @@ class KvEventPublisher final : public BlockObserver {
   };
   KvEventPublisher() = default;
   void Loop();
+  static bool ListedBefore(const Event& a, const Event& b);
+  static std::string CursorBytes(const Event& e);
+  static Event CursorEvent(std::string_view cursor);  // cursor: kSnapshotCursorBytes
 
   EventsConfig config_;
   uint32_t block_size_ = 0;

@@ -180,15 +180,19 @@ TEST_CASE("a subscriber that missed batches catches up by replay and by snapshot
   REQUIRE(c.ok());
   ClusterConfig cfg = *c;
   cfg.events.replay_buffer = 4;
+  // One block a batch: a snapshot answer lists at most 64 blocks
+  // (KvEventPublisher::kSnapshotBatchesPerAnswer batches), so the snapshot
+  // of 149 blocks takes three answers, two of them continuations.
+  cfg.events.max_batch_events = 1;
   auto node = ShardNode::Create(cfg, "e0");
   REQUIRE(node.ok());
   KvEventPublisher* ev = (*node)->events();
   KeyDeriver keys("route", "", 4);
   std::vector<BlockKey> k;
-  keys.ChainKeys(Tokens(1, 4 * 64), &k);
+  keys.ChainKeys(Tokens(1, 4 * 150), &k);
   std::vector<std::byte> payload(128, std::byte{1});
-  // Stored before anyone subscribed: 64 blocks in 8 batches, more than the
-  // replay buffer keeps, so the subscriber must take a snapshot.
+  // Stored before anyone subscribed: 150 blocks in 150 batches, more than
+  // the replay buffer keeps, so the subscriber must take a snapshot.
   for (const BlockKey& key : k) REQUIRE((*node)->Put(key, payload, {}).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   KvIndex index;
@@ -205,7 +209,8 @@ TEST_CASE("a subscriber that missed batches catches up by replay and by snapshot
   std::vector<PrefixMatch> r = index.Route(k, names);
   CHECK(r[0].blocks == 10);
   CHECK((*sub)->Stats().snapshots >= 1);
-  CHECK(index.blocks() == 63);
+  CHECK((*sub)->Stats().snapshot_continuations >= 2);
+  CHECK(index.blocks() == 149);
   (*sub)->Stop();
 }
 
@@ -253,6 +258,73 @@ TEST_CASE("the C ABI applies a batch in vLLM's format and routes", "[kv_route]")
   REQUIRE(kvmesh_kv_index_route(x, ck.data(), ck.size(), cands, 2, out) == KVMESH_OK);
   CHECK(out[0].candidate == 1);
   CHECK(out[0].load == 1.0);
+  kvmesh_kv_index_free(x);
+}
+
+TEST_CASE("approximate mode infers residency from routing history with a TTL", "[kv_route]") {
+  RouteWeights w;
+  w.approx_ttl_s = 10;
+  KvIndex index(w);
+  KeyDeriver keys("route", "", 4);
+  std::vector<BlockKey> system, turn1, turn2;
+  const std::vector<TokenId> t1 = Concat(Tokens(7000, 16), Tokens(9100, 12));
+  keys.ChainKeys(Tokens(7000, 16), &system);  // 4 blocks
+  keys.ChainKeys(t1, &turn1);                 // 7 blocks, the system prompt first
+  keys.ChainKeys(Concat(t1, Tokens(9300, 8)), &turn2);  // 9 blocks, turn 1 first
+  const std::vector<std::string> names = {"e0", "e1", "e2", "e3"};
+  std::vector<PrefixMatch> r;
+  index.Route(turn2, names, &r, 100.0);
+  CHECK(r[0].blocks == 0);  // nothing routed yet
+  REQUIRE(index.Routed("e2", turn1, 100.0).ok());
+  REQUIRE(index.Routed("e1", system, 101.0).ok());
+  REQUIRE(index.SetLoad("e3", 0.5).ok());
+  index.Route(turn2, names, &r, 105.0);
+  REQUIRE(r.size() == 4);
+  CHECK(r[0].instance == "e2");
+  CHECK(r[0].blocks == 7);
+  CHECK(r[0].gpu_blocks == 7);  // approximate residency is the device tier
+  CHECK(r[1].instance == "e1");
+  CHECK(r[1].blocks == 4);
+  CHECK(r[2].instance == "e0");  // idle e0 before loaded e3: both hold nothing
+  CHECK(r[3].instance == "e3");
+  // Past e2's TTL (routed at 100, ttl 10), before e1's (101): e1 leads.
+  index.Route(turn2, names, &r, 110.5);
+  CHECK(r[0].instance == "e1");
+  CHECK(r[0].blocks == 4);
+  CHECK(r[1].blocks == 0);
+  // Routing again refreshes: turn 2 to e2 at 111.
+  REQUIRE(index.Routed("e2", turn2, 111.0).ok());
+  index.Route(turn2, names, &r, 120.0);
+  CHECK(r[0].instance == "e2");
+  CHECK(r[0].blocks == 9);
+  // Events and routing history combine: e3's node reports the system prompt
+  // in CPU; at 125 every routed block has expired.
+  REQUIRE(index.Stored("e3", KvTier::kCpu, system).ok());
+  REQUIRE(index.SetLoad("e3", 0).ok());
+  index.Route(turn2, names, &r, 115.0);
+  CHECK(r[0].instance == "e2");  // 9 routed (GPU) blocks beat e3's 4 CPU blocks
+  CHECK(r[1].instance == "e3");
+  index.Route(turn2, names, &r, 125.0);
+  CHECK(r[0].instance == "e3");
+  CHECK(r[0].cpu_blocks == 4);
+  CHECK(r[0].gpu_blocks == 0);
+  CHECK(r[1].blocks == 0);
+  CHECK(index.approx_entries() == 4 + 9);  // e1's system prompt, e2's turn 2 (turn 1's keys refreshed in place)
+  // Without a TTL, approximate mode is off.
+  KvIndex exact;
+  CHECK(exact.Routed("e0", system).code() == StatusCode::kFailedPrecondition);
+  // The C ABI.
+  kvmesh_kv_index* x = nullptr;
+  REQUIRE(kvmesh_kv_index_create_approximate(&x, 30.0) == KVMESH_OK);
+  std::vector<kvmesh_key> ck;
+  for (const BlockKey& b : turn1) ck.push_back({b.hi, b.lo});
+  REQUIRE(kvmesh_kv_index_routed(x, "e1", ck.data(), 5) == KVMESH_OK);
+  const char* cands[] = {"e0", "e1"};
+  kvmesh_prefix_match out[2];
+  REQUIRE(kvmesh_kv_index_route(x, ck.data(), ck.size(), cands, 2, out) == KVMESH_OK);
+  CHECK(out[0].candidate == 1);
+  CHECK(out[0].gpu_blocks == 5);
+  CHECK(kvmesh_kv_index_create_approximate(&x, 0) == KVMESH_INVALID_ARGUMENT);
   kvmesh_kv_index_free(x);
 }
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/serve/daemons.h"
+#include "cli/serve/routing.h"
 #include "eviction/replay.h"
 #include "kvmesh/embedded.h"
 #include "kvmesh/network.h"
@@ -40,7 +41,8 @@ Result<ConfigKind> KindOf(const std::string& name) {
   if (name == "kvmesh-ssd") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kDecide, true};
   if (name == "kvmesh-ssd-blind") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kBlind, true};
   return InvalidArgument("unknown configuration '" + name +
-                         "' (recompute, local, kvmesh, kvmesh-blind, kvmesh-ssd, kvmesh-ssd-blind)");
+                         "' (recompute, local, kvmesh, kvmesh-blind, kvmesh-ssd, kvmesh-ssd-blind; each also "
+                         "with -kv or -kv-approx: KV-aware routing)");
 }
 
 // The cluster the kvmesh tier runs on: the engine model's KV layout with
@@ -325,7 +327,7 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
   std::vector<ConfigKind> kinds;
   bool need_tier = false, need_pressure = false;
   for (const std::string& c : o.configs) {
-    KVMESH_ASSIGN_OR_RETURN(ConfigKind k, KindOf(c));
+    KVMESH_ASSIGN_OR_RETURN(ConfigKind k, KindOf(RoutingOf(c).base));
     kinds.push_back(k);
     need_tier |= k.mode == CacheMode::kKvmesh && !k.pressure;
     need_pressure |= k.pressure;
@@ -385,6 +387,7 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
       }
       const auto run_start = Clock::now();
       const auto origin = run_start + std::chrono::milliseconds(100);
+      RequestRouter routing(RoutingOf(o.configs[c]).routing, o.engines, o.block_tokens, o.max_batch, o.approx_ttl_s);
       std::vector<std::unique_ptr<Engine>> engines;
       for (uint32_t e = 0; e < o.engines; ++e) {
         EngineOptions eo;
@@ -400,6 +403,7 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
         eo.link = link.get();
         eo.kv_scale = o.kv_scale;
         eo.origin = origin;
+        eo.on_local_cache = routing.Listener(e);
         engines.push_back(std::make_unique<Engine>(e, eo, &reqs, &recs));
         engines.back()->Start();
       }
@@ -416,10 +420,14 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
           std::this_thread::sleep_for(std::chrono::milliseconds(250));
         }
       });
+      std::vector<uint64_t> submitted(engines.size(), 0), in_flight(engines.size(), 0);
       for (size_t i = 0; i < reqs.size(); ++i) {  // open loop: arrivals never wait for the engines
         std::this_thread::sleep_until(origin + std::chrono::duration_cast<Clock::duration>(
                                                    std::chrono::duration<double>(reqs[i].arrival_s)));
-        engines[i % engines.size()]->Submit(i);
+        for (size_t e = 0; e < engines.size(); ++e) in_flight[e] = submitted[e] - engines[e]->finished();
+        const uint32_t to = routing.Pick(reqs[i], in_flight);
+        ++submitted[to];
+        engines[to]->Submit(i);
         arrived.fetch_add(1);
       }
       for (auto& e : engines) e->Finish();
@@ -439,6 +447,7 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
       if (progress) progress(label, reqs.size(), finished(), reqs.size());
       RunResult r = Summarise(o.configs[c], rate, reqs, recs, end_s, o);
       r.decisions = d;
+      r.routing = routing.counters();
       if (link) {
         r.link_latency_s = link->latency_s();
         r.link_bytes_per_s = link->bytes_per_s();

@@ -5,6 +5,7 @@
 // open-loop multi-turn workload (workload.h) sent round-robin to `engines`
 // engines (engine.h; threads of this process, each with its own kvmesh
 // client), measured per request (TTFT, TPOT) and summarised (RunResult).
+// (Round robin, or KV-aware with a -kv / -kv-approx suffix: routing.h.)
 // Configurations:
 //   recompute     every prompt prefilled whole; no cache
 //   local         each engine's own device-tier prefix cache only
@@ -30,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/serve/engine.h"
+#include "cli/serve/routing.h"
 #include "cli/serve/workload.h"
 #include "kvmesh/status.h"
 
@@ -66,6 +68,8 @@ struct BenchServeOptions {
   double probe_interval_s = 1.0;    // shadow loads: at most one per this long per run (LinkEstimate)
   // The SLO a request must meet to count in goodput.
   double slo_ttft_s = 0.5, slo_tpot_s = 0.05;
+  // The -kv-approx configurations: how long a routed prompt counts as on its engine (routing.h).
+  double approx_ttl_s = 30;
 };
 
 struct RunResult {
@@ -81,6 +85,7 @@ struct RunResult {
   // The second and later turns alone (each one's prefix is its session's past).
   double later_turn_hit_rate = 0;
   DecisionCounters decisions;
+  RoutingCounters routing;         // the -kv configurations (routing.h)
   double link_latency_s = 0, link_bytes_per_s = 0;  // the estimate at the run's end
   double link_deviation = 0;       // its per-byte cost's mean deviation / mean
   double probe_latency_s = 0, probe_bytes_per_s = 0;  // the seed (the probe)

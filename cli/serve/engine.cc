@@ -84,7 +84,7 @@ void DecisionCounters::Add(const DecisionCounters& o) {
 
 class Engine::LocalCache {
  public:
-  explicit LocalCache(size_t capacity) : capacity_(capacity) {}
+  LocalCache(size_t capacity, LocalCacheListener listener) : capacity_(capacity), listener_(std::move(listener)) {}
   // Leading blocks of `chain` held (each refreshed).
   size_t Match(const std::vector<uint64_t>& chain) {
     size_t n = 0;
@@ -98,6 +98,8 @@ class Engine::LocalCache {
   }
   void Insert(const std::vector<uint64_t>& chain, size_t upto) {
     if (capacity_ == 0) return;
+    stored_.clear();
+    removed_.clear();
     for (size_t i = 0; i < std::min(upto, chain.size()); ++i) {
       auto it = where_.find(chain[i]);
       if (it != where_.end()) {
@@ -106,24 +108,25 @@ class Engine::LocalCache {
       }
       order_.push_front(chain[i]);
       where_[chain[i]] = order_.begin();
+      if (listener_) stored_.push_back(chain[i]);
       if (order_.size() > capacity_) {
+        if (listener_) removed_.push_back(order_.back());
         where_.erase(order_.back());
         order_.pop_back();
       }
     }
+    if (listener_ && (!stored_.empty() || !removed_.empty())) listener_(stored_, removed_);
   }
 
  private:
   size_t capacity_;
+  LocalCacheListener listener_;
+  std::vector<uint64_t> stored_, removed_;  // one Insert's changes, for the listener
   std::list<uint64_t> order_;  // most recent first
   std::unordered_map<uint64_t, std::list<uint64_t>::iterator> where_;
 };
 
-namespace {
-
-// Chained hashes of the full blocks of `tokens` (FNV-1a over the previous
-// hash and the block's tokens): block i's hash names the whole prefix.
-std::vector<uint64_t> Chain(const std::vector<TokenId>& tokens, uint32_t block_tokens) {
+std::vector<uint64_t> BlockChain(const std::vector<TokenId>& tokens, uint32_t block_tokens) {
   std::vector<uint64_t> out;
   uint64_t h = 1469598103934665603ull;
   for (size_t b = 0; (b + 1) * block_tokens <= tokens.size(); ++b) {
@@ -136,6 +139,8 @@ std::vector<uint64_t> Chain(const std::vector<TokenId>& tokens, uint32_t block_t
   return out;
 }
 
+namespace {
+
 double Seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 }  // namespace
@@ -144,7 +149,8 @@ double Seconds(std::chrono::steady_clock::duration d) { return std::chrono::dura
 Engine::Engine(uint32_t index, EngineOptions o, const std::vector<ServeRequest>* requests,
                std::vector<RequestRecord>* records)
     : index_(index), o_(std::move(o)), requests_(requests), records_(records),
-      local_(std::make_unique<LocalCache>(o_.mode == CacheMode::kRecompute ? 0 : o_.local_cache_blocks)) {
+      local_(std::make_unique<LocalCache>(o_.mode == CacheMode::kRecompute ? 0 : o_.local_cache_blocks,
+                                          o_.on_local_cache)) {
   if (o_.reference) compute_ = std::make_unique<ReferenceCompute>(o_.reference);
   if (o_.router) {
     const size_t moved = o_.router->model().FullBlockBytes();
@@ -245,7 +251,7 @@ bool Engine::Admit(Live& r) {
   }
   std::vector<TokenId> all = q.prompt;
   all.insert(all.end(), q.output.begin(), q.output.end());
-  r.chain = Chain(all, o_.block_tokens);
+  r.chain = BlockChain(all, o_.block_tokens);
   const size_t prompt_blocks = q.prompt.size() / o_.block_tokens;
   std::vector<uint64_t> prompt_chain(r.chain.begin(), r.chain.begin() + prompt_blocks);
   // At least the last prompt token is computed (it yields the first token).

@@ -29,8 +29,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,6 +80,15 @@ class LinkEstimate {
   uint64_t observed_ = 0;          // guarded by mu_
 };
 
+// Chained hashes of the full blocks of `tokens` (FNV-1a over the previous
+// hash and the block's tokens): block i's hash names the whole prefix. The
+// names the engine's own prefix cache keeps.
+std::vector<uint64_t> BlockChain(const std::vector<TokenId>& tokens, uint32_t block_tokens);
+
+// Told, from the engine's thread, the blocks its own prefix cache gained and
+// evicted in one insertion (an engine's KV events: BlockStored, BlockRemoved).
+using LocalCacheListener = std::function<void(std::span<const uint64_t> stored, std::span<const uint64_t> removed)>;
+
 struct EngineOptions {
   const Roofline* model = nullptr;       // required (with `reference`: its shape only, for KV bytes)
   // The `reference` engine model (reference.h): steps really compute; null: the roofline's time is slept.
@@ -95,6 +106,7 @@ struct EngineOptions {
   // its fixed latency is scaled too).
   uint32_t kv_scale = 1;
   std::chrono::steady_clock::time_point origin;  // time 0 of the request schedule
+  LocalCacheListener on_local_cache;     // optional: KV-aware routing's feed (routing.h)
 };
 
 // One request's fate. Times in seconds from the run's origin; < 0: never.

@@ -39,6 +39,9 @@ struct RouteWeights {
   double cpu = 0.5;   // ... in its host tier
   double disk = 0.25; // ... on its SSD
   double load = 0.5;  // subtracted per unit of load (SetLoad: 0 idle .. 1 saturated)
+  // Approximate mode (Routed): how long a block routed to an instance counts
+  // as on its device, in seconds from its last routing. 0: approximate mode off.
+  double approx_ttl_s = 0;
 };
 
 struct PrefixMatch {
@@ -72,13 +75,30 @@ class KvIndex {
   // The instance's load, 0 (idle) to 1 (saturated); values outside are clamped.
   Status SetLoad(std::string_view instance, double load);
 
+  // Approximate mode, for instances that publish no events (llm-d's
+  // approximate prefix scorer, SGLang's cache-aware router): the request
+  // with these keys went to `instance`, so it will hold them on its device
+  // for a while. Each key counts as in the instance's GPU tier until
+  // RouteWeights::approx_ttl_s after its last Routed (beside what events
+  // say). FailedPrecondition when approx_ttl_s is 0. `now_s` is on any
+  // monotonic clock shared with Route's (default: steady_clock's seconds).
+  // Expired entries are dropped as Routed goes (every 4096 calls, a sweep).
+  Status Routed(std::string_view instance, std::span<const BlockKey> keys, double now_s = -1);
+  size_t approx_entries() const;  // (block, instance) pairs Routed has not yet dropped
+
   // One PrefixMatch per candidate (unknown names: nothing cached, load 0),
   // best first: higher score, then lower load, then the candidates' order.
   // `keys`: the request's chained block keys in order (Router::Keys).
+  // Into `*out`, reusing its storage: a caller that keeps `out` across
+  // calls with the same candidates allocates nothing (the hot path).
+  void Route(std::span<const BlockKey> keys, std::span<const std::string> candidates, std::vector<PrefixMatch>* out,
+             double now_s = -1) const;
+
+  // The same, into a new vector (allocates per call).
   std::vector<PrefixMatch> Route(std::span<const BlockKey> keys, std::span<const std::string> candidates) const;
 
-  size_t blocks() const;         // distinct blocks indexed
-  size_t memory_bytes() const;   // what the index's tables hold
+  size_t blocks() const;         // distinct blocks indexed (from events)
+  size_t memory_bytes() const;   // what the index's tables hold (approximate mode's included)
   std::vector<std::string> instances() const;
 
  private:

@@ -233,6 +233,9 @@ typedef struct kvmesh_prefix_match {
 } kvmesh_prefix_match;
 
 int kvmesh_kv_index_create(kvmesh_kv_index** out);
+/* Approximate mode (no engine events): blocks routed to an instance count as
+ * on its device for ttl_s seconds after their last kvmesh_kv_index_routed. */
+int kvmesh_kv_index_create_approximate(kvmesh_kv_index** out, double ttl_s);
 void kvmesh_kv_index_free(kvmesh_kv_index* index);
 /* Applies one EventBatch payload that `instance` published. */
 int kvmesh_kv_index_apply_batch(kvmesh_kv_index* index, const char* instance, const void* payload, size_t size);
@@ -241,6 +244,8 @@ int kvmesh_kv_index_set_load(kvmesh_kv_index* index, const char* instance, doubl
 /* Fills out[0..n_candidates) best first for the request's chained keys. */
 int kvmesh_kv_index_route(kvmesh_kv_index* index, const kvmesh_key* keys, size_t n_keys,
                           const char* const* candidates, size_t n_candidates, kvmesh_prefix_match* out);
+/* Approximate mode: the request with these chained keys went to `instance`. */
+int kvmesh_kv_index_routed(kvmesh_kv_index* index, const char* instance, const kvmesh_key* keys, size_t n_keys);
 
 /* ---- world-model frames (kvmesh/frame_stream.h, docs/worldmodel.md) --------
  * A frame stream is one session of gray 8-bit frames (width x height, cut

@@ -45,10 +45,13 @@ void BindKvIndex(py::module_& m) {
                       "Prefix index over KV events (vLLM's format, kvmesh nodes' and engines') and the routing\n"
                       "query: per candidate instance the longest cached prefix by tier and a score weighing\n"
                       "tier and load (docs/kv-events.md).")
-      .def(py::init([](double gpu, double cpu, double disk, double load) {
-             return std::make_unique<KvIndex>(RouteWeights{gpu, cpu, disk, load});
+      .def(py::init([](double gpu, double cpu, double disk, double load, double approx_ttl) {
+             return std::make_unique<KvIndex>(RouteWeights{gpu, cpu, disk, load, approx_ttl});
            }),
-           py::kw_only(), py::arg("gpu") = 1.0, py::arg("cpu") = 0.5, py::arg("disk") = 0.25, py::arg("load") = 0.5)
+           py::kw_only(), py::arg("gpu") = 1.0, py::arg("cpu") = 0.5, py::arg("disk") = 0.25, py::arg("load") = 0.5,
+           py::arg("approx_ttl") = 0.0,
+           "approx_ttl > 0: approximate mode (routed() counts a request's blocks as on the instance's\n"
+           "device for that many seconds).")
       .def(
           "apply_batch",
           [](KvIndex& x, const std::string& instance, py::bytes payload) {
@@ -74,6 +77,14 @@ void BindKvIndex(py::module_& m) {
       .def(
           "set_load", [](KvIndex& x, const std::string& instance, double load) { Check(x.SetLoad(instance, load)); },
           py::arg("instance"), py::arg("load"), "The instance's load, 0 (idle) to 1 (saturated).")
+      .def(
+          "routed",
+          [](KvIndex& x, const std::string& instance, py::handle keys) { Check(x.Routed(instance, ToKeys(keys))); },
+          py::arg("instance"), py::arg("keys"),
+          "Approximate mode: the request with these keys went to `instance` (its blocks count as on\n"
+          "its device for approx_ttl seconds).")
+      .def_property_readonly("approx_entries", &KvIndex::approx_entries,
+                             "(block, instance) pairs of approximate mode not yet dropped")
       .def(
           "route",
           [](const KvIndex& x, py::handle keys, const std::vector<std::string>& candidates) {

@@ -76,7 +76,7 @@ class Indexer:
         self.ctx = zmq.Context()
         self.media = {}
         self.last = -1
-        self.replays = self.snapshots = 0
+        self.replays = self.snapshots = self.continuations = 0
         self.sub = None
 
     def connect(self):
@@ -97,8 +97,9 @@ class Indexer:
             else:
                 self.media.setdefault(medium, set()).difference_update(key_of(h) for h in hashes)
 
-    def request(self, body):
-        """[(seq, payload), ...] the replay socket answers to `body`, up to its end marker."""
+    def request(self, body, ends=None):
+        """[(seq, payload), ...] the replay socket answers to `body`, up to its end marker; the end
+        marker's payload (a snapshot's continuation cursor, or b"") is appended to `ends` if given."""
         s = self.ctx.socket(zmq.DEALER)
         s.connect(f"tcp://{self.host}:{self.replay_port}")
         s.send_multipart([b"", body])
@@ -110,7 +111,10 @@ class Indexer:
                 assert empty == b""
                 seq = int.from_bytes(seq, "big", signed=True)
                 if seq == -1:
-                    assert payload == b""
+                    if ends is None:
+                        assert payload == b""
+                    else:
+                        ends.append(payload)
                     return out
                 out.append((seq, payload))
         finally:
@@ -127,13 +131,18 @@ class Indexer:
                     self.last = seq
             return
         self.snapshots += 1
-        snap = self.request(SNAPSHOT)
+        ends = []
+        snap = self.request(SNAPSHOT, ends)
         assert snap, "empty snapshot"
         self.media.clear()
         for seq, payload in snap:
-            assert seq == snap[0][0]  # every batch of a snapshot carries the sequence it reflects
+            assert seq == snap[0][0]  # every batch of a snapshot's answer carries the sequence it reflects
             self.apply(payload)
         self.last = snap[0][0]
+        while ends[-1]:  # a continuation: the listing goes on after this cursor
+            self.continuations += 1
+            for _, payload in self.request(SNAPSHOT + ends[-1], ends):
+                self.apply(payload)
 
     def poll(self, timeout_ms):
         """Applies what arrives within timeout_ms; False when nothing did."""
@@ -167,7 +176,7 @@ def test_events_reconstruct_the_node_across_subscriber_restarts(tmp_path):
         "store": {"stripes": 1, "slot_bytes": BLOCK_BYTES, "size_classes": 1},
         "transport": {"backend": "tcp", "timeout_ms": scaled(5000)},
         "coordinator": {"host": "127.0.0.1", "port": 0, "heartbeat_ms": 200, "dead_after_ms": 5000},
-        "events": {"enabled": True, "topic": "kvmesh-test", "replay_buffer": 64, "max_batch_events": 4},
+        "events": {"enabled": True, "topic": "kvmesh-test", "replay_buffer": 256, "max_batch_events": 1},
     }
     path = tmp_path / "events.json"
     path.write_text(json.dumps(cfg))
@@ -217,6 +226,8 @@ def test_events_reconstruct_the_node_across_subscriber_restarts(tmp_path):
             put(4)
             settle()
             assert ix.snapshots >= 1, (ix.replays, ix.snapshots)
+            # One block a batch: a snapshot answer lists at most 64 blocks, the node holds ~128.
+            assert ix.continuations >= 1, ix.continuations
             # Some more churn, read live.
             put(60)
             settle()
@@ -263,6 +274,25 @@ def test_kv_index_routes_on_engine_events():
     assert ix.route(keys, ["b"])[0]["blocks"] == 0
     with pytest.raises(kvmesh.InvalidArgumentError):
         ix.apply_batch("a", b"\xc1 not msgpack")
+
+
+def test_kv_index_approximate_mode_follows_routing_history():
+    """No engine events: blocks routed to an instance count as on its device until the TTL passes."""
+    ttl = 1.0
+    ix = kvmesh.KvIndex(approx_ttl=ttl)
+    system = [(0, h) for h in (11, 12, 13)]
+    turn1 = system + [(0, 21), (0, 22)]
+    turn2 = turn1 + [(0, 23)]
+    assert ix.route(turn2, ["e0", "e1"])[0]["blocks"] == 0
+    ix.routed("e1", turn1)
+    ix.routed("e0", system)
+    r = ix.route(turn2, ["e0", "e1"])
+    assert [(m["instance"], m["blocks"], m["gpu_blocks"]) for m in r] == [("e1", 5, 5), ("e0", 3, 3)]
+    assert ix.approx_entries == 8
+    time.sleep(ttl * 1.5)
+    assert [m["blocks"] for m in ix.route(turn2, ["e0", "e1"])] == [0, 0]
+    with pytest.raises(kvmesh.Error):
+        kvmesh.KvIndex().routed("e0", system)  # approximate mode is off
 
 
 def test_route_service_answers_over_http(tmp_path):
