@@ -172,7 +172,7 @@ TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
   o.workload.think_s = 0.6;
   ShortPrompts(o.workload, 256, 16);
   o.workload.seed = 7;
-  o.configs = {"recompute", "local", "kvmesh", "kvmesh-blind", "kvmesh-ssd-blind"};
+  o.configs = {"recompute", "local", "kvmesh", "kvmesh-blind", "kvmesh-ssd-blind", "kvmesh-int4"};
   o.pressure_memory = 1ull << 20;  // 16 blocks of 64 KiB per tier: most of the run lands on the SSD
   o.ssd_memory = 256ull << 20;
   o.work_dir = "/tmp/kvmesh-test-bench-serve-" + std::to_string(::getpid());
@@ -180,7 +180,7 @@ TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
   const auto results = RunBenchServe(o);
   std::filesystem::remove_all(o.work_dir);
   const std::vector<RunResult> runs = results.value();
-  REQUIRE(runs.size() == 5);
+  REQUIRE(runs.size() == 6);
   std::map<std::string, RunResult> by;
   for (const RunResult& r : runs) by[r.config] = r;
   for (const RunResult& r : runs) {
@@ -224,6 +224,23 @@ TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
   CHECK(ssd.decisions.runs_loaded > 0);
   CHECK(ssd.decisions.blocks_loaded > 0);
   CHECK(ssd.later_turn_hit_rate > by["local"].later_turn_hit_rate);
+  // KV held per tier, what the run added: without a codec a block is stored
+  // at its raw size; int4 stores the same blocks in well under 2/3 of it.
+  const RunResult& blind = by["kvmesh-blind"];
+  CHECK(blind.codec == "none");
+  CHECK(blind.held.host > 0);
+  CHECK(blind.held.host == Approx(blind.held.logical));
+  CHECK(ssd.held.device + ssd.held.host + ssd.held.ssd > 0);
+  const RunResult& int4 = by["kvmesh-int4"];
+  CHECK(int4.codec == "int4");
+  CHECK(int4.held.host > 0);
+  CHECK(int4.held.logical > 1.5 * int4.held.host);
+  CHECK(int4.decisions.bytes_put > 0);
+  CHECK(int4.decisions.get_errors == 0);
+  // Every request's lookup is counted against recomputing it (the bound per request, same run).
+  CHECK(by["kvmesh"].path_lookups == by["kvmesh"].finished);
+  CHECK(by["kvmesh"].path_hits <= by["kvmesh"].path_lookups);
+  CHECK(by["recompute"].path_lookups == 0);
   // The bound's view: every hit request of a kvmesh run is compared with the same request under local.
   for (const HitBound& h : HitBounds(runs)) {
     INFO(h.config);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "eviction/replay.h"
 #include "kvmesh/embedded.h"
 #include "kvmesh/network.h"
+#include "shard_node/shard_node.h"
 
 namespace kvmesh::serve {
 namespace {
@@ -30,6 +32,7 @@ struct ConfigKind {
   CacheMode mode;
   LoadPolicy policy;
   bool pressure = false;  // against the pressure cluster (small tiers over an SSD)
+  std::string codec;      // against a cluster whose nodes store blocks with this codec (kernels/codec.h)
 };
 
 Result<ConfigKind> KindOf(const std::string& name) {
@@ -39,8 +42,11 @@ Result<ConfigKind> KindOf(const std::string& name) {
   if (name == "kvmesh-blind") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kBlind};
   if (name == "kvmesh-ssd") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kDecide, true};
   if (name == "kvmesh-ssd-blind") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kBlind, true};
+  if (name == "kvmesh-int4") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kDecide, false, "int4"};
+  if (name == "kvmesh-fp8") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kDecide, false, "fp8-e4m3"};
   return InvalidArgument("unknown configuration '" + name +
-                         "' (recompute, local, kvmesh, kvmesh-blind, kvmesh-ssd, kvmesh-ssd-blind)");
+                         "' (recompute, local, kvmesh, kvmesh-blind, kvmesh-ssd, kvmesh-ssd-blind, kvmesh-int4, "
+                         "kvmesh-fp8)");
 }
 
 // The cluster the kvmesh tier runs on: the engine model's KV layout with
@@ -49,7 +55,9 @@ Result<ConfigKind> KindOf(const std::string& name) {
 // over an SSD tier of ssd_memory in ssd_dir; blocks idle 1 s move down, an
 // SSD hit is served in place (no promotion: the pressure stays), and pressure
 // recovery is off so that a full tier demotes rather than drops.
-Result<json> ClusterJson(const BenchServeOptions& o, const Roofline& model, const std::string& ssd_dir = "") {
+// With a codec, every node stores blocks encoded by it ($.codec).
+Result<json> ClusterJson(const BenchServeOptions& o, const Roofline& model, const std::string& ssd_dir = "",
+                         const std::string& codec = "") {
   const ModelShape& m = model.model();
   if (o.kv_scale == 0 || m.head_dim % o.kv_scale != 0)
     return InvalidArgument("--kv-scale must divide the model's head_dim (" + std::to_string(m.head_dim) + ")");
@@ -73,8 +81,10 @@ Result<json> ClusterJson(const BenchServeOptions& o, const Roofline& model, cons
     c["eviction"] = {{"tiers", {{"offload_idle_s", 1}, {"promote_on_hit", false}, {"interval_ms", 50}}},
                      {"pressure", {{"enabled", false}}}};
   }
+  if (!codec.empty()) c["codec"] = {{"codec", codec}};
   return c;
 }
+
 
 // One run's kvmesh clients: a router per engine (its own connections), all
 // under the run's salt.
@@ -117,6 +127,30 @@ Result<Tier> OpenTier(const BenchServeOptions& o, const json& cluster, const Loc
     t.clients.push_back(std::move(c));
   }
   return t;
+}
+
+// What the tier's nodes hold now (bytes as stored, and their raw size): the
+// primary tier (`device` when the nodes have one, else `host`), then the host
+// and SSD tiers below it.
+Result<RunResult::Held> HeldNow(Tier& t, const LocalDaemons* daemons, bool device_primary) {
+  std::vector<json> stats;
+  if (daemons) {
+    KVMESH_ASSIGN_OR_RETURN(stats, daemons->NodeStats());
+  } else {
+    for (size_t i = 0; i < t.embedded->num_nodes(); ++i) stats.push_back(json::parse(t.embedded->node(i).StatsJson()));
+  }
+  RunResult::Held h;
+  for (const json& s : stats) {
+    const double primary = s.value("bytes_stored", 0.0);
+    (device_primary ? h.device : h.host) += primary;
+    h.logical += s.value("bytes_logical", 0.0);
+    if (s.contains("tiers")) {
+      const json& tiers = s["tiers"];
+      if (tiers.contains("host")) h.host += tiers["host"].value("bytes_stored", 0.0);
+      if (tiers.contains("ssd")) h.ssd += tiers["ssd"].value("bytes_stored", 0.0);
+    }
+  }
+  return h;
 }
 
 // Seeds the load estimate: the charged time of a 1-block and a 64-block get,
@@ -346,7 +380,7 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
   for (const std::string& c : o.configs) {
     KVMESH_ASSIGN_OR_RETURN(ConfigKind k, KindOf(c));
     kinds.push_back(k);
-    need_tier |= k.mode == CacheMode::kKvmesh && !k.pressure;
+    need_tier |= k.mode == CacheMode::kKvmesh && !k.pressure && k.codec.empty();
     need_pressure |= k.pressure;
   }
   if (o.engines == 0) return InvalidArgument("--engines must be at least 1");
@@ -355,6 +389,14 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
   std::unique_ptr<LocalDaemons> daemons, pressured_daemons;
   if (need_tier) {
     KVMESH_ASSIGN_OR_RETURN(daemons, StartDaemons(o, cluster, dir));
+  }
+  // One cluster per codec the configurations name.
+  std::map<std::string, std::pair<json, std::unique_ptr<LocalDaemons>>> coded;
+  for (const ConfigKind& k : kinds) {
+    if (k.codec.empty() || coded.count(k.codec)) continue;
+    KVMESH_ASSIGN_OR_RETURN(json cj, ClusterJson(o, model, "", k.codec));
+    KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<LocalDaemons> d, StartDaemons(o, cj, dir + "/" + k.codec));
+    coded[k.codec] = {std::move(cj), std::move(d)};
   }
   json pressured;
   if (need_pressure) {
@@ -386,13 +428,20 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
       std::optional<Tier> tier;
       std::unique_ptr<LinkEstimate> link;
       double probe_latency = 0, probe_bytes_per_s = 0;
+      const json* cj = kinds[c].pressure ? &pressured : &cluster;
+      const LocalDaemons* cd = kinds[c].pressure ? pressured_daemons.get() : daemons.get();
+      if (!kinds[c].codec.empty()) {
+        cj = &coded[kinds[c].codec].first;
+        cd = coded[kinds[c].codec].second.get();
+      }
+      RunResult::Held held_before;
       if (kinds[c].mode == CacheMode::kKvmesh) {
-        KVMESH_ASSIGN_OR_RETURN(Tier t, OpenTier(o, kinds[c].pressure ? pressured : cluster,
-                                                 kinds[c].pressure ? pressured_daemons.get() : daemons.get(),
+        KVMESH_ASSIGN_OR_RETURN(Tier t, OpenTier(o, *cj, cd,
                                                  "bench-serve-" + std::to_string(::getpid()) + "-" +
                                                      std::to_string(run_no)));
         tier.emplace(std::move(t));
         KVMESH_ASSIGN_OR_RETURN(link, ProbeLink(tier->router(0), model, o));
+        KVMESH_ASSIGN_OR_RETURN(held_before, HeldNow(*tier, cd, (*cj)["nodes"][0]["memory"].contains("device")));
         probe_latency = link->latency_s();
         probe_bytes_per_s = link->bytes_per_s();
       }
@@ -462,6 +511,15 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
         r.link_latency_s = link->latency_s();
         r.link_bytes_per_s = link->bytes_per_s();
         r.link_deviation = link->deviation();
+      }
+      if (tier) {  // after Join: every put of the run was answered
+        KVMESH_ASSIGN_OR_RETURN(const RunResult::Held after,
+                                HeldNow(*tier, cd, (*cj)["nodes"][0]["memory"].contains("device")));
+        r.held.device = (after.device - held_before.device) * o.kv_scale;
+        r.held.host = (after.host - held_before.host) * o.kv_scale;
+        r.held.ssd = (after.ssd - held_before.ssd) * o.kv_scale;
+        r.held.logical = (after.logical - held_before.logical) * o.kv_scale;
+        r.codec = kinds[c].codec.empty() ? "none" : kinds[c].codec;
       }
       r.probe_latency_s = probe_latency;
       r.probe_bytes_per_s = probe_bytes_per_s;

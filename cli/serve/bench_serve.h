@@ -92,6 +92,14 @@ struct RunResult {
   // with a lookup (misses too: they waited for it), how many were over 1.05.
   uint64_t path_hits = 0, path_hits_over = 0, path_lookups = 0, path_lookups_over = 0;
   double path_ratio_p50 = 0, path_ratio_p99 = 0, path_ratio_max = 0;
+  // KV bytes the kvmesh tier held at the run's end less at its start (what
+  // the run added, net of what it evicted), per tier, at real size (stored
+  // bytes x kv_scale; a codec's blocks at their encoded size), and the same
+  // blocks' raw size; the cluster's codec.
+  struct Held {
+    double device = 0, host = 0, ssd = 0, logical = 0;
+  } held;
+  std::string codec;
   double seconds = 0;              // wall time of the run
 };
 

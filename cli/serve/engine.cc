@@ -317,10 +317,14 @@ bool Engine::Admit(Live& r) {
   if (o_.mode != CacheMode::kKvmesh || !o_.router) return true;
   // The lookup started at arrival; wait for it at most lookup_wait_share of
   // recomputing what the local cache does not hold.
+  // A timed wait wakes late on a busy machine: the budget leaves room for
+  // how late the recent ones woke (an EWMA of the overshoot).
   const double recompute_all = RecomputeSeconds(r.new_tokens, r.cached_tokens);
+  const double budget = o_.lookup_wait_share * recompute_all - wake_late_s_;
   const auto w0 = std::chrono::steady_clock::now();
-  const std::optional<size_t> remote = AwaitLookup(r.index, o_.lookup_wait_share * recompute_all);
+  const std::optional<size_t> remote = AwaitLookup(r.index, budget);
   r.lookup_wait_s = Seconds(std::chrono::steady_clock::now() - w0);
+  if (!remote && budget > 0) wake_late_s_ = 0.75 * wake_late_s_ + 0.25 * std::max(r.lookup_wait_s - budget, 0.0);
   ++counters_.lookups;
   counters_.lookup_wait_s += r.lookup_wait_s;
   if (!remote) {

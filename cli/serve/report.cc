@@ -79,6 +79,24 @@ static void PrintPathBounds(const std::vector<RunResult>& results) {
   }
 }
 
+// KV bytes held per tier (RunResult::held): what each kvmesh run added.
+static void PrintHeld(const std::vector<RunResult>& results) {
+  bool any = false;
+  for (const RunResult& r : results) any |= !r.codec.empty();
+  if (!any) return;
+  std::printf("KV held by kvmesh at a run's end less its start, GB at real size (a codec's blocks as stored); raw = "
+              "the primary tier's blocks unencoded\n");
+  std::printf("%-17s %6s %-9s %9s %9s %9s %9s %7s\n", "config", "rate", "codec", "device", "host", "ssd", "raw",
+              "raw/st");
+  for (const RunResult& r : results) {
+    if (r.codec.empty()) continue;
+    const double primary = r.held.device > 0 ? r.held.device : r.held.host;
+    std::printf("%-17s %6.2f %-9s %9.3f %9.3f %9.3f %9.3f %6.2fx\n", r.config.c_str(), r.rate, r.codec.c_str(),
+                r.held.device / 1e9, r.held.host / 1e9, r.held.ssd / 1e9, r.held.logical / 1e9,
+                primary > 0 ? r.held.logical / primary : 0.0);
+  }
+}
+
 void PrintTable(const BenchServeOptions& o, const std::vector<RunResult>& results) {
   std::printf("SLO: TTFT <= %.0f ms and TPOT <= %.0f ms; times in ms; hit = prompt tokens not prefilled\n",
               o.slo_ttft_s * 1e3, o.slo_tpot_s * 1e3);
@@ -114,6 +132,7 @@ void PrintTable(const BenchServeOptions& o, const std::vector<RunResult>& result
     }
     PrintPathBounds(results);
   }
+  PrintHeld(results);
   for (const char* other : {"local", "kvmesh-blind"}) {
     const Ratios q = CompareConfigs(results, "kvmesh", other);
     if (q.goodput.empty()) continue;
@@ -154,6 +173,9 @@ nlohmann::json ResultsJson(const BenchServeOptions& o, const std::vector<RunResu
                                     {"ratio_p50", r.path_ratio_p50}, {"ratio_p99", r.path_ratio_p99},
                                     {"ratio_max", r.path_ratio_max}}},
                     {"bytes_loaded", d.bytes_loaded}, {"bytes_put", d.bytes_put},
+                    {"codec", r.codec},
+                    {"held_bytes", {{"device", r.held.device}, {"host", r.held.host}, {"ssd", r.held.ssd},
+                                    {"raw", r.held.logical}}},
                     {"get_errors", d.get_errors}, {"put_errors", d.put_errors}, {"seconds", r.seconds}});
   }
   nlohmann::json ratios = nlohmann::json::object();
