@@ -101,6 +101,11 @@ int PrefixCheck(const Args& a) {
                 x.load_max_s * 1e3, x.load_s > 0 ? x.bytes / x.load_s / 1e9 : 0.0, x.est_load_s * 1e3,
                 x.est_recompute_s * 1e3, x.decided_load ? "load" : "recompute", x.decided_ttft_s * 1e3,
                 x.decided_ttft_s / x.recompute_ttft_s);
+  for (const auto& x : *r)
+    if (x.blocks_got * a.o.block_tokens < x.prefix_tokens)
+      std::printf("note: the %u-token prefix's median load found %zu of %u blocks (the rest was recomputed: "
+                  "--node-memory too small?)\n",
+                  x.prefix_tokens, x.blocks_got, x.prefix_tokens / a.o.block_tokens);
   std::printf("measured: the lookup and the load (every KV byte through kvmesh%s, into registered memory), x kv scale; "
               "modelled: the prefills (recompute, and the suffix after a hit) by the roofline of the named model "
               "and GPU\n",
@@ -177,8 +182,9 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--mfu", o.mfu, "share of peak FLOP/s the engine model reaches")->capture_default_str();
   cmd->add_option("--mbu", o.mbu, "share of HBM bandwidth the engine model reaches")->capture_default_str();
   cmd->add_option("--rates", a->rates, "offered request rates, req/s (comma list)")->capture_default_str();
-  cmd->add_option("--configs", a->configs, "configurations: recompute,local,kvmesh,kvmesh-blind,kvmesh-ssd,kvmesh-ssd-blind "
-                  "(-ssd: against a second cluster of small device and host tiers over an SSD tier)")->capture_default_str();
+  cmd->add_option("--configs", a->configs, "configurations: recompute,local,kvmesh,kvmesh-blind,kvmesh-ssd,kvmesh-ssd-blind,kvmesh-int4,kvmesh-fp8 "
+                  "(-ssd: against a second cluster of small device and host tiers over an SSD tier; -int4, -fp8: "
+                  "against a cluster storing blocks with that codec)")->capture_default_str();
   cmd->add_option("--engines", o.engines, "engine instances (threads, each its own kvmesh client)")->capture_default_str();
   cmd->add_option("--duration", w.duration_s, "seconds of session arrivals per run")->capture_default_str();
   cmd->add_option("--drain", o.drain_s, "seconds unfinished requests get after the last arrival")->capture_default_str();

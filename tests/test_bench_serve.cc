@@ -251,6 +251,37 @@ TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
   }
 }
 
+TEST_CASE("bench-serve: a codec cluster of node daemons takes raw blocks and reports what it holds", "[serve]") {
+  // `kvmesh node` daemons whose blocks are stored int4-encoded: a put carries
+  // the raw block (larger than an encoded slot), a GetInto gets it decoded.
+  BenchServeOptions o;
+  o.cluster = "daemons";
+  o.kvmesh_bin = KVMESH_BIN;
+  o.configs = {"kvmesh-int4"};
+  o.rates = {3};
+  o.engines = 2;
+  o.kv_scale = 16;
+  o.node_memory = 64ull << 20;
+  o.drain_s = 10;
+  o.workload.duration_s = 1.5;
+  o.workload.turns = 2;
+  o.workload.think_s = 0.5;
+  ShortPrompts(o.workload, 128, 8);
+  o.work_dir = "/tmp/kvmesh-test-bench-serve-int4-" + std::to_string(::getpid());
+  const auto results = RunBenchServe(o);
+  std::filesystem::remove_all(o.work_dir);
+  REQUIRE(results.ok());
+  REQUIRE(results->size() == 1);
+  const RunResult& r = results->front();
+  CHECK(r.finished == r.requests);
+  CHECK(r.decisions.put_errors == 0);
+  CHECK(r.decisions.get_errors == 0);
+  CHECK(r.decisions.bytes_put > 0);
+  CHECK(r.codec == "int4");
+  CHECK(r.held.host > 0);
+  CHECK(r.held.logical > 1.5 * r.held.host);  // the nodes' /stats: stored encoded
+}
+
 TEST_CASE("bench-serve: under roofline 8B/H200 a hit's TTFT beats recomputing 1k and 2k prefixes when kvmesh "
           "moves KV faster than the H200 recomputes it",
           "[serve]") {

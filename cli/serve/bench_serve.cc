@@ -394,6 +394,7 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
   std::map<std::string, std::pair<json, std::unique_ptr<LocalDaemons>>> coded;
   for (const ConfigKind& k : kinds) {
     if (k.codec.empty() || coded.count(k.codec)) continue;
+    ::mkdir(dir.c_str(), 0755);
     KVMESH_ASSIGN_OR_RETURN(json cj, ClusterJson(o, model, "", k.codec));
     KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<LocalDaemons> d, StartDaemons(o, cj, dir + "/" + k.codec));
     coded[k.codec] = {std::move(cj), std::move(d)};

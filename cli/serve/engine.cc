@@ -318,13 +318,18 @@ bool Engine::Admit(Live& r) {
   // The lookup started at arrival; wait for it at most lookup_wait_share of
   // recomputing what the local cache does not hold.
   // A timed wait wakes late on a busy machine: the budget leaves room for
-  // how late the recent ones woke (an EWMA of the overshoot).
+  // how late the recent ones woke (an EWMA of the overshoot that rises fast
+  // and falls slowly: pessimistic, like LinkEstimate).
   const double recompute_all = RecomputeSeconds(r.new_tokens, r.cached_tokens);
   const double budget = o_.lookup_wait_share * recompute_all - wake_late_s_;
   const auto w0 = std::chrono::steady_clock::now();
   const std::optional<size_t> remote = AwaitLookup(r.index, budget);
   r.lookup_wait_s = Seconds(std::chrono::steady_clock::now() - w0);
-  if (!remote && budget > 0) wake_late_s_ = 0.75 * wake_late_s_ + 0.25 * std::max(r.lookup_wait_s - budget, 0.0);
+  if (!remote && budget > 0) {
+    const double late = std::max(r.lookup_wait_s - budget, 0.0);
+    const double weight = late > wake_late_s_ ? 0.5 : 0.1;
+    wake_late_s_ = (1 - weight) * wake_late_s_ + weight * late;
+  }
   ++counters_.lookups;
   counters_.lookup_wait_s += r.lookup_wait_s;
   if (!remote) {
