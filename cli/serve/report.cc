@@ -91,9 +91,12 @@ static void PrintHeld(const std::vector<RunResult>& results) {
   for (const RunResult& r : results) {
     if (r.codec.empty()) continue;
     const double primary = r.held.device > 0 ? r.held.device : r.held.host;
-    std::printf("%-17s %6.2f %-9s %9.3f %9.3f %9.3f %9.3f %6.2fx\n", r.config.c_str(), r.rate, r.codec.c_str(),
-                r.held.device / 1e9, r.held.host / 1e9, r.held.ssd / 1e9, r.held.logical / 1e9,
-                primary > 0 ? r.held.logical / primary : 0.0);
+    std::printf("%-17s %6.2f %-9s %9.3f %9.3f %9.3f %9.3f ", r.config.c_str(), r.rate, r.codec.c_str(),
+                r.held.device / 1e9, r.held.host / 1e9, r.held.ssd / 1e9, r.held.logical / 1e9);
+    if (primary > 0 && r.held.logical > 0)
+      std::printf("%6.2fx\n", r.held.logical / primary);
+    else
+      std::printf("%7s\n", "-");  // nothing net in the primary tier (a full tier demotes as much as it takes)
   }
 }
 
