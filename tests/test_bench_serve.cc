@@ -159,17 +159,24 @@ TEST_CASE("load estimate: pessimistic while unsure, learns slow loads, and keeps
   CHECK(swing.Estimate(1e6) > 3e-3);
 }
 
-TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
+// A tiny run: 3 req/s to 2 engines, blocks at 1/16 of their size, 64 MiB a
+// node, `turns` turns per session `think_s` apart for `duration_s`.
+BenchServeOptions TinyRun(double duration_s, uint32_t turns, double think_s, double drain_s) {
   BenchServeOptions o;
-  o.cluster = "embedded";
   o.rates = {3};
   o.engines = 2;
   o.kv_scale = 16;
   o.node_memory = 64ull << 20;
-  o.drain_s = 15;
-  o.workload.duration_s = 2;
-  o.workload.turns = 3;
-  o.workload.think_s = 0.6;
+  o.drain_s = drain_s;
+  o.workload.duration_s = duration_s;
+  o.workload.turns = turns;
+  o.workload.think_s = think_s;
+  return o;
+}
+
+TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
+  BenchServeOptions o = TinyRun(2, 3, 0.6, 15);
+  o.cluster = "embedded";
   ShortPrompts(o.workload, 256, 16);
   o.workload.seed = 7;
   o.configs = {"recompute", "local", "kvmesh", "kvmesh-blind", "kvmesh-ssd-blind", "kvmesh-int4"};
@@ -254,18 +261,10 @@ TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
 TEST_CASE("bench-serve: a codec cluster of node daemons takes raw blocks and reports what it holds", "[serve]") {
   // `kvmesh node` daemons whose blocks are stored int4-encoded: a put carries
   // the raw block (larger than an encoded slot), a GetInto gets it decoded.
-  BenchServeOptions o;
+  BenchServeOptions o = TinyRun(1.5, 2, 0.5, 10);
   o.cluster = "daemons";
   o.kvmesh_bin = KVMESH_BIN;
   o.configs = {"kvmesh-int4"};
-  o.rates = {3};
-  o.engines = 2;
-  o.kv_scale = 16;
-  o.node_memory = 64ull << 20;
-  o.drain_s = 10;
-  o.workload.duration_s = 1.5;
-  o.workload.turns = 2;
-  o.workload.think_s = 0.5;
   ShortPrompts(o.workload, 128, 8);
   o.work_dir = "/tmp/kvmesh-test-bench-serve-int4-" + std::to_string(::getpid());
   const auto results = RunBenchServe(o);
