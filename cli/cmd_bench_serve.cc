@@ -71,7 +71,10 @@ int PrefixCheck(const Args& a) {
   }
   std::vector<uint32_t> prefixes;
   for (double l : *lengths) prefixes.push_back(static_cast<uint32_t>(l));
-  auto r = serve::RunPrefixCheck(a.o, prefixes);
+  auto r = serve::RunPrefixCheck(a.o, prefixes, 16, [](uint32_t tokens) {
+    if (::isatty(2)) std::fprintf(stderr, "\r\033[K[bench-serve] prefix %u tokens stored, loading", tokens);
+  });
+  if (::isatty(2)) std::fprintf(stderr, "\r\033[K");
   if (!r.ok()) {
     std::cerr << "kvmesh bench-serve: " << r.status().ToString() << "\n";
     return 1;
@@ -81,23 +84,40 @@ int PrefixCheck(const Args& a) {
     for (const auto& x : *r)
       j.push_back({{"prefix_tokens", x.prefix_tokens}, {"suffix_tokens", x.suffix_tokens}, {"bytes", x.bytes},
                    {"recompute_ttft_s", x.recompute_ttft_s}, {"hit_ttft_s", x.hit_ttft_s}, {"load_s", x.load_s}, {"lookup_s", x.lookup_s},
+                   {"load_min_s", x.load_min_s}, {"load_max_s", x.load_max_s}, {"blocks_got", x.blocks_got},
+                   {"hit_over_recompute", x.hit_ttft_s / x.recompute_ttft_s},
+                   {"decided_over_recompute", x.decided_ttft_s / x.recompute_ttft_s},
                    {"est_load_s", x.est_load_s}, {"est_recompute_s", x.est_recompute_s},
                    {"decided", x.decided_load ? "load" : "recompute"}, {"decided_ttft_s", x.decided_ttft_s}});
     std::cout << nlohmann::json{{"engine_model", a.o.engine_model}, {"cluster", a.o.cluster},
-                                {"transport", a.o.transport}, {"kv_scale", a.o.kv_scale}, {"prefix_check", j}}
+                                {"transport", a.o.transport}, {"kv_scale", a.o.kv_scale},
+                                {"reps", a.o.prefix_reps}, {"prefix_check", j}}
                      .dump(2)
               << "\n";
     return 0;
   }
-  std::printf("kvmesh bench-serve --prefix-check: %s, %s kvmesh (%s), kv scale 1/%u; TTFT in ms\n",
-              a.o.engine_model.c_str(), a.o.cluster.c_str(), a.o.transport.c_str(), a.o.kv_scale);
-  std::printf("%8s %10s %12s %10s %8s %10s %9s %12s %12s %10s %12s\n", "prefix", "KV GB", "recompute", "hit",
-              "lookup", "load", "GB/s", "est load", "est recomp", "decision", "decided");
+  std::printf("kvmesh bench-serve --prefix-check: %s, %s kvmesh (%s), kv scale 1/%u, median of %u loads; TTFT in ms\n",
+              a.o.engine_model.c_str(), a.o.cluster.c_str(), a.o.transport.c_str(), a.o.kv_scale,
+              std::max<uint32_t>(a.o.prefix_reps, 1));
+  std::printf("%8s %8s %10s %10s %9s %7s %10s %17s %7s %10s %10s %10s %10s %9s\n", "prefix", "KV GB", "recompute",
+              "hit", "hit/rec", "lookup", "load", "load min..max", "GB/s", "est load", "est recomp", "decision",
+              "decided", "dec/rec");
   for (const auto& x : *r)
-    std::printf("%8u %10.3f %12.1f %10.1f %8.2f %10.1f %9.2f %12.1f %12.1f %10s %12.1f\n", x.prefix_tokens,
-                x.bytes / 1e9, x.recompute_ttft_s * 1e3, x.hit_ttft_s * 1e3, x.lookup_s * 1e3, x.load_s * 1e3,
-                x.load_s > 0 ? x.bytes / x.load_s / 1e9 : 0.0, x.est_load_s * 1e3,
-                x.est_recompute_s * 1e3, x.decided_load ? "load" : "recompute", x.decided_ttft_s * 1e3);
+    std::printf("%8u %8.3f %10.1f %10.1f %8.2fx %7.2f %10.1f %8.1f..%-8.1f %7.2f %10.1f %10.1f %10s %10.1f %8.2fx\n",
+                x.prefix_tokens, x.bytes / 1e9, x.recompute_ttft_s * 1e3, x.hit_ttft_s * 1e3,
+                x.hit_ttft_s / x.recompute_ttft_s, x.lookup_s * 1e3, x.load_s * 1e3, x.load_min_s * 1e3,
+                x.load_max_s * 1e3, x.load_s > 0 ? x.bytes / x.load_s / 1e9 : 0.0, x.est_load_s * 1e3,
+                x.est_recompute_s * 1e3, x.decided_load ? "load" : "recompute", x.decided_ttft_s * 1e3,
+                x.decided_ttft_s / x.recompute_ttft_s);
+  for (const auto& x : *r)
+    if (x.blocks_got * a.o.block_tokens < x.prefix_tokens)
+      std::printf("note: the %u-token prefix's median load found %zu of %u blocks (the rest was recomputed: "
+                  "--node-memory too small?)\n",
+                  x.prefix_tokens, x.blocks_got, x.prefix_tokens / a.o.block_tokens);
+  std::printf("measured: the lookup and the load (every KV byte through kvmesh%s, into registered memory), x kv scale; "
+              "modelled: the prefills (recompute, and the suffix after a hit) by the roofline of the named model "
+              "and GPU\n",
+              a.o.kv_scale == 1 ? " at its real size" : ", at 1/kv-scale of its size");
   return 0;
 }
 
@@ -218,8 +238,9 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--mfu", o.mfu, "share of peak FLOP/s the engine model reaches")->capture_default_str();
   cmd->add_option("--mbu", o.mbu, "share of HBM bandwidth the engine model reaches")->capture_default_str();
   cmd->add_option("--rates", a->rates, "offered request rates, req/s (comma list)")->capture_default_str();
-  cmd->add_option("--configs", a->configs, "configurations: recompute,local,kvmesh,kvmesh-blind,kvmesh-ssd,kvmesh-ssd-blind "
-                  "(-ssd: against a second cluster of small device and host tiers over an SSD tier; "
+  cmd->add_option("--configs", a->configs, "configurations: recompute,local,kvmesh,kvmesh-blind,kvmesh-ssd,kvmesh-ssd-blind,kvmesh-int4,kvmesh-fp8 "
+                  "(-ssd: against a second cluster of small device and host tiers over an SSD tier; -int4, -fp8: "
+                  "against a cluster storing blocks with that codec; "
                   "a -kv suffix: KV-aware routing on the engines' KV events, -kv-approx: on routing history)")
       ->capture_default_str();
   cmd->add_option("--approx-ttl", o.approx_ttl_s, "-kv-approx: seconds a routed prompt counts as on its engine")
@@ -275,6 +296,8 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--plot", a->plot, "write PREFIX-ttft-p99.png and PREFIX-goodput.png (gnuplot)");
   cmd->add_option("--prefix-check", a->prefix_check,
                   "instead of the sweep: TTFT of a hit vs recomputing, one request per prefix length (comma list)");
+  cmd->add_option("--prefix-reps", o.prefix_reps, "--prefix-check: loads of each prefix; the median is reported")
+      ->capture_default_str();
   cmd->add_option("--workload", a->workload,
                   "sessions (chat and agent turns) | worldmodel (frame sessions of the reference world model; "
                   "--rates are frames/s, --configs wm-off,wm-exact,wm-kvmesh,wm-kvmesh-local)")

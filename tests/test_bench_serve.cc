@@ -159,20 +159,27 @@ TEST_CASE("load estimate: pessimistic while unsure, learns slow loads, and keeps
   CHECK(swing.Estimate(1e6) > 3e-3);
 }
 
-TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
+// A tiny run: 3 req/s to 2 engines, blocks at 1/16 of their size, 64 MiB a
+// node, `turns` turns per session `think_s` apart for `duration_s`.
+BenchServeOptions TinyRun(double duration_s, uint32_t turns, double think_s, double drain_s) {
   BenchServeOptions o;
-  o.cluster = "embedded";
   o.rates = {3};
   o.engines = 2;
   o.kv_scale = 16;
   o.node_memory = 64ull << 20;
-  o.drain_s = 15;
-  o.workload.duration_s = 2;
-  o.workload.turns = 3;
-  o.workload.think_s = 0.6;
+  o.drain_s = drain_s;
+  o.workload.duration_s = duration_s;
+  o.workload.turns = turns;
+  o.workload.think_s = think_s;
+  return o;
+}
+
+TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
+  BenchServeOptions o = TinyRun(2, 3, 0.6, 15);
+  o.cluster = "embedded";
   ShortPrompts(o.workload, 256, 16);
   o.workload.seed = 7;
-  o.configs = {"recompute", "local", "kvmesh", "kvmesh-blind", "kvmesh-ssd-blind"};
+  o.configs = {"recompute", "local", "kvmesh", "kvmesh-blind", "kvmesh-ssd-blind", "kvmesh-int4"};
   o.pressure_memory = 1ull << 20;  // 16 blocks of 64 KiB per tier: most of the run lands on the SSD
   o.ssd_memory = 256ull << 20;
   o.work_dir = "/tmp/kvmesh-test-bench-serve-" + std::to_string(::getpid());
@@ -180,7 +187,7 @@ TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
   const auto results = RunBenchServe(o);
   std::filesystem::remove_all(o.work_dir);
   const std::vector<RunResult> runs = results.value();
-  REQUIRE(runs.size() == 5);
+  REQUIRE(runs.size() == 6);
   std::map<std::string, RunResult> by;
   for (const RunResult& r : runs) by[r.config] = r;
   for (const RunResult& r : runs) {
@@ -224,6 +231,23 @@ TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
   CHECK(ssd.decisions.runs_loaded > 0);
   CHECK(ssd.decisions.blocks_loaded > 0);
   CHECK(ssd.later_turn_hit_rate > by["local"].later_turn_hit_rate);
+  // KV held per tier, what the run added: without a codec a block is stored
+  // at its raw size; int4 stores the same blocks in well under 2/3 of it.
+  const RunResult& blind = by["kvmesh-blind"];
+  CHECK(blind.codec == "none");
+  CHECK(blind.held.host > 0);
+  CHECK(blind.held.host == Approx(blind.held.logical));
+  CHECK(ssd.held.device + ssd.held.host + ssd.held.ssd > 0);
+  const RunResult& int4 = by["kvmesh-int4"];
+  CHECK(int4.codec == "int4");
+  CHECK(int4.held.host > 0);
+  CHECK(int4.held.logical > 1.5 * int4.held.host);
+  CHECK(int4.decisions.bytes_put > 0);
+  CHECK(int4.decisions.get_errors == 0);
+  // Every request's lookup is counted against recomputing it (the bound per request, same run).
+  CHECK(by["kvmesh"].path_lookups == by["kvmesh"].finished);
+  CHECK(by["kvmesh"].path_hits <= by["kvmesh"].path_lookups);
+  CHECK(by["recompute"].path_lookups == 0);
   // The bound's view: every hit request of a kvmesh run is compared with the same request under local.
   for (const HitBound& h : HitBounds(runs)) {
     INFO(h.config);
@@ -232,6 +256,29 @@ TEST_CASE("bench-serve: a tiny run keeps its invariants", "[serve]") {
     if (h.config == "kvmesh-blind" || h.config == "kvmesh-ssd-blind")
       CHECK(h.cost_ratio == Approx(by[h.config].decisions.charged_load_s / by[h.config].decisions.est_recompute_s));
   }
+}
+
+TEST_CASE("bench-serve: a codec cluster of node daemons takes raw blocks and reports what it holds", "[serve]") {
+  // `kvmesh node` daemons whose blocks are stored int4-encoded: a put carries
+  // the raw block (larger than an encoded slot), a GetInto gets it decoded.
+  BenchServeOptions o = TinyRun(1.5, 2, 0.5, 10);
+  o.cluster = "daemons";
+  o.kvmesh_bin = KVMESH_BIN;
+  o.configs = {"kvmesh-int4"};
+  ShortPrompts(o.workload, 128, 8);
+  o.work_dir = "/tmp/kvmesh-test-bench-serve-int4-" + std::to_string(::getpid());
+  const auto results = RunBenchServe(o);
+  std::filesystem::remove_all(o.work_dir);
+  REQUIRE(results.ok());
+  REQUIRE(results->size() == 1);
+  const RunResult& r = results->front();
+  CHECK(r.finished == r.requests);
+  CHECK(r.decisions.put_errors == 0);
+  CHECK(r.decisions.get_errors == 0);
+  CHECK(r.decisions.bytes_put > 0);
+  CHECK(r.codec == "int4");
+  CHECK(r.held.host > 0);
+  CHECK(r.held.logical > 1.5 * r.held.host);  // the nodes' /stats: stored encoded
 }
 
 TEST_CASE("bench-serve: under roofline 8B/H200 a hit's TTFT beats recomputing 1k and 2k prefixes when kvmesh "

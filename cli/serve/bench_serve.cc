@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "eviction/replay.h"
 #include "kvmesh/embedded.h"
 #include "kvmesh/network.h"
+#include "shard_node/shard_node.h"
 
 namespace kvmesh::serve {
 namespace {
@@ -31,6 +33,7 @@ struct ConfigKind {
   CacheMode mode;
   LoadPolicy policy;
   bool pressure = false;  // against the pressure cluster (small tiers over an SSD)
+  std::string codec;      // against a cluster whose nodes store blocks with this codec (kernels/codec.h)
 };
 
 Result<ConfigKind> KindOf(const std::string& name) {
@@ -40,9 +43,11 @@ Result<ConfigKind> KindOf(const std::string& name) {
   if (name == "kvmesh-blind") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kBlind};
   if (name == "kvmesh-ssd") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kDecide, true};
   if (name == "kvmesh-ssd-blind") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kBlind, true};
+  if (name == "kvmesh-int4") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kDecide, false, "int4"};
+  if (name == "kvmesh-fp8") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kDecide, false, "fp8-e4m3"};
   return InvalidArgument("unknown configuration '" + name +
-                         "' (recompute, local, kvmesh, kvmesh-blind, kvmesh-ssd, kvmesh-ssd-blind; each also "
-                         "with -kv or -kv-approx: KV-aware routing)");
+                         "' (recompute, local, kvmesh, kvmesh-blind, kvmesh-ssd, kvmesh-ssd-blind, kvmesh-int4, "
+                         "kvmesh-fp8; each also with -kv or -kv-approx: KV-aware routing)");
 }
 
 // The cluster the kvmesh tier runs on: the engine model's KV layout with
@@ -51,7 +56,9 @@ Result<ConfigKind> KindOf(const std::string& name) {
 // over an SSD tier of ssd_memory in ssd_dir; blocks idle 1 s move down, an
 // SSD hit is served in place (no promotion: the pressure stays), and pressure
 // recovery is off so that a full tier demotes rather than drops.
-Result<json> ClusterJson(const BenchServeOptions& o, const Roofline& model, const std::string& ssd_dir = "") {
+// With a codec, every node stores blocks encoded by it ($.codec).
+Result<json> ClusterJson(const BenchServeOptions& o, const Roofline& model, const std::string& ssd_dir = "",
+                         const std::string& codec = "") {
   const ModelShape& m = model.model();
   if (o.kv_scale == 0 || m.head_dim % o.kv_scale != 0)
     return InvalidArgument("--kv-scale must divide the model's head_dim (" + std::to_string(m.head_dim) + ")");
@@ -75,8 +82,10 @@ Result<json> ClusterJson(const BenchServeOptions& o, const Roofline& model, cons
     c["eviction"] = {{"tiers", {{"offload_idle_s", 1}, {"promote_on_hit", false}, {"interval_ms", 50}}},
                      {"pressure", {{"enabled", false}}}};
   }
+  if (!codec.empty()) c["codec"] = {{"codec", codec}};
   return c;
 }
+
 
 // One run's kvmesh clients: a router per engine (its own connections), all
 // under the run's salt.
@@ -121,6 +130,30 @@ Result<Tier> OpenTier(const BenchServeOptions& o, const json& cluster, const Loc
   return t;
 }
 
+// What the tier's nodes hold now (bytes as stored, and their raw size): the
+// primary tier (`device` when the nodes have one, else `host`), then the host
+// and SSD tiers below it.
+Result<RunResult::Held> HeldNow(Tier& t, const LocalDaemons* daemons, bool device_primary) {
+  std::vector<json> stats;
+  if (daemons) {
+    KVMESH_ASSIGN_OR_RETURN(stats, daemons->NodeStats());
+  } else {
+    for (size_t i = 0; i < t.embedded->num_nodes(); ++i) stats.push_back(json::parse(t.embedded->node(i).StatsJson()));
+  }
+  RunResult::Held h;
+  for (const json& s : stats) {
+    const double primary = s.value("bytes_stored", 0.0);
+    (device_primary ? h.device : h.host) += primary;
+    h.logical += s.value("bytes_logical", 0.0);
+    if (s.contains("tiers")) {
+      const json& tiers = s["tiers"];
+      if (tiers.contains("host")) h.host += tiers["host"].value("bytes_stored", 0.0);
+      if (tiers.contains("ssd")) h.ssd += tiers["ssd"].value("bytes_stored", 0.0);
+    }
+  }
+  return h;
+}
+
 // Seeds the load estimate: the charged time of a 1-block and a 64-block get,
 // three each; the latency is the median 1-block get, the per-byte cost the
 // slowest 64-block get's (the fastest of three was 5-10x optimistic for the
@@ -134,7 +167,10 @@ Result<std::unique_ptr<LinkEstimate>> ProbeLink(Router& r, const Roofline& model
   std::vector<std::span<const std::byte>> blocks(n, std::span<const std::byte>(payload));
   KVMESH_RETURN_IF_ERROR(r.Put(tokens, blocks));
   const std::vector<BlockKey> keys = r.Keys(tokens);
-  std::vector<std::byte> dst(payload.size() * n);
+  // Loads land in registered memory, as the engines' do (Engine::LoadLoop).
+  KVMESH_ASSIGN_OR_RETURN(const MemoryRegion pool, r.AllocateMemory(payload.size() * n));
+  std::fill(pool.base, pool.base + pool.bytes, std::byte{0});
+  const std::span<std::byte> dst(pool.base, pool.bytes);
   auto timed_get = [&](size_t count) -> Result<double> {
     std::vector<GetItem> items(count);
     for (size_t i = 0; i < count; ++i) {
@@ -247,7 +283,8 @@ Result<std::unique_ptr<ServeTier>> OpenServeTier(const BenchServeOptions& o, con
 
 Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o,
                                                       const std::vector<uint32_t>& prefix_tokens,
-                                                      uint32_t suffix_tokens) {
+                                                      uint32_t suffix_tokens,
+                                                      const std::function<void(uint32_t)>& progress) {
   if (IsReferenceModel(o.engine_model)) return InvalidArgument("--prefix-check needs a roofline engine model");
   KVMESH_ASSIGN_OR_RETURN(const Roofline model, Roofline::Parse(o.engine_model, o.mfu, o.mbu));
   KVMESH_ASSIGN_OR_RETURN(const json cluster, ClusterJson(o, model));
@@ -258,10 +295,21 @@ Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o
                                               "prefix-check-" + std::to_string(::getpid())));
   Router& r = tier.router(0);
   KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<LinkEstimate> link, ProbeLink(r, model, o));
-  const std::vector<std::byte> payload(r.model().FullBlockBytes(), std::byte{0x33});
+  // Every block's bytes come from one block of registered memory (over UCX
+  // the node reads it one-sided: PUT_FROM).
+  const size_t block_bytes = r.model().FullBlockBytes();
+  KVMESH_ASSIGN_OR_RETURN(const MemoryRegion source, r.AllocateMemory(block_bytes));
+  std::fill(source.base, source.base + block_bytes, std::byte{0x33});
+  const std::span<const std::byte> payload(source.base, block_bytes);
   const double real_block = double(model.model().KvBytesPerToken()) * o.block_tokens;
   std::vector<PrefixCheckResult> out;
-  std::vector<std::byte> dst;
+  // The destination is the engine's KV pool: memory registered with the
+  // router (AllocateMemory), as an engine registers its pool; over UCX on one
+  // host a node writes the blocks straight into it (one-sided, shared memory).
+  uint32_t most = 0;
+  for (uint32_t asked : prefix_tokens) most = std::max(most, asked / o.block_tokens);
+  KVMESH_ASSIGN_OR_RETURN(const MemoryRegion pool, r.AllocateMemory(std::max<size_t>(most, 1) * payload.size()));
+  std::fill(pool.base, pool.base + pool.bytes, std::byte{0});  // touched before any clock starts
   TokenId next = 500000;
   for (uint32_t asked : prefix_tokens) {
     PrefixCheckResult x;
@@ -271,27 +319,53 @@ Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o
     std::vector<TokenId> tokens(x.prefix_tokens + suffix_tokens);
     for (TokenId& t : tokens) t = next++;
     const std::vector<TokenId> prefix(tokens.begin(), tokens.begin() + x.prefix_tokens);
-    std::vector<std::span<const std::byte>> spans(blocks, std::span<const std::byte>(payload));
-    KVMESH_RETURN_IF_ERROR(r.Put(prefix, spans));
+    // Stored in calls of at most 256 blocks (each well inside the timeout),
+    // deepest first as Router::Put does.
+    const uint32_t chunk = 256;
+    for (uint32_t end = blocks; end > 0;) {
+      const uint32_t first = end > chunk ? end - chunk : 0;
+      std::vector<std::span<const std::byte>> spans(end - first, payload);
+      KVMESH_RETURN_IF_ERROR(r.Put(prefix, spans, RequestOptions{}, first));
+      end = first;
+    }
+    if (progress) progress(x.prefix_tokens);
     x.bytes = uint64_t(blocks * real_block);
     x.recompute_ttft_s = model.PrefillSeconds(tokens.size(), 0);
     x.est_recompute_s = model.PrefillSeconds(x.prefix_tokens, 0);
     x.est_load_s = link->Estimate(x.bytes);
-    dst.resize(size_t(blocks) * payload.size());  // touched before the clock starts, as an engine's KV pool is
-    const auto t0 = Clock::now();
-    KVMESH_ASSIGN_OR_RETURN(const size_t hit, r.MatchPrefix(tokens));
-    x.lookup_s = Seconds(Clock::now() - t0);
     const std::vector<BlockKey> keys = r.Keys(tokens);
-    std::vector<GetItem> items(hit);
-    for (size_t i = 0; i < hit; ++i) {
-      items[i].key = keys[i];
-      items[i].dst = std::span<std::byte>(dst.data() + i * payload.size(), payload.size());
+    // The hit, prefix_reps times (lookup, then the load into the pool); the
+    // median load is reported, with the fastest and slowest beside it.
+    struct Try {
+      double lookup_s, load_s;
+      size_t got;
+    };
+    std::vector<Try> tries;
+    for (uint32_t rep = 0; rep < std::max<uint32_t>(o.prefix_reps, 1); ++rep) {
+      const auto t0 = Clock::now();
+      KVMESH_ASSIGN_OR_RETURN(const size_t hit, r.MatchPrefix(tokens));
+      Try t;
+      t.lookup_s = Seconds(Clock::now() - t0);
+      std::vector<GetItem> items(hit);
+      for (size_t i = 0; i < hit; ++i) {
+        items[i].key = keys[i];
+        items[i].dst = std::span<std::byte>(pool.base + i * payload.size(), payload.size());
+      }
+      KVMESH_RETURN_IF_ERROR(r.GetInto(items));
+      t.got = 0;
+      while (t.got < hit && items[t.got].status.ok()) ++t.got;
+      t.load_s = t.lookup_s + (Seconds(Clock::now() - t0) - t.lookup_s) * o.kv_scale;
+      link->Observe(double(t.got) * real_block, t.load_s);
+      tries.push_back(t);
     }
-    KVMESH_RETURN_IF_ERROR(r.GetBatch(items));
-    size_t got = 0;
-    while (got < hit && items[got].status.ok()) ++got;
-    x.load_s = x.lookup_s + (Seconds(Clock::now() - t0) - x.lookup_s) * o.kv_scale;
-    link->Observe(double(got) * real_block, x.load_s);
+    std::sort(tries.begin(), tries.end(), [](const Try& a, const Try& b) { return a.load_s < b.load_s; });
+    const Try& mid = tries[tries.size() / 2];
+    const size_t got = mid.got;
+    x.lookup_s = mid.lookup_s;
+    x.load_s = mid.load_s;
+    x.load_min_s = tries.front().load_s;
+    x.load_max_s = tries.back().load_s;
+    x.blocks_got = got;
     x.hit_ttft_s = x.load_s + model.PrefillSeconds(tokens.size() - got * o.block_tokens, got * o.block_tokens);
     x.decided_load = x.est_load_s < x.est_recompute_s;
     x.decided_ttft_s = x.decided_load ? x.hit_ttft_s : x.recompute_ttft_s;
@@ -329,7 +403,7 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
   for (const std::string& c : o.configs) {
     KVMESH_ASSIGN_OR_RETURN(ConfigKind k, KindOf(RoutingOf(c).base));
     kinds.push_back(k);
-    need_tier |= k.mode == CacheMode::kKvmesh && !k.pressure;
+    need_tier |= k.mode == CacheMode::kKvmesh && !k.pressure && k.codec.empty();
     need_pressure |= k.pressure;
   }
   if (o.engines == 0) return InvalidArgument("--engines must be at least 1");
@@ -338,6 +412,15 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
   std::unique_ptr<LocalDaemons> daemons, pressured_daemons;
   if (need_tier) {
     KVMESH_ASSIGN_OR_RETURN(daemons, StartDaemons(o, cluster, dir));
+  }
+  // One cluster per codec the configurations name.
+  std::map<std::string, std::pair<json, std::unique_ptr<LocalDaemons>>> coded;
+  for (const ConfigKind& k : kinds) {
+    if (k.codec.empty() || coded.count(k.codec)) continue;
+    ::mkdir(dir.c_str(), 0755);
+    KVMESH_ASSIGN_OR_RETURN(json cj, ClusterJson(o, model, "", k.codec));
+    KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<LocalDaemons> d, StartDaemons(o, cj, dir + "/" + k.codec));
+    coded[k.codec] = {std::move(cj), std::move(d)};
   }
   json pressured;
   if (need_pressure) {
@@ -369,13 +452,20 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
       std::optional<Tier> tier;
       std::unique_ptr<LinkEstimate> link;
       double probe_latency = 0, probe_bytes_per_s = 0;
+      const json* cj = kinds[c].pressure ? &pressured : &cluster;
+      const LocalDaemons* cd = kinds[c].pressure ? pressured_daemons.get() : daemons.get();
+      if (!kinds[c].codec.empty()) {
+        cj = &coded[kinds[c].codec].first;
+        cd = coded[kinds[c].codec].second.get();
+      }
+      RunResult::Held held_before;
       if (kinds[c].mode == CacheMode::kKvmesh) {
-        KVMESH_ASSIGN_OR_RETURN(Tier t, OpenTier(o, kinds[c].pressure ? pressured : cluster,
-                                                 kinds[c].pressure ? pressured_daemons.get() : daemons.get(),
+        KVMESH_ASSIGN_OR_RETURN(Tier t, OpenTier(o, *cj, cd,
                                                  "bench-serve-" + std::to_string(::getpid()) + "-" +
                                                      std::to_string(run_no)));
         tier.emplace(std::move(t));
         KVMESH_ASSIGN_OR_RETURN(link, ProbeLink(tier->router(0), model, o));
+        KVMESH_ASSIGN_OR_RETURN(held_before, HeldNow(*tier, cd, (*cj)["nodes"][0]["memory"].contains("device")));
         probe_latency = link->latency_s();
         probe_bytes_per_s = link->bytes_per_s();
       }
@@ -453,10 +543,33 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
         r.link_bytes_per_s = link->bytes_per_s();
         r.link_deviation = link->deviation();
       }
+      if (tier) {  // after Join: every put of the run was answered
+        KVMESH_ASSIGN_OR_RETURN(const RunResult::Held after,
+                                HeldNow(*tier, cd, (*cj)["nodes"][0]["memory"].contains("device")));
+        r.held.device = (after.device - held_before.device) * o.kv_scale;
+        r.held.host = (after.host - held_before.host) * o.kv_scale;
+        r.held.ssd = (after.ssd - held_before.ssd) * o.kv_scale;
+        r.held.logical = (after.logical - held_before.logical) * o.kv_scale;
+        r.codec = kinds[c].codec.empty() ? "none" : kinds[c].codec;
+      }
       r.probe_latency_s = probe_latency;
       r.probe_bytes_per_s = probe_bytes_per_s;
       r.run.resize(recs.size());
-      for (size_t i = 0; i < recs.size(); ++i) r.run[i] = recs[i].run;
+      std::vector<double> path;
+      for (size_t i = 0; i < recs.size(); ++i) {
+        r.run[i] = recs[i].run;
+        if (recs[i].recompute_path_s <= 0 || recs[i].first_token < 0) continue;
+        const double ratio = recs[i].kvmesh_path_s / recs[i].recompute_path_s;
+        ++r.path_lookups;
+        r.path_lookups_over += ratio > 1.05;
+        if (recs[i].run == 0) continue;
+        ++r.path_hits;
+        r.path_hits_over += ratio > 1.05;
+        path.push_back(ratio);
+      }
+      r.path_ratio_p50 = Percentile(path, 50);
+      r.path_ratio_p99 = Percentile(path, 99);
+      r.path_ratio_max = path.empty() ? 0 : *std::max_element(path.begin(), path.end());
       r.seconds = Seconds(Clock::now() - run_start);
       results.push_back(std::move(r));
     }

@@ -66,6 +66,7 @@ struct BenchServeOptions {
   uint64_t pressure_memory = 16ull << 20;
   uint64_t ssd_memory = 4ull << 30;
   double probe_interval_s = 1.0;    // shadow loads: at most one per this long per run (LinkEstimate)
+  uint32_t prefix_reps = 3;         // RunPrefixCheck: loads of each prefix (the median is reported)
   // The SLO a request must meet to count in goodput.
   double slo_ttft_s = 0.5, slo_tpot_s = 0.05;
   // The -kv-approx configurations: how long a routed prompt counts as on its engine (routing.h).
@@ -93,6 +94,20 @@ struct RunResult {
   // and RequestRecord::run, to compare the same requests across configurations.
   std::vector<double> ttft;
   std::vector<uint8_t> run;
+  // The bound per request, in this run (RequestRecord::kvmesh_path_s against
+  // recompute_path_s): over the requests kvmesh held a run for (hits), the
+  // ratio's p50, p99 and max and how many were over 1.05; over every request
+  // with a lookup (misses too: they waited for it), how many were over 1.05.
+  uint64_t path_hits = 0, path_hits_over = 0, path_lookups = 0, path_lookups_over = 0;
+  double path_ratio_p50 = 0, path_ratio_p99 = 0, path_ratio_max = 0;
+  // KV bytes the kvmesh tier held at the run's end less at its start (what
+  // the run added, net of what it evicted), per tier, at real size (stored
+  // bytes x kv_scale; a codec's blocks at their encoded size), and the same
+  // blocks' raw size; the cluster's codec.
+  struct Held {
+    double device = 0, host = 0, ssd = 0, logical = 0;
+  } held;
+  std::string codec;
   double seconds = 0;              // wall time of the run
 };
 
@@ -113,14 +128,18 @@ struct PrefixCheckResult {
   uint32_t prefix_tokens = 0, suffix_tokens = 0;
   double recompute_ttft_s = 0, hit_ttft_s = 0, decided_ttft_s = 0;
   double lookup_s = 0;  // MatchPrefix, measured
-  double load_s = 0;    // lookup_s + the GetBatch's measured time x kv_scale
+  double load_s = 0;    // lookup_s + the GetBatch's measured time x kv_scale (the median of prefix_reps)
+  double load_min_s = 0, load_max_s = 0;  // the fastest and slowest of the prefix_reps loads
+  size_t blocks_got = 0;                  // blocks the median load found (all of the prefix, unless evicted)
   double est_load_s = 0, est_recompute_s = 0;
   bool decided_load = false;
   uint64_t bytes = 0;  // real-size bytes of the prefix's KV
 };
+// progress(prefix tokens), when given, once a prefix is stored (before its load).
 Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o,
                                                       const std::vector<uint32_t>& prefix_tokens,
-                                                      uint32_t suffix_tokens = 16);
+                                                      uint32_t suffix_tokens = 16,
+                                                      const std::function<void(uint32_t)>& progress = {});
 
 // The kvmesh tier of the runs, for the world-model workload (world_serve.h):
 // the cluster config of `model`'s KV layout (the options' nodes, memory and

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/spawn.h"
+#include "transport/http_client.h"
 
 namespace kvmesh::serve {
 
@@ -67,9 +68,22 @@ Result<std::unique_ptr<LocalDaemons>> LocalDaemons::Start(const std::string& kvm
     KVMESH_RETURN_IF_ERROR(d->Spawn({kvmesh_bin, "node", "--config", path, "--id", id, "--coordinator",
                                      d->coordinator_, "--no-resp"},
                                     log, &d->procs_.back()));
-    KVMESH_RETURN_IF_ERROR(d->WaitListening(d->procs_.back(), log).status());
+    KVMESH_ASSIGN_OR_RETURN(const nlohmann::json listening, d->WaitListening(d->procs_.back(), log));
+    d->node_http_.push_back(listening["ports"].value("http", 0));
   }
   return d;
+}
+
+Result<std::vector<nlohmann::json>> LocalDaemons::NodeStats() const {
+  std::vector<nlohmann::json> out;
+  for (uint16_t port : node_http_) {
+    KVMESH_ASSIGN_OR_RETURN(const HttpResult r, HttpRequest("127.0.0.1", port, "GET", "/stats", "", 5000));
+    if (r.status != 200) return Unavailable("node /stats: HTTP " + std::to_string(r.status));
+    auto j = nlohmann::json::parse(r.body, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return Unavailable("node /stats: not a JSON object");
+    out.push_back(std::move(j));
+  }
+  return out;
 }
 
 LocalDaemons::~LocalDaemons() {

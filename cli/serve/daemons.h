@@ -28,6 +28,8 @@ class LocalDaemons {
                                                      const std::string& work_dir);
   ~LocalDaemons();
   const std::string& coordinator() const { return coordinator_; }  // "127.0.0.1:port"
+  // Every node's /stats document (shard_node StatsJson), in config order.
+  Result<std::vector<nlohmann::json>> NodeStats() const;
 
  private:
   struct Proc {
@@ -40,6 +42,7 @@ class LocalDaemons {
   Result<nlohmann::json> WaitListening(Proc& p, const std::string& log);
   std::vector<Proc> procs_;
   std::string coordinator_;
+  std::vector<uint16_t> node_http_;  // the nodes' HTTP ports, from their listening lines
 };
 
 }  // namespace kvmesh::serve

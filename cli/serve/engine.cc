@@ -6,6 +6,10 @@
 #include <list>
 #include <unordered_map>
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 namespace kvmesh::serve {
 
 // ---- LinkEstimate ---------------------------------------------------------------
@@ -78,6 +82,9 @@ void DecisionCounters::Add(const DecisionCounters& o) {
   worst_load_ratio = std::max(worst_load_ratio, o.worst_load_ratio);
   shadow_loads += o.shadow_loads;
   shadow_load_s += o.shadow_load_s;
+  lookup_wait_s += o.lookup_wait_s;
+  lookup_rpc_s += o.lookup_rpc_s;
+  lookup_timeouts += o.lookup_timeouts;
 }
 
 // ---- the engine's own prefix cache: an LRU over chained block hashes ---------------
@@ -156,6 +163,8 @@ Engine::Engine(uint32_t index, EngineOptions o, const std::vector<ServeRequest>*
     const size_t moved = o_.router->model().FullBlockBytes();
     payload_.assign(moved, std::byte{0x5a});
   }
+  remote_ = std::make_unique<std::atomic<int64_t>[]>(requests_->size());
+  for (size_t i = 0; i < requests_->size(); ++i) remote_[i].store(-1, std::memory_order_relaxed);
 }
 
 Engine::~Engine() {
@@ -168,10 +177,18 @@ void Engine::Start() {
   if (o_.mode == CacheMode::kKvmesh) {
     put_thread_ = std::thread([this] { PutLoop(); });
     load_thread_ = std::thread([this] { LoadLoop(); });
+    if (o_.router) lookup_thread_ = std::thread([this] { LookupLoop(); });
   }
 }
 
 void Engine::Submit(size_t request) {
+  if (lookup_thread_.joinable()) {  // the lookup starts now, while the engine's step goes on
+    {
+      std::lock_guard<std::mutex> lock(lookup_mu_);
+      lookups_.push_back(request);
+    }
+    lookup_cv_.notify_one();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     inbox_.push_back(request);
@@ -198,6 +215,12 @@ void Engine::Abort() {
 void Engine::Join() {
   if (thread_.joinable()) thread_.join();
   {
+    std::lock_guard<std::mutex> lock(lookup_mu_);
+    lookup_stop_ = true;
+  }
+  lookup_cv_.notify_one();
+  if (lookup_thread_.joinable()) lookup_thread_.join();
+  {
     std::lock_guard<std::mutex> lock(load_mu_);
     load_stop_ = true;
   }
@@ -214,6 +237,39 @@ void Engine::Join() {
   counters_.get_errors += load_errors_.load();
   counters_.shadow_loads = shadow_loads_.load();
   counters_.shadow_load_s = shadow_load_us_.load() / 1e6;
+  counters_.lookup_rpc_s = lookup_rpc_us_.load() / 1e6;
+  counters_.get_errors += lookup_errors_.load();
+}
+
+void Engine::LookupLoop() {
+  for (;;) {
+    size_t i;
+    {
+      std::unique_lock<std::mutex> lock(lookup_mu_);
+      lookup_cv_.wait(lock, [&] { return lookup_stop_ || !lookups_.empty(); });
+      if (lookup_stop_) return;
+      i = lookups_.front();
+      lookups_.pop_front();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const Result<size_t> held = o_.router->MatchPrefix((*requests_)[i].prompt);
+    lookup_rpc_us_.fetch_add(uint64_t(Seconds(std::chrono::steady_clock::now() - t0) * 1e6));
+    if (!held.ok()) lookup_errors_.fetch_add(1);
+    {
+      std::lock_guard<std::mutex> lock(lookup_mu_);
+      remote_[i].store(held.ok() ? int64_t(*held) : 0);
+    }
+    lookup_done_cv_.notify_all();
+  }
+}
+
+std::optional<size_t> Engine::AwaitLookup(size_t i, double wait_s) {
+  std::unique_lock<std::mutex> lock(lookup_mu_);
+  lookup_done_cv_.wait_for(lock, std::chrono::duration<double>(std::max(wait_s, 0.0)),
+                           [&] { return remote_[i].load() >= 0; });
+  const int64_t v = remote_[i].load();
+  if (v < 0) return std::nullopt;
+  return size_t(v);
 }
 
 double Engine::RecomputeSeconds(uint64_t new_tokens, uint64_t cached_tokens) const {
@@ -247,6 +303,9 @@ bool Engine::Admit(Live& r) {
     rec.loaded_tokens = static_cast<uint32_t>(r.got * o_.block_tokens);
     r.cached_tokens = uint64_t(r.local_blocks + r.got) * o_.block_tokens;
     r.new_tokens = q.prompt.size() - r.cached_tokens;
+    // Its path: the lookup wait, the decision to this admission (the load,
+    // its queue and the wait for the step it joins), then the prefill of the rest.
+    rec.kvmesh_path_s = r.lookup_wait_s + (Now() - r.decided_at) + RecomputeSeconds(r.new_tokens, r.cached_tokens);
     return true;
   }
   std::vector<TokenId> all = q.prompt;
@@ -262,10 +321,30 @@ bool Engine::Admit(Live& r) {
   r.cached_tokens = uint64_t(local) * o_.block_tokens;
   r.new_tokens = q.prompt.size() - r.cached_tokens;
   if (o_.mode != CacheMode::kKvmesh || !o_.router) return true;
-  Result<size_t> remote = o_.router->MatchPrefix(q.prompt);
+  // The lookup started at arrival; wait for it at most lookup_wait_share of
+  // recomputing what the local cache does not hold.
+  // A timed wait wakes late on a busy machine: the budget leaves room for
+  // how late the recent ones woke (an EWMA of the overshoot that rises fast
+  // and falls slowly: pessimistic, like LinkEstimate).
+  const double recompute_all = RecomputeSeconds(r.new_tokens, r.cached_tokens);
+  const double budget = o_.lookup_wait_share * recompute_all - wake_late_s_;
+  const auto w0 = std::chrono::steady_clock::now();
+  const std::optional<size_t> remote = AwaitLookup(r.index, budget);
+  r.lookup_wait_s = Seconds(std::chrono::steady_clock::now() - w0);
+  if (!remote && budget > 0) {
+    const double late = std::max(r.lookup_wait_s - budget, 0.0);
+    const double weight = late > wake_late_s_ ? 0.5 : 0.1;
+    wake_late_s_ = (1 - weight) * wake_late_s_ + weight * late;
+  }
   ++counters_.lookups;
-  if (!remote.ok()) ++counters_.get_errors;
-  r.remote_blocks = remote.ok() ? *remote : 0;
+  counters_.lookup_wait_s += r.lookup_wait_s;
+  if (!remote) {
+    ++counters_.lookup_timeouts;
+    r.lookup_late = true;
+  }
+  r.remote_blocks = remote.value_or(0);
+  rec.recompute_path_s = recompute_all;
+  rec.kvmesh_path_s = r.lookup_wait_s + recompute_all;
   const size_t end = std::min(r.remote_blocks, usable);
   if (end <= local) return true;
   const uint64_t run_blocks = end - local;
@@ -281,18 +360,8 @@ bool Engine::Admit(Live& r) {
     counters_.blocks_recomputed += run_blocks;
     counters_.decided_s += est_recompute;
     rec.run = 2;
-    if (o_.link->ClaimProbe(Now())) {  // keep learning: measure this run's load, wait for nobody
-      Live s;
-      s.index = r.index;
-      s.shadow = true;
-      s.local_blocks = local;
-      s.load_count = run_blocks;
-      {
-        std::lock_guard<std::mutex> lock(load_mu_);
-        loads_.push_back(std::move(s));
-      }
-      load_cv_.notify_one();
-    }
+    // Keep learning: measure (part of) this run's load, wait for nobody.
+    if (o_.link->ClaimProbe(Now())) ShadowLoad(r.index, local, std::min<size_t>(run_blocks, o_.shadow_max_blocks));
     return true;
   }
   ++counters_.runs_loaded;
@@ -301,6 +370,7 @@ bool Engine::Admit(Live& r) {
   r.local_blocks = local;
   r.load_count = run_blocks;
   r.est_recompute_s = est_recompute;
+  r.decided_at = Now();
   {
     std::lock_guard<std::mutex> lock(load_mu_);
     loads_.push_back(std::move(r));
@@ -311,7 +381,10 @@ bool Engine::Admit(Live& r) {
 }
 
 void Engine::LoadLoop() {
-  std::vector<std::byte> scratch;
+  // Loads land in the engine's KV pool: memory registered with the router
+  // (AllocateMemory, as an engine registers its pool; over UCX on one host
+  // the node writes into it one-sided), grown when a load needs more.
+  MemoryRegion pool;
   for (;;) {
     Live r;
     {
@@ -324,28 +397,33 @@ void Engine::LoadLoop() {
     const ServeRequest& q = (*requests_)[r.index];
     const std::vector<BlockKey> keys = o_.router->Keys(q.prompt);
     const size_t moved = payload_.size();
-    scratch.resize(r.load_count * moved);
+    if (pool.bytes < r.load_count * moved) {
+      if (pool.base) (void)o_.router->UnregisterMemory(pool.id);
+      pool = MemoryRegion{};
+      Result<MemoryRegion> grown = o_.router->AllocateMemory(std::max<size_t>(r.load_count, 256) * moved);
+      if (grown.ok()) {
+        pool = *grown;
+        std::fill(pool.base, pool.base + pool.bytes, std::byte{0});  // touched before loads are timed
+      }
+    }
+    std::vector<std::byte> unregistered;  // only when the pool could not be had
+    if (!pool.base) unregistered.resize(r.load_count * moved);
+    std::byte* dst = pool.base ? pool.base : unregistered.data();
     std::vector<GetItem> items(r.load_count);
     for (size_t i = 0; i < r.load_count; ++i) {
       items[i].key = keys[r.local_blocks + i];
-      items[i].dst = std::span<std::byte>(scratch.data() + i * moved, moved);
+      items[i].dst = std::span<std::byte>(dst + i * moved, moved);
     }
     const auto t0 = std::chrono::steady_clock::now();
-    const bool ok = o_.router->GetBatch(items).ok();
+    const bool ok = o_.router->GetInto(items).ok();
     r.measured_load_s = Seconds(std::chrono::steady_clock::now() - t0);
     r.charged_load_s = r.measured_load_s * o_.kv_scale;
-    // The rest of the charged time passes here, off the engine's step (a
-    // shadow load holds nobody up: it only counts).
-    if (!r.shadow) std::this_thread::sleep_for(std::chrono::duration<double>(r.charged_load_s - r.measured_load_s));
+    // The rest of the charged time passes here, off the engine's step.
+    std::this_thread::sleep_for(std::chrono::duration<double>(r.charged_load_s - r.measured_load_s));
     while (r.got < r.load_count && items[r.got].status.ok()) ++r.got;
     const double real_block = RealBlockBytes();
     o_.link->Observe(r.load_count * real_block, r.charged_load_s);
     if (!ok) load_errors_.fetch_add(1);
-    if (r.shadow) {  // nobody waits for it: only the estimate learns
-      shadow_loads_.fetch_add(1);
-      shadow_load_us_.fetch_add(uint64_t(r.charged_load_s * 1e6));
-      continue;
-    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       ready_.push_back(std::move(r));
@@ -354,9 +432,24 @@ void Engine::LoadLoop() {
   }
 }
 
+void Engine::ShadowLoad(size_t request, size_t first_block, size_t blocks) {
+  {
+    std::lock_guard<std::mutex> lock(put_mu_);
+    puts_.push_back(PutJob{request, first_block, first_block + blocks, /*shadow=*/true});
+  }
+  put_cv_.notify_one();
+}
+
 void Engine::StoreBlocks(Live& r, size_t upto_tokens) {
   const size_t end = std::min(upto_tokens / o_.block_tokens, r.chain.size());
   local_->Insert(r.chain, end);
+  if (r.lookup_late) {  // its lookup came back after admission: what kvmesh holds needs no put
+    const int64_t held = remote_[r.index].load();
+    if (held >= 0) {
+      r.remote_blocks = std::max(r.remote_blocks, size_t(held));
+      r.lookup_late = false;
+    }
+  }
   if (o_.mode != CacheMode::kKvmesh || end <= r.remote_blocks) return;
   {
     std::lock_guard<std::mutex> lock(put_mu_);
@@ -367,6 +460,10 @@ void Engine::StoreBlocks(Live& r, size_t upto_tokens) {
 }
 
 void Engine::PutLoop() {
+  // Offload and shadow loads wait for nobody: below the engine's step and
+  // loads in scheduling priority (Linux: a thread's nice value is its own).
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+  std::vector<std::byte> scratch;
   for (;;) {
     PutJob job;
     {
@@ -377,6 +474,23 @@ void Engine::PutLoop() {
       puts_.pop_front();
     }
     const ServeRequest& q = (*requests_)[job.request];
+    if (job.shadow) {  // measured for the estimate, then dropped
+      const std::vector<BlockKey> keys = o_.router->Keys(q.prompt);
+      const size_t moved = payload_.size(), n = job.end_block - job.first_block;
+      scratch.resize(n * moved);
+      std::vector<GetItem> items(n);
+      for (size_t i = 0; i < n; ++i) {
+        items[i].key = keys[job.first_block + i];
+        items[i].dst = std::span<std::byte>(scratch.data() + i * moved, moved);
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      if (!o_.router->GetBatch(items).ok()) load_errors_.fetch_add(1);
+      const double charged = Seconds(std::chrono::steady_clock::now() - t0) * o_.kv_scale;
+      o_.link->Observe(n * RealBlockBytes(), charged);
+      shadow_loads_.fetch_add(1);
+      shadow_load_us_.fetch_add(uint64_t(charged * 1e6));
+      continue;
+    }
     std::vector<TokenId> all = q.prompt;
     all.insert(all.end(), q.output.begin(), q.output.end());
     std::vector<std::span<const std::byte>> blocks(job.end_block - job.first_block,

@@ -9,7 +9,9 @@
 // from, in order: the engine's own device-tier prefix cache (an LRU over
 // blocks, local_cache_blocks of them: what vLLM or SGLang keep alone), then,
 // with the kvmesh tier, the run of blocks after it that kvmesh holds
-// (Router::MatchPrefix). Per such run the engine decides to load it (GetBatch)
+// (Router::MatchPrefix, asked by the engine's lookup thread from the
+// request's arrival, so that the lookup overlaps the step in progress;
+// admission waits for it within a bound, EngineOptions::lookup_wait_share). Per such run the engine decides to load it (GetBatch)
 // or to recompute it (LoadPolicy below); the decision and its inputs are
 // counted. A load runs on the engine's loader thread while the batch goes on
 // (as vLLM's and SGLang's asynchronous KV loads do); the request is admitted
@@ -17,8 +19,8 @@
 // blocks after the last token, from a background thread (an asynchronous
 // offload, as engine connectors do), never from the step.
 //
-// Time: the step's wall time is real: its lookups as measured + the engine
-// model's step time (slept). A load takes its measured time, then the loader
+// Time: the step's wall time is real: its admissions' waits for lookups as
+// measured + the engine model's step time (slept). A load takes its measured time, then the loader
 // sleeps kv_scale - 1 times that (bytes move at 1 / kv_scale of their real
 // size, see EngineOptions::kv_scale).
 //
@@ -33,6 +35,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -107,6 +110,17 @@ struct EngineOptions {
   uint32_t kv_scale = 1;
   std::chrono::steady_clock::time_point origin;  // time 0 of the request schedule
   LocalCacheListener on_local_cache;     // optional: KV-aware routing's feed (routing.h)
+  // The lookup (MatchPrefix) runs on the engine's lookup thread from the
+  // request's arrival, while the engine's current step goes on; admission
+  // waits for its answer at most lookup_wait_share x the engine model's
+  // recompute time of the request's uncached tokens, then takes it as a miss
+  // (so a slow lookup costs a request at most that share over recomputing).
+  double lookup_wait_share = 0.05;
+  // Shadow loads (LinkEstimate::ClaimProbe) move at most this many blocks of
+  // the run (the estimate is per byte) and run on the background (put)
+  // thread, at a lower scheduling priority than the engine's step, never on
+  // the loader that the loaded requests wait for.
+  uint32_t shadow_max_blocks = 64;
 };
 
 // One request's fate. Times in seconds from the run's origin; < 0: never.
@@ -118,6 +132,13 @@ struct RequestRecord {
   uint32_t engine = 0;
   // kvmesh held a run of this prompt beyond the local prefix: 0 no, 1 loaded, 2 recomputed.
   uint8_t run = 0;
+  // The same request against recomputing it, in this run (kKvmesh): what its
+  // path through kvmesh cost before its prefill could start or end (the wait
+  // for its lookup, for a load: the time from the decision to its admission
+  // plus the engine model's prefill of the rest; else the prefill of every
+  // uncached token) against the engine model's prefill of every token after
+  // the local prefix. 0 without a lookup.
+  double kvmesh_path_s = 0, recompute_path_s = 0;
 };
 
 struct DecisionCounters {
@@ -143,6 +164,11 @@ struct DecisionCounters {
   // while their run was recomputed.
   uint64_t shadow_loads = 0;
   double shadow_load_s = 0;
+  // The lookups on the request's path: the time admissions waited for a
+  // lookup's answer, the lookups not back within their bound (taken as
+  // misses), and the lookups' own time (on the lookup thread).
+  double lookup_wait_s = 0, lookup_rpc_s = 0;
+  uint64_t lookup_timeouts = 0;
   void Add(const DecisionCounters& o);
 };
 
@@ -172,7 +198,9 @@ class Engine {
     bool looked_up = false;
     size_t local_blocks = 0, load_count = 0, got = 0;
     double est_recompute_s = 0, measured_load_s = 0, charged_load_s = 0;
-    bool shadow = false;          // a shadow load: measured, then dropped (the run was recomputed)
+    double decided_at = 0;        // Now() when its load was decided (a load's wait, for the bound)
+    double lookup_wait_s = 0;     // admission's wait for its lookup
+    bool lookup_late = false;     // its lookup was not back in time: a miss
     int seq = -1;                 // its sequence in compute_ (the reference engine model)
   };
   class LocalCache;
@@ -181,6 +209,11 @@ class Engine {
   // Finds r's prefix; false when its kvmesh run went to the loader (r moved).
   bool Admit(Live& r);
   void LoadLoop();
+  void LookupLoop();
+  // The lookup's answer for request i (leading blocks kvmesh holds), waiting
+  // at most wait_s; nullopt when it is not back by then.
+  std::optional<size_t> AwaitLookup(size_t i, double wait_s);
+  void ShadowLoad(size_t request, size_t first_block, size_t blocks);
   void StoreBlocks(Live& r, size_t upto_tokens);
   double Now() const;
   double RecomputeSeconds(uint64_t new_tokens, uint64_t cached_tokens) const;
@@ -201,11 +234,13 @@ class Engine {
   std::deque<size_t> inbox_;  // guarded by mu_
   std::deque<Live> ready_;    // guarded by mu_: loaded, back from the loader
   size_t loads_in_flight_ = 0;  // engine thread only
+  double wake_late_s_ = 0;      // engine thread only: how late timed lookup waits woke (an EWMA, up fast, down slowly)
   bool finishing_ = false, aborted_ = false;  // guarded by mu_
 
   struct PutJob {
     size_t request;
     size_t first_block, end_block;
+    bool shadow = false;      // a shadow load of these blocks, not a put
   };
   std::mutex put_mu_;
   std::condition_variable put_cv_;
@@ -220,7 +255,16 @@ class Engine {
   std::atomic<uint64_t> load_errors_{0};
   std::atomic<uint64_t> shadow_loads_{0}, shadow_load_us_{0};
 
-  std::thread thread_, put_thread_, load_thread_;
+  // Lookups from arrival (LookupLoop): per request, -1 pending, else the
+  // leading blocks kvmesh holds (0 on an error).
+  std::mutex lookup_mu_;
+  std::condition_variable lookup_cv_, lookup_done_cv_;
+  std::deque<size_t> lookups_;  // guarded by lookup_mu_
+  bool lookup_stop_ = false;    // guarded by lookup_mu_
+  std::unique_ptr<std::atomic<int64_t>[]> remote_;
+  std::atomic<uint64_t> lookup_rpc_us_{0}, lookup_errors_{0};
+
+  std::thread thread_, put_thread_, load_thread_, lookup_thread_;
 };
 
 }  // namespace kvmesh::serve

@@ -61,6 +61,45 @@ std::vector<HitBound> HitBounds(const std::vector<RunResult>& results, const std
   return out;
 }
 
+// The bound per request in the same run (RunResult::path_*): each request's
+// path through kvmesh against recomputing what its local cache lacks.
+static void PrintPathBounds(const std::vector<RunResult>& results) {
+  std::printf("the same requests in the same run: path = lookup wait + (a load: decision to admission + prefill of "
+              "the rest; else: prefill of the uncached tokens), against the prefill of the uncached tokens\n");
+  std::printf("%-17s %6s %6s %8s %8s %8s %6s %8s %6s %9s %9s\n", "config", "rate", "hits", "path50", "path99",
+              "max", ">5%", "lookups", ">5%", "wait ms", "timeouts");
+  for (const RunResult& r : results) {
+    if (r.config.rfind("kvmesh", 0) != 0) continue;
+    const DecisionCounters& d = r.decisions;
+    std::printf("%-17s %6.2f %6llu %7.3fx %7.3fx %7.3fx %6llu %8llu %6llu %9.1f %9llu\n", r.config.c_str(), r.rate,
+                (unsigned long long)r.path_hits, r.path_ratio_p50, r.path_ratio_p99, r.path_ratio_max,
+                (unsigned long long)r.path_hits_over, (unsigned long long)r.path_lookups,
+                (unsigned long long)r.path_lookups_over, d.lookup_wait_s * 1e3,
+                (unsigned long long)d.lookup_timeouts);
+  }
+}
+
+// KV bytes held per tier (RunResult::held): what each kvmesh run added.
+static void PrintHeld(const std::vector<RunResult>& results) {
+  bool any = false;
+  for (const RunResult& r : results) any |= !r.codec.empty();
+  if (!any) return;
+  std::printf("KV held by kvmesh at a run's end less its start, GB at real size (a codec's blocks as stored); raw = "
+              "the primary tier's blocks unencoded\n");
+  std::printf("%-17s %6s %-9s %9s %9s %9s %9s %7s\n", "config", "rate", "codec", "device", "host", "ssd", "raw",
+              "raw/st");
+  for (const RunResult& r : results) {
+    if (r.codec.empty()) continue;
+    const double primary = r.held.device > 0 ? r.held.device : r.held.host;
+    std::printf("%-17s %6.2f %-9s %9.3f %9.3f %9.3f %9.3f ", r.config.c_str(), r.rate, r.codec.c_str(),
+                r.held.device / 1e9, r.held.host / 1e9, r.held.ssd / 1e9, r.held.logical / 1e9);
+    if (primary > 0 && r.held.logical > 0)
+      std::printf("%6.2fx\n", r.held.logical / primary);
+    else
+      std::printf("%7s\n", "-");  // nothing net in the primary tier (a full tier demotes as much as it takes)
+  }
+}
+
 void PrintTable(const BenchServeOptions& o, const std::vector<RunResult>& results) {
   std::printf("SLO: TTFT <= %.0f ms and TPOT <= %.0f ms; times in ms; hit = prompt tokens not prefilled\n",
               o.slo_ttft_s * 1e3, o.slo_tpot_s * 1e3);
@@ -94,7 +133,9 @@ void PrintTable(const BenchServeOptions& o, const std::vector<RunResult>& result
                   h.cost_ratio, (unsigned long long)d.loads_over_bound, d.worst_load_ratio,
                   (unsigned long long)d.shadow_loads, measured / 1e9, r->link_bytes_per_s / 1e9);
     }
+    PrintPathBounds(results);
   }
+  PrintHeld(results);
   for (const char* other : {"local", "kvmesh-blind"}) {
     const Ratios q = CompareConfigs(results, "kvmesh", other);
     if (q.goodput.empty()) continue;
@@ -128,8 +169,16 @@ nlohmann::json ResultsJson(const BenchServeOptions& o, const std::vector<RunResu
                                    {"load_loss_s", d.load_loss_s}, {"decided_s", d.decided_s},
                                    {"loads_over_bound", d.loads_over_bound},
                                    {"worst_load_ratio", d.worst_load_ratio}, {"shadow_loads", d.shadow_loads},
-                                   {"shadow_load_s", d.shadow_load_s}}},
+                                   {"shadow_load_s", d.shadow_load_s}, {"lookup_wait_s", d.lookup_wait_s},
+                                   {"lookup_rpc_s", d.lookup_rpc_s}, {"lookup_timeouts", d.lookup_timeouts}}},
+                    {"path_bound", {{"hits", r.path_hits}, {"hits_over", r.path_hits_over},
+                                    {"lookups", r.path_lookups}, {"lookups_over", r.path_lookups_over},
+                                    {"ratio_p50", r.path_ratio_p50}, {"ratio_p99", r.path_ratio_p99},
+                                    {"ratio_max", r.path_ratio_max}}},
                     {"bytes_loaded", d.bytes_loaded}, {"bytes_put", d.bytes_put},
+                    {"codec", r.codec},
+                    {"held_bytes", {{"device", r.held.device}, {"host", r.held.host}, {"ssd", r.held.ssd},
+                                    {"raw", r.held.logical}}},
                     {"get_errors", d.get_errors}, {"put_errors", d.put_errors}, {"seconds", r.seconds}});
   }
   nlohmann::json ratios = nlohmann::json::object();

@@ -84,7 +84,11 @@ class Daemon final : public NodeDaemon {
     }
     d.limits.max_body_bytes = static_cast<uint32_t>(std::min<uint64_t>(config_.transport.max_frame_bytes, UINT32_MAX));
     d.limits.max_items = config_.transport.max_batch_items;
-    d.limits.max_block_bytes = static_cast<uint32_t>(std::min<uint64_t>(node_->store().slot_bytes(), UINT32_MAX));
+    // With a codec a slot holds an encoded block, but a put carries the raw
+    // block (the node encodes it): the limit is the larger of the two.
+    const uint64_t block_limit = node_->codec() ? std::max<uint64_t>(node_->store().slot_bytes(), config_.model.FullBlockBytes())
+                                                : node_->store().slot_bytes();
+    d.limits.max_block_bytes = static_cast<uint32_t>(std::min<uint64_t>(block_limit, UINT32_MAX));
     KVMESH_ASSIGN_OR_RETURN(data_, DataServer::Start(node_.get(), d, &epoch_));
     if (config_.transport.backend == "ucx") {
 #if defined(KVMESH_HAVE_UCX)
