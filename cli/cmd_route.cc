@@ -8,13 +8,17 @@
 //        -> {"keys": n, "matches": [{"instance", "blocks", "gpu_blocks", "cpu_blocks", "load", "score"}, ...]}
 //        (best first; candidates default to every source)
 //   POST /load  {"instance": NAME, "load": 0..1}
-//   GET  /stats -> {"blocks", "memory_bytes", "instances", "subscriber": {...}}
+//   POST /routed {"instance": NAME, "tokens": [...] | "keys": [...], "salt": ""}
+//        (approximate mode, --approx-ttl: the request was sent to NAME, so its
+//        blocks count as on NAME's device until the TTL passes)
+//   GET  /stats -> {"blocks", "memory_bytes", "instances", "approx_entries", "subscriber": {...}}
 // Tokens are keyed as the router keys them for the whole model (every layer
 // and head) under `salt` (RouterOptions::tenant_salt).
 #include <unistd.h>
 
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,13 +43,15 @@ HttpServerResponse Error(int status, const std::string& why) {
 }
 
 struct RouteService {
+  explicit RouteService(RouteWeights w) : index(w) {}
   ModelSpec model;
   KvIndex index;
   std::vector<std::string> names;
   KvEventSubscriber* sub = nullptr;
 
-  HttpServerResponse Route(const json& j) const {
-    std::vector<BlockKey> keys;
+  // The request's block keys, from "tokens" (keyed as the router keys them)
+  // or "keys"; an error response when neither is well formed.
+  std::optional<HttpServerResponse> Keys(const json& j, std::vector<BlockKey>& keys) const {
     if (j.contains("tokens")) {
       if (!j["tokens"].is_array()) return Error(400, "$.tokens: expected an array of token ids");
       std::vector<TokenId> tokens;
@@ -72,6 +78,12 @@ struct RouteService {
     } else {
       return Error(400, "$: expected \"tokens\" or \"keys\"");
     }
+    return std::nullopt;
+  }
+
+  HttpServerResponse Route(const json& j) const {
+    std::vector<BlockKey> keys;
+    if (auto e = Keys(j, keys)) return *e;
     std::vector<std::string> candidates = names;
     if (j.contains("candidates")) {
       if (!j["candidates"].is_array()) return Error(400, "$.candidates: expected an array of instance names");
@@ -92,21 +104,30 @@ struct RouteService {
     const std::string path = r.target.substr(0, r.target.find('?'));
     if (path == "/healthz") return {200, "text/plain", "ok\n"};
     if (path == "/stats" && r.method == "GET") {
-      const KvSubscriberStats s = sub->Stats();
+      const KvSubscriberStats s = sub ? sub->Stats() : KvSubscriberStats{};
       return {200, "application/json",
               json{{"blocks", index.blocks()},
                    {"memory_bytes", index.memory_bytes()},
                    {"instances", index.instances()},
+                   {"approx_entries", index.approx_entries()},
                    {"subscriber",
                     {{"batches", s.batches}, {"gaps", s.gaps}, {"replays", s.replays}, {"snapshots", s.snapshots},
                      {"snapshot_continuations", s.snapshot_continuations}, {"bad_batches", s.bad_batches}}}}
                       .dump() + "\n"};
     }
-    if (r.method != "POST" || (path != "/route" && path != "/load")) return Error(404, "no such endpoint");
+    if (r.method != "POST" || (path != "/route" && path != "/load" && path != "/routed"))
+      return Error(404, "no such endpoint");
     Result<json> j = ParseBoundedJson(r.body, kMaxNetworkJsonDepth);
     if (!j.ok() || !j->is_object()) return Error(400, "the body must be a JSON object");
     if (path == "/route") return Route(*j);
     if (!j->contains("instance") || !(*j)["instance"].is_string()) return Error(400, "$.instance: expected a name");
+    if (path == "/routed") {
+      std::vector<BlockKey> keys;
+      if (auto e = Keys(*j, keys)) return *e;
+      Status s = index.Routed((*j)["instance"].get<std::string>(), keys);
+      if (!s.ok()) return Error(s.code() == StatusCode::kFailedPrecondition ? 409 : 400, s.message());
+      return {200, "application/json", "{\"ok\":true}\n"};
+    }
     if (!j->contains("load") || !(*j)["load"].is_number()) return Error(400, "$.load: expected a number in 0..1");
     Status s = index.SetLoad((*j)["instance"].get<std::string>(), (*j)["load"].get<double>());
     if (!s.ok()) return Error(400, s.message());
@@ -135,15 +156,20 @@ void AddRouteCommand(CLI::App& app, int* exit_code) {
   auto* cmd = app.add_subcommand("route", "Run the KV-aware routing service: a prefix index over KV events, over HTTP");
   struct Args {
     std::string config, host = "127.0.0.1", topic;
-    std::vector<std::string> sources;
+    std::vector<std::string> sources, instances;
     int port = 0;
+    double approx_ttl_s = 0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--config", a->config, "cluster config JSON (the model: how tokens are keyed)")->required();
   cmd->add_option("--source", a->sources,
                   "NAME=tcp://HOST:PORT[,tcp://HOST:REPLAY_PORT]: a KV event publisher (repeat; a node's "
-                  "`listening` line has its events and events_replay ports)")
-      ->required();
+                  "`listening` line has its events and events_replay ports)");
+  cmd->add_option("--instance", a->instances,
+                  "NAME: a candidate with no event source (repeat), routed by history only (--approx-ttl)");
+  cmd->add_option("--approx-ttl", a->approx_ttl_s,
+                  "approximate mode: seconds a block POSTed to /routed counts as on that instance (0: off)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--topic", a->topic, "subscription topic prefix (default: $.events.topic)");
   cmd->add_option("--host", a->host, "HTTP listen address (default 127.0.0.1)");
   cmd->add_option("--port", a->port, "HTTP port (default 0: a free port, on the listening line)")
@@ -156,7 +182,13 @@ void AddRouteCommand(CLI::App& app, int* exit_code) {
     };
     Result<ClusterConfig> c = LoadConfigFile(a->config);
     if (!c.ok()) return fail(c.status());
-    auto svc = std::make_unique<RouteService>();
+    if (a->sources.empty() && a->instances.empty())
+      return fail(InvalidArgument("give at least one --source or --instance"));
+    if (!a->instances.empty() && a->approx_ttl_s <= 0)
+      return fail(InvalidArgument("--instance needs --approx-ttl: with no events, only routing history places blocks"));
+    RouteWeights w;
+    w.approx_ttl_s = a->approx_ttl_s;
+    auto svc = std::make_unique<RouteService>(w);
     svc->model = c->model;
     std::vector<KvEventSource> sources;
     for (const std::string& s : a->sources) {
@@ -165,9 +197,14 @@ void AddRouteCommand(CLI::App& app, int* exit_code) {
       svc->names.push_back(src->instance);
       sources.push_back(*src);
     }
-    auto sub = KvEventSubscriber::Start(&svc->index, sources);
-    if (!sub.ok()) return fail(sub.status());
-    svc->sub = sub->get();
+    for (const std::string& n : a->instances) svc->names.push_back(n);
+    std::unique_ptr<KvEventSubscriber> sub;
+    if (!sources.empty()) {
+      auto started = KvEventSubscriber::Start(&svc->index, sources);
+      if (!started.ok()) return fail(started.status());
+      sub = std::move(*started);
+    }
+    svc->sub = sub.get();
     RouteService* s = svc.get();
     auto http = HttpServer::Start(a->host, static_cast<uint16_t>(a->port),
                                   [s](const HttpServerRequest& r) { return s->Handle(r); });
@@ -177,7 +214,7 @@ void AddRouteCommand(CLI::App& app, int* exit_code) {
                   .dump());
     WaitForStopSignal();
     (*http)->Stop();
-    (*sub)->Stop();
+    if (sub) sub->Stop();
     *exit_code = 0;
   });
 }

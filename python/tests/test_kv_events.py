@@ -339,3 +339,41 @@ def test_route_service_answers_over_http(tmp_path):
         assert e.value.code == 400
     finally:
         d.stop()
+
+
+def test_route_service_approximate_mode_over_http(tmp_path):
+    """`kvmesh route --instance ... --approx-ttl`: no event source; POST /routed places a prompt on an
+    engine, /route then finds its prefix there, and the TTL takes it away again."""
+    path = tmp_path / "route.json"
+    path.write_text(json.dumps({"model": dict(MODEL), "nodes": [{"id": "n0", "host": "127.0.0.1", "memory": {"host": "16MiB"}}]}))
+    d = Daemons(config=str(path), nodes=())
+    try:
+        ttl = scaled(2.0)
+        ev = d.launch("route", ["route", "--config", str(path), "--instance", "e0", "--instance", "e1",
+                                "--approx-ttl", str(ttl), "--port", "0"])
+        url = f"http://127.0.0.1:{ev['ports']['http']}"
+
+        def post(what, body):
+            req = urllib.request.Request(url + what, data=json.dumps(body).encode(), method="POST")
+            with urllib.request.urlopen(req, timeout=scaled(5)) as r:
+                return json.loads(r.read())
+
+        system = list(range(5000, 5000 + 16 * 3))        # 3 blocks shared by both turns
+        turn1 = system + list(range(9000, 9000 + 16 * 2))  # 5 blocks
+        assert [m["blocks"] for m in post("/route", {"tokens": turn1})["matches"]] == [0, 0]
+        t0 = time.monotonic()
+        assert post("/routed", {"instance": "e1", "tokens": turn1}) == {"ok": True}
+        assert post("/routed", {"instance": "e0", "tokens": system}) == {"ok": True}
+        r = post("/route", {"tokens": turn1 + list(range(7000, 7016))})
+        assert time.monotonic() - t0 < ttl, "the machine is too slow for this TTL"
+        assert [(m["instance"], m["blocks"]) for m in r["matches"]] == [("e1", 5), ("e0", 3)]
+        end = time.monotonic() + scaled(10)
+        while post("/route", {"tokens": turn1})["matches"][0]["blocks"] != 0 and time.monotonic() < end:
+            time.sleep(0.1)
+        assert time.monotonic() - t0 >= ttl
+        assert [m["blocks"] for m in post("/route", {"tokens": turn1})["matches"]] == [0, 0]
+        with pytest.raises(urllib.error.HTTPError) as e:
+            post("/routed", {"instance": "e0", "tokens": "not a list"})
+        assert e.value.code == 400
+    finally:
+        d.stop()
