@@ -155,7 +155,7 @@ Result<RunResult::Held> HeldNow(Tier& t, const LocalDaemons* daemons, bool devic
 }
 
 // Seeds the load estimate: the charged time of a 1-block and a 64-block get,
-// three each; the latency is the median 1-block get, the per-byte cost the
+// three each after an untimed warm-up; the latency is the median 1-block get, the per-byte cost the
 // slowest 64-block get's (the fastest of three was 5-10x optimistic for the
 // larger loads that followed on a loaded machine, and the median still let
 // a run's first loads through slower than recomputing).
@@ -182,6 +182,11 @@ Result<std::unique_ptr<LinkEstimate>> ProbeLink(Router& r, const Roofline& model
     for (const GetItem& it : items) KVMESH_RETURN_IF_ERROR(it.status);
     return Seconds(Clock::now() - t0) * o.kv_scale;
   };
+  // One untimed get of all 64 first: the first get of freshly stored blocks
+  // is 8-20x slower than the next (UCX on one host, --prefix-check's
+  // min..max column; not yet explained), and seeding from it made the
+  // estimate 15x pessimistic (467 ms for a 1k-token load that took 12 ms).
+  KVMESH_RETURN_IF_ERROR(timed_get(n).status());
   std::vector<double> one, many;
   for (int i = 0; i < 3; ++i) {
     KVMESH_ASSIGN_OR_RETURN(double s, timed_get(1));
