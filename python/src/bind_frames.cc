@@ -28,7 +28,8 @@ struct PyFrameStream {
       s->Detach();  // the router is gone, and its nodes with it (embedded) or out of reach
     } else {
       try {
-        client->WithRouter([&](Router&) { return s->End(); });
+        // Best effort: a destructor has no caller to tell (End of a stream on a dead node is a no-op).
+        (void)client->WithRouter([&](Router&) { return s->End(); });
       } catch (...) {  // closed meanwhile: nothing left to release through it
         s->Detach();
       }
