@@ -245,7 +245,8 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--configs", a->configs, "configurations: recompute,local,kvmesh,kvmesh-blind,kvmesh-ssd,kvmesh-ssd-blind,kvmesh-int4,kvmesh-fp8 "
                   "(-ssd: against a second cluster of small device and host tiers over an SSD tier; -int4, -fp8: "
                   "against a cluster storing blocks with that codec; "
-                  "a -kv suffix: KV-aware routing on the engines' KV events, -kv-approx: on routing history)")
+                  "a -kv suffix: KV-aware routing on the engines' KV events, -kv-approx: on routing history; "
+                  "then a +procs suffix: that configuration's engines as child processes, as --engine-procs)")
       ->capture_default_str();
   cmd->add_option("--approx-ttl", o.approx_ttl_s, "-kv-approx: seconds a routed prompt counts as on its engine")
       ->capture_default_str();

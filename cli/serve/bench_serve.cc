@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -37,6 +38,15 @@ struct ConfigKind {
   std::string codec;      // against a cluster whose nodes store blocks with this codec (kernels/codec.h)
 };
 
+// A configuration's name with a "+procs" suffix runs its engines as child
+// processes (as --engine-procs does for every configuration), so that one run
+// compares both ways on the same arrivals.
+constexpr std::string_view kProcsSuffix = "+procs";
+bool AsProcs(const std::string& name) { return name.ends_with(kProcsSuffix); }
+std::string WithoutProcs(const std::string& name) {
+  return AsProcs(name) ? name.substr(0, name.size() - kProcsSuffix.size()) : name;
+}
+
 Result<ConfigKind> KindOf(const std::string& name) {
   if (name == "recompute") return ConfigKind{CacheMode::kRecompute, LoadPolicy::kDecide};
   if (name == "local") return ConfigKind{CacheMode::kLocal, LoadPolicy::kDecide};
@@ -48,7 +58,8 @@ Result<ConfigKind> KindOf(const std::string& name) {
   if (name == "kvmesh-fp8") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kDecide, false, "fp8-e4m3"};
   return InvalidArgument("unknown configuration '" + name +
                          "' (recompute, local, kvmesh, kvmesh-blind, kvmesh-ssd, kvmesh-ssd-blind, kvmesh-int4, "
-                         "kvmesh-fp8; each also with -kv or -kv-approx: KV-aware routing)");
+                         "kvmesh-fp8; each also with -kv or -kv-approx: KV-aware routing; then +procs: engines as "
+                         "processes)");
 }
 
 // The cluster the kvmesh tier runs on: the engine model's KV layout with
@@ -415,7 +426,7 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
   std::vector<ConfigKind> kinds;
   bool need_tier = false, need_pressure = false;
   for (const std::string& c : o.configs) {
-    KVMESH_ASSIGN_OR_RETURN(ConfigKind k, KindOf(RoutingOf(c).base));
+    KVMESH_ASSIGN_OR_RETURN(ConfigKind k, KindOf(RoutingOf(WithoutProcs(c)).base));
     kinds.push_back(k);
     need_tier |= k.mode == CacheMode::kKvmesh && !k.pressure && k.codec.empty();
     need_pressure |= k.pressure;
@@ -490,10 +501,12 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
       }
       const auto run_start = Clock::now();
       auto origin = run_start + std::chrono::milliseconds(100);
-      RequestRouter routing(RoutingOf(o.configs[c]).routing, o.engines, o.block_tokens, o.max_batch, o.approx_ttl_s);
+      RequestRouter routing(RoutingOf(WithoutProcs(o.configs[c])).routing, o.engines, o.block_tokens, o.max_batch,
+                            o.approx_ttl_s);
+      const bool as_procs = o.engine_procs || AsProcs(o.configs[c]);
       std::vector<std::unique_ptr<Engine>> engines;
       std::vector<std::unique_ptr<EngineProcess>> procs;
-      if (o.engine_procs) {
+      if (as_procs) {
         // Each engine a `kvmesh serve-engine` child: the same options, the
         // schedule's options (it rebuilds the requests), the run's tenant
         // salt and the probe's estimate as its seed.
@@ -539,7 +552,7 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
         origin = Clock::now() + std::chrono::milliseconds(100);
         for (auto& p : procs) KVMESH_RETURN_IF_ERROR(p->Begin(origin));
       }
-      for (uint32_t e = 0; e < o.engines && !o.engine_procs; ++e) {
+      for (uint32_t e = 0; e < o.engines && !as_procs; ++e) {
         EngineOptions eo;
         eo.model = &model;
         eo.reference = reference;

@@ -6,7 +6,8 @@
 // engines (engine.h; threads of this process, each with its own kvmesh
 // client, or with engine_procs each a `kvmesh serve-engine` child process:
 // engine_proc.h), measured per request (TTFT, TPOT) and summarised (RunResult).
-// (Round robin, or KV-aware with a -kv / -kv-approx suffix: routing.h.)
+// (Round robin, or KV-aware with a -kv / -kv-approx suffix: routing.h; with
+// a further +procs suffix, that configuration's engines are child processes.)
 // Configurations:
 //   recompute     every prompt prefilled whole; no cache
 //   local         each engine's own device-tier prefix cache only
