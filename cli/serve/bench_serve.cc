@@ -506,6 +506,7 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
       const bool as_procs = o.engine_procs || AsProcs(o.configs[c]);
       std::vector<std::unique_ptr<Engine>> engines;
       std::vector<std::unique_ptr<EngineProcess>> procs;
+      if (as_procs && o.kvmesh_bin.empty()) return InvalidArgument("--engine-procs: no kvmesh binary to start engines with");
       if (as_procs) {
         // Each engine a `kvmesh serve-engine` child: the same options, the
         // schedule's options (it rebuilds the requests), the run's tenant

@@ -137,7 +137,7 @@ EngineProcess::~EngineProcess() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::seconds(5), [&] { return eof_; });
   }
-  Reap(/*kill_first=*/true);
+  Reap(0);
   if (reader_.joinable()) reader_.join();
   if (out_ >= 0) ::close(out_);
 }
@@ -147,16 +147,20 @@ void EngineProcess::CloseInput() {
   in_ = -1;
 }
 
-void EngineProcess::Reap(bool kill_first) {
-  if (reaped_ || pid_ <= 0) return;
+int EngineProcess::Reap(double grace_s) {
+  std::lock_guard<std::mutex> lock(reap_mu_);  // the reader and the owner may both get here
   int status = 0;
-  if (kill_first && ::waitpid(pid_, &status, WNOHANG) == 0) {
+  if (reaped_ || pid_ <= 0) return status;
+  const auto until = Clock::now() + std::chrono::duration<double>(grace_s);
+  pid_t w = 0;
+  while ((w = ::waitpid(pid_, &status, WNOHANG)) == 0 && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (w == 0) {
     ::kill(-pid_, SIGKILL);  // its process group (SpawnWithStdoutPipe)
-    ::waitpid(pid_, &status, 0);
-  } else if (!kill_first) {
     ::waitpid(pid_, &status, 0);
   }
   reaped_ = true;
+  return status;
 }
 
 bool EngineProcess::WriteLine(const std::string& line) {
@@ -166,7 +170,8 @@ bool EngineProcess::WriteLine(const std::string& line) {
 
 Status EngineProcess::Begin(Clock::time_point origin) {
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(origin.time_since_epoch()).count();
-  if (!WriteLine("origin " + std::to_string(ns))) return Unavailable("serve-engine " + std::to_string(index_) + ": " + death());
+  if (!WriteLine("origin " + std::to_string(ns)))
+    return Unavailable("serve-engine " + std::to_string(index_) + ": its stdin is closed (it exited) " + death());
   return Status::Ok();
 }
 
@@ -186,46 +191,37 @@ void EngineProcess::ReadLoop() {
   while (r.Next(&line)) {
     json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) continue;
-    if (j.contains("f")) {
-      finished_.store(j["f"].get<uint64_t>(), std::memory_order_relaxed);
-    } else if (j.contains("c")) {
-      if (!listener_) continue;
-      stored = j["c"].get<std::vector<uint64_t>>();
-      removed = j["x"].get<std::vector<uint64_t>>();
-      listener_(stored, removed);
-    } else {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (j.contains("r")) records_.push_back(std::move(j["r"]));
-      else if (j.contains("d")) report_ = std::move(j);
-      else if (j.contains("ready")) ready_ = true;
-      else if (j.contains("error")) error_ = j["error"].get<std::string>();
-      else if (j.contains("done")) done_ = true;
-      cv_.notify_all();
+    try {
+      if (j.contains("f")) {
+        finished_.store(j["f"].get<uint64_t>(), std::memory_order_relaxed);
+      } else if (j.contains("c")) {
+        if (!listener_) continue;
+        stored = j["c"].get<std::vector<uint64_t>>();
+        removed = j["x"].get<std::vector<uint64_t>>();
+        listener_(stored, removed);
+      } else {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (j.contains("r")) records_.push_back(std::move(j["r"]));
+        else if (j.contains("d")) report_ = std::move(j);
+        else if (j.contains("ready")) ready_ = true;
+        else if (j.contains("error")) error_ = j["error"].get<std::string>();
+        else if (j.contains("done")) done_ = true;
+        cv_.notify_all();
+      }
+    } catch (const json::exception&) {  // a line of the wrong shape: skipped, as a line that is not JSON
     }
   }
   // Its stdout closed: it exited (or is about to). Reaped here when it died
   // before its report, so that death() can say how.
-  int status = 0;
   std::string how;
   bool done;
   {
     std::lock_guard<std::mutex> lock(mu_);
     done = done_;
   }
-  if (!done) {
-    const auto until = Clock::now() + std::chrono::seconds(2);
-    pid_t w = 0;
-    while ((w = ::waitpid(pid_, &status, WNOHANG)) == 0 && Clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (w == 0) {
-      ::kill(-pid_, SIGKILL);
-      ::waitpid(pid_, &status, 0);
-    }
-    how = DescribeExit(status);
-  }
+  if (!done) how = DescribeExit(Reap(2));
   std::lock_guard<std::mutex> lock(mu_);
   if (!done) {
-    reaped_ = true;
     death_ = "engine " + std::to_string(index_) + " (serve-engine pid " + std::to_string(pid_) + ") died: " + how +
              (error_.empty() ? "" : ", " + error_) + " (log: " + log_ + ")";
   }
@@ -238,33 +234,37 @@ Status EngineProcess::Collect(std::vector<RequestRecord>* recs, double timeout_s
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return eof_; })) {
     lock.unlock();
-    Reap(/*kill_first=*/true);
+    Reap(0);
     return DeadlineExceeded("serve-engine " + std::to_string(index_) + " (pid " + std::to_string(pid_) +
                             ") did not report " + std::to_string(timeout_s) + " s after its stop; killed (log: " +
                             log_ + ")");
   }
   if (!death_.empty()) return Unavailable(death_);
-  for (const json& x : records_) {
-    const size_t i = x[0].get<size_t>();
-    if (i >= recs->size()) continue;
-    RequestRecord& rec = (*recs)[i];
-    rec.engine = index_;
-    rec.first_token = x[1].get<double>();
-    rec.finish = x[2].get<double>();
-    rec.local_hit_tokens = x[3].get<uint32_t>();
-    rec.loaded_tokens = x[4].get<uint32_t>();
-    rec.run = x[5].get<uint8_t>();
-    rec.kvmesh_path_s = x[6].get<double>();
-    rec.recompute_path_s = x[7].get<double>();
-  }
-  if (report_.is_object()) {
-    counters_ = report_["d"].get<DecisionCounters>();
-    link_latency_s = report_["link"][0].get<double>();
-    link_bytes_per_s = report_["link"][1].get<double>();
-    link_deviation = report_["link"][2].get<double>();
+  try {
+    for (const json& x : records_) {
+      const size_t i = x[0].get<size_t>();
+      if (i >= recs->size()) continue;
+      RequestRecord& rec = (*recs)[i];
+      rec.engine = index_;
+      rec.first_token = x[1].get<double>();
+      rec.finish = x[2].get<double>();
+      rec.local_hit_tokens = x[3].get<uint32_t>();
+      rec.loaded_tokens = x[4].get<uint32_t>();
+      rec.run = x[5].get<uint8_t>();
+      rec.kvmesh_path_s = x[6].get<double>();
+      rec.recompute_path_s = x[7].get<double>();
+    }
+    if (report_.is_object()) {
+      counters_ = report_["d"].get<DecisionCounters>();
+      link_latency_s = report_["link"][0].get<double>();
+      link_bytes_per_s = report_["link"][1].get<double>();
+      link_deviation = report_["link"][2].get<double>();
+    }
+  } catch (const json::exception& e) {
+    return Internal("serve-engine " + std::to_string(index_) + ": a malformed report line: " + e.what());
   }
   lock.unlock();
-  Reap(/*kill_first=*/false);
+  Reap(10);  // it reported: it is exiting
   return Status::Ok();
 }
 
@@ -309,7 +309,7 @@ int RunServeEngine() {
   if (cj.is_discarded()) return fail("the configuration line is not JSON");
   EngineProcConfig c;
   try {
-    c = cj.get<EngineProcConfig>();
+      c = cj.get<EngineProcConfig>();
   } catch (const json::exception& e) {
     return fail(std::string("configuration: ") + e.what());
   }

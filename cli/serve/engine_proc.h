@@ -108,13 +108,18 @@ class EngineProcess {
   void ReadLoop();
   bool WriteLine(const std::string& line);
   void CloseInput();
-  void Reap(bool kill_first);
+  // Waits at most grace_s for the child to exit, then kills its process
+  // group; its wait status. Once: from the reader thread when it died before
+  // its report, else from the owner (after the reader saw its end, or when
+  // it gave up on it).
+  int Reap(double grace_s);
 
   uint32_t index_ = 0;
   std::string log_;
   pid_t pid_ = -1;
   int in_ = -1, out_ = -1;
-  std::atomic<bool> reaped_{false};  // the reader (a death) or the owner waited for it
+  std::mutex reap_mu_;
+  bool reaped_ = false;  // guarded by reap_mu_: the reader (a death) or the owner waited for it
   LocalCacheListener listener_;
   std::atomic<uint64_t> finished_{0};
   DecisionCounters counters_;
