@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/serve/bench_serve.h"
+#include "cli/serve/engine_proc.h"
 #include "cli/serve/reference.h"
 #include "cli/serve/report.h"
 #include "cli/serve/world_serve.h"
@@ -225,7 +226,10 @@ int Run(Args& a) {
 
 }  // namespace
 
+void AddServeEngineCommand(CLI::App& app, int* exit_code);
+
 void AddBenchServeCommand(CLI::App& app, int* exit_code) {
+  AddServeEngineCommand(app, exit_code);
   auto* cmd = app.add_subcommand(
       "bench-serve",
       "Open-loop serving benchmark: TTFT/TPOT/goodput vs offered load, recompute vs local cache vs kvmesh");
@@ -241,11 +245,14 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--configs", a->configs, "configurations: recompute,local,kvmesh,kvmesh-blind,kvmesh-ssd,kvmesh-ssd-blind,kvmesh-int4,kvmesh-fp8 "
                   "(-ssd: against a second cluster of small device and host tiers over an SSD tier; -int4, -fp8: "
                   "against a cluster storing blocks with that codec; "
-                  "a -kv suffix: KV-aware routing on the engines' KV events, -kv-approx: on routing history)")
+                  "a -kv suffix: KV-aware routing on the engines' KV events, -kv-approx: on routing history; "
+                  "then a +procs suffix: that configuration's engines as child processes, as --engine-procs)")
       ->capture_default_str();
   cmd->add_option("--approx-ttl", o.approx_ttl_s, "-kv-approx: seconds a routed prompt counts as on its engine")
       ->capture_default_str();
   cmd->add_option("--engines", o.engines, "engine instances (threads, each its own kvmesh client)")->capture_default_str();
+  cmd->add_flag("--engine-procs", o.engine_procs,
+                "each engine a child process (kvmesh serve-engine) with its own kvmesh client, instead of a thread");
   cmd->add_option("--duration", w.duration_s, "seconds of session arrivals per run")->capture_default_str();
   cmd->add_option("--drain", o.drain_s, "seconds unfinished requests get after the last arrival")->capture_default_str();
   cmd->add_option("--turns", w.turns, "turns per session")->capture_default_str();
@@ -321,6 +328,16 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
     a->configs_given = cmd->count("--configs") > 0;
     *exit_code = Run(*a);
   });
+}
+
+// `kvmesh serve-engine`: one engine of `bench-serve --engine-procs`, driven
+// over stdin/stdout by the harness that spawns it (cli/serve/engine_proc.h).
+void AddServeEngineCommand(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand(
+      "serve-engine",
+      "One engine of `kvmesh bench-serve --engine-procs` (spawned by it): reads its JSON options and then request "
+      "arrivals on stdin, writes one JSON line per request on stdout (protocol: cli/serve/engine_proc.h)");
+  cmd->callback([exit_code] { *exit_code = serve::RunServeEngine(); });
 }
 
 }  // namespace kvmesh::cli

@@ -17,11 +17,14 @@ namespace kvmesh {
 struct SpawnedChild {
   pid_t pid = -1;
   int out = -1;  // read end of the child's stdout, O_NONBLOCK; the caller closes it
+  int in = -1;   // with pipe_stdin: write end of the child's stdin (blocking); the caller closes it
 };
 
 // argv[0] is the program's path. `append_log`: open the log with O_APPEND
 // (a restarted daemon keeps its earlier lines) instead of O_TRUNC.
+// `pipe_stdin`: the child's stdin is a pipe whose write end is `in` (closing
+// it is the child's end of input); else the child inherits stdin.
 Result<SpawnedChild> SpawnWithStdoutPipe(const std::vector<std::string>& argv, const std::string& log_path,
-                                         bool append_log);
+                                         bool append_log, bool pipe_stdin = false);
 
 }  // namespace kvmesh

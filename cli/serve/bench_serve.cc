@@ -10,11 +10,13 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/serve/daemons.h"
+#include "cli/serve/engine_proc.h"
 #include "cli/serve/routing.h"
 #include "eviction/replay.h"
 #include "kvmesh/embedded.h"
@@ -36,6 +38,15 @@ struct ConfigKind {
   std::string codec;      // against a cluster whose nodes store blocks with this codec (kernels/codec.h)
 };
 
+// A configuration's name with a "+procs" suffix runs its engines as child
+// processes (as --engine-procs does for every configuration), so that one run
+// compares both ways on the same arrivals.
+constexpr std::string_view kProcsSuffix = "+procs";
+bool AsProcs(const std::string& name) { return name.ends_with(kProcsSuffix); }
+std::string WithoutProcs(const std::string& name) {
+  return AsProcs(name) ? name.substr(0, name.size() - kProcsSuffix.size()) : name;
+}
+
 Result<ConfigKind> KindOf(const std::string& name) {
   if (name == "recompute") return ConfigKind{CacheMode::kRecompute, LoadPolicy::kDecide};
   if (name == "local") return ConfigKind{CacheMode::kLocal, LoadPolicy::kDecide};
@@ -47,7 +58,8 @@ Result<ConfigKind> KindOf(const std::string& name) {
   if (name == "kvmesh-fp8") return ConfigKind{CacheMode::kKvmesh, LoadPolicy::kDecide, false, "fp8-e4m3"};
   return InvalidArgument("unknown configuration '" + name +
                          "' (recompute, local, kvmesh, kvmesh-blind, kvmesh-ssd, kvmesh-ssd-blind, kvmesh-int4, "
-                         "kvmesh-fp8; each also with -kv or -kv-approx: KV-aware routing)");
+                         "kvmesh-fp8; each also with -kv or -kv-approx: KV-aware routing; then +procs: engines as "
+                         "processes)");
 }
 
 // The cluster the kvmesh tier runs on: the engine model's KV layout with
@@ -109,22 +121,9 @@ Result<Tier> OpenTier(const BenchServeOptions& o, const json& cluster, const Loc
     return t;
   }
   for (uint32_t e = 0; e < o.engines; ++e) {
-    NetworkClientOptions no;
-    no.coordinator = daemons->coordinator();
-    no.client_id = "bench-serve-engine-" + std::to_string(e);
-    no.tenant_salt = salt;
-    no.timeout_ms = 20000;
-    KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<NetworkClient> c, NetworkClient::Connect(no));
-    // A node prints its listening line before the coordinator lists it: wait
-    // for the whole map, or a put meant for a missing node is refused.
-    const auto until = Clock::now() + std::chrono::seconds(10);
-    while (c->num_nodes() < cluster["nodes"].size() && Clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      (void)c->Refresh();
-    }
-    if (c->num_nodes() < cluster["nodes"].size())
-      return Unavailable("the coordinator listed " + std::to_string(c->num_nodes()) + " of " +
-                         std::to_string(cluster["nodes"].size()) + " nodes after 10 s");
+    KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<NetworkClient> c,
+                            ConnectEngineClient(daemons->coordinator(), "bench-serve-engine-" + std::to_string(e),
+                                                salt, cluster["nodes"].size()));
     t.clients.push_back(std::move(c));
   }
   return t;
@@ -264,6 +263,42 @@ RunResult Summarise(const std::string& config, double rate, const std::vector<Se
 
 }  // namespace
 
+Result<std::unique_ptr<NetworkClient>> ConnectEngineClient(const std::string& coordinator, const std::string& client_id,
+                                                          const std::string& salt, size_t nodes) {
+  NetworkClientOptions no;
+  no.coordinator = coordinator;
+  no.client_id = client_id;
+  no.tenant_salt = salt;
+  no.timeout_ms = 20000;
+  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<NetworkClient> c, NetworkClient::Connect(no));
+  // A node prints its listening line before the coordinator lists it: wait
+  // for the whole map, or a put meant for a missing node is refused.
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (c->num_nodes() < nodes && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    (void)c->Refresh();
+  }
+  if (c->num_nodes() < nodes)
+    return Unavailable("the coordinator listed " + std::to_string(c->num_nodes()) + " of " + std::to_string(nodes) +
+                       " nodes after 10 s");
+  return c;
+}
+
+Result<EngineModel> LoadEngineModel(const std::string& engine_model, double mfu, double mbu) {
+  // The `reference` engine model computes for real (reference.h); its
+  // Roofline carries only its shape (KV bytes per token), and its KV (fp32,
+  // 2 KiB a token by default) moves at its real size.
+  EngineModel m;
+  if (IsReferenceModel(engine_model)) {
+    KVMESH_ASSIGN_OR_RETURN(m.reference, ReferenceShared::Create(engine_model));
+    m.roofline.emplace(m.reference->shape, GpuSpec{"cpu", 1, 1, 0});
+  } else {
+    KVMESH_ASSIGN_OR_RETURN(Roofline r, Roofline::Parse(engine_model, mfu, mbu));
+    m.roofline.emplace(std::move(r));
+  }
+  return m;
+}
+
 // The world-model workload (world_serve.h) runs against the same kvmesh tier
 // as the token runs: these hand it out.
 Result<json> ServeClusterJson(const BenchServeOptions& o, const Roofline& model) { return ClusterJson(o, model); }
@@ -388,25 +423,15 @@ double Percentile(std::vector<double> v, double p) {
 }
 
 Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, const ServeProgress& progress) {
-  // The `reference` engine model computes for real (reference.h); its
-  // Roofline carries only its shape (KV bytes per token), and its KV (fp32,
-  // 2 KiB a token by default) moves at its real size.
-  std::shared_ptr<const ReferenceShared> reference;
   BenchServeOptions o = options;
-  std::optional<Roofline> parsed;
-  if (IsReferenceModel(o.engine_model)) {
-    KVMESH_ASSIGN_OR_RETURN(reference, ReferenceShared::Create(o.engine_model));
-    o.kv_scale = 1;
-    parsed.emplace(reference->shape, GpuSpec{"cpu", 1, 1, 0});
-  } else {
-    KVMESH_ASSIGN_OR_RETURN(Roofline r, Roofline::Parse(o.engine_model, o.mfu, o.mbu));
-    parsed.emplace(std::move(r));
-  }
-  const Roofline& model = *parsed;
+  KVMESH_ASSIGN_OR_RETURN(const EngineModel loaded, LoadEngineModel(o.engine_model, o.mfu, o.mbu));
+  const std::shared_ptr<const ReferenceShared> reference = loaded.reference;
+  if (reference) o.kv_scale = 1;  // its KV is small: real size
+  const Roofline& model = *loaded.roofline;
   std::vector<ConfigKind> kinds;
   bool need_tier = false, need_pressure = false;
   for (const std::string& c : o.configs) {
-    KVMESH_ASSIGN_OR_RETURN(ConfigKind k, KindOf(RoutingOf(c).base));
+    KVMESH_ASSIGN_OR_RETURN(ConfigKind k, KindOf(RoutingOf(WithoutProcs(c)).base));
     kinds.push_back(k);
     need_tier |= k.mode == CacheMode::kKvmesh && !k.pressure && k.codec.empty();
     need_pressure |= k.pressure;
@@ -464,10 +489,9 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
         cd = coded[kinds[c].codec].second.get();
       }
       RunResult::Held held_before;
+      const std::string salt = "bench-serve-" + std::to_string(::getpid()) + "-" + std::to_string(run_no);
       if (kinds[c].mode == CacheMode::kKvmesh) {
-        KVMESH_ASSIGN_OR_RETURN(Tier t, OpenTier(o, *cj, cd,
-                                                 "bench-serve-" + std::to_string(::getpid()) + "-" +
-                                                     std::to_string(run_no)));
+        KVMESH_ASSIGN_OR_RETURN(Tier t, OpenTier(o, *cj, cd, salt));
         tier.emplace(std::move(t));
         KVMESH_ASSIGN_OR_RETURN(link, ProbeLink(tier->router(0), model, o));
         KVMESH_ASSIGN_OR_RETURN(held_before, HeldNow(*tier, cd, (*cj)["nodes"][0]["memory"].contains("device")));
@@ -481,10 +505,60 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
         recs[i].output_tokens = uint32_t(reqs[i].output.size());
       }
       const auto run_start = Clock::now();
-      const auto origin = run_start + std::chrono::milliseconds(100);
-      RequestRouter routing(RoutingOf(o.configs[c]).routing, o.engines, o.block_tokens, o.max_batch, o.approx_ttl_s);
+      auto origin = run_start + std::chrono::milliseconds(100);
+      RequestRouter routing(RoutingOf(WithoutProcs(o.configs[c])).routing, o.engines, o.block_tokens, o.max_batch,
+                            o.approx_ttl_s);
+      const bool as_procs = o.engine_procs || AsProcs(o.configs[c]);
       std::vector<std::unique_ptr<Engine>> engines;
-      for (uint32_t e = 0; e < o.engines; ++e) {
+      std::vector<std::unique_ptr<EngineProcess>> procs;
+      if (as_procs && o.kvmesh_bin.empty()) return InvalidArgument("--engine-procs: no kvmesh binary to start engines with");
+      if (as_procs) {
+        // Each engine a `kvmesh serve-engine` child: the same options, the
+        // schedule's options (it rebuilds the requests), the run's tenant
+        // salt and the probe's estimate as its seed.
+        ::mkdir(dir.c_str(), 0755);
+        for (uint32_t e = 0; e < o.engines; ++e) {
+          EngineProcConfig pc;
+          pc.index = e;
+          pc.engine_model = o.engine_model;
+          pc.mfu = o.mfu;
+          pc.mbu = o.mbu;
+          pc.block_tokens = o.block_tokens;
+          pc.max_batch = o.max_batch;
+          pc.kv_scale = o.kv_scale;
+          pc.local_cache_blocks = o.local_cache_blocks;
+          pc.max_prefill_tokens = o.max_prefill_tokens;
+          pc.mode = int(kinds[c].mode);
+          pc.policy = int(kinds[c].policy);
+          if (kinds[c].mode == CacheMode::kKvmesh) {
+            if (!cd) return InvalidArgument("--engine-procs: the kvmesh configurations need --cluster daemons");
+            pc.coordinator = cd->coordinator();
+            pc.salt = salt;
+            pc.nodes = (*cj)["nodes"].size();
+            pc.link_latency_s = link->latency_s();
+            pc.link_seconds_per_byte = 1.0 / link->bytes_per_s();
+            pc.probe_interval_s = o.probe_interval_s;
+          }
+          pc.workload = o.workload;
+          pc.workload.rate = rate;
+          if (!traced.empty()) {
+            pc.trace_path = o.trace_path;
+            pc.trace = o.trace;
+          }
+          pc.schedule_hash = ScheduleHash(reqs);
+          LocalCacheListener listener = routing.Listener(e);
+          pc.kv_events = bool(listener);
+          KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<EngineProcess> p,
+                                  EngineProcess::Start(o.kvmesh_bin, pc,
+                                                       dir + "/engine-" + std::to_string(run_no) + "-" +
+                                                           std::to_string(e) + ".log",
+                                                       std::move(listener), 60));
+          procs.push_back(std::move(p));
+        }
+        origin = Clock::now() + std::chrono::milliseconds(100);
+        for (auto& p : procs) KVMESH_RETURN_IF_ERROR(p->Begin(origin));
+      }
+      for (uint32_t e = 0; e < o.engines && !as_procs; ++e) {
         EngineOptions eo;
         eo.model = &model;
         eo.reference = reference;
@@ -505,7 +579,15 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
       auto finished = [&] {
         uint64_t f = 0;
         for (auto& e : engines) f += e->finished();
+        for (auto& p : procs) f += p->finished();
         return f;
+      };
+      // A child that died ends the run with its report (not a wait for its requests).
+      std::string died;
+      auto dead = [&] {
+        for (auto& p : procs)
+          if (died.empty()) died = p->death();
+        return !died.empty();
       };
       std::atomic<uint64_t> arrived{0};
       std::atomic<bool> stop_progress{false};
@@ -515,20 +597,23 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
           std::this_thread::sleep_for(std::chrono::milliseconds(250));
         }
       });
-      std::vector<uint64_t> submitted(engines.size(), 0), in_flight(engines.size(), 0);
-      for (size_t i = 0; i < reqs.size(); ++i) {  // open loop: arrivals never wait for the engines
+      std::vector<uint64_t> submitted(o.engines, 0), in_flight(o.engines, 0);
+      for (size_t i = 0; i < reqs.size() && !dead(); ++i) {  // open loop: arrivals never wait for the engines
         std::this_thread::sleep_until(origin + std::chrono::duration_cast<Clock::duration>(
                                                    std::chrono::duration<double>(reqs[i].arrival_s)));
-        for (size_t e = 0; e < engines.size(); ++e) in_flight[e] = submitted[e] - engines[e]->finished();
+        for (size_t e = 0; e < o.engines; ++e)
+          in_flight[e] = submitted[e] - (procs.empty() ? engines[e]->finished() : procs[e]->finished());
         const uint32_t to = routing.Pick(reqs[i], in_flight);
         ++submitted[to];
-        engines[to]->Submit(i);
+        if (procs.empty()) engines[to]->Submit(i);
+        else procs[to]->Submit(i);
         arrived.fetch_add(1);
       }
       for (auto& e : engines) e->Finish();
+      for (auto& p : procs) p->Finish();
       const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                std::chrono::duration<double>(o.drain_s));
-      while (finished() < reqs.size() && Clock::now() < deadline)
+      while (finished() < reqs.size() && Clock::now() < deadline && !dead())
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       const double end_s = Seconds(Clock::now() - origin);
       for (auto& e : engines) e->Abort();
@@ -537,13 +622,23 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& options, c
         e->Join();
         d.Add(e->counters());
       }
+      for (auto& p : procs) {  // each stops, reports its requests and counters, and exits
+        const Status s = p->Collect(&recs, 30);
+        if (!s.ok() && died.empty()) died = s.ToString();
+        d.Add(p->counters());
+      }
       stop_progress.store(true);
       ticker.join();
+      if (!died.empty()) return Unavailable(died + " (run " + label + ")");
       if (progress) progress(label, reqs.size(), finished(), reqs.size());
       RunResult r = Summarise(o.configs[c], rate, reqs, recs, end_s, o);
       r.decisions = d;
       r.routing = routing.counters();
-      if (link) {
+      if (link && !procs.empty()) {  // each child learned its own estimate: engine 0's
+        r.link_latency_s = procs[0]->link_latency_s;
+        r.link_bytes_per_s = procs[0]->link_bytes_per_s;
+        r.link_deviation = procs[0]->link_deviation;
+      } else if (link) {
         r.link_latency_s = link->latency_s();
         r.link_bytes_per_s = link->bytes_per_s();
         r.link_deviation = link->deviation();

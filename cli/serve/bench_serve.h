@@ -4,8 +4,10 @@
 // For every configuration and every offered rate, one run: the same
 // open-loop multi-turn workload (workload.h) sent round-robin to `engines`
 // engines (engine.h; threads of this process, each with its own kvmesh
-// client), measured per request (TTFT, TPOT) and summarised (RunResult).
-// (Round robin, or KV-aware with a -kv / -kv-approx suffix: routing.h.)
+// client, or with engine_procs each a `kvmesh serve-engine` child process:
+// engine_proc.h), measured per request (TTFT, TPOT) and summarised (RunResult).
+// (Round robin, or KV-aware with a -kv / -kv-approx suffix: routing.h; with
+// a further +procs suffix, that configuration's engines are child processes.)
 // Configurations:
 //   recompute     every prompt prefilled whole; no cache
 //   local         each engine's own device-tier prefix cache only
@@ -25,15 +27,22 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/serve/engine.h"
+#include "cli/serve/reference.h"
+#include "cli/serve/roofline.h"
 #include "cli/serve/routing.h"
 #include "cli/serve/workload.h"
 #include "kvmesh/status.h"
+
+namespace kvmesh {
+class NetworkClient;
+}
 
 namespace kvmesh::serve {
 
@@ -71,6 +80,10 @@ struct BenchServeOptions {
   double slo_ttft_s = 0.5, slo_tpot_s = 0.05;
   // The -kv-approx configurations: how long a routed prompt counts as on its engine (routing.h).
   double approx_ttl_s = 30;
+  // Each engine a child process (`kvmesh_bin serve-engine`, engine_proc.h)
+  // with its own kvmesh client, instead of a thread of this process; the
+  // kvmesh configurations then need cluster = "daemons".
+  bool engine_procs = false;
 };
 
 struct RunResult {
@@ -154,6 +167,20 @@ struct ServeTier {
 };
 Result<std::unique_ptr<ServeTier>> OpenServeTier(const BenchServeOptions& o, const nlohmann::json& cluster,
                                                  const LocalDaemons* daemons, const std::string& salt);
+
+// The engine model o.engine_model names: its roofline (for `reference`, its
+// shape only: KV bytes per token) and, for `reference`, the model computed.
+struct EngineModel {
+  std::optional<Roofline> roofline;
+  std::shared_ptr<const ReferenceShared> reference;
+};
+Result<EngineModel> LoadEngineModel(const std::string& engine_model, double mfu, double mbu);
+
+// An engine's kvmesh client of the daemons at `coordinator` (host:port)
+// under the run's tenant salt, once the coordinator lists `nodes` nodes (10 s
+// at most: a node prints its listening line before the coordinator lists it).
+Result<std::unique_ptr<NetworkClient>> ConnectEngineClient(const std::string& coordinator, const std::string& client_id,
+                                                          const std::string& salt, size_t nodes);
 
 // Percentile p (0..100) of v (sorted inside); 0 for an empty v.
 double Percentile(std::vector<double> v, double p);
