@@ -184,7 +184,7 @@ Result<std::unique_ptr<LinkEstimate>> ProbeLink(Router& r, const Roofline& model
   // One untimed get of all 64 first: the first get of freshly stored blocks
   // is 8-20x slower than the next (UCX on one host, --prefix-check's
   // min..max column; not yet explained), and seeding from it made the
-  // estimate 15x pessimistic (467 ms for a 1k-token load that took 12 ms).
+  // estimate about 40x pessimistic (467 ms for a 1k-token load whose median took 11.7 ms).
   KVMESH_RETURN_IF_ERROR(timed_get(n).status());
   std::vector<double> one, many;
   for (int i = 0; i < 3; ++i) {
