@@ -42,7 +42,7 @@ KeyDeriver::KeyDeriver(std::string_view model_id, std::string_view tenant_salt,
   const uint8_t sep = 0;
   Feed(s.st, &sep, 1);
   Feed(s.st, tenant_salt.data(), tenant_salt.size());
-  root_ = Digest(s.st);
+  root_ = ContentKey(Digest(s.st));
 }
 
 BlockKey KeyDeriver::Chain(const BlockKey& prev, std::span<const TokenId> block) {
@@ -55,12 +55,12 @@ BlockKey KeyDeriver::Chain(const BlockKey& prev, std::span<const TokenId> block)
     std::memcpy(buf + 8, &prev.lo, 8);
     std::memcpy(buf + 16, block.data(), 4 * block.size());
     XXH128_hash_t h = XXH3_128bits(buf, n);
-    return BlockKey{h.high64, h.low64};
+    return ContentKey(BlockKey{h.high64, h.low64});
   }
   State s;
   FeedKey(s.st, prev);
   Feed(s.st, block.data(), 4 * block.size());
-  return Digest(s.st);
+  return ContentKey(Digest(s.st));
 }
 
 BlockKey KeyDeriver::Qualify(const BlockKey& chain, Range layers, Range heads) {
@@ -70,7 +70,7 @@ BlockKey KeyDeriver::Qualify(const BlockKey& chain, Range layers, Range heads) {
   const uint32_t r[4] = {layers.begin, layers.end, heads.begin, heads.end};
   std::memcpy(buf + 16, r, 16);
   XXH128_hash_t h = XXH3_128bits(buf, sizeof buf);
-  return BlockKey{h.high64, h.low64};
+  return ContentKey(BlockKey{h.high64, h.low64});
 }
 
 void KeyDeriver::ChainKeys(std::span<const TokenId> tokens, std::vector<BlockKey>* out) const {

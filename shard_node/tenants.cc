@@ -77,7 +77,7 @@ BlockKey ScopeKey(const BlockKey& ns, const BlockKey& key) {
   PutU64(buf + 16, key.hi);
   PutU64(buf + 24, key.lo);
   const XXH128_hash_t h = XXH3_128bits(buf, sizeof buf);
-  return BlockKey{h.high64, h.low64};
+  return ContentKey(BlockKey{h.high64, h.low64});  // a scoped content key stays one
 }
 
 struct TenantRegistry::Tenant {

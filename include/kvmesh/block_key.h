@@ -5,6 +5,8 @@
 //   key_i   = H(chain_i | layers.begin | layers.end | heads.begin | heads.end)  (u32 LE each)
 //
 // H is xxHash3-128 (seed 0); a 128-bit value is fed as hi then lo, each u64 LE.
+// Every chain and key value is then passed through ContentKey (a group tag in
+// lo's top 11 bits, 1 in 2^11 hashes, has lo's top bit cleared).
 // A key therefore names its whole prefix and its slice; tenants with different
 // salts never share a key. These values are a storage format: a golden test
 // pins them, and changing them orphans every cached block.
@@ -33,9 +35,11 @@ namespace kvmesh {
 // 14 bits of hi are the group's Redis Cluster hash slot, and placement ranks
 // nodes by the slot alone, so every key of a slot lands on one node and a
 // cluster-aware client that computes the slot finds the owner itself.
-// A content key carries a tag by chance with probability 2^-11: it is then
-// placed by its hi half alone (or its top 14 bits: still uniform) and, 1 in
-// 2^12, tracked by its node as a group of one: harmless either way.
+// A content key never carries a tag: every derivation of one (KeyDeriver,
+// the tenant scope ScopeKey, the Python adapters' keys) passes its hash
+// through ContentKey below, which clears lo's top bit in the 1 in 2^11 hashes
+// that would. Before, such a key was stored raw by a node with a codec (a
+// grouped block is opaque bytes) and refused as larger than its slot.
 inline constexpr uint64_t kGroupTagMask = 0xFFF0000000000000ull;
 inline constexpr uint64_t kGroupTag = 0xA5C0000000000000ull;
 inline constexpr uint64_t kGroupSlottedTag = 0xA5D0000000000000ull;
@@ -50,6 +54,12 @@ inline BlockKey GroupedKey(uint64_t group, uint64_t member, bool co_evict, bool 
                              (member & kGroupMemberMask)};
 }
 inline bool IsGroupedKey(const BlockKey& k) { return (k.lo & kGroupKindMask) == kGroupTag; }
+// A hash made a content key: lo's top bit cleared when lo's top 11 bits are a
+// group tag's (0xA5C or 0xA5D becomes 0x25C or 0x25D), else unchanged.
+inline BlockKey ContentKey(BlockKey k) {
+  if (IsGroupedKey(k)) k.lo &= ~(uint64_t{1} << 63);
+  return k;
+}
 inline bool IsSlottedKey(const BlockKey& k) { return (k.lo & kGroupTagMask) == kGroupSlottedTag; }
 inline bool IsCoEvictedKey(const BlockKey& k) { return IsGroupedKey(k) && (k.lo & kGroupCoEvictBit) != 0; }
 // The Redis Cluster slot of a slotted key.

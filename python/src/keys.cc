@@ -19,7 +19,7 @@ using KeyArray = py::array_t<uint64_t, py::array::c_style>;
 
 BlockKey Hash(const void* p, size_t n) {
   const XXH128_hash_t h = XXH3_128bits(p, n);
-  return BlockKey{h.high64, h.low64};
+  return ContentKey(BlockKey{h.high64, h.low64});  // never a group tag (kvmesh/block_key.h)
 }
 
 // bytes, bytearray or str (UTF-8) as raw bytes.
