@@ -1,4 +1,4 @@
-// kvmesh coordinator --config F [--port P]
+// kvmesh coordinator --config F [--host H] [--port P]
 #include <iostream>
 
 #include "cli/commands.h"
@@ -12,9 +12,13 @@ void AddCoordinatorCommand(CLI::App& app, int* exit_code) {
   auto* cmd = app.add_subcommand("coordinator", "Run the coordinator (membership, heartbeats, shard-map epochs)");
   auto config = std::make_shared<std::string>();
   auto port = std::make_shared<int>(-1);
+  auto host = std::make_shared<std::string>();
   cmd->add_option("--config", *config, "cluster config JSON")->required();
+  cmd->add_option("--host", *host,
+                  "address to listen on and to advertise to the other coordinators (default $.coordinator.host): "
+                  "coordinators on several machines share one config file");
   cmd->add_option("--port", *port, "HTTP port (default $.coordinator.port; 0 = a free port)")->check(CLI::Range(-1, 65535));
-  cmd->callback([config, port, exit_code] {
+  cmd->callback([config, host, port, exit_code] {
     BlockStopSignals();
     Result<ClusterConfig> c = LoadConfigFile(*config);
     if (!c.ok()) {
@@ -22,6 +26,7 @@ void AddCoordinatorCommand(CLI::App& app, int* exit_code) {
       *exit_code = 1;
       return;
     }
+    if (!host->empty()) c->coordinator.host = *host;
     if (*port >= 0) c->coordinator.port = static_cast<uint16_t>(*port);
     auto s = CoordinatorServer::Start(*c);
     if (!s.ok()) {

@@ -47,7 +47,8 @@ mt_etcd_coordinators() {
 }
 mt_etcd_on_launch() { mh_exec "$MT_ID" "h$((MT_HOSTS - 1))" "$@"; }
 
-# The config of the coordinator on host H (its $.coordinator.host) on stdout:
+# The cluster config on stdout, one file for every coordinator (each gets its
+# own address with `kvmesh coordinator --host`; $.coordinator.host is h<H>'s):
 # the TCP phase's cluster, a fourth node n3 on h3 (it joins during faults),
 # both coordinators listed and the control plane in the etcd cluster.
 mt_etcd_config() {
@@ -93,7 +94,7 @@ mt_etcd_wait_healthy() {   # SECONDS: every member answers
 
 mt_etcd_start_coordinator() {   # H
   local h=$1 log="$MT_WORK/coordinator-h$1.$((MT_ETCD_STARTS++))"
-  mt_bg "$log" "h$h" "$MT_KVMESH" coordinator --config "$MT_WORK/etcd-c$h.json" > /dev/null
+  mt_bg "$log" "h$h" "$MT_KVMESH" coordinator --config "$MT_WORK/etcd-cluster.json" --host "$(mh_addr "$h")" > /dev/null
   MT_ETCD_CPID[$h]=${MT_PIDS[-1]}
   mt_wait_line "$log.out" '"event":"listening"' 20 || mt_fail "coordinator on h$h did not listen in 20 s"
 }
@@ -102,7 +103,7 @@ mt_etcd_launch_node() {   # I: node n<I>, on h<I+1> (n3 on h3); its log in MT_ET
   local i=$1 h=$(($1 + 1))
   ((h > 3)) && h=3
   MT_ETCD_NLOG="$MT_WORK/etcd-node$i.$((MT_ETCD_STARTS++))"
-  mt_bg "$MT_ETCD_NLOG" "h$h" "$MT_KVMESH" node --config "$MT_WORK/etcd-c0.json" --id "n$i" > /dev/null
+  mt_bg "$MT_ETCD_NLOG" "h$h" "$MT_KVMESH" node --config "$MT_WORK/etcd-cluster.json" --id "n$i" > /dev/null
   MT_ETCD_NPID[$i]=${MT_PIDS[-1]}
 }
 mt_etcd_start_node() {   # I: launched, and listening
@@ -276,10 +277,8 @@ mt_phase_etcd() {
     mt_fail "the etcd cluster was not healthy within 30 s"
     return 1
   }
-  for h in $(mt_etcd_coordinator_hosts); do
-    mt_etcd_config "$h" > "$MT_WORK/etcd-c$h.json"
-    mt_etcd_start_coordinator "$h"
-  done
+  mt_etcd_config "$(mt_etcd_coordinator_hosts | awk '{print $1}')" > "$MT_WORK/etcd-cluster.json"
+  for h in $(mt_etcd_coordinator_hosts); do mt_etcd_start_coordinator "$h"; done
   h=$(mt_etcd_leader 15) || {
     mt_fail "no coordinator led within 15 s"
     return 1
