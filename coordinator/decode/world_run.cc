@@ -3,7 +3,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <map>
+
+#include "common/hash.h"
 
 namespace kvmesh::decode {
 
@@ -39,6 +42,12 @@ Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model
   std::map<BlockKey, size_t> ctx_slot;
   std::vector<GetItem> gets;
   std::vector<uint8_t> pixels(size_t{c.width} * c.height), refreshed(N);
+  // Tokens (the previous frame's feed the tokenizer's hysteresis) and, with
+  // context_gate, the temporal fingerprints of the frames in the window.
+  std::vector<uint32_t> tokens(N), prev_tokens;
+  std::vector<uint64_t> tsig(size_t{N} * c.layers), tags(N);
+  std::deque<std::vector<uint64_t>> sig_window;
+  std::vector<const uint64_t*> sig_hist;
 
   WorldStreamResult res;
   res.logits.reserve(size_t{o.frames} * N * c.vocab);
@@ -48,7 +57,16 @@ Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model
     WorldFrameStats fs;
     fs.frame = t;
     fs.patches = N;
-    KVMESH_ASSIGN_OR_RETURN(FrameMatch m, stream->Match(pixels));
+    KVMESH_RETURN_IF_ERROR(model.Tokenize(pixels, prev_tokens, tokens));
+    prev_tokens = tokens;
+    if (o.context_gate) {
+      sig_hist.clear();
+      for (const std::vector<uint64_t>& f : sig_window) sig_hist.push_back(f.data());
+      model.Signatures(tokens, sig_hist, tsig, tags);
+    }
+    KVMESH_ASSIGN_OR_RETURN(FrameMatch m,
+                            stream->Match(pixels, nullptr, o.context_gate ? std::span<const uint64_t>(tags)
+                                                                          : std::span<const uint64_t>()));
     KVMESH_RETURN_IF_ERROR(stream->GetReused(m, reused_dst));
     // Temporal context of the computed patches (with refresh_deviation, of
     // every patch: the first layer runs for all), each distinct block read once.
@@ -75,6 +93,11 @@ Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model
         const size_t s = ctx_slot.at(k);
         if (!gets[s - N].status.ok()) {  // a miss: attend to what is left
           ++fs.history_misses;
+          // The block is computed from another history than its fingerprint
+          // says: a fingerprint nothing else has keeps it (and what attends
+          // to it later) from being reused as if it were.
+          tags[p] = Mix64(tags[p] ^ (uint64_t{t} << 32 | p) ^ 0x4D495353);
+          for (uint32_t l = 0; l < c.layers; ++l) tsig[size_t{p} * c.layers + l] = tags[p] + l;
           continue;
         }
         history[p].push_back(reinterpret_cast<const float*>(slot(s)));
@@ -82,6 +105,7 @@ Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model
     }
     fs.blocks_read = m.reused() + gets.size();
     WorldFrameInput in{pixels, gen.Action(t), reused, history};
+    in.tokens = tokens;
     in.refresh_deviation = so.match.refresh_deviation;
     in.refreshed = refreshed.data();
     KVMESH_RETURN_IF_ERROR(model.ComputeFrame(in, out_blocks, logits));
@@ -92,7 +116,12 @@ Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model
         ++fs.refreshed;
       }
     const uint64_t before = stream->stats().bytes_put;
-    KVMESH_RETURN_IF_ERROR(stream->Commit(m, pixels, put_src));
+    KVMESH_RETURN_IF_ERROR(stream->Commit(
+        m, pixels, put_src, o.context_gate ? std::span<const uint64_t>(tags) : std::span<const uint64_t>()));
+    if (o.context_gate) {
+      sig_window.push_back(tsig);
+      while (sig_window.size() > std::min<size_t>(W, c.window - 1)) sig_window.pop_front();
+    }
     fs.bytes_put = stream->stats().bytes_put - before;
     fs.reused = static_cast<uint32_t>(m.reused());
     fs.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -34,6 +34,12 @@ struct WorldStreamOptions {
   // Keep every frame's blocks (computed and reused) and sources in the
   // result, for breaking the error down (`kvmesh worldmodel --diagnose`).
   bool keep_blocks = false;
+  // Exact reuse: a patch also needs its block's fingerprint
+  // (WorldModel::Signatures: its tokens through the model's spatial and
+  // temporal dependencies) to equal the one this frame would compute it from,
+  // so a reused block is the block recomputation would produce. Off: the
+  // pixel gate alone decides (an approximation: context is not checked).
+  bool context_gate = false;
 };
 
 struct WorldStreamResult {
