@@ -205,10 +205,11 @@ TEST_CASE("FrameStream tags: a block computed from other inputs is not reused", 
   auto cluster = EmbeddedCluster::Start(Config(mc));
   REQUIRE(cluster.ok());
   FrameStreamOptions so;
-  so.stream_id = 3;
-  auto s = FrameStream::Open((*cluster)->router(), so);
-  REQUIRE(s.ok());
-  FrameStream& st = **s;
+  so.stream_id = 4;
+  auto opened = FrameStream::Open((*cluster)->router(), so);
+  REQUIRE(opened.ok());
+  std::unique_ptr<FrameStream> stream = std::move(opened).value();
+  FrameStream& st = *stream;
   const uint32_t N = st.num_patches();
   FrameGenerator gen(Scene(0, 0));
   const std::vector<uint8_t> px = gen.Frame(0);

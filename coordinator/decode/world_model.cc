@@ -353,50 +353,38 @@ void WorldModel::Signatures(std::span<const uint32_t> tokens, std::span<const ui
   const int32_t R = static_cast<int32_t>(c.spatial_radius);
   const size_t keep = std::min<size_t>(history.size(), c.window - 1);
   // a: the state entering a layer; b: after spatial attention (what the
-  // layer's temporal K and V are made from).
+  // layer's temporal K and V are made from, and what temporal_out records).
   // input_kv: every K and V of a patch is a function of its token and
   // position, e (the same for every layer); a still carries the query path.
   std::vector<uint64_t> a(N), b(N), e(N), hist;
   for (uint32_t p = 0; p < N; ++p) a[p] = e[p] = Mix64(Mix64(0x5749474E ^ tokens[p]) ^ p);
+  // Spatial attention of p at layer l over the neighbours' K and V (made from kv).
+  auto spatial = [&](uint32_t p, uint32_t l, const std::vector<uint64_t>& kv) {
+    const int32_t px0 = static_cast<int32_t>(p % GW), py0 = static_cast<int32_t>(p / GW);
+    uint64_t h = Mix64(a[p] ^ (uint64_t{l} << 48));
+    for (int32_t y = std::max(0, py0 - R); y <= std::min(int32_t(GH) - 1, py0 + R); ++y)
+      for (int32_t xx = std::max(0, px0 - R); xx <= std::min(int32_t(GW) - 1, px0 + R); ++xx)
+        h = Mix64(h ^ kv[size_t(y) * GW + size_t(xx)]);
+    return h;
+  };
+  // Temporal attention of p at layer l: state h, own entry self, the history.
+  auto temporal = [&](uint32_t p, uint32_t l, uint64_t h, uint64_t self) {
+    hist.clear();
+    for (size_t j = history.size() - keep; j < history.size(); ++j) hist.push_back(history[j][size_t{p} * L + l]);
+    // A history of copies of the patch's own entry adds exactly nothing
+    // (Attend: out = v_self + sum w_j (v_j - v_self)): the same as none.
+    if (std::all_of(hist.begin(), hist.end(), [&](uint64_t v) { return v == self; })) hist.clear();
+    std::sort(hist.begin(), hist.end());
+    h = Mix64(h ^ 0x54454D50);
+    for (uint64_t v : hist) h = Mix64(h ^ v);
+    return h;  // the FFN is per patch: the next layer's input is determined by this
+  };
   for (uint32_t l = 0; l < L; ++l) {
-    if (c.input_kv) {
-      for (uint32_t p = 0; p < N; ++p) {
-        const int32_t px0 = static_cast<int32_t>(p % GW), py0 = static_cast<int32_t>(p / GW);
-        uint64_t h = Mix64(a[p] ^ (uint64_t{l} << 48));
-        for (int32_t y = std::max(0, py0 - R); y <= std::min(int32_t(GH) - 1, py0 + R); ++y)
-          for (int32_t xx = std::max(0, px0 - R); xx <= std::min(int32_t(GW) - 1, px0 + R); ++xx)
-            h = Mix64(h ^ e[size_t(y) * GW + size_t(xx)]);
-        temporal_out[size_t{p} * L + l] = e[p];  // what the layer's temporal K and V come from
-        hist.clear();
-        for (size_t j = history.size() - keep; j < history.size(); ++j) hist.push_back(history[j][size_t{p} * L + l]);
-        if (std::all_of(hist.begin(), hist.end(), [&](uint64_t v) { return v == e[p]; })) hist.clear();
-        std::sort(hist.begin(), hist.end());
-        h = Mix64(h ^ 0x54454D50);
-        for (uint64_t v : hist) h = Mix64(h ^ v);
-        a[p] = h;
-      }
-      continue;
-    }
     for (uint32_t p = 0; p < N; ++p) {
-      const int32_t px0 = static_cast<int32_t>(p % GW), py0 = static_cast<int32_t>(p / GW);
-      uint64_t h = Mix64(a[p] ^ (uint64_t{l} << 48));
-      for (int32_t y = std::max(0, py0 - R); y <= std::min(int32_t(GH) - 1, py0 + R); ++y)
-        for (int32_t xx = std::max(0, px0 - R); xx <= std::min(int32_t(GW) - 1, px0 + R); ++xx)
-          h = Mix64(h ^ a[size_t(y) * GW + size_t(xx)]);
-      b[p] = h;
-      temporal_out[size_t{p} * L + l] = h;
+      b[p] = spatial(p, l, c.input_kv ? e : a);
+      temporal_out[size_t{p} * L + l] = c.input_kv ? e[p] : b[p];
     }
-    for (uint32_t p = 0; p < N; ++p) {
-      hist.clear();
-      for (size_t j = history.size() - keep; j < history.size(); ++j) hist.push_back(history[j][size_t{p} * L + l]);
-      // A history of copies of the patch's own entry adds exactly nothing
-      // (Attend: out = v_self + sum w_j (v_j - v_self)): the same as none.
-      if (std::all_of(hist.begin(), hist.end(), [&](uint64_t e) { return e == b[p]; })) hist.clear();
-      std::sort(hist.begin(), hist.end());
-      uint64_t h = Mix64(b[p] ^ 0x54454D50);
-      for (uint64_t e : hist) h = Mix64(h ^ e);
-      a[p] = h;  // the FFN is per patch: the next layer's input is determined by this
-    }
+    for (uint32_t p = 0; p < N; ++p) a[p] = temporal(p, l, b[p], temporal_out[size_t{p} * L + l]);
   }
   for (uint32_t p = 0; p < N; ++p) block_out[p] = a[p];
 }
