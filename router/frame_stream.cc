@@ -80,6 +80,8 @@ struct FrameStream::Impl {
     uint32_t source_frame = 0;  // the frame that computed it
     uint32_t patch = 0;
     std::vector<uint8_t> pixels;  // the patch it was computed from
+    bool tagged = false;          // Commit was given a tag for it
+    uint64_t tag = 0;
   };
   std::map<BlockKey, Block> blocks;
   // Scratch reused across frames.
@@ -133,10 +135,13 @@ void FrameStream::ExtractPatch(std::span<const uint8_t> pixels, uint32_t p, uint
     std::memcpy(out + size_t{y} * P, pixels.data() + (size_t{gy} * P + y) * o_.width + size_t{gx} * P, P);
 }
 
-Result<FrameMatch> FrameStream::Match(std::span<const uint8_t> pixels, const FrameMatchOptions* gate) const {
+Result<FrameMatch> FrameStream::Match(std::span<const uint8_t> pixels, const FrameMatchOptions* gate,
+                                      std::span<const uint64_t> tags) const {
   if (pixels.size() != size_t{o_.width} * o_.height)
     return InvalidArgument("frame stream: frame has " + std::to_string(pixels.size()) + " pixels, expected " +
                            std::to_string(size_t{o_.width} * o_.height));
+  if (!tags.empty() && tags.size() != num_patches())
+    return InvalidArgument("frame stream: Match needs no tags or one per patch");
   const FrameMatchOptions& g = gate ? *gate : o_.match;
   if (gate) KVMESH_RETURN_IF_ERROR(g.Validate());
   FrameMatch m;
@@ -174,6 +179,7 @@ Result<FrameMatch> FrameStream::Match(std::span<const uint8_t> pixels, const Fra
         auto it = impl_->blocks.find(k);
         if (it == impl_->blocks.end()) continue;
         if (g.max_age > 0 && m.frame - it->second.source_frame > g.max_age) continue;  // too stale to reuse
+        if (!tags.empty() && (!it->second.tagged || it->second.tag != tags[p])) continue;  // other inputs
         const std::vector<uint8_t>& src = it->second.pixels;
         float ssim, change;
         bool pass;
@@ -280,10 +286,11 @@ uint32_t FrameStream::References(const BlockKey& key) const {
 }
 
 Status FrameStream::Commit(const FrameMatch& m, std::span<const uint8_t> pixels,
-                           std::span<const std::span<const std::byte>> blocks) {
+                           std::span<const std::span<const std::byte>> blocks, std::span<const uint64_t> tags) {
   if (m.frame != next_frame_) return FailedPrecondition("frame stream: Commit of a frame that is not the next");
-  if (m.patches.size() != num_patches() || blocks.size() != num_patches())
-    return InvalidArgument("frame stream: Commit needs one match and one block slot per patch");
+  if (m.patches.size() != num_patches() || blocks.size() != num_patches() ||
+      (!tags.empty() && tags.size() != num_patches()))
+    return InvalidArgument("frame stream: Commit needs one match and one block slot per patch (and no tags or one per patch)");
   if (pixels.size() != size_t{o_.width} * o_.height) return InvalidArgument("frame stream: wrong frame size");
   auto& puts = impl_->puts;
   puts.clear();
@@ -311,6 +318,8 @@ Status FrameStream::Commit(const FrameMatch& m, std::span<const uint8_t> pixels,
       b.patch = static_cast<uint32_t>(i);
       b.pixels.resize(pp);
       ExtractPatch(pixels, static_cast<uint32_t>(i), b.pixels.data());
+      b.tagged = !tags.empty();
+      b.tag = tags.empty() ? 0 : tags[i];
     }
     ++b.refs;
     if (pm.reused) ++stats_.reused;

@@ -24,6 +24,7 @@ namespace {
 WorldModelConfig SmallModel() {
   WorldModelConfig c;
   c.layers = 2;  // the command's default is 4; tests stay fast
+  c.codes = 512;  // the VQ tokenizer, as the command's model
   return c;
 }
 
@@ -51,7 +52,8 @@ struct Runs {
   WorldStreamResult off, similar;
 };
 
-Runs RunBoth(const WorldModelConfig& mc, const FrameGenParams& scene, uint32_t frames, FrameReuse mode) {
+Runs RunBoth(const WorldModelConfig& mc, const FrameGenParams& scene, uint32_t frames, FrameReuse mode,
+             bool context_gate = false) {
   auto w = WorldWeights::Generate(mc);
   REQUIRE(w.ok());
   WorldModel model(*w);
@@ -64,6 +66,7 @@ Runs RunBoth(const WorldModelConfig& mc, const FrameGenParams& scene, uint32_t f
     o.frames = frames;
     o.stream.stream_id = 9;
     o.stream.match.mode = m;
+    o.context_gate = context_gate;
     auto res = RunWorldStream((*cluster)->router(), model, gen, o);
     REQUIRE(res.ok());
     (m == FrameReuse::kOff ? r.off : r.similar) = std::move(*res);
@@ -136,6 +139,100 @@ TEST_CASE("sensor noise alone does not defeat similarity reuse (it defeats exact
     CHECK(sim.similar.frames[f].reused == mc.num_patches());
     CHECK(exact.similar.frames[f].reused < mc.num_patches() / 10);
   }
+}
+
+TEST_CASE("the tokenizer maps sensor noise below its step to the same tokens (hysteresis)", "[worldmodel]") {
+  const WorldModelConfig mc = SmallModel();
+  auto w = WorldWeights::Generate(mc);
+  REQUIRE(w.ok());
+  WorldModel model(*w);
+  // Noise sigma 2 (the `static` scene's): well below the hysteresis of 8 gray levels.
+  FrameGenerator gen(Scene(/*sprites=*/0, /*noise=*/2.0f));
+  const uint32_t N = mc.num_patches();
+  std::vector<uint32_t> first(N), held(N), fresh(N);
+  REQUIRE(model.Tokenize(gen.Frame(0), {}, first).ok());
+  held = first;
+  size_t held_changed = 0, fresh_changed = 0;
+  for (uint32_t t = 1; t < 24; ++t) {
+    const std::vector<uint8_t> px = gen.Frame(t);
+    std::vector<uint32_t> prev = held;
+    REQUIRE(model.Tokenize(px, prev, held).ok());
+    REQUIRE(model.Tokenize(px, {}, fresh).ok());
+    for (uint32_t p = 0; p < N; ++p) {
+      held_changed += held[p] != first[p];
+      fresh_changed += fresh[p] != first[p];
+    }
+  }
+  CHECK(held_changed == 0);
+  CHECK(fresh_changed > 0);  // without hysteresis, noise flips the patches near a code boundary
+  // A sprite is a change above the step: its patches get other tokens.
+  FrameGenerator sprite(Scene(/*sprites=*/1, /*noise=*/2.0f));
+  std::vector<uint32_t> a(N), b(N);
+  REQUIRE(model.Tokenize(sprite.Frame(0), {}, a).ok());
+  for (const uint32_t p : SpritePatches(sprite.Sprites(0)[0], mc.patch, mc.grid_w(), mc.height / mc.patch)) {
+    REQUIRE(model.Tokenize(gen.Frame(0), {}, b).ok());
+    CHECK(a[p] != b[p]);
+  }
+  std::vector<uint32_t> wrong(N + 1);
+  CHECK(model.Tokenize(gen.Frame(0), {}, wrong).code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("with the context gate a reused block is the block recomputation gives (moving sprite, noise)",
+          "[worldmodel]") {
+  WorldModelConfig mc = SmallModel();
+  const FrameGenParams scene = Scene(/*sprites=*/1, /*noise=*/2.0f);
+  for (const bool input_kv : {true, false}) {
+    mc.input_kv = input_kv;
+    Runs gated = RunBoth(mc, scene, 24, FrameReuse::kSimilar, /*context_gate=*/true);
+    const LogitError e = CompareLogits(gated.similar.logits, gated.off.logits, mc.vocab);
+    CHECK(e.max_abs < 1e-4);
+    CHECK(e.token_agreement == 1.0);
+    const double reuse = double(gated.similar.stats.reused) / double(gated.similar.stats.patches);
+    INFO("input_kv " << input_kv << ": reuse " << reuse << ", max |err| " << e.max_abs);
+    // K and V from the embedding confine a patch's dependence to its
+    // neighbours' tokens: most of the background is reused exactly.
+    if (input_kv) CHECK(reuse > 0.6);
+    CHECK(gated.similar.stats.reused > 0);
+    // The pixel gate alone reuses more, with the error of context it ignores.
+    Runs plain = RunBoth(mc, scene, 24, FrameReuse::kSimilar, /*context_gate=*/false);
+    CHECK(plain.similar.stats.reused > gated.similar.stats.reused);
+    CHECK(CompareLogits(plain.similar.logits, plain.off.logits, mc.vocab).mean_abs > 0.01);
+  }
+}
+
+TEST_CASE("FrameStream tags: a block computed from other inputs is not reused", "[worldmodel]") {
+  const WorldModelConfig mc = SmallModel();
+  auto cluster = EmbeddedCluster::Start(Config(mc));
+  REQUIRE(cluster.ok());
+  FrameStreamOptions so;
+  so.stream_id = 4;
+  auto opened = FrameStream::Open((*cluster)->router(), so);
+  REQUIRE(opened.ok());
+  std::unique_ptr<FrameStream> stream = std::move(opened).value();
+  FrameStream& st = *stream;
+  const uint32_t N = st.num_patches();
+  FrameGenerator gen(Scene(0, 0));
+  const std::vector<uint8_t> px = gen.Frame(0);
+  std::vector<uint64_t> tags(N);
+  for (uint32_t p = 0; p < N; ++p) tags[p] = 100 + p;
+  std::vector<std::byte> data(size_t{N} * mc.BlockBytes(), std::byte{1});
+  std::vector<std::span<const std::byte>> src(N);
+  for (uint32_t p = 0; p < N; ++p) src[p] = {data.data() + size_t{p} * mc.BlockBytes(), mc.BlockBytes()};
+  auto m0 = st.Match(px, nullptr, tags);
+  REQUIRE(m0.ok());
+  CHECK(m0->reused() == 0);
+  REQUIRE(st.Commit(*m0, px, src, tags).ok());
+  tags[3] = 7;  // patch 3 would now be computed from other inputs
+  auto m1 = st.Match(px, nullptr, tags);
+  REQUIRE(m1.ok());
+  CHECK(m1->reused() == N - 1);
+  CHECK_FALSE(m1->patches[3].reused);
+  auto untagged = st.Match(px);  // no tags: the pixel gate alone
+  REQUIRE(untagged.ok());
+  CHECK(untagged->reused() == N);
+  std::vector<uint64_t> short_tags(N - 1);
+  CHECK(st.Match(px, nullptr, short_tags).status().code() == StatusCode::kInvalidArgument);
+  CHECK(st.Commit(*m1, px, src, short_tags).code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("a moving sprite is recomputed where it is, the background it uncovers is reused", "[worldmodel]") {

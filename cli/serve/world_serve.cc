@@ -63,13 +63,11 @@ struct RunShared {
 // into one registered region of the engine.
 class WorldEngine {
  public:
-  WorldEngine(const RunShared& s, Router* router) : s_(s), router_(router) {
+  WorldEngine(const RunShared& s, Router* router) : s_(s), router_(router), step_(*s.model, s.o->gate.window) {
     const auto& c = s.model->config();
     N_ = c.num_patches();
     BF_ = c.BlockFloats();
     BB_ = c.BlockBytes();
-    blocks_.resize(size_t{N_} * BF_);
-    logits_.resize(size_t{N_} * c.vocab);
     reused_.assign(N_, nullptr);
     history_.resize(N_);
   }
@@ -82,13 +80,8 @@ class WorldEngine {
 
   Status Open() {
     if (!router_) return Status::Ok();
-    const size_t slots = size_t{N_} * (1 + s_.o->gate.window);
-    KVMESH_ASSIGN_OR_RETURN(region_, router_->AllocateMemory(slots * BB_));
-    put_src_.resize(N_);
-    for (uint32_t p = 0; p < N_; ++p)
-      put_src_[p] = {reinterpret_cast<const std::byte*>(blocks_.data() + size_t{p} * BF_), BB_};
-    reused_dst_.resize(N_);
-    for (uint32_t p = 0; p < N_; ++p) reused_dst_[p] = {Slot(p), BB_};
+    KVMESH_ASSIGN_OR_RETURN(region_, router_->AllocateMemory(step_.RegionBytes()));
+    step_.SetRegion(region_.base);
     return Status::Ok();
   }
   void Start() { thread_ = std::thread([this] { Loop(); }); }
@@ -130,8 +123,6 @@ class WorldEngine {
     uint64_t copy_held = 0;
   };
 
-  std::byte* Slot(size_t i) { return region_.base + i * BB_; }
-
   void Loop() {
     for (;;) {
       size_t i;
@@ -165,7 +156,7 @@ class WorldEngine {
       KVMESH_RETURN_IF_ERROR(ComputeKvmesh(ss, q, pixels, (*s_.actions)[i], rec));
     }
     rec.finish = Seconds(Clock::now() - s_.origin);
-    (*s_.logits)[i] = logits_;
+    (*s_.logits)[i].assign(step_.logits().begin(), step_.logits().end());
     if (q.frame + 1 == s_.sched->sessions[q.session].frames) {  // the session's last frame: it ends
       KVMESH_RETURN_IF_ERROR(EndSession(q.session));
     }
@@ -181,7 +172,7 @@ class WorldEngine {
       for (const std::vector<float>& f : ss.past) history_[p].push_back(f.data() + size_t{p} * BF_);
     }
     decode::WorldFrameInput in{pixels, action, reused_, history_};
-    KVMESH_RETURN_IF_ERROR(s_.model->ComputeFrame(in, blocks_, logits_));
+    KVMESH_RETURN_IF_ERROR(s_.model->ComputeFrame(in, step_.blocks(), step_.logits()));
     const uint32_t keep = std::max<uint32_t>(s_.model->config().window, 1) - 1;
     if (keep == 0) return Status::Ok();
     std::vector<float> f;
@@ -189,7 +180,7 @@ class WorldEngine {
       f = std::move(ss.past.front());
       ss.past.pop_front();
     }
-    f.assign(blocks_.begin(), blocks_.end());
+    f.assign(step_.blocks().begin(), step_.blocks().end());
     ss.past.push_back(std::move(f));
     SetHeld(ss, uint64_t(ss.past.size()) * N_ * BB_, engine_kv_);
     return Status::Ok();
@@ -212,56 +203,18 @@ class WorldEngine {
     }
     FrameStream& st = *ss.stream;
     KVMESH_ASSIGN_OR_RETURN(FrameMatch m, st.Match(pixels));
-    // The engine's copy serves what it holds; kvmesh the rest (a reused
-    // block the copy lacks: every reused block is then read from kvmesh).
-    auto copied = [&](const BlockKey& k) -> const float* {
-      auto it = ss.copy.find(k);
-      return it == ss.copy.end() ? nullptr : it->second.data();
-    };
-    bool all_copied = s_.local_copy;
-    for (uint32_t p = 0; p < N_ && all_copied; ++p)
-      if (m.patches[p].reused && !copied(m.patches[p].key)) all_copied = false;
-    if (!all_copied) KVMESH_RETURN_IF_ERROR(st.GetReused(m, reused_dst_));
-    ctx_slot_.clear();
-    gets_.clear();
-    hist_keys_.resize(N_);
-    for (uint32_t p = 0; p < N_; ++p) {
-      hist_keys_[p].clear();
-      if (m.patches[p].reused) continue;
-      hist_keys_[p] = st.History(p);
-      for (const BlockKey& k : hist_keys_[p])
-        if (!copied(k) && ctx_slot_.emplace(k, gets_.size()).second)
-          gets_.push_back(GetItem{k, {Slot(N_ + gets_.size()), BB_}, 0, {}});
-    }
-    if (!gets_.empty()) {
-      const Status call = router_->GetBatch(gets_, st.options().request);
-      if (!call.ok())
-        for (GetItem& g : gets_) g.status = call;  // no answer: every context block misses
-    }
-    for (uint32_t p = 0; p < N_; ++p) {
-      reused_[p] = nullptr;
-      if (m.patches[p].reused) {
-        const float* c = all_copied ? copied(m.patches[p].key) : nullptr;
-        reused_[p] = c ? c : reinterpret_cast<const float*>(Slot(p));
-      }
-      history_[p].clear();
-      for (const BlockKey& k : hist_keys_[p]) {
-        if (const float* c = copied(k)) {
-          history_[p].push_back(c);
-          continue;
-        }
-        const size_t g = ctx_slot_.at(k);
-        if (!gets_[g].status.ok()) {  // a miss: attend to what is left
-          ++rec.history_misses;
-          continue;
-        }
-        history_[p].push_back(reinterpret_cast<const float*>(Slot(N_ + g)));
-      }
-    }
-    rec.blocks_read = (all_copied ? 0 : m.reused()) + gets_.size();
-    decode::WorldFrameInput in{pixels, action, reused_, history_};
-    KVMESH_RETURN_IF_ERROR(s_.model->ComputeFrame(in, blocks_, logits_));
-    KVMESH_RETURN_IF_ERROR(st.Commit(m, pixels, put_src_));
+    // The engine's copy serves what it holds (wm-kvmesh-local); kvmesh the rest.
+    decode::WorldFrameStep::Held held;
+    if (s_.local_copy)
+      held = [&ss](const BlockKey& k) -> const float* {
+        auto it = ss.copy.find(k);
+        return it == ss.copy.end() ? nullptr : it->second.data();
+      };
+    decode::WorldFrameStep::Counts counts;
+    KVMESH_RETURN_IF_ERROR(step_.Run(*router_, st, m, decode::WorldFrameInput{pixels, action, {}, {}}, held, counts));
+    rec.blocks_read = counts.blocks_read;
+    rec.history_misses += counts.history_misses;
+    KVMESH_RETURN_IF_ERROR(st.Commit(m, pixels, step_.put_src()));
     rec.reused = static_cast<uint32_t>(m.reused());
     const FrameStreamStats& x = st.stats();
     SetHeld(ss, (x.blocks_put - std::min(x.blocks_put, x.released)) * BB_, kvmesh_kv_);
@@ -276,7 +229,7 @@ class WorldEngine {
     for (uint32_t p = 0; p < N_; ++p) {
       const BlockKey& k = m.patches[p].key;
       if (ss.copy.count(k)) continue;
-      const float* src = m.patches[p].reused ? reinterpret_cast<const float*>(Slot(p)) : blocks_.data() + size_t{p} * BF_;
+      const float* src = step_.used(p);
       ss.copy.emplace(k, std::vector<float>(src, src + BF_));
     }
     for (auto it = ss.copy.begin(); it != ss.copy.end();)
@@ -332,14 +285,9 @@ class WorldEngine {
   uint32_t N_ = 0;
   size_t BF_ = 0, BB_ = 0;
   MemoryRegion region_;
-  std::vector<float> blocks_, logits_;
-  std::vector<const float*> reused_;
-  std::vector<std::vector<const float*>> history_;
-  std::vector<std::span<std::byte>> reused_dst_;
-  std::vector<std::span<const std::byte>> put_src_;
-  std::map<BlockKey, size_t> ctx_slot_;
-  std::vector<GetItem> gets_;
-  std::vector<std::vector<BlockKey>> hist_keys_;
+  decode::WorldFrameStep step_;           // kvmesh configurations' frames; its blocks and logits serve wm-off too
+  std::vector<const float*> reused_;          // wm-off: every patch computed
+  std::vector<std::vector<const float*>> history_;  // wm-off: the session's past frames
   std::unordered_map<uint32_t, Session> sessions_;
   FrameStreamStats stats_;
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/hash.h"
 #include "coordinator/decode/model.h"
 
 namespace kvmesh::decode {
@@ -41,6 +42,7 @@ Status WorldModelConfig::Validate() const {
   if (hidden == 0 || heads == 0 || hidden % heads) return InvalidArgument("world model: heads must divide hidden");
   if (layers == 0 || ffn == 0 || vocab < 2 || actions == 0 || window == 0)
     return InvalidArgument("world model: layers, ffn, actions, window must be > 0 and vocab >= 2");
+  if (!(hysteresis >= 0)) return InvalidArgument("world model: hysteresis must be >= 0");
   return Status::Ok();
 }
 
@@ -49,7 +51,10 @@ ModelSpec WorldModelConfig::Spec() const {
   m.model_id = model_id + "-s" + std::to_string(seed) + "-" + std::to_string(width) + "x" + std::to_string(height) +
                "p" + std::to_string(patch) + "-h" + std::to_string(hidden) + "-a" + std::to_string(heads) + "-l" +
                std::to_string(layers) + "-f" + std::to_string(ffn) + "-v" + std::to_string(vocab) + "-r" +
-               std::to_string(spatial_radius) + "-q" + std::to_string(pool);
+               std::to_string(spatial_radius) + "-q" + std::to_string(pool) +
+               (codes ? "-c" + std::to_string(codes) + "-y" + std::to_string(static_cast<uint32_t>(hysteresis * 16))
+                      : std::string()) +
+               (input_kv ? "-e" : "");
   m.num_layers = 2 * layers + 1;
   m.num_kv_heads = heads;
   m.head_dim = head_dim();
@@ -60,9 +65,10 @@ ModelSpec WorldModelConfig::Spec() const {
 }
 
 uint64_t WorldModelConfig::Params() const {
-  const uint64_t H = hidden, pp = uint64_t{patch / pool} * (patch / pool);
+  const uint64_t H = hidden, pp = pooled();
   const uint64_t per_layer = 8 * H * H + 3 * H * ffn + 3 * H;
-  return H * pp + uint64_t{num_patches()} * H + layers * per_layer + H + uint64_t{actions} * H + uint64_t{vocab} * H;
+  const uint64_t front = codes ? uint64_t{codes} * (pp + H) : H * pp;  // codebook and token embedding, or Win
+  return front + uint64_t{num_patches()} * H + layers * per_layer + H + uint64_t{actions} * H + uint64_t{vocab} * H;
 }
 
 uint64_t WorldModelConfig::MacsPerPatch(uint32_t context) const {
@@ -80,7 +86,15 @@ Result<std::shared_ptr<const WorldWeights>> WorldWeights::Generate(const WorldMo
   const float a_h = std::sqrt(3.0f / H);
   // Pixels in [-0.5, 0.5] have variance 1/12 at most: scale the input so a
   // token's embedding has a spread like the position embedding's.
-  FillUniform(w->patch_in, H * pp, c.seed, Tag(0xFFFF, 1), std::sqrt(3.0f / pp) * 3.0f);
+  if (c.codes == 0) {
+    FillUniform(w->patch_in, H * pp, c.seed, Tag(0xFFFF, 1), std::sqrt(3.0f / pp) * 3.0f);
+  } else {
+    // Codes uniform over the gray range; token embeddings with a spread like
+    // the continuous front end's (std ~0.6).
+    FillUniform(w->codebook, size_t{c.codes} * pp, c.seed, Tag(0xFFFF, 6), 127.5f);
+    for (float& v : w->codebook) v += 127.5f;
+    FillUniform(w->token_in, size_t{c.codes} * H, c.seed, Tag(0xFFFF, 7), 1.0f);
+  }
   FillUniform(w->pos, size_t{c.num_patches()} * H, c.seed, Tag(0xFFFF, 2), 0.5f);
   FillUniform(w->final_norm, H, c.seed, Tag(0xFFFF, 3), 0.1f);
   for (float& g : w->final_norm) g += 1.0f;
@@ -116,7 +130,8 @@ Status WorldModel::ComputeFrame(const WorldFrameInput& in, std::span<float> bloc
   auto K = [&](const float* b, uint32_t kvl) { return b + size_t{kvl} * 2 * H; };
   auto V = [&](const float* b, uint32_t kvl) { return b + size_t{kvl} * 2 * H + H; };
   // Selective refresh needs a second layer to measure the deviation at.
-  const bool blend = in.refresh_deviation > 0 && c.layers >= 2;
+  // (With input_kv every reused patch's K and V are exact: nothing to refresh.)
+  const bool blend = in.refresh_deviation > 0 && c.layers >= 2 && !c.input_kv;
   std::vector<uint32_t> comp;  // patches computed (with blend: in the first layer, every patch)
   std::vector<const float*> src(N);
   for (uint32_t p = 0; p < N; ++p) {
@@ -129,10 +144,23 @@ Status WorldModel::ComputeFrame(const WorldFrameInput& in, std::span<float> bloc
   const uint32_t S = P / c.pool, GW = c.grid_w(), GH = c.height / P;
   std::vector<float> x(C * H), h(C * H), q(C * H), att(C * H), o(C * H), a1(C * F), a3(C * F), px(size_t{S} * S),
       scores(std::max<size_t>(N, c.window) + 1);
-  // Embedding: Win . (pool x pool means / 255 - 0.5) + pos.
+  // Embedding: TokenEmbed[token] + pos, or (codes == 0) Win . (pool x pool means / 255 - 0.5) + pos.
+  std::vector<uint32_t> own_tokens;
+  std::span<const uint32_t> tokens = in.tokens;
+  if (c.codes > 0 && tokens.size() != N) {
+    own_tokens.resize(N);
+    KVMESH_RETURN_IF_ERROR(Tokenize(in.pixels, {}, own_tokens));
+    tokens = own_tokens;
+  }
   const float inv_pool = 1.0f / (255.0f * static_cast<float>(c.pool * c.pool));
   for (size_t i = 0; i < C; ++i) {
     const uint32_t p = comp[i], gx = p % GW, gy = p / GW;
+    if (c.codes > 0) {
+      if (tokens[p] >= c.codes) return InvalidArgument("world model: token out of the codebook");
+      for (uint32_t d = 0; d < H; ++d)
+        x[i * H + d] = w_->token_in[size_t{tokens[p]} * H + d] + w_->pos[size_t{p} * H + d];
+      continue;
+    }
     for (uint32_t y = 0; y < S; ++y)
       for (uint32_t xx = 0; xx < S; ++xx) {
         uint32_t sum = 0;
@@ -144,6 +172,7 @@ Status WorldModel::ComputeFrame(const WorldFrameInput& in, std::span<float> bloc
     MatMul(w_->patch_in.data(), size_t{S} * S, H, size_t{S} * S, px.data(), size_t{S} * S, 1, x.data() + i * H, H);
     for (uint32_t d = 0; d < H; ++d) x[i * H + d] += w_->pos[size_t{p} * H + d];
   }
+  const std::vector<float> x0 = c.input_kv ? x : std::vector<float>();  // the embeddings K and V come from
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   std::vector<const float*> kp, vp;
   for (uint32_t l = 0; l < c.layers && C > 0; ++l) {
@@ -188,6 +217,8 @@ Status WorldModel::ComputeFrame(const WorldFrameInput& in, std::span<float> bloc
                        const std::vector<float>& wv, uint32_t kvl) {
       for (size_t i = 0; i < C; ++i) RmsNorm(x.data() + i * H, norm.data(), H, h.data() + i * H);
       MatMul(wq.data(), H, H, H, h.data(), H, C, q.data(), H);
+      if (c.input_kv)  // K and V from the layer-normed embedding instead of the layer's input
+        for (size_t i = 0; i < C; ++i) RmsNorm(x0.data() + i * H, norm.data(), H, h.data() + i * H);
       for (size_t i = 0; i < C; ++i) {
         float* b = blocks.data() + size_t{comp[i]} * BF;
         MatMul(wk.data(), H, H, H, h.data() + i * H, H, 1, b + size_t{kvl} * 2 * H, H);
@@ -266,6 +297,96 @@ Status WorldModel::ComputeFrame(const WorldFrameInput& in, std::span<float> bloc
   const float ls = 4.0f / std::sqrt(static_cast<float>(H));
   for (size_t e = 0; e < size_t{N} * c.vocab; ++e) logits[e] *= ls;
   return Status::Ok();
+}
+
+Status WorldModel::Tokenize(std::span<const uint8_t> pixels, std::span<const uint32_t> previous,
+                            std::span<uint32_t> out) const {
+  const WorldModelConfig& c = w_->config;
+  const uint32_t N = c.num_patches(), P = c.patch, S = P / c.pool, GW = c.grid_w(), pp = c.pooled();
+  if (pixels.size() != size_t{c.width} * c.height || out.size() != N || (!previous.empty() && previous.size() != N))
+    return InvalidArgument("world model: Tokenize inputs do not match the model's shape");
+  std::vector<uint32_t> sums(pp);
+  std::vector<float> f(pp);
+  const float inv = 1.0f / static_cast<float>(c.pool * c.pool);
+  for (uint32_t p = 0; p < N; ++p) {
+    const uint32_t gx = p % GW, gy = p / GW;
+    for (uint32_t y = 0; y < S; ++y)
+      for (uint32_t xx = 0; xx < S; ++xx) {
+        uint32_t sum = 0;
+        for (uint32_t dy = 0; dy < c.pool; ++dy)
+          for (uint32_t dx = 0; dx < c.pool; ++dx)
+            sum += pixels[(size_t{gy} * P + y * c.pool + dy) * c.width + size_t{gx} * P + xx * c.pool + dx];
+        sums[size_t{y} * S + xx] = sum;
+        f[size_t{y} * S + xx] = static_cast<float>(sum) * inv;
+      }
+    if (c.codes == 0) {
+      uint64_t h = Mix64(0x746F6B656E);
+      for (uint32_t v : sums) h = Mix64(h ^ v);
+      out[p] = static_cast<uint32_t>(h);
+      continue;
+    }
+    float best = INFINITY;
+    uint32_t arg = 0;
+    for (uint32_t k = 0; k < c.codes; ++k) {
+      const float* code = w_->codebook.data() + size_t{k} * pp;
+      float d2 = 0;
+      for (uint32_t e = 0; e < pp; ++e) d2 += (f[e] - code[e]) * (f[e] - code[e]);
+      if (d2 < best) {
+        best = d2;
+        arg = k;
+      }
+    }
+    out[p] = arg;
+    if (previous.empty() || previous[p] >= c.codes || previous[p] == arg) continue;
+    const float* code = w_->codebook.data() + size_t{previous[p]} * pp;
+    float d2 = 0;
+    for (uint32_t e = 0; e < pp; ++e) d2 += (f[e] - code[e]) * (f[e] - code[e]);
+    if (std::sqrt(d2) <= std::sqrt(best) + c.hysteresis) out[p] = previous[p];
+  }
+  return Status::Ok();
+}
+
+void WorldModel::Signatures(std::span<const uint32_t> tokens, std::span<const uint64_t* const> history,
+                            std::span<uint64_t> temporal_out, std::span<uint64_t> block_out) const {
+  const WorldModelConfig& c = w_->config;
+  const uint32_t N = c.num_patches(), L = c.layers, GW = c.grid_w(), GH = c.height / c.patch;
+  const int32_t R = static_cast<int32_t>(c.spatial_radius);
+  const size_t keep = std::min<size_t>(history.size(), c.window - 1);
+  // a: the state entering a layer; b: after spatial attention (what the
+  // layer's temporal K and V are made from, and what temporal_out records).
+  // input_kv: every K and V of a patch is a function of its token and
+  // position, e (the same for every layer); a still carries the query path.
+  std::vector<uint64_t> a(N), b(N), e(N), hist;
+  for (uint32_t p = 0; p < N; ++p) a[p] = e[p] = Mix64(Mix64(0x5749474E ^ tokens[p]) ^ p);
+  // Spatial attention of p at layer l over the neighbours' K and V (made from kv).
+  auto spatial = [&](uint32_t p, uint32_t l, const std::vector<uint64_t>& kv) {
+    const int32_t px0 = static_cast<int32_t>(p % GW), py0 = static_cast<int32_t>(p / GW);
+    uint64_t h = Mix64(a[p] ^ (uint64_t{l} << 48));
+    for (int32_t y = std::max(0, py0 - R); y <= std::min(int32_t(GH) - 1, py0 + R); ++y)
+      for (int32_t xx = std::max(0, px0 - R); xx <= std::min(int32_t(GW) - 1, px0 + R); ++xx)
+        h = Mix64(h ^ kv[size_t(y) * GW + size_t(xx)]);
+    return h;
+  };
+  // Temporal attention of p at layer l: state h, own entry self, the history.
+  auto temporal = [&](uint32_t p, uint32_t l, uint64_t h, uint64_t self) {
+    hist.clear();
+    for (size_t j = history.size() - keep; j < history.size(); ++j) hist.push_back(history[j][size_t{p} * L + l]);
+    // A history of copies of the patch's own entry adds exactly nothing
+    // (Attend: out = v_self + sum w_j (v_j - v_self)): the same as none.
+    if (std::all_of(hist.begin(), hist.end(), [&](uint64_t v) { return v == self; })) hist.clear();
+    std::sort(hist.begin(), hist.end());
+    h = Mix64(h ^ 0x54454D50);
+    for (uint64_t v : hist) h = Mix64(h ^ v);
+    return h;  // the FFN is per patch: the next layer's input is determined by this
+  };
+  for (uint32_t l = 0; l < L; ++l) {
+    for (uint32_t p = 0; p < N; ++p) {
+      b[p] = spatial(p, l, c.input_kv ? e : a);
+      temporal_out[size_t{p} * L + l] = c.input_kv ? e[p] : b[p];
+    }
+    for (uint32_t p = 0; p < N; ++p) a[p] = temporal(p, l, b[p], temporal_out[size_t{p} * L + l]);
+  }
+  for (uint32_t p = 0; p < N; ++p) block_out[p] = a[p];
 }
 
 std::vector<uint32_t> PredictedTokens(std::span<const float> logits, uint32_t vocab) {

@@ -3,9 +3,98 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <map>
 
+#include "common/hash.h"
+
 namespace kvmesh::decode {
+
+WorldFrameStep::WorldFrameStep(const WorldModel& model, uint32_t window)
+    : model_(model),
+      n_(model.config().num_patches()),
+      bf_(model.config().BlockFloats()),
+      bb_(model.config().BlockBytes()),
+      slots_(size_t{n_} * (1 + window)) {
+  blocks_.resize(size_t{n_} * bf_);
+  logits_.resize(size_t{n_} * model.config().vocab);
+  reused_.assign(n_, nullptr);
+  history_.resize(n_);
+  hist_keys_.resize(n_);
+  put_src_.resize(n_);
+  for (uint32_t p = 0; p < n_; ++p)
+    put_src_[p] = {reinterpret_cast<const std::byte*>(blocks_.data() + size_t{p} * bf_), bb_};
+}
+
+void WorldFrameStep::SetRegion(std::byte* base) {
+  base_ = base;
+  reused_dst_.resize(n_);
+  for (uint32_t p = 0; p < n_; ++p) reused_dst_[p] = {base_ + size_t{p} * bb_, bb_};
+}
+
+Status WorldFrameStep::Run(Router& router, FrameStream& st, FrameMatch& m, WorldFrameInput in, const Held& held,
+                           Counts& counts, std::span<uint8_t> missed) {
+  if (base_ == nullptr) return FailedPrecondition("world frame step: no region");
+  if (m.patches.size() != n_ || (!missed.empty() && missed.size() != n_))
+    return InvalidArgument("world frame step: the match or `missed` does not fit the model");
+  auto slot = [&](size_t i) { return base_ + i * bb_; };
+  auto copy = [&](const BlockKey& k) -> const float* { return held ? held(k) : nullptr; };
+  // The caller's copies serve the reused blocks when they hold every one;
+  // otherwise all are read (a miss turns its patch into a computed one).
+  bool all_held = static_cast<bool>(held);
+  for (uint32_t p = 0; p < n_ && all_held; ++p)
+    if (m.patches[p].reused && !copy(m.patches[p].key)) all_held = false;
+  if (!all_held) KVMESH_RETURN_IF_ERROR(st.GetReused(m, reused_dst_));
+  // Temporal context of the computed patches (with refresh, of every patch:
+  // the first layer runs for all), each distinct block read once.
+  const bool blend = in.refresh_deviation > 0;
+  ctx_slot_.clear();
+  gets_.clear();
+  for (uint32_t p = 0; p < n_; ++p) {
+    hist_keys_[p].clear();
+    if (m.patches[p].reused && !blend) continue;
+    hist_keys_[p] = st.History(p);
+    for (const BlockKey& k : hist_keys_[p])
+      if (!copy(k) && ctx_slot_.emplace(k, gets_.size()).second)
+        gets_.push_back(GetItem{k, {slot(n_ + gets_.size()), bb_}, 0, {}});
+  }
+  if (!gets_.empty()) {
+    const Status call = router.GetBatch(gets_, st.options().request);
+    if (!call.ok())  // no answer at all (the stream's node is gone): every context block misses
+      for (GetItem& g : gets_) g.status = call;
+  }
+  for (uint32_t p = 0; p < n_; ++p) {
+    reused_[p] = nullptr;
+    if (m.patches[p].reused) {
+      const float* c = all_held ? copy(m.patches[p].key) : nullptr;
+      reused_[p] = c ? c : reinterpret_cast<const float*>(slot(p));
+    }
+    history_[p].clear();
+    if (!missed.empty()) missed[p] = 0;
+    for (const BlockKey& k : hist_keys_[p]) {
+      if (const float* c = copy(k)) {
+        history_[p].push_back(c);
+        continue;
+      }
+      const size_t g = ctx_slot_.at(k);
+      if (!gets_[g].status.ok()) {  // a miss: attend to what is left
+        ++counts.history_misses;
+        if (!missed.empty()) missed[p] = 1;
+        continue;
+      }
+      history_[p].push_back(reinterpret_cast<const float*>(slot(n_ + g)));
+    }
+  }
+  counts.blocks_read += (all_held ? 0 : m.reused()) + gets_.size();
+  in.reused = reused_;
+  in.history = history_;
+  KVMESH_RETURN_IF_ERROR(model_.ComputeFrame(in, blocks_, logits_));
+  // Patches the model refreshed are computed ones now.
+  if (in.refreshed)
+    for (uint32_t p = 0; p < n_; ++p)
+      if (in.refreshed[p]) reused_[p] = nullptr;
+  return Status::Ok();
+}
 
 Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model, const FrameGenerator& gen,
                                          const WorldStreamOptions& o) {
@@ -18,27 +107,22 @@ Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model
   so.patch = c.patch;
   KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<FrameStream> stream, FrameStream::Open(router, so));
   const uint32_t N = c.num_patches(), W = so.match.window;
-  const size_t BF = c.BlockFloats(), BB = c.BlockBytes();
-  // Reads land in registered memory: N reused blocks, then up to N * W context blocks.
-  const size_t slots = size_t{N} * (1 + W);
-  KVMESH_ASSIGN_OR_RETURN(MemoryRegion region, router.AllocateMemory(slots * BB));
+  const size_t BF = c.BlockFloats();
+  WorldFrameStep step(model, W);
+  KVMESH_ASSIGN_OR_RETURN(MemoryRegion region, router.AllocateMemory(step.RegionBytes()));
   struct Unregister {
     Router& r;
     uint64_t id;
     ~Unregister() { (void)r.UnregisterMemory(id); }
   } unregister{router, region.id};
-  auto slot = [&](size_t i) { return region.base + i * BB; };
-  std::vector<float> out_blocks(size_t{N} * BF), logits(size_t{N} * c.vocab);
-  std::vector<std::span<std::byte>> reused_dst(N);
-  for (uint32_t p = 0; p < N; ++p) reused_dst[p] = {slot(p), BB};
-  std::vector<std::span<const std::byte>> put_src(N);
-  for (uint32_t p = 0; p < N; ++p)
-    put_src[p] = {reinterpret_cast<const std::byte*>(out_blocks.data() + size_t{p} * BF), BB};
-  std::vector<const float*> reused(N);
-  std::vector<std::vector<const float*>> history(N);
-  std::map<BlockKey, size_t> ctx_slot;
-  std::vector<GetItem> gets;
-  std::vector<uint8_t> pixels(size_t{c.width} * c.height), refreshed(N);
+  step.SetRegion(region.base);
+  std::vector<uint8_t> pixels(size_t{c.width} * c.height), refreshed(N), missed(N);
+  // Tokens (the previous frame's feed the tokenizer's hysteresis) and, with
+  // context_gate, the temporal fingerprints of the frames in the window.
+  std::vector<uint32_t> tokens(N), prev_tokens;
+  std::vector<uint64_t> tsig(size_t{N} * c.layers), tags(N);
+  std::deque<std::vector<uint64_t>> sig_window;
+  std::vector<const uint64_t*> sig_hist;
 
   WorldStreamResult res;
   res.logits.reserve(size_t{o.frames} * N * c.vocab);
@@ -48,59 +132,51 @@ Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model
     WorldFrameStats fs;
     fs.frame = t;
     fs.patches = N;
-    KVMESH_ASSIGN_OR_RETURN(FrameMatch m, stream->Match(pixels));
-    KVMESH_RETURN_IF_ERROR(stream->GetReused(m, reused_dst));
-    // Temporal context of the computed patches (with refresh_deviation, of
-    // every patch: the first layer runs for all), each distinct block read once.
-    const bool blend = so.match.refresh_deviation > 0;
-    ctx_slot.clear();
-    gets.clear();
-    std::vector<std::vector<BlockKey>> hist_keys(N);
-    for (uint32_t p = 0; p < N; ++p) {
-      if (m.patches[p].reused && !blend) continue;
-      hist_keys[p] = stream->History(p);
-      for (const BlockKey& k : hist_keys[p])
-        if (ctx_slot.emplace(k, N + ctx_slot.size()).second)
-          gets.push_back(GetItem{k, {slot(N + gets.size()), BB}, 0, {}});
+    KVMESH_RETURN_IF_ERROR(model.Tokenize(pixels, prev_tokens, tokens));
+    prev_tokens = tokens;
+    if (o.context_gate) {
+      sig_hist.clear();
+      for (const std::vector<uint64_t>& f : sig_window) sig_hist.push_back(f.data());
+      model.Signatures(tokens, sig_hist, tsig, tags);
     }
-    if (!gets.empty()) {
-      const Status call = router.GetBatch(gets, so.request);
-      if (!call.ok())  // no answer at all (the stream's node is gone): every context block misses
-        for (GetItem& g : gets) g.status = call;
-    }
-    for (uint32_t p = 0; p < N; ++p) {
-      reused[p] = m.patches[p].reused ? reinterpret_cast<const float*>(slot(p)) : nullptr;
-      history[p].clear();
-      for (const BlockKey& k : hist_keys[p]) {
-        const size_t s = ctx_slot.at(k);
-        if (!gets[s - N].status.ok()) {  // a miss: attend to what is left
-          ++fs.history_misses;
-          continue;
-        }
-        history[p].push_back(reinterpret_cast<const float*>(slot(s)));
-      }
-    }
-    fs.blocks_read = m.reused() + gets.size();
-    WorldFrameInput in{pixels, gen.Action(t), reused, history};
+    const std::span<const uint64_t> frame_tags =
+        o.context_gate ? std::span<const uint64_t>(tags) : std::span<const uint64_t>();
+    KVMESH_ASSIGN_OR_RETURN(FrameMatch m, stream->Match(pixels, nullptr, frame_tags));
+    WorldFrameInput in{pixels, gen.Action(t), {}, {}};
+    in.tokens = tokens;
     in.refresh_deviation = so.match.refresh_deviation;
     in.refreshed = refreshed.data();
-    KVMESH_RETURN_IF_ERROR(model.ComputeFrame(in, out_blocks, logits));
-    for (uint32_t p = 0; p < N; ++p)
+    WorldFrameStep::Counts counts;
+    KVMESH_RETURN_IF_ERROR(step.Run(router, *stream, m, in, {}, counts, missed));
+    fs.blocks_read = counts.blocks_read;
+    fs.history_misses = counts.history_misses;
+    for (uint32_t p = 0; p < N; ++p) {
       if (refreshed[p]) {
         KVMESH_RETURN_IF_ERROR(stream->Refresh(m, p));
-        reused[p] = nullptr;
         ++fs.refreshed;
       }
+      if (missed[p] && o.context_gate) {
+        // The block is computed from another history than its fingerprint
+        // says: a fingerprint nothing else has keeps it (and what attends
+        // to it later) from being reused as if it were.
+        tags[p] = Mix64(tags[p] ^ (uint64_t{t} << 32 | p) ^ 0x4D495353);
+        for (uint32_t l = 0; l < c.layers; ++l) tsig[size_t{p} * c.layers + l] = tags[p] + l;
+      }
+    }
     const uint64_t before = stream->stats().bytes_put;
-    KVMESH_RETURN_IF_ERROR(stream->Commit(m, pixels, put_src));
+    KVMESH_RETURN_IF_ERROR(stream->Commit(m, pixels, step.put_src(), frame_tags));
+    if (o.context_gate) {
+      sig_window.push_back(tsig);
+      while (sig_window.size() > std::min<size_t>(W, c.window - 1)) sig_window.pop_front();
+    }
     fs.bytes_put = stream->stats().bytes_put - before;
     fs.reused = static_cast<uint32_t>(m.reused());
     fs.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     res.frames.push_back(fs);
-    res.logits.insert(res.logits.end(), logits.begin(), logits.end());
+    res.logits.insert(res.logits.end(), step.logits().begin(), step.logits().end());
     if (o.keep_blocks)
       for (uint32_t p = 0; p < N; ++p) {
-        const float* b = reused[p] ? reused[p] : out_blocks.data() + size_t{p} * BF;
+        const float* b = step.used(p);
         res.blocks.insert(res.blocks.end(), b, b + BF);
         res.source_frame.push_back(m.patches[p].source_frame);
       }

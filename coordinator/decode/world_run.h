@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <span>
 #include <vector>
 
@@ -34,6 +35,12 @@ struct WorldStreamOptions {
   // Keep every frame's blocks (computed and reused) and sources in the
   // result, for breaking the error down (`kvmesh worldmodel --diagnose`).
   bool keep_blocks = false;
+  // Exact reuse: a patch also needs its block's fingerprint
+  // (WorldModel::Signatures: its tokens through the model's spatial and
+  // temporal dependencies) to equal the one this frame would compute it from,
+  // so a reused block is the block recomputation would produce. Off: the
+  // pixel gate alone decides (an approximation: context is not checked).
+  bool context_gate = false;
 };
 
 struct WorldStreamResult {
@@ -44,6 +51,55 @@ struct WorldStreamResult {
   // [frame][patch] the frame that computed the block (== frame: computed).
   std::vector<float> blocks;
   std::vector<uint32_t> source_frame;
+};
+
+// The part of a frame between FrameStream::Match and Commit, shared by
+// RunWorldStream and `kvmesh bench-serve --workload worldmodel`: reads the
+// reused blocks and the computed patches' temporal context (a block `held`
+// returns is taken from the caller's memory; the others are read from kvmesh
+// into registered memory, region()), and computes the frame into blocks()
+// and logits(). Owns its scratch: one frame at a time (not thread-safe).
+class WorldFrameStep {
+ public:
+  // The caller's copy of a block (BlockFloats floats), or nullptr.
+  using Held = std::function<const float*(const BlockKey&)>;
+  WorldFrameStep(const WorldModel& model, uint32_t window);
+  // Registered memory for the reads (RegionBytes() bytes), before Run.
+  size_t RegionBytes() const { return slots_ * bb_; }
+  void SetRegion(std::byte* base);
+
+  struct Counts {
+    uint64_t blocks_read = 0;     // reused and context blocks read from kvmesh
+    uint64_t history_misses = 0;  // context blocks that missed (left out of attention)
+  };
+  // in: pixels, action, tokens and refresh settings (its reused and history
+  // are filled here). With in.refresh_deviation > 0 every patch's context is
+  // read. Reused blocks are read from kvmesh unless `held` has every one (a
+  // miss makes the patch computed, m is rewritten). missed (empty or one per
+  // patch): 1 where a context block of the patch missed.
+  Status Run(Router& router, FrameStream& st, FrameMatch& m, WorldFrameInput in, const Held& held, Counts& counts,
+             std::span<uint8_t> missed = {});
+
+  std::span<float> blocks() { return blocks_; }
+  std::span<float> logits() { return logits_; }
+  // The block each patch used in the last Run: reused (held or read) or computed.
+  const float* used(uint32_t p) const { return reused_[p] ? reused_[p] : blocks_.data() + size_t{p} * bf_; }
+  // The computed blocks, one span per patch, for FrameStream::Commit.
+  std::span<const std::span<const std::byte>> put_src() const { return put_src_; }
+
+ private:
+  const WorldModel& model_;
+  uint32_t n_;
+  size_t bf_, bb_, slots_;
+  std::byte* base_ = nullptr;
+  std::vector<float> blocks_, logits_;
+  std::vector<const float*> reused_;
+  std::vector<std::vector<const float*>> history_;
+  std::vector<std::span<std::byte>> reused_dst_;
+  std::vector<std::span<const std::byte>> put_src_;
+  std::map<BlockKey, size_t> ctx_slot_;
+  std::vector<GetItem> gets_;
+  std::vector<std::vector<BlockKey>> hist_keys_;
 };
 
 // Runs frames [0, o.frames) of `gen` through `model` over `router`; ends the

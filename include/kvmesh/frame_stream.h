@@ -148,8 +148,13 @@ class FrameStream {
   void ExtractPatch(std::span<const uint8_t> pixels, uint32_t p, uint8_t* out) const;
 
   // Matches the next frame against the window (state unchanged). `gate`
-  // overrides the stream's options for this frame (per request).
-  Result<FrameMatch> Match(std::span<const uint8_t> pixels, const FrameMatchOptions* gate = nullptr) const;
+  // overrides the stream's options for this frame (per request). `tags`
+  // (empty, or one per patch): a fingerprint of what the caller's model would
+  // compute patch p's block from; a candidate then also needs the tag Commit
+  // stored with it to equal tags[p] (a block computed from other inputs, e.g.
+  // another context, is not reused however similar its pixels).
+  Result<FrameMatch> Match(std::span<const uint8_t> pixels, const FrameMatchOptions* gate = nullptr,
+                           std::span<const uint64_t> tags = {}) const;
 
   // Reads the block of every reused patch i into dst[i] (dst.size() ==
   // patches; entries of computed patches are ignored). A miss makes that
@@ -172,8 +177,9 @@ class FrameStream {
   // beyond it. A block a node refused (or a dead node) is still named by the
   // frame, counted in stats().put_failures, and the call still succeeds: a
   // later read misses and recomputes. m must come from Match of this frame.
+  // tags (empty, or one per patch): stored with each computed block for Match.
   Status Commit(const FrameMatch& m, std::span<const uint8_t> pixels,
-                std::span<const std::span<const std::byte>> blocks);
+                std::span<const std::span<const std::byte>> blocks, std::span<const uint64_t> tags = {});
 
   // Releases every block the stream references and forgets the window
   // (Router::Release, a hint: a node that cannot take it loses nothing).
