@@ -312,10 +312,13 @@ class Server final : public UcxServer {
     ss->nonce = nonce;
     // The data endpoint without peer error handling (UCX may then use shared
     // memory and CMA between processes of one host); the watch endpoint with
-    // it: UCX 1.13 handles peer failure on TCP only.
+    // it: UCX 1.13 handles peer failure on TCP only. A client with a watch
+    // worker of its own sends both addresses (PackWorkerAddresses: data,
+    // then watch); a plain address serves both endpoints.
+    const std::vector<std::string> to = UnpackWorkerAddresses(address);
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    ep.address = reinterpret_cast<const ucp_address_t*>(to.front().data());
     ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     if (ucp_ep_create(worker_->get(), &ep, &ss->ep) != UCS_OK) return sessions_.end();
     ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -326,6 +329,7 @@ class Server final : public UcxServer {
       s->server->failed_.push_back(s->nonce);
     };
     ep.err_handler.arg = ss.get();
+    ep.address = reinterpret_cast<const ucp_address_t*>(to[to.size() >= 2 ? 1 : 0].data());
     if (ucp_ep_create(worker_->get(), &ep, &ss->watch) != UCS_OK) {
       CloseEp(ss->ep, 0, nullptr);
       return sessions_.end();
