@@ -190,14 +190,17 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     // A node with several workers: channels of this process take them in turn.
     const std::vector<std::string> workers = UnpackWorkerAddresses(o_.node_address);
     static std::atomic<size_t> next_worker{0};
-    const std::string& address = workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()];
-    ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    // A worker with a watch worker of its own publishes both (PackEndpointPair).
+    const auto [data_address, watch_address] =
+        UnpackEndpointPair(workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()]);
+    ep.address = reinterpret_cast<const ucp_address_t*>(data_address.data());
     ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     KVMESH_UCX_RETURN(ucp_ep_create(worker_->get(), &ep, &ep_));
     ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t st) { static_cast<Channel*>(arg)->FailAll(st); };
     ep.err_handler.arg = this;
+    ep.address = reinterpret_cast<const ucp_address_t*>(watch_address.data());
     KVMESH_UCX_RETURN(ucp_ep_create(watch_worker_->get(), &ep, &watch_));
     Hello h;
     h.client_id = o_.client_id;
@@ -491,9 +494,9 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     std::memcpy(holder->amh.data() + kHeaderSize, &nonce_, 8);
     std::span<const std::byte> amh = holder->amh;
     if (op == Opcode::kHello) {
-      // Both workers' addresses (PackWorkerAddresses): the node's data
+      // Both workers' addresses (PackEndpointPair): the node's data
       // endpoint goes to the first, its watch endpoint to the second.
-      const std::string addr = PackWorkerAddresses({worker_->address(), watch_worker_->address()});
+      const std::string addr = PackEndpointPair(worker_->address(), watch_worker_->address());
       holder->hello_amh.assign(holder->amh.begin(), holder->amh.end());
       holder->hello_amh.insert(holder->hello_amh.end(), reinterpret_cast<const std::byte*>(addr.data()),
                                reinterpret_cast<const std::byte*>(addr.data()) + addr.size());
