@@ -235,6 +235,28 @@ TEST_CASE("UCX worker addresses: several packed into one, one left plain, a malf
   CHECK(UnpackWorkerAddresses("KVMW") == std::vector<std::string>{"KVMW"});
 }
 
+TEST_CASE("UCX endpoint pairs: a worker's data and watch addresses packed, a plain address both", "[cluster][ucx]") {
+  const std::string a(300, 'a'), b(41, 'b');
+  CHECK(UnpackEndpointPair(PackEndpointPair(a, b)) == std::pair{a, b});
+  CHECK(UnpackEndpointPair(a) == std::pair{a, a});
+  const std::string pair = PackEndpointPair(a, b);
+  CHECK(UnpackEndpointPair(pair.substr(0, pair.size() - 1)).first == pair.substr(0, pair.size() - 1));
+  CHECK(UnpackWorkerAddresses(pair) == std::vector<std::string>{pair});  // one worker, not two
+  // A node's worker keeps its sessions' watch endpoints on a worker of its
+  // own (the data worker then polls no TCP socket): it publishes two
+  // different addresses, per worker of the node.
+  for (int workers : {1, 2}) {
+    Fixture f("", 0, UcxProgress::kAdaptive, workers);
+    const std::vector<std::string> each = UnpackWorkerAddresses(f.server->address());
+    REQUIRE(each.size() == size_t(workers));
+    for (const std::string& w : each) {
+      const auto [data, watch] = UnpackEndpointPair(w);
+      CHECK(data != watch);
+    }
+    CHECK(f.Channel().ok());  // its HELLO, over the pair, answered
+  }
+}
+
 TEST_CASE("UCX: a node with two workers serves channels on both, byte-for-byte", "[cluster][ucx]") {
   Fixture f("", 0, UcxProgress::kAdaptive, /*workers=*/2);
   CHECK(UnpackWorkerAddresses(f.server->address()).size() == 2);

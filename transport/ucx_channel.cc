@@ -148,9 +148,10 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     // Both endpoints forced: every send still in flight completes with an
     // error (its callback frees it) before the worker goes. The node sees the
     // watch endpoint's connection close and drops the session.
-    if (watch_) CloseEp(watch_, UCP_EP_CLOSE_FLAG_FORCE);
-    if (ep_) CloseEp(ep_, UCP_EP_CLOSE_FLAG_FORCE);
+    if (watch_) CloseEp(watch_worker_.get(), watch_, UCP_EP_CLOSE_FLAG_FORCE);
+    if (ep_) CloseEp(worker_.get(), ep_, UCP_EP_CLOSE_FLAG_FORCE);
     worker_.reset();
+    watch_worker_.reset();
     // UCX calls back no more. What it dropped without a callback (a request
     // on the data endpoint after the node died) is freed here.
     for (InFlight* h : inflight_) delete h;
@@ -162,6 +163,13 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     } else {
       KVMESH_ASSIGN_OR_RETURN(worker_, UcxWorker::Create(/*multi_thread=*/true));
     }
+    // The watch endpoint lives on a worker of its own (same context): its
+    // TCP connection is all that worker has, so the data worker, which a
+    // waiting caller progresses once per round, has only shared-memory
+    // transports to poll. On one worker every progress round also polled the
+    // TCP transport's epoll set (an epoll_wait per round, and another per
+    // wakeup), needed only to see the node die (docs/protocol.md "UCX").
+    KVMESH_ASSIGN_OR_RETURN(watch_worker_, UcxWorker::Create(worker_->context(), /*multi_thread=*/true));
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
                     UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -170,6 +178,8 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     hp.cb = &Channel::OnReply;
     hp.arg = this;
     KVMESH_UCX_RETURN(ucp_worker_set_am_recv_handler(worker_->get(), &hp));
+    hp.cb = &Channel::OnWatchReply;  // the HELLO's answer comes back on the watch worker
+    KVMESH_UCX_RETURN(ucp_worker_set_am_recv_handler(watch_worker_->get(), &hp));
     // Two endpoints to the node (docs/protocol.md "UCX"): the data endpoint
     // without peer error handling, so UCX may use shared memory and CMA
     // between processes of one host (UCX 1.13 offers peer-failure handling
@@ -180,15 +190,18 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     // A node with several workers: channels of this process take them in turn.
     const std::vector<std::string> workers = UnpackWorkerAddresses(o_.node_address);
     static std::atomic<size_t> next_worker{0};
-    const std::string& address = workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()];
-    ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    // A worker with a watch worker of its own publishes both (PackEndpointPair).
+    const auto [data_address, watch_address] =
+        UnpackEndpointPair(workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()]);
+    ep.address = reinterpret_cast<const ucp_address_t*>(data_address.data());
     ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     KVMESH_UCX_RETURN(ucp_ep_create(worker_->get(), &ep, &ep_));
     ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t st) { static_cast<Channel*>(arg)->FailAll(st); };
     ep.err_handler.arg = this;
-    KVMESH_UCX_RETURN(ucp_ep_create(worker_->get(), &ep, &watch_));
+    ep.address = reinterpret_cast<const ucp_address_t*>(watch_address.data());
+    KVMESH_UCX_RETURN(ucp_ep_create(watch_worker_->get(), &ep, &watch_));
     Hello h;
     h.client_id = o_.client_id;
     h.tenant = o_.tenant;
@@ -481,7 +494,9 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     std::memcpy(holder->amh.data() + kHeaderSize, &nonce_, 8);
     std::span<const std::byte> amh = holder->amh;
     if (op == Opcode::kHello) {
-      const std::string& addr = worker_->address();
+      // Both workers' addresses (PackEndpointPair): the node's data
+      // endpoint goes to the first, its watch endpoint to the second.
+      const std::string addr = PackEndpointPair(worker_->address(), watch_worker_->address());
       holder->hello_amh.assign(holder->amh.begin(), holder->amh.end());
       holder->hello_amh.insert(holder->hello_amh.end(), reinterpret_cast<const std::byte*>(addr.data()),
                                reinterpret_cast<const std::byte*>(addr.data()) + addr.size());
@@ -586,6 +601,15 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
         pace.Yielded();
         continue;
       }
+      // The watch worker: progressed when its fd fired, and at least every
+      // kWatchEvery (a caller that only spins on the data worker sees the
+      // node's death too); then armed again before the next sleep.
+      if (watch_due_ || now - watch_seen_ >= kWatchEvery) {
+        watch_due_ = watch_armed_ = false;
+        watch_seen_ = now;
+        watch_worker_->ProgressAll();
+        if (pred()) return done();
+      }
       if (ucp_worker_progress(worker_->get()) != 0) {
         StartRendezvous();
         pace.Event();
@@ -593,24 +617,33 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       }
       StartRendezvous();
       if (pred()) return done();
-      if (pace.Spinning(now) || !worker_->Arm()) continue;  // spinning, or events pending
+      if (pace.Spinning(now)) continue;
+      if (!watch_armed_) {
+        if (!watch_worker_->Arm()) {  // events pending: progress it again
+          watch_due_ = true;
+          continue;
+        }
+        watch_armed_ = true;
+      }
+      if (!worker_->Arm()) continue;  // events pending
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
-      pollfd pf{worker_->efd(), POLLIN, 0};
-      ::poll(&pf, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 1)));
+      pollfd pf[2] = {{worker_->efd(), POLLIN, 0}, {watch_worker_->efd(), POLLIN, 0}};
+      ::poll(pf, 2, static_cast<int>(std::clamp<int64_t>(left, 0, 1)));
+      if (pf[1].revents != 0) watch_due_ = true;
       pace.Slept();
       plk.unlock();
       idle_cv_.notify_all();
     }
   }
 
-  void CloseEp(ucp_ep_h ep, uint32_t flags) {
+  void CloseEp(UcxWorker* worker, ucp_ep_h ep, uint32_t flags) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = flags;
     void* r = ucp_ep_close_nbx(ep, &p);
     if (r == nullptr || UCS_PTR_IS_ERR(r)) return;
     // A forced close completes locally (no word from the node is awaited).
-    while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker_->get());
+    while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker->get());
     ucp_request_free(r);
   }
 
@@ -631,6 +664,15 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
       p->done = true;
       p->cv.notify_all();
     }
+  }
+
+  // The watch worker's answers: the HELLO's (small, eager). A rendezvous
+  // there is refused (UCS_OK drops it): StartRendezvous receives on the
+  // data worker only.
+  static ucs_status_t OnWatchReply(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                   const ucp_am_recv_param_t* param) {
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_OK;
+    return OnReply(arg, header, header_length, data, length, param);
   }
 
   static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data, size_t length,
@@ -781,6 +823,12 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   UcxChannelOptions o_;
   SpinBudget spin_budget_{o_.spin_us};  // kAdaptive: every waiting caller reports to it
   std::unique_ptr<UcxWorker> worker_;
+  std::unique_ptr<UcxWorker> watch_worker_;  // the watch endpoint's alone (Init)
+  // The watch worker's pacing (Progress), touched only by the caller holding progress_mu_:
+  static constexpr std::chrono::milliseconds kWatchEvery{1};
+  bool watch_armed_ = false;     // armed since its last progress: its fd announces what comes
+  bool watch_due_ = true;        // its fd fired (or arming found events): progress it
+  Clock::time_point watch_seen_;  // its last progress
   ucp_ep_h ep_ = nullptr;     // data: every frame but the HELLO, no peer error handling
   ucp_ep_h watch_ = nullptr;  // the HELLO, then only the node's death (peer error handling)
   std::atomic<bool> broken_{false};

@@ -170,12 +170,12 @@ void UcxWorker::ProgressAll() {
 }
 
 namespace {
-constexpr std::string_view kPackMagic = "KVMW";
-}  // namespace
+constexpr std::string_view kPackMagic = "KVMW";  // a node's workers
+constexpr std::string_view kPairMagic = "KVMP";  // one worker's data and watch addresses
 
-std::string PackWorkerAddresses(const std::vector<std::string>& addresses) {
-  if (addresses.size() == 1) return addresses[0];
-  std::string out(kPackMagic);
+// `magic`, a count byte, then per address a 4-byte little-endian length and its bytes.
+std::string Pack(std::string_view magic, const std::vector<std::string>& addresses) {
+  std::string out(magic);
   out += static_cast<char>(addresses.size());
   for (const std::string& a : addresses) {
     const uint32_t n = static_cast<uint32_t>(a.size());
@@ -185,22 +185,45 @@ std::string PackWorkerAddresses(const std::vector<std::string>& addresses) {
   return out;
 }
 
-std::vector<std::string> UnpackWorkerAddresses(std::string_view address) {
-  auto plain = std::vector<std::string>{std::string(address)};
-  if (address.size() < kPackMagic.size() + 1 || address.substr(0, kPackMagic.size()) != kPackMagic) return plain;
-  const size_t count = static_cast<unsigned char>(address[kPackMagic.size()]);
+// The addresses of a well-formed pack of `magic` with at least two; empty otherwise.
+std::vector<std::string> Unpack(std::string_view magic, std::string_view address) {
+  if (address.size() < magic.size() + 1 || address.substr(0, magic.size()) != magic) return {};
+  const size_t count = static_cast<unsigned char>(address[magic.size()]);
   std::vector<std::string> out;
-  size_t at = kPackMagic.size() + 1;
+  size_t at = magic.size() + 1;
   for (size_t i = 0; i < count; ++i) {
-    if (address.size() - at < 4) return plain;
+    if (address.size() - at < 4) return {};
     uint32_t n = 0;
     for (int b = 0; b < 4; ++b) n |= uint32_t(static_cast<unsigned char>(address[at + b])) << (8 * b);
     at += 4;
-    if (n == 0 || address.size() - at < n) return plain;
+    if (n == 0 || address.size() - at < n) return {};
     out.emplace_back(address.substr(at, n));
     at += n;
   }
-  return at == address.size() && count >= 2 ? out : plain;
+  if (at != address.size() || count < 2) return {};
+  return out;
+}
+}  // namespace
+
+std::string PackWorkerAddresses(const std::vector<std::string>& addresses) {
+  if (addresses.size() == 1) return addresses[0];
+  return Pack(kPackMagic, addresses);
+}
+
+std::vector<std::string> UnpackWorkerAddresses(std::string_view address) {
+  std::vector<std::string> out = Unpack(kPackMagic, address);
+  if (out.empty()) out.emplace_back(address);
+  return out;
+}
+
+std::string PackEndpointPair(const std::string& data, const std::string& watch) {
+  return Pack(kPairMagic, {data, watch});
+}
+
+std::pair<std::string, std::string> UnpackEndpointPair(std::string_view address) {
+  std::vector<std::string> two = Unpack(kPairMagic, address);
+  if (two.size() != 2) return {std::string(address), std::string(address)};
+  return {std::move(two[0]), std::move(two[1])};
 }
 
 std::string HexEncode(std::string_view b) {

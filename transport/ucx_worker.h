@@ -315,6 +315,14 @@ std::string PackWorkerAddresses(const std::vector<std::string>& addresses);
 // The worker addresses inside `address`: the packed ones, or `address` itself
 // when it is not a well-formed pack (a plain worker address).
 std::vector<std::string> UnpackWorkerAddresses(std::string_view address);
+// One UCX peer whose watch endpoint (peer-failure handling, TCP in UCX 1.13)
+// lives on a worker of its own, so that its data worker polls no TCP socket:
+// "KVMP", the byte 2, then the data and the watch worker's addresses, each
+// after a 4-byte little-endian length. A node's worker publishes its pair (in
+// a node's pack, one entry per worker); a client's HELLO carries its own.
+std::string PackEndpointPair(const std::string& data, const std::string& watch);
+// {data, watch} of a pair; a plain address (anything else) is both.
+std::pair<std::string, std::string> UnpackEndpointPair(std::string_view address);
 
 std::string HexEncode(std::string_view bytes);
 Result<std::string> HexDecode(std::string_view hex);

@@ -73,13 +73,14 @@ class Server final : public UcxServer {
   };
 
   Server(ShardNode* node, UcxServerOptions o, const std::atomic<uint64_t>* epoch)
-      : node_(node), o_(o), handler_(node, o.limits, o.token, epoch), sd_(io_) {}
+      : node_(node), o_(o), handler_(node, o.limits, o.token, epoch), sd_(io_), watch_sd_(io_) {}
   // The worker goes first, while the maps its send callbacks erase from are
   // still here: destroying it purges the sends still pending on its
   // endpoints (to a client that vanished) and calls them back.
   ~Server() override {
     Stop();
     worker_.reset();
+    watch_worker_.reset();
   }
 
   // A worker of `context` (shared with the node's other workers) serving
@@ -95,15 +96,28 @@ class Server final : public UcxServer {
     hp.cb = &Server::OnRequest;
     hp.arg = this;
     KVMESH_UCX_RETURN(ucp_worker_set_am_recv_handler(worker_->get(), &hp));
+    // The sessions' watch endpoints (TCP, peer-failure handling) live on a
+    // worker of their own, progressed by WatchLoop on the same thread: the
+    // data worker, progressed every round of Loop, then has no TCP
+    // connection (UCX's TCP transport makes an epoll_wait on every progress
+    // of a worker that uses it). HELLOs arrive there.
+    KVMESH_ASSIGN_OR_RETURN(watch_worker_, UcxWorker::Create(worker_->context(), /*multi_thread=*/false));
+    hp.cb = &Server::OnWatchRequest;
+    KVMESH_UCX_RETURN(ucp_worker_set_am_recv_handler(watch_worker_->get(), &hp));
+    address_ = PackEndpointPair(worker_->address(), watch_worker_->address());
     int fd = ::dup(worker_->efd());
     if (fd < 0) return ErrnoStatus("dup(ucx efd)", errno);
     sd_.assign(fd);
+    fd = ::dup(watch_worker_->efd());
+    if (fd < 0) return ErrnoStatus("dup(ucx efd)", errno);
+    watch_sd_.assign(fd);
     asio::co_spawn(io_, Loop(), asio::detached);
+    asio::co_spawn(io_, WatchLoop(), asio::detached);
     thread_ = std::thread([this] { io_.run(); });
     return Status::Ok();
   }
 
-  const std::string& address() const override { return worker_->address(); }
+  const std::string& address() const override { return address_; }
   uint64_t requests() const override { return requests_.load(); }
   std::vector<uint64_t> worker_requests() const override { return {requests()}; }
   uint64_t one_sided_bytes() const override { return rma_->bytes_moved(); }
@@ -117,6 +131,7 @@ class Server final : public UcxServer {
     asio::post(io_, [this] {
       boost::system::error_code ec;
       sd_.cancel(ec);
+      watch_sd_.cancel(ec);
       io_.stop();
     });
     if (thread_.joinable()) thread_.join();
@@ -125,6 +140,7 @@ class Server final : public UcxServer {
     while (!sessions_.empty()) CloseSession(sessions_.begin());
     for (int i = 0; i < 1000 && (!inflight_.empty() || !closing_.empty() || (rma_ && rma_->in_flight() > 0)); ++i) {
       worker_->ProgressAll();
+      watch_worker_->ProgressAll();
       ReapCloses();
     }
   }
@@ -188,6 +204,30 @@ class Server final : public UcxServer {
       if (ec) co_return;
       pace.Slept();
     }
+  }
+
+  // The watch worker: progressed when its fd fires, on the loop's thread.
+  // What it received (a HELLO) or saw (a client's death) is Loop's to
+  // handle: Loop may be asleep on the data worker's fd, so it is woken.
+  asio::awaitable<void> WatchLoop() {
+    for (;;) {
+      bool any = false;
+      while (ucp_worker_progress(watch_worker_->get()) != 0) any = true;
+      if (any) (void)ucp_worker_signal(worker_->get());  // a wakeup; its status changes nothing here
+      if (!watch_worker_->Arm()) continue;  // events pending: progress again
+      boost::system::error_code ec;
+      co_await watch_sd_.async_wait(asio::posix::descriptor_base::wait_read,
+                                    asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) co_return;
+    }
+  }
+
+  // The watch worker's requests: HELLOs (small, eager). A rendezvous there is
+  // refused (UCS_OK drops it): StartRendezvous receives on the data worker.
+  static ucs_status_t OnWatchRequest(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                     const ucp_am_recv_param_t* param) {
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_OK;
+    return OnRequest(arg, header, header_length, data, length, param);
   }
 
   static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* data, size_t length,
@@ -312,10 +352,14 @@ class Server final : public UcxServer {
     ss->nonce = nonce;
     // The data endpoint without peer error handling (UCX may then use shared
     // memory and CMA between processes of one host); the watch endpoint with
-    // it: UCX 1.13 handles peer failure on TCP only.
+    // it: UCX 1.13 handles peer failure on TCP only. The client's HELLO
+    // carries its data and watch workers' addresses (PackEndpointPair; a
+    // plain address serves both); the watch endpoint is this node's watch
+    // worker's, so the data worker has no TCP connection to poll.
+    const auto [data_address, watch_address] = UnpackEndpointPair(address);
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    ep.address = reinterpret_cast<const ucp_address_t*>(data_address.data());
     ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     if (ucp_ep_create(worker_->get(), &ep, &ss->ep) != UCS_OK) return sessions_.end();
     ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -326,7 +370,8 @@ class Server final : public UcxServer {
       s->server->failed_.push_back(s->nonce);
     };
     ep.err_handler.arg = ss.get();
-    if (ucp_ep_create(worker_->get(), &ep, &ss->watch) != UCS_OK) {
+    ep.address = reinterpret_cast<const ucp_address_t*>(watch_address.data());
+    if (ucp_ep_create(watch_worker_->get(), &ep, &ss->watch) != UCS_OK) {
       CloseEp(ss->ep, 0, nullptr);
       return sessions_.end();
     }
@@ -370,6 +415,9 @@ class Server final : public UcxServer {
   }
 
   void ReapCloses() {
+    // A watch endpoint's close completes in its worker's progress, which
+    // its fd need not announce.
+    if (!closing_.empty()) watch_worker_->ProgressAll();
     for (size_t i = 0; i < closing_.size();) {
       if (ucp_request_check_status(closing_[i].req) == UCS_INPROGRESS) {
         ++i;
@@ -485,7 +533,10 @@ class Server final : public UcxServer {
   std::unique_ptr<UcxRma> rma_;  // holds the pool mappings; declared before worker_, so they outlive it
   asio::io_context io_{1};
   asio::posix::stream_descriptor sd_;
+  asio::posix::stream_descriptor watch_sd_;  // the watch worker's fd (dup)
   std::unique_ptr<UcxWorker> worker_;
+  std::unique_ptr<UcxWorker> watch_worker_;  // the sessions' watch endpoints (WatchLoop)
+  std::string address_;                      // PackEndpointPair(data, watch)
   std::thread thread_;
   std::atomic<bool> stopped_{false};
   std::atomic<uint64_t> requests_{0};
