@@ -89,11 +89,22 @@ static uint32_t sequences(kvmesh_client* c, const char* coordinator) {
   return reused;
 }
 
+/* The frame streams below: 16x16 frames of four 8x8 patches. */
+enum { kFrameSide = 16, kFramePatches = 4 };
+
+static kvmesh_frame_options frame_options(uint64_t stream_id) {
+  kvmesh_frame_options fo = kvmesh_frame_default_options();
+  fo.stream_id = stream_id;
+  fo.width = fo.height = kFrameSide;
+  fo.patch = 8;
+  return fo;
+}
+
 /* World-model frames (kvmesh_frame_*): a 16x16 frame of four 8x8 patches,
  * computed once, then the same frame again reuses all four blocks, read back
  * by reference. Returns the patches the second frame reused (0 on error). */
 static uint32_t frames(kvmesh_client* c, size_t bytes) {
-  enum { kW = 16, kPatches = 4 };
+  enum { kW = kFrameSide, kPatches = kFramePatches };
   uint8_t px[kW * kW];
   for (int i = 0; i < kW * kW; ++i) px[i] = (uint8_t)((i * 37) % 200 + 20);
   unsigned char* blocks[kPatches];
@@ -103,10 +114,7 @@ static uint32_t frames(kvmesh_client* c, size_t bytes) {
     back[p] = malloc(bytes);
     memset(blocks[p], 0x40 + p, bytes);
   }
-  kvmesh_frame_options fo = kvmesh_frame_default_options();
-  fo.stream_id = 77;
-  fo.width = fo.height = kW;
-  fo.patch = 8;
+  const kvmesh_frame_options fo = frame_options(77);
   kvmesh_frame_stream* s = NULL;
   kvmesh_patch_match m[kPatches];
   kvmesh_key hist[4];
@@ -143,7 +151,7 @@ static uint32_t frames(kvmesh_client* c, size_t bytes) {
  * per patch are refused by match and by commit. Returns the patches the
  * B/A-tagged frame reused (2 when every check passed, else 0). */
 static uint32_t tagged_frames(kvmesh_client* c, size_t bytes) {
-  enum { kW = 16, kPatches = 4 };
+  enum { kW = kFrameSide, kPatches = kFramePatches };
   uint8_t px[kW * kW];
   for (int i = 0; i < kW * kW; ++i) px[i] = (uint8_t)((i * 53) % 190 + 30);
   unsigned char* blocks[kPatches];
@@ -153,10 +161,7 @@ static uint32_t tagged_frames(kvmesh_client* c, size_t bytes) {
   }
   const uint64_t tag_a[kPatches] = {0xA0, 0xA1, 0xA2, 0xA3};
   const uint64_t tag_ba[kPatches] = {0xB0, 0xB1, 0xA2, 0xA3};
-  kvmesh_frame_options fo = kvmesh_frame_default_options();
-  fo.stream_id = 78;
-  fo.width = fo.height = kW;
-  fo.patch = 8;
+  const kvmesh_frame_options fo = frame_options(78);
   kvmesh_frame_stream* s = NULL;
   kvmesh_patch_match m[kPatches];
   uint32_t result = 0;
