@@ -7,7 +7,8 @@
  * checks it byte-for-byte. Then a live sequence: create, append K/V token
  * by token's worth, info, read back byte-for-byte, fork, truncate, a second
  * client's create reusing the sealed prefix, a too-small read buffer, and
- * release. Exit status 0 on success. */
+ * release. Then world-model frame streams, untagged and with context tags.
+ * Exit status 0 on success. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,11 +89,22 @@ static uint32_t sequences(kvmesh_client* c, const char* coordinator) {
   return reused;
 }
 
+/* The frame streams below: 16x16 frames of four 8x8 patches. */
+enum { kFrameSide = 16, kFramePatches = 4 };
+
+static kvmesh_frame_options frame_options(uint64_t stream_id) {
+  kvmesh_frame_options fo = kvmesh_frame_default_options();
+  fo.stream_id = stream_id;
+  fo.width = fo.height = kFrameSide;
+  fo.patch = 8;
+  return fo;
+}
+
 /* World-model frames (kvmesh_frame_*): a 16x16 frame of four 8x8 patches,
  * computed once, then the same frame again reuses all four blocks, read back
  * by reference. Returns the patches the second frame reused (0 on error). */
 static uint32_t frames(kvmesh_client* c, size_t bytes) {
-  enum { kW = 16, kPatches = 4 };
+  enum { kW = kFrameSide, kPatches = kFramePatches };
   uint8_t px[kW * kW];
   for (int i = 0; i < kW * kW; ++i) px[i] = (uint8_t)((i * 37) % 200 + 20);
   unsigned char* blocks[kPatches];
@@ -102,10 +114,7 @@ static uint32_t frames(kvmesh_client* c, size_t bytes) {
     back[p] = malloc(bytes);
     memset(blocks[p], 0x40 + p, bytes);
   }
-  kvmesh_frame_options fo = kvmesh_frame_default_options();
-  fo.stream_id = 77;
-  fo.width = fo.height = kW;
-  fo.patch = 8;
+  const kvmesh_frame_options fo = frame_options(77);
   kvmesh_frame_stream* s = NULL;
   kvmesh_patch_match m[kPatches];
   kvmesh_key hist[4];
@@ -133,6 +142,53 @@ static uint32_t frames(kvmesh_client* c, size_t bytes) {
   kvmesh_frame_free(s);
   for (int p = 0; p < kPatches; ++p) free(blocks[p]), free(back[p]);
   return reused;
+}
+
+/* Context tags (kvmesh_frame_match_tagged, _commit_tagged): the same frame
+ * committed with tag A on every patch, then matched with tag B on patches 0
+ * and 1 (A on 2 and 3) reuses only patches 2 and 3; matched without tags it
+ * reuses all four (the pixel gate alone); tags that are neither none nor one
+ * per patch are refused by match and by commit. Returns the patches the
+ * B/A-tagged frame reused (2 when every check passed, else 0). */
+static uint32_t tagged_frames(kvmesh_client* c, size_t bytes) {
+  enum { kW = kFrameSide, kPatches = kFramePatches };
+  uint8_t px[kW * kW];
+  for (int i = 0; i < kW * kW; ++i) px[i] = (uint8_t)((i * 53) % 190 + 30);
+  unsigned char* blocks[kPatches];
+  for (int p = 0; p < kPatches; ++p) {
+    blocks[p] = malloc(bytes);
+    memset(blocks[p], 0x60 + p, bytes);
+  }
+  const uint64_t tag_a[kPatches] = {0xA0, 0xA1, 0xA2, 0xA3};
+  const uint64_t tag_ba[kPatches] = {0xB0, 0xB1, 0xA2, 0xA3};
+  const kvmesh_frame_options fo = frame_options(78);
+  kvmesh_frame_stream* s = NULL;
+  kvmesh_patch_match m[kPatches];
+  uint32_t result = 0;
+  do {
+    CHECK_OK(kvmesh_frame_open(c, &fo, &s));
+    EXPECT(kvmesh_frame_match_tagged(s, px, sizeof(px), tag_a, kPatches - 1, m, kPatches) ==
+           KVMESH_INVALID_ARGUMENT);
+    CHECK_OK(kvmesh_frame_match_tagged(s, px, sizeof(px), tag_a, kPatches, m, kPatches));
+    EXPECT(!m[0].reused && !m[1].reused && !m[2].reused && !m[3].reused);
+    EXPECT(kvmesh_frame_commit_tagged(s, px, sizeof(px), (const void* const*)blocks, bytes, tag_a, 1) ==
+           KVMESH_INVALID_ARGUMENT);
+    CHECK_OK(kvmesh_frame_commit_tagged(s, px, sizeof(px), (const void* const*)blocks, bytes, tag_a, kPatches));
+    /* Same pixels, other inputs for patches 0 and 1: only 2 and 3 reuse. */
+    CHECK_OK(kvmesh_frame_match_tagged(s, px, sizeof(px), tag_ba, kPatches, m, kPatches));
+    const uint32_t mixed = (uint32_t)(m[0].reused + m[1].reused + m[2].reused + m[3].reused);
+    EXPECT(!m[0].reused && !m[1].reused && m[2].reused && m[3].reused);
+    CHECK_OK(kvmesh_frame_commit_tagged(s, px, sizeof(px), (const void* const*)blocks, bytes, tag_ba, kPatches));
+    /* No tags: the pixel gate alone reuses every patch. */
+    CHECK_OK(kvmesh_frame_match(s, px, sizeof(px), m, kPatches));
+    EXPECT(m[0].reused && m[1].reused && m[2].reused && m[3].reused);
+    CHECK_OK(kvmesh_frame_commit(s, px, sizeof(px), NULL, bytes));
+    CHECK_OK(kvmesh_frame_end(s));
+    result = mixed; /* every check passed */
+  } while (0);
+  kvmesh_frame_free(s);
+  for (int p = 0; p < kPatches; ++p) free(blocks[p]);
+  return result;
 }
 
 int main(int argc, char** argv) {
@@ -181,10 +237,11 @@ int main(int argc, char** argv) {
   } else {
     const uint32_t reused = sequences(c, argv[1]);
     const uint32_t frames_reused = frames(c, bytes);
-    if (reused > 0 && frames_reused > 0) {
+    const uint32_t tagged_reused = tagged_frames(c, bytes);
+    if (reused > 0 && frames_reused > 0 && tagged_reused > 0) {
       printf("{\"event\":\"c_client_ok\",\"epoch\":%llu,\"matched\":%zu,\"block_bytes\":%zu,"
-             "\"seq_prefix_tokens\":%u,\"frames_reused\":%u}\n",
-             (unsigned long long)kvmesh_epoch(c), matched, bytes, reused, frames_reused);
+             "\"seq_prefix_tokens\":%u,\"frames_reused\":%u,\"frames_tagged_reused\":%u}\n",
+             (unsigned long long)kvmesh_epoch(c), matched, bytes, reused, frames_reused, tagged_reused);
       rc = 0;
     }
   }

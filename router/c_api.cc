@@ -518,11 +518,17 @@ uint32_t kvmesh_frame_patches(const kvmesh_frame_stream* s) { return s && s->s ?
 
 int kvmesh_frame_match(kvmesh_frame_stream* s, const uint8_t* pixels, size_t n, kvmesh_patch_match* out,
                        size_t cap) {
+  return kvmesh_frame_match_tagged(s, pixels, n, nullptr, 0, out, cap);
+}
+
+int kvmesh_frame_match_tagged(kvmesh_frame_stream* s, const uint8_t* pixels, size_t n, const uint64_t* tags,
+                              size_t n_tags, kvmesh_patch_match* out, size_t cap) {
   return Guard([&] {
-    if (!s || !s->s || (!pixels && n)) return Fail(kvmesh::InvalidArgument("null argument"));
+    if (!s || !s->s || (!pixels && n) || (!tags && n_tags)) return Fail(kvmesh::InvalidArgument("null argument"));
     if (out == nullptr || cap < s->s->num_patches())
       return Fail(kvmesh::InvalidArgument("frame match: out needs one entry per patch"));
-    auto m = s->s->Match({pixels, n});
+    // FrameStream::Match refuses tags that are neither none nor one per patch.
+    auto m = s->s->Match({pixels, n}, nullptr, {tags, n_tags});
     if (!m.ok()) return Fail(m.status());
     s->pending = std::move(*m);
     s->has_pending = true;
@@ -573,8 +579,13 @@ int kvmesh_frame_history(kvmesh_frame_stream* s, uint32_t patch, kvmesh_key* key
 
 int kvmesh_frame_commit(kvmesh_frame_stream* s, const uint8_t* pixels, size_t n, const void* const* srcs,
                         size_t block_bytes) {
+  return kvmesh_frame_commit_tagged(s, pixels, n, srcs, block_bytes, nullptr, 0);
+}
+
+int kvmesh_frame_commit_tagged(kvmesh_frame_stream* s, const uint8_t* pixels, size_t n, const void* const* srcs,
+                               size_t block_bytes, const uint64_t* tags, size_t n_tags) {
   return Guard([&] {
-    if (!s || !s->s || (!pixels && n)) return Fail(kvmesh::InvalidArgument("null argument"));
+    if (!s || !s->s || (!pixels && n) || (!tags && n_tags)) return Fail(kvmesh::InvalidArgument("null argument"));
     if (!s->has_pending) return Fail(kvmesh::FailedPrecondition("frame commit: no frame matched"));
     const size_t np = s->pending.patches.size();
     std::vector<std::span<const std::byte>> src(np);
@@ -583,7 +594,7 @@ int kvmesh_frame_commit(kvmesh_frame_stream* s, const uint8_t* pixels, size_t n,
       if (!srcs || !srcs[i]) return Fail(kvmesh::InvalidArgument("frame commit: null block of a computed patch"));
       src[i] = {static_cast<const std::byte*>(srcs[i]), block_bytes};
     }
-    kvmesh::Status st = s->s->Commit(s->pending, {pixels, n}, src);
+    kvmesh::Status st = s->s->Commit(s->pending, {pixels, n}, src, {tags, n_tags});
     if (!st.ok()) return Fail(st);
     s->has_pending = false;
     return Ok();

@@ -205,6 +205,9 @@ TEST_CASE("Daemons: coordinator + 3 nodes serve put/get/match through the networ
     CHECK((*ok)["matched"] == 4);
     CHECK((*ok)["seq_prefix_tokens"] == 2 * r.block_tokens());  // the C sequence calls, second client reuse
     CHECK((*ok)["frames_reused"] == 4);  // the C frame-stream calls: a repeated frame reuses its four blocks
+    // Context tags: a frame re-tagged on two of its four patches reuses the other two (and every
+    // check of tagged_frames in examples/c_client.c passed: untagged = pixel gate, wrong sizes refused).
+    CHECK((*ok)["frames_tagged_reused"] == 2);
     auto st = ex.Wait(TimeBound(5s));
     REQUIRE(st);
     CHECK(WEXITSTATUS(*st) == 0);

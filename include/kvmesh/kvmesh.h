@@ -260,6 +260,7 @@ int kvmesh_kv_index_routed(kvmesh_kv_index* index, const char* instance, const k
  *   kvmesh_frame_get_reused(s, dsts, block_bytes, matches, n_patches);  a miss turns reused to 0
  *   kvmesh_frame_history(s, p, keys, cap, &n);                    temporal context of patch p
  *   kvmesh_frame_commit(s, pixels, n_pixels, srcs, block_bytes);  puts the computed patches
+ *   (_match_tagged and _commit_tagged: the same with one context tag per patch)
  *   kvmesh_frame_end(s); kvmesh_frame_free(s);
  *
  * The stream keeps the pending match of the frame between kvmesh_frame_match
@@ -304,6 +305,13 @@ uint32_t kvmesh_frame_patches(const kvmesh_frame_stream* stream);
 /* Matches the next frame (n = width * height pixels); out[0..patches). */
 int kvmesh_frame_match(kvmesh_frame_stream* stream, const uint8_t* pixels, size_t n, kvmesh_patch_match* out,
                        size_t cap);
+/* kvmesh_frame_match with context tags (FrameStream::Match's tags): tags
+ * NULL and n_tags 0 for none (the pixel gate alone), else one per patch: a
+ * fingerprint of what the caller's model would compute patch p's block from;
+ * a candidate also needs the tag it was committed with to equal tags[p].
+ * Any other n_tags is refused (KVMESH_INVALID_ARGUMENT). */
+int kvmesh_frame_match_tagged(kvmesh_frame_stream* stream, const uint8_t* pixels, size_t n,
+                              const uint64_t* tags, size_t n_tags, kvmesh_patch_match* out, size_t cap);
 /* Reads the block of every reused patch i into dsts[i][0..cap) (dsts of
  * computed patches are ignored; may be NULL). A miss makes the patch
  * computed; out[0..patches) (may be NULL) receives the rewritten match. */
@@ -317,6 +325,10 @@ int kvmesh_frame_history(kvmesh_frame_stream* stream, uint32_t patch, kvmesh_key
  * match (srcs of reused patches are ignored; may be NULL) and appends the frame. */
 int kvmesh_frame_commit(kvmesh_frame_stream* stream, const uint8_t* pixels, size_t n, const void* const* srcs,
                         size_t block_bytes);
+/* kvmesh_frame_commit storing tags[i] with every computed patch i for later
+ * kvmesh_frame_match_tagged calls: NULL and 0 for none, else one per patch. */
+int kvmesh_frame_commit_tagged(kvmesh_frame_stream* stream, const uint8_t* pixels, size_t n, const void* const* srcs,
+                               size_t block_bytes, const uint64_t* tags, size_t n_tags);
 int kvmesh_frame_stats_get(const kvmesh_frame_stream* stream, kvmesh_frame_stats* out);
 /* Releases the stream's blocks (the stream stays allocated). */
 int kvmesh_frame_end(kvmesh_frame_stream* stream);

@@ -79,6 +79,13 @@ std::pair<Memory, size_t> PatchBlocks(py::handle obj, bool writable, size_t patc
   return {std::move(mem), bb};
 }
 
+// Context tags: none (None), else one uint64 per patch, from a sequence of
+// ints or a numpy uint64 array. Their count is checked by FrameStream.
+std::vector<uint64_t> Tags(py::handle tags, const char* call) {
+  if (tags.is_none()) return {};
+  return ToU64s(tags, (std::string("FrameStream.") + call + ": tags").c_str());
+}
+
 void NeedPending(const PyFrameStream& f, const char* call) {
   if (!f.has_pending) Throw(FailedPrecondition(std::string("FrameStream.") + call + ": no frame matched"));
 }
@@ -92,23 +99,28 @@ Gray 8-bit frames (width x height, row-major) cut into patch x patch patches, on
 KV block per patch. match() compares each patch with the same position (and, with
 motion_radius, its neighbours) in the last `window` frames; a patch whose SSIM is
 >= tau and whose changed-pixel share is <= rho reuses the earlier block (a
-reference, not a copy). get_reused() reads those blocks, commit() puts the
-computed ones and slides the window, end() releases the stream's blocks.)");
+reference, not a copy). Optional context tags (one uint64 per patch, given to
+match() and commit()) also require a reused block's inputs to be the same.
+get_reused() reads those blocks, commit() puts the computed ones and slides the
+window, end() releases the stream's blocks.)");
   f.def_property_readonly("patches", [](const PyFrameStream& f) { return f.s->num_patches(); })
       .def_property_readonly("next_frame", [](const PyFrameStream& f) { return f.s->next_frame(); })
       .def(
           "match",
-          [](PyFrameStream& f, py::handle pixels) {
+          [](PyFrameStream& f, py::handle pixels, py::handle tags) {
             std::vector<uint8_t> px = Pixels(pixels);
-            Result<FrameMatch> r = f.s->Match(px);
+            const std::vector<uint64_t> t = Tags(tags, "match");
+            Result<FrameMatch> r = f.s->Match(px, nullptr, t);
             if (!r.ok()) Throw(r.status());
             f.pending = std::move(*r);
             f.has_pending = true;
             return Matches(f.pending);
           },
-          py::arg("pixels"),
+          py::arg("pixels"), py::arg("tags") = py::none(),
           "Matches the next frame; one dict per patch: reused, blended, key, source_frame, source_patch, ssim, "
-          "change.")
+          "change. tags (None, or one uint64 per patch: a sequence of ints or a numpy uint64 array): a "
+          "fingerprint of the inputs patch p's block would be computed from; a candidate then also needs the "
+          "tag commit() stored with it to equal tags[p]. Any other count raises InvalidArgumentError.")
       .def(
           "get_reused",
           [](PyFrameStream& f, py::handle out) {
@@ -140,20 +152,22 @@ computed ones and slides the window, end() releases the stream's blocks.)");
           py::arg("patch"), "Keys of patch p in the window's frames, oldest first (its temporal context).")
       .def(
           "commit",
-          [](PyFrameStream& f, py::handle pixels, py::handle blocks) {
+          [](PyFrameStream& f, py::handle pixels, py::handle blocks, py::handle tags) {
             NeedPending(f, "commit");
             std::vector<uint8_t> px = Pixels(pixels);
+            const std::vector<uint64_t> t = Tags(tags, "commit");
             const size_t n = f.pending.patches.size();
             auto [mem, bb] = PatchBlocks(blocks, /*writable=*/false, n, "commit");
             std::vector<std::span<const std::byte>> src(n);
             for (size_t i = 0; i < n; ++i) src[i] = {mem.data() + i * bb, bb};
-            Status st = f.client->WithRouter([&](Router&) { return f.s->Commit(f.pending, px, src); });
+            Status st = f.client->WithRouter([&](Router&) { return f.s->Commit(f.pending, px, src, t); });
             if (!st.ok()) Throw(st);
             f.has_pending = false;
           },
-          py::arg("pixels"), py::arg("blocks"),
+          py::arg("pixels"), py::arg("blocks"), py::arg("tags") = py::none(),
           "Puts the block of every computed patch (blocks[i * block_bytes]; reused patches' entries are ignored) "
-          "and appends the frame to the window.")
+          "and appends the frame to the window. tags (None, or one uint64 per patch): stored with each computed "
+          "block for match(tags=...).")
       .def(
           "references", [](const PyFrameStream& f, py::handle key) { return f.s->References(ToKey(key)); },
           py::arg("key"), "How many frames of the window reference the block.")

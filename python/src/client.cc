@@ -32,7 +32,8 @@ py::sequence AsSequence(py::handle h, const char* what) {
   return py::reinterpret_borrow<py::sequence>(h);
 }
 
-// Integers from a sequence of ints, a numpy array or a tensor.
+}  // namespace
+
 std::vector<uint64_t> ToU64s(py::handle h, const char* what) {
   py::sequence s = AsSequence(AsPlainSequence(h), what);
   std::vector<uint64_t> out;
@@ -48,8 +49,6 @@ std::vector<uint64_t> ToU64s(py::handle h, const char* what) {
   }
   return out;
 }
-
-}  // namespace
 
 ClusterConfig LoadConfigArg(py::handle config) {
   if (py::isinstance<py::dict>(config)) {

@@ -74,6 +74,10 @@ struct ConnectArgs {
 // A config from a path, JSON text (starting with '{') or a dict.
 ClusterConfig LoadConfigArg(py::handle config);
 
+// Integers in [0, 2**64) from a sequence of ints, a numpy array or a tensor;
+// InvalidArgument naming `what` otherwise.
+std::vector<uint64_t> ToU64s(py::handle h, const char* what);
+
 class Client {
  public:
   static std::shared_ptr<Client> Connect(const ConnectArgs& args);

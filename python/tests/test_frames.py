@@ -3,6 +3,7 @@ reuse earlier frames' KV blocks by similarity, over nodes in this process."""
 
 import random
 
+import numpy as np
 import pytest
 
 import kvmesh
@@ -119,6 +120,44 @@ def test_refresh_turns_a_reused_patch_into_a_stored_one_and_end_releases_the_blo
         s.commit(bg, blocks_of(2))
         s.end()
         assert s.stats["released"] == PATCHES + 1  # every block it stored, handed to Release
+
+
+def test_context_tags_reuse_a_block_only_under_the_tag_it_was_committed_with():
+    with kvmesh.EmbeddedCluster(config()) as c:
+        s = c.frame_stream(stream_id=10, width=W, height=H, patch=PATCH)
+        bg = background(6)
+        tag_a = np.full(PATCHES, 0xA, dtype=np.uint64)
+        # Wrong-sized tags are refused by match and by commit.
+        with pytest.raises(kvmesh.InvalidArgumentError, match="tags"):
+            s.match(bg, tags=tag_a[:-1])
+        m = s.match(bg, tags=tag_a)
+        assert not any(p["reused"] for p in m)
+        with pytest.raises(kvmesh.InvalidArgumentError, match="tags"):
+            s.commit(bg, blocks_of(0), tags=[1, 2])
+        with pytest.raises(kvmesh.InvalidArgumentError, match="tags"):
+            s.match(bg, tags=[-1] * PATCHES)
+        s.match(bg, tags=tag_a)
+        s.commit(bg, blocks_of(0), tags=tag_a)  # every patch computed, stored under tag A
+        # Tag B on the first half of the patches (a sequence of ints), A on the rest:
+        # the same pixels reuse only where the tag is still A.
+        half = PATCHES // 2
+        tag_ba = [0xB] * half + [0xA] * (PATCHES - half)
+        m = s.match(bg, tags=tag_ba)
+        assert [p["reused"] for p in m] == [False] * half + [True] * (PATCHES - half)
+        out = bytearray(PATCHES * BLOCK)
+        m = s.get_reused(out)
+        assert out[half * BLOCK:] == blocks_of(0)[half * BLOCK:]  # tag A's blocks, by reference
+        s.commit(bg, blocks_of(1), tags=tag_ba)
+        # Matched with tag A again: frame 0's blocks everywhere (frame 1's tag-B blocks do not pass).
+        m = s.match(bg, tags=tag_a)
+        assert all(p["reused"] and p["source_frame"] == 0 for p in m)
+        s.commit(bg, blocks_of(2), tags=tag_a)
+        # No tags: the pixel gate alone reuses every patch, whatever tag its block has.
+        m = s.match(bg)
+        assert all(p["reused"] for p in m)
+        s.commit(bg, blocks_of(3))
+        assert s.stats["blocks_put"] == PATCHES + half
+        s.end()
 
 
 def test_a_stream_outliving_its_client_is_harmless():
