@@ -58,14 +58,17 @@ enum class LoadPolicy { kDecide, kBlind };
 // per-byte cost is an EWMA (weight 0.25) of every load's charged time minus
 // the latency, and so is its mean deviation; Estimate is pessimistic, like a
 // TCP retransmission timer: latency + bytes x (mean + 2 x deviation), so a
-// link whose speed swings is trusted less. Seeded by a probe (the slowest of
-// three, its deviation half its mean: unsure until loads were seen).
+// link whose speed swings is trusted less. Seeded by a probe (ProbeLink: the
+// median of three gets, its deviation the spread of the three; 0.5 of the
+// cost when not given: unsure until loads were seen).
 // ClaimProbe keeps it learning while the decision recomputes: at most once per
 // probe_interval_s, the caller measures a load nobody waits for (a shadow
 // load) and Observes it. Thread-safe (shared by the engines of a run).
 class LinkEstimate {
  public:
-  LinkEstimate(double latency_s, double seconds_per_byte, double probe_interval_s = 1.0);
+  // deviation_share: the seed's deviation as a share of seconds_per_byte.
+  LinkEstimate(double latency_s, double seconds_per_byte, double probe_interval_s = 1.0,
+               double deviation_share = 0.5);
   double Estimate(double bytes) const;
   void Observe(double bytes, double seconds);
   // True at most once per probe_interval_s (the caller then shadow-loads);
@@ -160,6 +163,10 @@ struct DecisionCounters {
   double decided_s = 0;
   uint64_t loads_over_bound = 0;
   double worst_load_ratio = 0;        // max charged load / recompute of a loaded run
+  // Loads the bound cut short (kDecide, LoadLoop): their later blocks were
+  // recomputed because loading them could have left the request over 1.05 x
+  // recomputing it.
+  uint64_t loads_cut = 0, blocks_cut = 0;
   // Shadow loads (LinkEstimate::ClaimProbe): loads measured for the estimate
   // while their run was recomputed.
   uint64_t shadow_loads = 0;
@@ -199,6 +206,10 @@ class Engine {
     size_t local_blocks = 0, load_count = 0, got = 0;
     double est_recompute_s = 0, measured_load_s = 0, charged_load_s = 0;
     double decided_at = 0;        // Now() when its load was decided (a load's wait, for the bound)
+    // The path the bound allows from decided_at (kDecide): 1.05 x recomputing
+    // every uncached token, less the lookup wait already spent.
+    double bound_s = 0;
+    bool cut = false;             // the loader stopped short of load_count for the bound
     double lookup_wait_s = 0;     // admission's wait for its lookup
     bool lookup_late = false;     // its lookup was not back in time: a miss
     int seq = -1;                 // its sequence in compute_ (the reference engine model)
@@ -234,6 +245,9 @@ class Engine {
   std::deque<size_t> inbox_;  // guarded by mu_
   std::deque<Live> ready_;    // guarded by mu_: loaded, back from the loader
   size_t loads_in_flight_ = 0;  // engine thread only
+  // The last step's wall time: how long a finished load may wait for the
+  // step it joins (LoadLoop reserves it in the bound).
+  std::atomic<double> last_step_s_{0};
   double wake_late_s_ = 0;      // engine thread only: how late timed lookup waits woke (an EWMA, up fast, down slowly)
   bool finishing_ = false, aborted_ = false;  // guarded by mu_
 
