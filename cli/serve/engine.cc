@@ -80,8 +80,6 @@ void DecisionCounters::Add(const DecisionCounters& o) {
   get_errors += o.get_errors;
   decided_s += o.decided_s;
   loads_over_bound += o.loads_over_bound;
-  loads_cut += o.loads_cut;
-  blocks_cut += o.blocks_cut;
   worst_load_ratio = std::max(worst_load_ratio, o.worst_load_ratio);
   shadow_loads += o.shadow_loads;
   shadow_load_s += o.shadow_load_s;
@@ -291,12 +289,7 @@ bool Engine::Admit(Live& r) {
   RequestRecord& rec = (*records_)[r.index];
   if (r.looked_up) {  // back from the loader
     const double real_block = RealBlockBytes();
-    if (r.cut) {
-      ++counters_.loads_cut;
-      counters_.blocks_cut += r.load_count - r.got;
-    } else {
-      counters_.load_misses += r.load_count - r.got;
-    }
+    counters_.load_misses += r.load_count - r.got;
     counters_.blocks_loaded += r.got;
     counters_.charged_load_s += r.charged_load_s;
     counters_.bytes_loaded += uint64_t(r.got * real_block);
@@ -379,7 +372,6 @@ bool Engine::Admit(Live& r) {
   r.load_count = run_blocks;
   r.est_recompute_s = est_recompute;
   r.decided_at = Now();
-  r.bound_s = 1.05 * recompute_all - r.lookup_wait_s;
   {
     std::lock_guard<std::mutex> lock(load_mu_);
     loads_.push_back(std::move(r));
@@ -418,61 +410,20 @@ void Engine::LoadLoop() {
     std::vector<std::byte> unregistered;  // only when the pool could not be had
     if (!pool.base) unregistered.resize(r.load_count * moved);
     std::byte* dst = pool.base ? pool.base : unregistered.data();
-    // The run loads in chunks, in order. With the decision (kDecide) each
-    // chunk must be back while the request, were the load to stop there, is
-    // still within the bound: its wait so far, the wait for the step it joins
-    // (the last step's length) and recomputing what is not loaded yet, within
-    // 1.05 x recomputing every uncached token (bound_s). The chunk's call has
-    // that slack as its timeout, and holds as many blocks as the estimate
-    // fits in half of it; a chunk that cannot fit, or that times out, ends the
-    // load (r.cut) and the rest is recomputed. So a loaded request's path is
-    // over the bound by at most how late a call returns past its timeout.
-    // The blind policy loads the whole run in one call.
-    const double real_block = RealBlockBytes();
-    const uint64_t bt = o_.block_tokens, prompt = q.prompt.size();
-    auto rest_after = [&](size_t blocks) {
-      const uint64_t cached = uint64_t(r.local_blocks + blocks) * bt;
-      return RecomputeSeconds(prompt - cached, cached);
-    };
-    bool ok = true;
-    size_t attempted = 0;
-    while (r.got < r.load_count) {
-      size_t n = r.load_count - r.got;
-      RequestOptions ro;
-      if (o_.policy == LoadPolicy::kDecide) {
-        const double slack = r.bound_s - (Now() - r.decided_at) - last_step_s_.load() - rest_after(r.got);
-        while (n > 1 && o_.link->Estimate(double(n) * real_block) > slack / 2) n = (n + 1) / 2;
-        const double real_slack = slack / o_.kv_scale;  // the call moves 1 / kv_scale of the bytes
-        if (real_slack < 1e-3 || o_.link->Estimate(double(n) * real_block) > slack) {
-          r.cut = true;
-          break;
-        }
-        ro.timeout_ms = int64_t(real_slack * 1e3);
-      }
-      std::vector<GetItem> items(n);
-      for (size_t i = 0; i < n; ++i) {
-        items[i].key = keys[r.local_blocks + r.got + i];
-        items[i].dst = std::span<std::byte>(dst + (r.got + i) * moved, moved);
-      }
-      const auto t0 = std::chrono::steady_clock::now();
-      const bool call_ok = o_.router->GetInto(items, ro).ok();
-      const double measured = Seconds(std::chrono::steady_clock::now() - t0);
-      r.measured_load_s += measured;
-      r.charged_load_s += measured * o_.kv_scale;
-      // The rest of the charged time passes here, off the engine's step.
-      std::this_thread::sleep_for(std::chrono::duration<double>(measured * (o_.kv_scale - 1)));
-      attempted += n;
-      size_t k = 0;
-      while (k < n && items[k].status.ok()) ++k;
-      r.got += k;
-      if (k == n) continue;
-      bool late = false;
-      for (size_t i = k; i < n; ++i) late = late || items[i].status.code() == StatusCode::kDeadlineExceeded;
-      if (late && o_.policy == LoadPolicy::kDecide) r.cut = true;
-      else ok = call_ok;
-      break;
+    std::vector<GetItem> items(r.load_count);
+    for (size_t i = 0; i < r.load_count; ++i) {
+      items[i].key = keys[r.local_blocks + i];
+      items[i].dst = std::span<std::byte>(dst + i * moved, moved);
     }
-    o_.link->Observe(double(attempted) * real_block, r.charged_load_s);
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool ok = o_.router->GetInto(items).ok();
+    r.measured_load_s = Seconds(std::chrono::steady_clock::now() - t0);
+    r.charged_load_s = r.measured_load_s * o_.kv_scale;
+    // The rest of the charged time passes here, off the engine's step.
+    std::this_thread::sleep_for(std::chrono::duration<double>(r.charged_load_s - r.measured_load_s));
+    while (r.got < r.load_count && items[r.got].status.ok()) ++r.got;
+    const double real_block = RealBlockBytes();
+    o_.link->Observe(r.load_count * real_block, r.charged_load_s);
     if (!ok) load_errors_.fetch_add(1);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -592,7 +543,6 @@ void Engine::Loop() {
     std::vector<uint64_t> decodes;
     for (const Live& r : running)
       decodes.push_back((*requests_)[r.index].prompt.size() + r.generated);
-    const auto step0 = std::chrono::steady_clock::now();
     if (compute_) {  // the reference model computes the step for real; it takes what it takes
       for (Live& r : admitted) r.seq = compute_->Prefill((*requests_)[r.index].prompt, r.cached_tokens);
       for (Live& r : running) {
@@ -603,7 +553,6 @@ void Engine::Loop() {
       const double model_s = o_.model->StepSeconds(prefills, decodes);
       std::this_thread::sleep_for(std::chrono::duration<double>(model_s));
     }
-    last_step_s_.store(Seconds(std::chrono::steady_clock::now() - step0));
     const double t = Now();
     std::vector<Live> still;
     for (Live& r : running) {

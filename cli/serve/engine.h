@@ -163,10 +163,6 @@ struct DecisionCounters {
   double decided_s = 0;
   uint64_t loads_over_bound = 0;
   double worst_load_ratio = 0;        // max charged load / recompute of a loaded run
-  // Loads the bound cut short (kDecide, LoadLoop): their later blocks were
-  // recomputed because loading them could have left the request over 1.05 x
-  // recomputing it.
-  uint64_t loads_cut = 0, blocks_cut = 0;
   // Shadow loads (LinkEstimate::ClaimProbe): loads measured for the estimate
   // while their run was recomputed.
   uint64_t shadow_loads = 0;
@@ -206,10 +202,6 @@ class Engine {
     size_t local_blocks = 0, load_count = 0, got = 0;
     double est_recompute_s = 0, measured_load_s = 0, charged_load_s = 0;
     double decided_at = 0;        // Now() when its load was decided (a load's wait, for the bound)
-    // The path the bound allows from decided_at (kDecide): 1.05 x recomputing
-    // every uncached token, less the lookup wait already spent.
-    double bound_s = 0;
-    bool cut = false;             // the loader stopped short of load_count for the bound
     double lookup_wait_s = 0;     // admission's wait for its lookup
     bool lookup_late = false;     // its lookup was not back in time: a miss
     int seq = -1;                 // its sequence in compute_ (the reference engine model)
@@ -245,9 +237,6 @@ class Engine {
   std::deque<size_t> inbox_;  // guarded by mu_
   std::deque<Live> ready_;    // guarded by mu_: loaded, back from the loader
   size_t loads_in_flight_ = 0;  // engine thread only
-  // The last step's wall time: how long a finished load may wait for the
-  // step it joins (LoadLoop reserves it in the bound).
-  std::atomic<double> last_step_s_{0};
   double wake_late_s_ = 0;      // engine thread only: how late timed lookup waits woke (an EWMA, up fast, down slowly)
   bool finishing_ = false, aborted_ = false;  // guarded by mu_
 

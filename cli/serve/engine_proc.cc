@@ -31,7 +31,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DecisionCounters, lookups, runs, runs_loaded,
                                    blocks_recomputed, load_misses, est_load_s, est_recompute_s, charged_load_s,
                                    loads_slower, load_loss_s, bytes_loaded, bytes_put, put_errors, get_errors,
                                    decided_s, loads_over_bound, worst_load_ratio, shadow_loads, shadow_load_s,
-                                   lookup_wait_s, lookup_rpc_s, lookup_timeouts, loads_cut, blocks_cut)
+                                   lookup_wait_s, lookup_rpc_s, lookup_timeouts)
 
 json ToJson(const EngineProcConfig& c) { return json(c); }
 

@@ -65,18 +65,17 @@ std::vector<HitBound> HitBounds(const std::vector<RunResult>& results, const std
 // path through kvmesh against recomputing what its local cache lacks.
 static void PrintPathBounds(const std::vector<RunResult>& results) {
   std::printf("the same requests in the same run: path = lookup wait + (a load: decision to admission + prefill of "
-              "the rest; else: prefill of the uncached tokens), against the prefill of the uncached tokens; cut = "
-              "loads the bound stopped short\n");
-  std::printf("%-17s %6s %6s %8s %8s %8s %6s %8s %6s %9s %9s %9s\n", "config", "rate", "hits", "path50", "path99",
-              "max", ">5%", "lookups", ">5%", "wait ms", "timeouts", "cut");
+              "the rest; else: prefill of the uncached tokens), against the prefill of the uncached tokens\n");
+  std::printf("%-17s %6s %6s %8s %8s %8s %6s %8s %6s %9s %9s\n", "config", "rate", "hits", "path50", "path99",
+              "max", ">5%", "lookups", ">5%", "wait ms", "timeouts");
   for (const RunResult& r : results) {
     if (r.config.rfind("kvmesh", 0) != 0) continue;
     const DecisionCounters& d = r.decisions;
-    std::printf("%-17s %6.2f %6llu %7.3fx %7.3fx %7.3fx %6llu %8llu %6llu %9.1f %9llu %9llu\n", r.config.c_str(),
-                r.rate, (unsigned long long)r.path_hits, r.path_ratio_p50, r.path_ratio_p99, r.path_ratio_max,
+    std::printf("%-17s %6.2f %6llu %7.3fx %7.3fx %7.3fx %6llu %8llu %6llu %9.1f %9llu\n", r.config.c_str(), r.rate,
+                (unsigned long long)r.path_hits, r.path_ratio_p50, r.path_ratio_p99, r.path_ratio_max,
                 (unsigned long long)r.path_hits_over, (unsigned long long)r.path_lookups,
                 (unsigned long long)r.path_lookups_over, d.lookup_wait_s * 1e3,
-                (unsigned long long)d.lookup_timeouts, (unsigned long long)d.loads_cut);
+                (unsigned long long)d.lookup_timeouts);
   }
 }
 
@@ -171,8 +170,7 @@ nlohmann::json ResultsJson(const BenchServeOptions& o, const std::vector<RunResu
                                    {"loads_over_bound", d.loads_over_bound},
                                    {"worst_load_ratio", d.worst_load_ratio}, {"shadow_loads", d.shadow_loads},
                                    {"shadow_load_s", d.shadow_load_s}, {"lookup_wait_s", d.lookup_wait_s},
-                                   {"lookup_rpc_s", d.lookup_rpc_s}, {"lookup_timeouts", d.lookup_timeouts},
-                                   {"loads_cut", d.loads_cut}, {"blocks_cut", d.blocks_cut}}},
+                                   {"lookup_rpc_s", d.lookup_rpc_s}, {"lookup_timeouts", d.lookup_timeouts}}},
                     {"path_bound", {{"hits", r.path_hits}, {"hits_over", r.path_hits_over},
                                     {"lookups", r.path_lookups}, {"lookups_over", r.path_lookups_over},
                                     {"ratio_p50", r.path_ratio_p50}, {"ratio_p99", r.path_ratio_p99},
