@@ -89,7 +89,8 @@ int PrefixCheck(const Args& a) {
                    {"hit_over_recompute", x.hit_ttft_s / x.recompute_ttft_s},
                    {"decided_over_recompute", x.decided_ttft_s / x.recompute_ttft_s},
                    {"est_load_s", x.est_load_s}, {"est_recompute_s", x.est_recompute_s},
-                   {"decided", x.decided_load ? "load" : "recompute"}, {"decided_ttft_s", x.decided_ttft_s}});
+                   {"decided", x.decided_load ? "load" : "recompute"}, {"decided_ttft_s", x.decided_ttft_s},
+                   {"pool_warm_s", x.pool_warm_s}});
     std::cout << nlohmann::json{{"engine_model", a.o.engine_model}, {"cluster", a.o.cluster},
                                 {"transport", a.o.transport}, {"kv_scale", a.o.kv_scale},
                                 {"reps", a.o.prefix_reps}, {"prefix_check", j}}
@@ -115,6 +116,10 @@ int PrefixCheck(const Args& a) {
       std::printf("note: the %u-token prefix's median load found %zu of %u blocks (the rest was recomputed: "
                   "--node-memory too small?)\n",
                   x.prefix_tokens, x.blocks_got, x.prefix_tokens / a.o.block_tokens);
+  if (!r->empty() && r->front().pool_warm_s > 0)
+    std::printf("the nodes warmed their mappings of the registered destination in %.1f s before the first load "
+                "(as at an engine's start)\n",
+                r->front().pool_warm_s);
   std::printf("measured: the lookup and the load (every KV byte through kvmesh%s, into registered memory), x kv scale; "
               "modelled: the prefills (recompute, and the suffix after a hit) by the roofline of the named model "
               "and GPU\n",

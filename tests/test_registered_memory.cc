@@ -413,24 +413,81 @@ TEST_CASE("Registered memory over UCX: two workers of one node share one pool ma
   CHECK(s.ucx->one_sided_bytes() >= 2 * 2 * kBlocks * kBlock);
 }
 
+// Router options whose AllocateMemory takes UCX-allocated (shared) memory of
+// `c`, as NetworkClient's over UCX do; counts the allocations.
+static RouterOptions UcxAllocating(std::shared_ptr<UcxContext> c, int* allocations) {
+  RouterOptions ro;
+  ro.allocate_memory = [c, allocations](size_t bytes) -> Result<std::shared_ptr<std::byte>> {
+    KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<UcxMemory> m, c->Allocate(bytes));
+    ++*allocations;
+    std::byte* base = m->base();
+    return std::shared_ptr<std::byte>(std::move(m), base);
+  };
+  return ro;
+}
+
 TEST_CASE("Registered memory over UCX: Router::AllocateMemory gives shared memory the node writes and reads one-sided",
           "[cluster][ucx][zerocopy]") {
   Served s;
   auto ctx = UcxContext::Create(true);
   REQUIRE(ctx.ok());
-  RouterOptions ro;
   std::shared_ptr<UcxContext> c = *ctx;
   int allocations = 0;
-  ro.allocate_memory = [c, &allocations](size_t bytes) -> Result<std::shared_ptr<std::byte>> {
-    KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<UcxMemory> m, c->Allocate(bytes));
-    ++allocations;
-    std::byte* base = m->base();
-    return std::shared_ptr<std::byte>(std::move(m), base);
-  };
-  auto r = s.RouterOver(s.Ucx(c), std::move(ro));
+  auto r = s.RouterOver(s.Ucx(c), UcxAllocating(c, &allocations));
   RegisteredRoundTrip(*r, *s.node, /*allocate=*/true);
   CHECK(allocations == 1);
   CHECK(s.ucx->one_sided_bytes() >= 2 * (64 + 4096 + 65536 + 262144 + (1 << 20) + (2 << 20)));
+}
+
+TEST_CASE("Registered memory over UCX: the node warms its mapping of a same-host client's shared memory with its "
+          "contents unchanged (plain memory is not warmed and unregistering mid-warm is safe)",
+          "[cluster][ucx][zerocopy]") {
+  // The node writes a same-host client's AllocateMemory region through its
+  // own mapping; the first write to each page of it costs a page-table fill
+  // (docs/serving.md "The slow first get"), so PageWarmer reads every page
+  // after MEM_REGISTER, off the loop thread.
+  Served s;
+  int allocations = 0;
+  auto ctx = UcxContext::Create(true);
+  REQUIRE(ctx.ok());
+  auto r = s.RouterOver(s.Ucx(*ctx), UcxAllocating(*ctx, &allocations));
+  auto settled = [&] {
+    for (int i = 0; i < 600 && s.ucx->warm_pending_bytes() > 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return s.ucx->warm_pending_bytes() == 0;
+  };
+  // Plain memory: not mapped by the node, nothing to warm.
+  std::vector<std::byte> plain(8 << 20);
+  auto pr = r->RegisterMemory(plain.data(), plain.size());
+  REQUIRE(pr.ok());
+  REQUIRE(settled());
+  CHECK(s.ucx->warmed_bytes() == 0);
+  // Shared memory of this host: every page read, its contents as written.
+  const size_t bytes = 16 << 20;
+  auto region = r->AllocateMemory(bytes);
+  REQUIRE(region.ok());
+  for (size_t i = 0; i < bytes; ++i) region->base[i] = std::byte(i * 7 + 1);
+  REQUIRE(settled());
+  CHECK(s.ucx->warmed_bytes() == bytes);
+  bool same = true;
+  for (size_t i = 0; i < bytes; ++i) same = same && region->base[i] == std::byte(i * 7 + 1);
+  CHECK(same);
+  // Unregistered while (likely) still warming: the warm stops, the node serves on.
+  auto big = r->AllocateMemory(size_t{256} << 20);
+  REQUIRE(big.ok());
+  REQUIRE(r->UnregisterMemory(big->id).ok());
+  REQUIRE(settled());
+  CHECK(s.ucx->warmed_bytes() <= bytes + (size_t{256} << 20));
+  auto b = Bytes(65536, 9);
+  std::memcpy(region->base, b.data(), b.size());
+  PutItem p{Key(900), {region->base, b.size()}, {}};
+  REQUIRE(r->PutFrom(std::span(&p, 1)).ok());
+  REQUIRE(p.status.ok());
+  GetItem g{Key(900), {region->base + 65536, 65536}, 0, {}};
+  REQUIRE(r->GetInto(std::span(&g, 1)).ok());
+  REQUIRE(g.status.ok());
+  CHECK(std::memcmp(region->base + 65536, b.data(), b.size()) == 0);
+  CHECK(allocations == 2);
 }
 
 TEST_CASE("Registered memory over UCX: a node on the client's host writes nothing once the call's deadline passed",

@@ -147,6 +147,9 @@ struct PrefixCheckResult {
   double est_load_s = 0, est_recompute_s = 0;
   bool decided_load = false;
   uint64_t bytes = 0;  // real-size bytes of the prefix's KV
+  // The wait, before the first timed load, for the nodes to warm the
+  // registered destination (LocalDaemons::WaitWarmed; the same for every row).
+  double pool_warm_s = 0;
 };
 // progress(prefix tokens), when given, once a prefix is stored (before its load).
 Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o,

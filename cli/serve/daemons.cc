@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -84,6 +85,26 @@ Result<std::vector<nlohmann::json>> LocalDaemons::NodeStats() const {
     out.push_back(std::move(j));
   }
   return out;
+}
+
+Result<double> LocalDaemons::WaitWarmed(double timeout_s) const {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string gauge = "\nkvmesh_ucx_warm_pending_bytes ";  // the sample line, not its # TYPE line
+  for (;;) {
+    uint64_t pending = 0;
+    for (uint16_t port : node_http_) {
+      KVMESH_ASSIGN_OR_RETURN(const HttpResult r, HttpRequest("127.0.0.1", port, "GET", "/metrics", "", 5000));
+      if (r.status != 200) return Unavailable("node /metrics: HTTP " + std::to_string(r.status));
+      const size_t at = r.body.find(gauge);
+      if (at != std::string::npos) pending += std::strtoull(r.body.c_str() + at + gauge.size(), nullptr, 10);
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (pending == 0) return waited;
+    if (waited > timeout_s)
+      return DeadlineExceeded("nodes still warming " + std::to_string(pending) + " bytes of registered memory after " +
+                              std::to_string(timeout_s) + " s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 LocalDaemons::~LocalDaemons() {

@@ -30,6 +30,10 @@ class LocalDaemons {
   const std::string& coordinator() const { return coordinator_; }  // "127.0.0.1:port"
   // Every node's /stats document (shard_node StatsJson), in config order.
   Result<std::vector<nlohmann::json>> NodeStats() const;
+  // Waits (at most timeout_s) until no node has registered client memory of
+  // this host left to warm (kvmesh_ucx_warm_pending_bytes, UCX only: else at
+  // once); returns the seconds waited, DeadlineExceeded past the timeout.
+  Result<double> WaitWarmed(double timeout_s) const;
 
  private:
   struct Proc {

@@ -14,8 +14,9 @@ namespace kvmesh::serve {
 
 // ---- LinkEstimate ---------------------------------------------------------------
 
-LinkEstimate::LinkEstimate(double latency_s, double seconds_per_byte, double probe_interval_s)
-    : latency_s_(latency_s), cost_(seconds_per_byte), dev_(seconds_per_byte / 2),
+LinkEstimate::LinkEstimate(double latency_s, double seconds_per_byte, double probe_interval_s,
+                           double deviation_share)
+    : latency_s_(latency_s), cost_(seconds_per_byte), dev_(seconds_per_byte * deviation_share),
       probe_interval_s_(probe_interval_s) {}
 
 double LinkEstimate::Estimate(double bytes) const {

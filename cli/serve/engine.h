@@ -58,14 +58,17 @@ enum class LoadPolicy { kDecide, kBlind };
 // per-byte cost is an EWMA (weight 0.25) of every load's charged time minus
 // the latency, and so is its mean deviation; Estimate is pessimistic, like a
 // TCP retransmission timer: latency + bytes x (mean + 2 x deviation), so a
-// link whose speed swings is trusted less. Seeded by a probe (the slowest of
-// three, its deviation half its mean: unsure until loads were seen).
+// link whose speed swings is trusted less. Seeded by a probe (ProbeLink: the
+// median of three gets, its deviation the spread of the three; 0.5 of the
+// cost when not given: unsure until loads were seen).
 // ClaimProbe keeps it learning while the decision recomputes: at most once per
 // probe_interval_s, the caller measures a load nobody waits for (a shadow
 // load) and Observes it. Thread-safe (shared by the engines of a run).
 class LinkEstimate {
  public:
-  LinkEstimate(double latency_s, double seconds_per_byte, double probe_interval_s = 1.0);
+  // deviation_share: the seed's deviation as a share of seconds_per_byte.
+  LinkEstimate(double latency_s, double seconds_per_byte, double probe_interval_s = 1.0,
+               double deviation_share = 0.5);
   double Estimate(double bytes) const;
   void Observe(double bytes, double seconds);
   // True at most once per probe_interval_s (the caller then shadow-loads);

@@ -26,7 +26,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TraceWindow, start_s, duration_s, speed, max_
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EngineProcConfig, index, engine_model, mfu, mbu, block_tokens, max_batch, kv_scale,
                                    local_cache_blocks, max_prefill_tokens, mode, policy, coordinator, salt, nodes,
                                    link_latency_s, link_seconds_per_byte, probe_interval_s, kv_events, workload,
-                                   trace_path, trace, schedule_hash)
+                                   trace_path, trace, schedule_hash, link_deviation_share)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DecisionCounters, lookups, runs, runs_loaded, runs_recomputed, blocks_loaded,
                                    blocks_recomputed, load_misses, est_load_s, est_recompute_s, charged_load_s,
                                    loads_slower, load_loss_s, bytes_loaded, bytes_put, put_errors, get_errors,
@@ -324,7 +324,8 @@ int RunServeEngine() {
     auto cl = ConnectEngineClient(c.coordinator, "bench-serve-engine-" + std::to_string(c.index), c.salt, c.nodes);
     if (!cl.ok()) return fail(cl.status().ToString());
     client = std::move(*cl);
-    link = std::make_unique<LinkEstimate>(c.link_latency_s, c.link_seconds_per_byte, c.probe_interval_s);
+    link = std::make_unique<LinkEstimate>(c.link_latency_s, c.link_seconds_per_byte, c.probe_interval_s,
+                                          c.link_deviation_share);
   }
   std::vector<RequestRecord> recs(reqs->size());
   EngineOptions eo;

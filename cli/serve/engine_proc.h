@@ -67,6 +67,7 @@ struct EngineProcConfig {
   std::string coordinator, salt;     // kKvmesh: the daemons' coordinator, the run's tenant salt
   uint64_t nodes = 0;                // nodes the coordinator must list before the child is ready
   double link_latency_s = 0, link_seconds_per_byte = 0, probe_interval_s = 1;  // LinkEstimate's seed
+  double link_deviation_share = 0.5;                                          // its deviation / its cost
   bool kv_events = false;            // send its prefix cache's events ({"c","x"})
   // The schedule: MakeWorkload(workload), or the trace's window when trace_path is set.
   WorkloadOptions workload;

@@ -267,6 +267,7 @@ class Daemon final : public NodeDaemon {
 #if defined(KVMESH_HAVE_UCX)
     if (ucx_) g("kvmesh_ucx_requests_total", "counter", ucx_->requests());
     if (ucx_) g("kvmesh_ucx_one_sided_bytes_total", "counter", ucx_->one_sided_bytes());
+    if (ucx_) g("kvmesh_ucx_warm_pending_bytes", "gauge", ucx_->warm_pending_bytes());
 #endif
     if (TieredStore* t = node_->tiers()) out += t->PrometheusText();  // tiers and pressure
     node_->ReconcileTenants();

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <chrono>
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "common/checksum.h"
 #include "kernels/codec.h"
 #include "kvmesh/clock.h"
@@ -12,22 +16,95 @@ namespace kvmesh {
 
 using namespace proto;
 
+struct PageWarmer::Job {
+  const std::byte* base = nullptr;
+  size_t length = 0;
+  std::mutex mu;           // held while a chunk is read
+  bool cancelled = false;  // guarded by mu
+};
+
+PageWarmer::PageWarmer() : thread_([this] { Run(); }) {}
+
+PageWarmer::~PageWarmer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
+}
+
+std::shared_ptr<PageWarmer::Job> PageWarmer::Warm(const std::byte* base, size_t length) {
+  auto job = std::make_shared<Job>();
+  job->base = base;
+  job->length = length;
+  queued_.fetch_add(length, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(job);
+  }
+  cv_.notify_one();
+  return job;
+}
+
+void PageWarmer::Cancel(const std::shared_ptr<Job>& job) {
+  if (!job) return;
+  std::lock_guard<std::mutex> lock(job->mu);
+  job->cancelled = true;
+}
+
+void PageWarmer::Run() {
+  // Below the loop thread that serves requests (Linux: a thread's nice value is its own).
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 5);
+  constexpr size_t kPage = 4096, kChunk = 64 * kPage;
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (stop_) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    for (size_t at = 0; at < job->length; at += kChunk) {
+      std::lock_guard<std::mutex> lock(job->mu);
+      if (job->cancelled) {
+        dropped_.fetch_add(job->length - at, std::memory_order_relaxed);
+        break;
+      }
+      const size_t end = std::min(job->length, at + kChunk);
+      for (size_t p = at; p < end; p += kPage)
+        (void)__atomic_load_n(reinterpret_cast<const unsigned char*>(job->base + p), __ATOMIC_RELAXED);
+      warmed_.fetch_add(end - at, std::memory_order_relaxed);
+    }
+  }
+}
+
 UcxRegionTable::~UcxRegionTable() {
-  for (auto& [id, r] : regions_) ucp_rkey_destroy(r.rkey);
+  for (auto& [id, r] : regions_) {
+    PageWarmer::Cancel(r.warm);
+    ucp_rkey_destroy(r.rkey);
+  }
 }
 
 Status UcxRegionTable::Add(ucp_ep_h ep, const MemRegister& m) {
   ucp_rkey_h rkey = nullptr;
   if (ucp_ep_rkey_unpack(ep, m.rkey.data(), &rkey) != UCS_OK) return InvalidArgument("remote key does not unpack");
   Remove(m.region);
-  regions_[m.region] = Region{m.base, m.length, rkey};
+  Region& r = regions_[m.region] = Region{m.base, m.length, rkey, nullptr};
   same_host_ = m.host != 0 && m.host == HostBootId();
+  // A region this process maps (shared memory of a client on this host):
+  // its pages are warmed before GETs write into them.
+  void* local = nullptr;
+  if (warmer_ && m.length > 0 && ucp_rkey_ptr(rkey, m.base, &local) == UCS_OK && local != nullptr)
+    r.warm = warmer_->Warm(static_cast<const std::byte*>(local), m.length);
   return Status::Ok();
 }
 
 void UcxRegionTable::Remove(uint64_t id) {
   auto it = regions_.find(id);
   if (it == regions_.end()) return;
+  PageWarmer::Cancel(it->second.warm);
   ucp_rkey_destroy(it->second.rkey);
   regions_.erase(it);
 }
@@ -81,6 +158,7 @@ Result<std::unique_ptr<UcxRma>> UcxRma::Create(ShardNode* node, UcxWorker* worke
   r->worker_ = worker;
   r->handler_ = handler;
   r->pools_ = std::move(pools);
+  r->warmer_ = std::make_shared<PageWarmer>();
   return r;
 }
 

@@ -14,18 +14,32 @@
 // FrameHandler (admission, tenant scope, epoch): each session's
 // UcxSessionMemory is its RemoteMemory capability.
 //
+// A client region on this host is written through this process's own
+// mapping of the client's shared memory (UCX attaches it when the remote key
+// unpacks). The first write to each of its 4 KiB pages through that mapping
+// costs a page-table fill, on this VM 10-30 us a page (a hypervisor that
+// shadows guest page tables), so the first GET_INTO into fresh pages ran
+// 8-20x slower than the next (docs/serving.md "The slow first get").
+// PageWarmer reads one byte of every page of such a region after
+// MEM_REGISTER, off the loop thread, so that GETs no longer pay it.
+//
 // Thread-safety: everything runs on the UCX server's loop thread (UCX
-// callbacks run inside its progress calls); not thread-safe.
+// callbacks run inside its progress calls); not thread-safe. PageWarmer:
+// its own thread; Warm and Cancel from any thread.
 #pragma once
 
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "shard_node/server/frame_handler.h"
@@ -36,12 +50,47 @@ namespace kvmesh {
 
 class ShardNode;
 
+// Reads one byte of every 4 KiB page of the regions it is given, one region
+// after another, on its own thread: the page-table fill of this process's
+// mapping is paid there instead of by the first write into each page.
+// Contents are not changed (relaxed atomic loads). A region's owner calls
+// Cancel before unmapping it; Cancel waits for the chunk being read (64
+// pages) and no byte of it is read after.
+class PageWarmer {
+ public:
+  struct Job;
+  PageWarmer();
+  ~PageWarmer();
+  PageWarmer(const PageWarmer&) = delete;
+  PageWarmer& operator=(const PageWarmer&) = delete;
+  std::shared_ptr<Job> Warm(const std::byte* base, size_t length);
+  static void Cancel(const std::shared_ptr<Job>& job);
+  // Bytes read so far, over all regions, and bytes given to it not yet read
+  // nor cancelled (stats: kvmesh_ucx_warm_pending_bytes).
+  uint64_t bytes_warmed() const { return warmed_.load(std::memory_order_relaxed); }
+  uint64_t bytes_pending() const {
+    return queued_.load(std::memory_order_relaxed) - warmed_.load(std::memory_order_relaxed) -
+           dropped_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  void Run();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> jobs_;  // guarded by mu_
+  bool stop_ = false;                      // guarded by mu_
+  std::atomic<uint64_t> queued_{0}, warmed_{0}, dropped_{0};  // dropped: cancelled before read
+  std::thread thread_;
+};
+
 // One session's registered client regions, by the client's region id. The
 // remote keys were unpacked on the session's endpoint; they are destroyed
-// with the table, which transfers in flight keep alive (shared_ptr).
+// with the table, which transfers in flight keep alive (shared_ptr). A
+// region this process maps (a client on this host: ucp_rkey_ptr answers) is
+// given to `warmer` (may be null: not warmed).
 class UcxRegionTable {
  public:
-  UcxRegionTable() = default;
+  explicit UcxRegionTable(std::shared_ptr<PageWarmer> warmer = nullptr) : warmer_(std::move(warmer)) {}
   ~UcxRegionTable();
   UcxRegionTable(const UcxRegionTable&) = delete;
   UcxRegionTable& operator=(const UcxRegionTable&) = delete;
@@ -61,8 +110,10 @@ class UcxRegionTable {
   struct Region {
     uint64_t base = 0, length = 0;
     ucp_rkey_h rkey = nullptr;
+    std::shared_ptr<PageWarmer::Job> warm;  // cancelled before the key is destroyed
   };
   std::map<uint64_t, Region> regions_;
+  std::shared_ptr<PageWarmer> warmer_;
 };
 
 // Runs GET_INTO and PUT_FROM for the server's sessions.
@@ -95,6 +146,8 @@ class UcxRma {
 
   // The pool mappings it moves from and into (shared with the node's other workers).
   const Pools& pools() const { return pools_; }
+  // Warms the client regions of this host that its sessions register.
+  const std::shared_ptr<PageWarmer>& warmer() const { return warmer_; }
   uint64_t in_flight() const { return in_flight_; }
   // Payload bytes moved by completed puts and gets (any thread may read it).
   uint64_t bytes_moved() const { return bytes_moved_.load(std::memory_order_relaxed); }
@@ -113,6 +166,7 @@ class UcxRma {
   UcxWorker* worker_ = nullptr;
   FrameHandler* handler_ = nullptr;
   Pools pools_;
+  std::shared_ptr<PageWarmer> warmer_;
   uint64_t in_flight_ = 0;
   std::atomic<uint64_t> bytes_moved_{0};
 };
@@ -123,7 +177,8 @@ class UcxRma {
 // REQUIRES: rma outlives it. Not thread-safe (the loop thread's).
 class UcxSessionMemory final : public RemoteMemory {
  public:
-  UcxSessionMemory(UcxRma* rma, ucp_ep_h ep, UcxRma::Done done) : rma_(rma), ep_(ep), done_(std::move(done)) {}
+  UcxSessionMemory(UcxRma* rma, ucp_ep_h ep, UcxRma::Done done)
+      : rma_(rma), ep_(ep), done_(std::move(done)), regions_(std::make_shared<UcxRegionTable>(rma->warmer())) {}
 
   Status Register(const proto::MemRegister& r) override { return regions_->Add(ep_, r); }
   void Unregister(uint64_t id) override { regions_->Remove(id); }
@@ -140,7 +195,7 @@ class UcxSessionMemory final : public RemoteMemory {
   UcxRma* rma_;
   ucp_ep_h ep_;
   UcxRma::Done done_;
-  std::shared_ptr<UcxRegionTable> regions_ = std::make_shared<UcxRegionTable>();
+  std::shared_ptr<UcxRegionTable> regions_;
 };
 
 }  // namespace kvmesh

@@ -121,6 +121,8 @@ class Server final : public UcxServer {
   uint64_t requests() const override { return requests_.load(); }
   std::vector<uint64_t> worker_requests() const override { return {requests()}; }
   uint64_t one_sided_bytes() const override { return rma_->bytes_moved(); }
+  uint64_t warm_pending_bytes() const override { return rma_->warmer()->bytes_pending(); }
+  uint64_t warmed_bytes() const override { return rma_->warmer()->bytes_warmed(); }
   uint64_t admitted(Opcode op) const override { return handler_.admitted(op); }
   uint64_t stale_refused() const override { return handler_.stale.load(); }
   size_t pool_mappings() const override { return rma_->pools().size(); }
@@ -579,6 +581,16 @@ class Workers final : public UcxServer {
   uint64_t one_sided_bytes() const override {
     uint64_t n = 0;
     for (auto& s : servers_) n += s->one_sided_bytes();
+    return n;
+  }
+  uint64_t warm_pending_bytes() const override {
+    uint64_t n = 0;
+    for (auto& s : servers_) n += s->warm_pending_bytes();
+    return n;
+  }
+  uint64_t warmed_bytes() const override {
+    uint64_t n = 0;
+    for (auto& s : servers_) n += s->warmed_bytes();
     return n;
   }
   uint64_t admitted(Opcode op) const override {

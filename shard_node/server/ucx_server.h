@@ -60,6 +60,10 @@ class UcxServer {
   virtual std::vector<uint64_t> worker_requests() const = 0;
   // Payload bytes moved with one-sided puts and gets (GET_INTO, PUT_FROM).
   virtual uint64_t one_sided_bytes() const = 0;
+  // Bytes of registered client regions of this host still to be warmed
+  // (PageWarmer, ucx_rma.h): until 0, a GET into them may pay page-table fills.
+  virtual uint64_t warm_pending_bytes() const = 0;
+  virtual uint64_t warmed_bytes() const = 0;  // read so far
   // Data frames of `op` its FrameHandler admitted (FrameHandler::Admit), and
   // frames it refused as StaleEpoch, summed over the workers.
   virtual uint64_t admitted(proto::Opcode op) const = 0;
