@@ -69,7 +69,8 @@
 // c is PolicyOptions::capacity_hint, or the largest resident count seen.
 // Cost: O(1) per Touch; O(E) per access replayed, each expert O(1); memory: E + 1 entry pools of c
 // entries (with R > 1: E pools of c / R and 2 of c) and the queue of kMaxPending accesses
-// (reserved once). EffectiveClass is the
+// (reserved once). The experts index their entries in one SharedIndex (eviction/list_pool.h),
+// one probe per access for all of them instead of one map each. EffectiveClass is the
 // leader's for entries it holds, the latest AccessInfo::priority for the
 // others. Thread-safety: none (the owner's lock).
 #include <algorithm>
@@ -99,6 +100,7 @@ class AdaptivePolicy final : public EvictionPolicy {
     xo_.leaf_first = true;  // chains leave deepest block first in every list-based expert
     xo_.group.reset();
     xo_.clock = &replay_clock_;  // the time of the access being replayed
+    xo_.shared_index = &shared_;  // one index for every expert's entries
     pending_.reserve(kMaxPending);
     // Sampled shadows: the experts see one key in rate_ (a hash bucket) at c / rate_; the full
     // copy of the leader takes the slot after the experts'.
@@ -348,6 +350,8 @@ class AdaptivePolicy final : public EvictionPolicy {
     rate_ = r;
     PolicyOptions xo = xo_;
     xo.capacity_hint = SampledCap();
+    for (Expert& x : experts_) x.policy.reset();
+    shared_ = SharedIndex();  // the new experts take the same slots
     for (size_t e = 0; e < experts_.size(); ++e) experts_[e].policy = makers_[e](xo);
     full_.reset();
     for (List& l : diff_) l = List{};
@@ -373,6 +377,7 @@ class AdaptivePolicy final : public EvictionPolicy {
     if (full_ && full_for_ == l) return;
     PolicyOptions fo = xo_;
     fo.capacity_hint = c_;
+    fo.shared_index = nullptr;  // remade on every change of leader: a map of its own
     full_ = makers_[l](fo);
     full_for_ = l;
     const size_t s = experts_.size();
@@ -498,7 +503,8 @@ class AdaptivePolicy final : public EvictionPolicy {
   static constexpr uint32_t kNoLeader = UINT32_MAX;
   uint32_t replay_leader_ = kNoLeader;  // Pending::leader of the access replaying now
   double window_;
-  PolicyOptions xo_;                   // how the experts are made (leaf_first, no group)
+  SharedIndex shared_;                 // the experts' entries (before experts_: it outlives them)
+  PolicyOptions xo_;                   // how the experts are made (leaf_first, no group, shared_)
   size_t floor_ = 0;                   // PolicyOptions::shadow_sample_floor (0: never sample)
   uint32_t rate_ = 1;                  // the experts see one key in rate_
   std::vector<Expert> experts_;
