@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <random>
 #include <set>
 
@@ -555,6 +556,13 @@ TEST_CASE("adaptive: queued hits replay as immediate ones did, each at the time 
           pb.Release(id);
         }
         REQUIRE(pa.size() == pb.size());
+        if (members > 1) {  // the same scores published at the same accesses, also those published
+                            // from a Touch without replaying the queue (PublishAhead)
+          std::array<double, PolicyGroup::kMaxScores> sa{}, sb{};
+          REQUIRE(ga->Own(sa.data(), sa.size()) == gb->Own(sb.data(), sb.size()));
+          REQUIRE(sa == sb);
+          REQUIRE(ga->leader() == gb->leader());
+        }
         if (step % 101 == 0) {
           for (size_t m = 0; m < members; ++m) {
             REQUIRE(a[m]->Victim() == b[m]->Victim());
