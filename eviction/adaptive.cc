@@ -100,6 +100,7 @@ class AdaptivePolicy final : public EvictionPolicy {
     xo_.leaf_first = true;  // chains leave deepest block first in every list-based expert
     xo_.group.reset();
     xo_.clock = &replay_clock_;  // the time of the access being replayed
+    shared_.NewSlot();            // kResidentSlot: the resident entries by GhostId
     xo_.shared_index = &shared_;  // one index for every expert's entries
     pending_.reserve(kMaxPending);
     // Sampled shadows: the experts see one key in rate_ (a hash bucket) at c / rate_; the full
@@ -120,7 +121,7 @@ class AdaptivePolicy final : public EvictionPolicy {
       if (slot_ >= 0) group_ = o.group;
     }
     nodes_.Reserve(o.capacity_hint);
-    by_gid_.reserve(o.capacity_hint);
+    shared_.Reserve(o.capacity_hint);
     window_ = std::max<double>(4096.0, 4.0 * static_cast<double>(c_));
   }
   std::string_view name() const override { return cost_aware_ ? "adaptive-cost" : "adaptive"; }
@@ -239,6 +240,7 @@ class AdaptivePolicy final : public EvictionPolicy {
 
  private:
   static constexpr size_t kLru = kMaxExperts;  // link slot of the LRU list
+  static constexpr size_t kResidentSlot = 0;    // shared_'s slot of the resident entries (by GhostId)
   static constexpr uint32_t kMaxRate = 64;     // sampled shadows: at most one key in 64
   static constexpr uint32_t kPublishEvery = 64;  // accesses between a group member's decisions
   static constexpr size_t kMaxPending = 256;      // queued hits; bounds the work one call replays
@@ -374,7 +376,7 @@ class AdaptivePolicy final : public EvictionPolicy {
   uint32_t Alloc(EntryId id, uint64_t gid) {
     const uint32_t i = nodes_.Alloc(id);
     nodes_[i].gid = gid;
-    by_gid_[gid] = i;
+    shared_.Assign(gid, kResidentSlot, i);
     return i;
   }
   // The simulations: 0..E-1 the experts, E (rate_ > 1) the full copy of the leader.
@@ -418,7 +420,7 @@ class AdaptivePolicy final : public EvictionPolicy {
     PolicyOptions xo = xo_;
     xo.capacity_hint = SampledCap();
     for (Expert& x : experts_) x.policy.reset();
-    shared_ = SharedIndex();  // the new experts take the same slots
+    shared_.KeepOnly(kResidentSlot);  // the new experts take the same slots
     for (size_t e = 0; e < experts_.size(); ++e) experts_[e].policy = makers_[e](xo);
     full_.reset();
     for (List& l : diff_) l = List{};
@@ -463,12 +465,11 @@ class AdaptivePolicy final : public EvictionPolicy {
     lru_.Unlink(Links(kLru), i);
     for (size_t s = FirstTracked(); s < EndTracked(); ++s)
       if (!(n.in & Bit(s))) diff_[s].Unlink(Links(s), i);
-    if (auto g = by_gid_.find(n.gid); g != by_gid_.end() && g->second == i) by_gid_.erase(g);
+    if (shared_.Get(n.gid, kResidentSlot) == i) shared_.Clear(n.gid, kResidentSlot);
     nodes_.Recycle(i);
   }
   uint32_t Resident(uint64_t gid) const {
-    auto g = by_gid_.find(gid);
-    return g == by_gid_.end() ? kNil : g->second;
+    return shared_.Get(gid, kResidentSlot);
   }
 
   // Evicts simulation s's victims until it holds at most `n` entries.
@@ -568,7 +569,8 @@ class AdaptivePolicy final : public EvictionPolicy {
   static constexpr size_t kNone = SIZE_MAX;
   size_t published_at_ = kNone;         // the queued access PublishAhead published, if any
   double window_;
-  SharedIndex shared_;                 // the experts' entries (before experts_: it outlives them)
+  SharedIndex shared_;                 // the resident entries by GhostId, and the experts' entries
+                                       // (before experts_: it outlives them)
   PolicyOptions xo_;                   // how the experts are made (leaf_first, no group, shared_)
   size_t floor_ = 0;                   // PolicyOptions::shadow_sample_floor (0: never sample)
   uint32_t rate_ = 1;                  // the experts see one key in rate_
@@ -584,7 +586,6 @@ class AdaptivePolicy final : public EvictionPolicy {
   bool announced_ = false;   // Admit already replayed the access of announced_gid_
   uint64_t announced_gid_ = 0;
   Pool nodes_;  // resident entries by EntryId
-  absl::flat_hash_map<uint64_t, uint32_t> by_gid_;
   List lru_;
   std::array<List, kMaxExperts> diff_;
 };

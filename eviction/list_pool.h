@@ -50,12 +50,13 @@ struct Node {
 // record holding each pool's node (a slot per pool, kNil where that pool does
 // not hold the id), and the last two ids looked up are remembered, so the
 // experts' calls for one access (a hit in each, or an eviction and an insert)
-// cost one probe of the map instead of one per expert. It only answers where
+// cost one probe of the map instead of one per expert. adaptive keeps its
+// own resident entries by GhostId in a slot too (Assign, KeepOnly). It only answers where
 // each pool's node is: what a pool holds, and so what any policy decides, is
 // the same as with a map per pool. Thread-safety: none (the pools' owner's).
 class SharedIndex {
  public:
-  static constexpr size_t kSlots = 8;  // adaptive's seven experts and s3-fifo's ghosts
+  static constexpr size_t kSlots = 9;  // adaptive's resident entries, seven experts and s3-fifo's ghosts
 
   // A slot for one more pool, or -1 when every slot is taken.
   int NewSlot() { return slots_ < kSlots ? static_cast<int>(slots_++) : -1; }
@@ -76,6 +77,29 @@ class SharedIndex {
     if (r == kNil) r = Add(id);
     recs_[r].node[slot] = node;
   }
+  // Sets the slot's node for id, replacing the one it held.
+  void Assign(EntryId id, size_t slot, uint32_t node) {
+    uint32_t r = Find(id);
+    if (r == kNil) r = Add(id);
+    recs_[r].node[slot] = node;
+  }
+  // Every slot but `keep` emptied (records left empty go) and the slots after
+  // it free again, for pools made anew.
+  void KeepOnly(size_t keep) {
+    for (auto it = map_.begin(); it != map_.end();) {
+      Record& rec = recs_[it->second];
+      for (size_t k = 0; k < kSlots; ++k)
+        if (k != keep) rec.node[k] = kNil;
+      if (rec.node[keep] == kNil) {
+        free_.push_back(it->second);
+        map_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    recent_[0] = recent_[1] = Cached{};
+    slots_ = keep + 1;
+  }
   // Clears the slot's node for id and returns it (kNil: there was none). The
   // record goes once no slot holds a node.
   uint32_t Clear(EntryId id, size_t slot) {
@@ -90,7 +114,7 @@ class SharedIndex {
   }
 
  private:
-  struct alignas(32) Record {  // half a cache line: one line read per record
+  struct Record {
     uint32_t node[kSlots];
   };
   struct Cached {

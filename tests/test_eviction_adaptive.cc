@@ -584,8 +584,9 @@ TEST_CASE("adaptive: queued hits replay as immediate ones did, each at the time 
 TEST_CASE("SharedIndex: list policies indexed in one shared index evict as with a map each", "[eviction]") {
   // adaptive's experts index their entries in one SharedIndex
   // (eviction/list_pool.h). Each policy here is made twice: `a` all share one
-  // index (s3-fifo takes two slots, pool and ghosts; the last lru finds no
-  // slot left and keeps a map of its own), `b` with a map each. They see the
+  // index (s3-fifo takes two slots, pool and ghosts; with a second lru that
+  // makes all nine; a tenth pool finds no slot left and keeps a map of its
+  // own), `b` with a map each. They see the
   // same owner's operations on the same keys, with evictions, pins, erases
   // and releases, so records are made, shared, dropped and reused; victims,
   // membership, sizes and classes must agree at every step.
@@ -593,7 +594,8 @@ TEST_CASE("SharedIndex: list policies indexed in one shared index evict as with 
   const std::vector<MakeFn> makers{&eviction_internal::MakeLruPriority,      &eviction_internal::MakeS3Fifo,
                                    &eviction_internal::MakeTurnoverPriority, &eviction_internal::MakeFreqClass,
                                    &eviction_internal::MakeFreqClassTurnover, &eviction_internal::MakeLru,
-                                   &eviction_internal::MakeTurnoverFreq,     &eviction_internal::MakeLru};
+                                   &eviction_internal::MakeTurnoverFreq,     &eviction_internal::MakeLru,
+                                   &eviction_internal::MakeLruPriority};
   constexpr size_t kCap = 64;
   ManualClock clock(0);
   eviction_internal::SharedIndex index;
