@@ -69,7 +69,8 @@
 // c is PolicyOptions::capacity_hint, or the largest resident count seen.
 // Cost: O(1) per Touch; O(E) per access replayed, each expert O(1); memory: E + 1 entry pools of c
 // entries (with R > 1: E pools of c / R and 2 of c) and the queue of kMaxPending accesses
-// (reserved once). EffectiveClass is the
+// (reserved once). The experts index their entries in one SharedIndex (eviction/list_pool.h),
+// one probe per access for all of them instead of one map each. EffectiveClass is the
 // leader's for entries it holds, the latest AccessInfo::priority for the
 // others. Thread-safety: none (the owner's lock).
 #include <algorithm>
@@ -99,6 +100,8 @@ class AdaptivePolicy final : public EvictionPolicy {
     xo_.leaf_first = true;  // chains leave deepest block first in every list-based expert
     xo_.group.reset();
     xo_.clock = &replay_clock_;  // the time of the access being replayed
+    shared_.NewSlot();            // kResidentSlot: the resident entries by GhostId
+    xo_.shared_index = &shared_;  // one index for every expert's entries
     pending_.reserve(kMaxPending);
     // Sampled shadows: the experts see one key in rate_ (a hash bucket) at c / rate_; the full
     // copy of the leader takes the slot after the experts'.
@@ -118,7 +121,7 @@ class AdaptivePolicy final : public EvictionPolicy {
       if (slot_ >= 0) group_ = o.group;
     }
     nodes_.Reserve(o.capacity_hint);
-    by_gid_.reserve(o.capacity_hint);
+    shared_.Reserve(o.capacity_hint);
     window_ = std::max<double>(4096.0, 4.0 * static_cast<double>(c_));
   }
   std::string_view name() const override { return cost_aware_ ? "adaptive-cost" : "adaptive"; }
@@ -153,8 +156,13 @@ class AdaptivePolicy final : public EvictionPolicy {
   // replayed is skipped, as Touch skipped it.
   void Touch(EntryId id, const AccessInfo& info) override {
     if (pending_.size() == kMaxPending) Flush();
-    pending_.push_back(Pending{id, clock_->NowNanos(), group_ ? group_->leader() : 0, info});
-    if (group_ && since_publish_ + pending_.size() >= kPublishEvery) Flush();  // this access publishes
+    pending_.push_back(Pending{id, clock_->NowNanos(), group_ ? group_->leader() : 0, false, info});
+    if (!group_) return;
+    if (published_at_ == kNone) {
+      if (since_publish_ + pending_.size() >= kPublishEvery && !PublishAhead()) Flush();  // this access publishes
+    } else if (pending_.size() - published_at_ - 1 >= kPublishEvery) {
+      Flush();  // a second publishing access in the queue: the replay publishes it
+    }
   }
   void Remove(EntryId id, RemoveReason reason) override {
     Sync();
@@ -232,6 +240,7 @@ class AdaptivePolicy final : public EvictionPolicy {
 
  private:
   static constexpr size_t kLru = kMaxExperts;  // link slot of the LRU list
+  static constexpr size_t kResidentSlot = 0;    // shared_'s slot of the resident entries (by GhostId)
   static constexpr uint32_t kMaxRate = 64;     // sampled shadows: at most one key in 64
   static constexpr uint32_t kPublishEvery = 64;  // accesses between a group member's decisions
   static constexpr size_t kMaxPending = 256;      // queued hits; bounds the work one call replays
@@ -242,6 +251,7 @@ class AdaptivePolicy final : public EvictionPolicy {
     EntryId id;
     int64_t now_ns;
     uint32_t leader;  // the group's leader then (with a group)
+    bool published;   // its publication is done (PublishAhead): the replay skips it
     AccessInfo info;
   };
   // Replays the queued hits in order, each as Touch did before queueing:
@@ -252,6 +262,7 @@ class AdaptivePolicy final : public EvictionPolicy {
       if (i == kNil) continue;
       replay_clock_.Set(p.now_ns);
       replay_leader_ = p.leader;
+      replay_published_ = p.published;
       Access(nodes_[i].gid, p.info);
       nodes_[i].cls = p.info.priority;
       lru_.Unlink(Links(kLru), i);
@@ -259,6 +270,66 @@ class AdaptivePolicy final : public EvictionPolicy {
     }
     pending_.clear();
     replay_leader_ = kNoLeader;
+    replay_published_ = false;
+    published_at_ = kNone;
+  }
+  // A group member's publishing access (every kPublishEvery-th) that comes in
+  // a Touch, without replaying the queue. Each expert's score after an access
+  // that every expert holds is a function of the score before it (decay, and
+  // the gain of a hit when its chain has not missed), and hits move no entry
+  // into or out of any expert. So while every queued access is such a hit
+  // (its key in every expert now, as nothing but hits came since the last
+  // replay), the scores at the publishing access follow from the queue alone,
+  // computed here exactly as Access computes them, and the member publishes
+  // and decides on them where the replay would have; the replay of that
+  // access then skips its publication. Otherwise (a queued access that some
+  // expert misses, sampled shadows, a queued entry gone): false, and the
+  // caller replays the queue. One probe of the shared index per queued access.
+  bool PublishAhead() {
+    if (rate_ != 1 || experts_.empty()) return false;
+    std::array<double, kMaxExperts> score{};
+    std::array<bool, kMaxExperts> prefix{};
+    for (size_t e = 0; e < experts_.size(); ++e) {
+      score[e] = experts_[e].score;
+      prefix[e] = experts_[e].prefix;
+    }
+    bool chain_seen = chain_seen_;
+    size_t count = since_publish_;
+    const double decay = 1.0 - static_cast<double>(rate_) / window_;
+    for (const Pending& p : pending_) {
+      const uint32_t i = nodes_.Find(p.id);
+      if (i == kNil) return false;  // the replay skips it: it would not publish here
+      const uint64_t gid = nodes_[i].gid;
+      for (const Expert& x : experts_)
+        if (!x.policy->Contains(gid)) return false;
+      const double w = cost_aware_ && p.info.cost > 0 ? p.info.cost : 1.0;
+      const double gain = w * static_cast<double>(rate_);
+      chain_seen = chain_seen || p.info.depth > 0;
+      for (size_t e = 0; e < experts_.size(); ++e) {
+        if (p.info.depth == 0) prefix[e] = true;
+        score[e] *= decay;
+        if (prefix[e] && !p.info.refresh) score[e] += gain;
+      }
+      ++count;
+    }
+    if (count != kPublishEvery) return false;
+    const uint32_t l = pending_.back().leader;
+    Decide(score.data(), chain_seen, l < experts_.size() ? l : 0);
+    pending_.back().published = true;
+    published_at_ = pending_.size() - 1;
+    return true;
+  }
+  // A group member publishes its scores `mine` and moves the group's leader
+  // from `lead` to the best sum when it wins by the margin.
+  void Decide(const double* mine, bool chain_seen, size_t lead) {
+    const double margin = chain_seen ? kChainMargin : kBlockMargin;
+    std::array<double, kMaxExperts> sum{};
+    group_->Publish(slot_, mine, experts_.size());
+    group_->Sum(sum.data(), experts_.size());
+    size_t best = lead;
+    for (size_t e = 0; e < experts_.size(); ++e)
+      if (sum[e] > sum[best]) best = e;
+    if (best != lead && sum[best] > sum[lead] * (1.0 + margin) + 1.0) group_->set_leader(static_cast<uint32_t>(best));
   }
   // Before any operation but Touch: the queue replayed, and the experts' clock at now.
   void Sync() {
@@ -305,7 +376,7 @@ class AdaptivePolicy final : public EvictionPolicy {
   uint32_t Alloc(EntryId id, uint64_t gid) {
     const uint32_t i = nodes_.Alloc(id);
     nodes_[i].gid = gid;
-    by_gid_[gid] = i;
+    shared_.Assign(gid, kResidentSlot, i);
     return i;
   }
   // The simulations: 0..E-1 the experts, E (rate_ > 1) the full copy of the leader.
@@ -348,6 +419,8 @@ class AdaptivePolicy final : public EvictionPolicy {
     rate_ = r;
     PolicyOptions xo = xo_;
     xo.capacity_hint = SampledCap();
+    for (Expert& x : experts_) x.policy.reset();
+    shared_.KeepOnly(kResidentSlot);  // the new experts take the same slots
     for (size_t e = 0; e < experts_.size(); ++e) experts_[e].policy = makers_[e](xo);
     full_.reset();
     for (List& l : diff_) l = List{};
@@ -373,6 +446,7 @@ class AdaptivePolicy final : public EvictionPolicy {
     if (full_ && full_for_ == l) return;
     PolicyOptions fo = xo_;
     fo.capacity_hint = c_;
+    fo.shared_index = nullptr;  // remade on every change of leader: a map of its own
     full_ = makers_[l](fo);
     full_for_ = l;
     const size_t s = experts_.size();
@@ -391,12 +465,11 @@ class AdaptivePolicy final : public EvictionPolicy {
     lru_.Unlink(Links(kLru), i);
     for (size_t s = FirstTracked(); s < EndTracked(); ++s)
       if (!(n.in & Bit(s))) diff_[s].Unlink(Links(s), i);
-    if (auto g = by_gid_.find(n.gid); g != by_gid_.end() && g->second == i) by_gid_.erase(g);
+    if (shared_.Get(n.gid, kResidentSlot) == i) shared_.Clear(n.gid, kResidentSlot);
     nodes_.Recycle(i);
   }
   uint32_t Resident(uint64_t gid) const {
-    auto g = by_gid_.find(gid);
-    return g == by_gid_.end() ? kNil : g->second;
+    return shared_.Get(gid, kResidentSlot);
   }
 
   // Evicts simulation s's victims until it holds at most `n` entries.
@@ -453,21 +526,16 @@ class AdaptivePolicy final : public EvictionPolicy {
         Track(s, resident);
       }
     }
-    const double margin = chain_seen_ ? kChainMargin : kBlockMargin;
     if (group_) {  // publish, and decide on the group's sums
       if (++since_publish_ < kPublishEvery) return;
       since_publish_ = 0;
-      std::array<double, kMaxExperts> mine{}, sum{};
+      if (replay_published_) return;  // PublishAhead did, when it was queued
+      std::array<double, kMaxExperts> mine{};
       for (size_t e = 0; e < experts_.size(); ++e) mine[e] = experts_[e].score;
-      group_->Publish(slot_, mine.data(), experts_.size());
-      group_->Sum(sum.data(), experts_.size());
-      const size_t lead = Leader();
-      size_t best = lead;
-      for (size_t e = 0; e < experts_.size(); ++e)
-        if (sum[e] > sum[best]) best = e;
-      if (best != lead && sum[best] > sum[lead] * (1.0 + margin) + 1.0) group_->set_leader(static_cast<uint32_t>(best));
+      Decide(mine.data(), chain_seen_, Leader());
       return;
     }
+    const double margin = chain_seen_ ? kChainMargin : kBlockMargin;
     size_t best = leader_;
     for (size_t e = 0; e < experts_.size(); ++e)
       if (experts_[e].score > experts_[best].score) best = e;
@@ -497,8 +565,13 @@ class AdaptivePolicy final : public EvictionPolicy {
   std::vector<Pending> pending_;       // queued Touches, oldest first
   static constexpr uint32_t kNoLeader = UINT32_MAX;
   uint32_t replay_leader_ = kNoLeader;  // Pending::leader of the access replaying now
+  bool replay_published_ = false;       // Pending::published of the access replaying now
+  static constexpr size_t kNone = SIZE_MAX;
+  size_t published_at_ = kNone;         // the queued access PublishAhead published, if any
   double window_;
-  PolicyOptions xo_;                   // how the experts are made (leaf_first, no group)
+  SharedIndex shared_;                 // the resident entries by GhostId, and the experts' entries
+                                       // (before experts_: it outlives them)
+  PolicyOptions xo_;                   // how the experts are made (leaf_first, no group, shared_)
   size_t floor_ = 0;                   // PolicyOptions::shadow_sample_floor (0: never sample)
   uint32_t rate_ = 1;                  // the experts see one key in rate_
   std::vector<Expert> experts_;
@@ -513,7 +586,6 @@ class AdaptivePolicy final : public EvictionPolicy {
   bool announced_ = false;   // Admit already replayed the access of announced_gid_
   uint64_t announced_gid_ = 0;
   Pool nodes_;  // resident entries by EntryId
-  absl::flat_hash_map<uint64_t, uint32_t> by_gid_;
   List lru_;
   std::array<List, kMaxExperts> diff_;
 };

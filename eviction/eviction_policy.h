@@ -30,6 +30,9 @@
 #include "kvmesh/types.h"
 
 namespace kvmesh {
+namespace eviction_internal {
+class SharedIndex;
+}
 
 using EntryId = uint64_t;
 
@@ -150,6 +153,10 @@ struct PolicyOptions {
                                        // (<= 64), its experts simulate the keys of one hash bucket in
                                        // R at capacity c / R, beside one full copy of the leader; 0:
                                        // every expert simulates every key (docs/eviction.md)
+  eviction_internal::SharedIndex* shared_index = nullptr;  // the list policies (lru, lru-priority,
+                                       // s3-fifo, turnover-*, freq-class*) index their entries in it
+                                       // instead of a map of their own: "adaptive" gives its experts
+                                       // one (eviction/list_pool.h); it must outlive the policy
 };
 
 class EvictionPolicy {

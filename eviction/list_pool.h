@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
+#include <utility>
 #include <vector>
 
 #include <absl/container/flat_hash_map.h>
@@ -41,14 +43,147 @@ struct Node {
   bool released = false;  // on the policy's list of released entries (EvictionPolicy::Release)
 };
 
+// One index for several node pools that key the same ids: the experts of
+// "adaptive" (eviction/adaptive.cc) each simulate a cache of the same keys,
+// and with a map apiece an access probed seven maps, whose memory together
+// pushed the owner's own index out of the CPU caches. Here an id maps to one
+// record holding each pool's node (a slot per pool, kNil where that pool does
+// not hold the id), and the last two ids looked up are remembered, so the
+// experts' calls for one access (a hit in each, or an eviction and an insert)
+// cost one probe of the map instead of one per expert. adaptive keeps its
+// own resident entries by GhostId in a slot too (Assign, KeepOnly). It only answers where
+// each pool's node is: what a pool holds, and so what any policy decides, is
+// the same as with a map per pool. Thread-safety: none (the pools' owner's).
+class SharedIndex {
+ public:
+  static constexpr size_t kSlots = 9;  // adaptive's resident entries, seven experts and s3-fifo's ghosts
+
+  // A slot for one more pool, or -1 when every slot is taken.
+  int NewSlot() { return slots_ < kSlots ? static_cast<int>(slots_++) : -1; }
+  void Reserve(size_t n) {
+    if (n <= reserved_) return;
+    reserved_ = n;
+    map_.reserve(n);
+    recs_.reserve(n);
+  }
+  // The node of `slot` for `id`; kNil when that pool does not hold it.
+  uint32_t Get(EntryId id, size_t slot) const {
+    const uint32_t r = Find(id);
+    return r == kNil ? kNil : recs_[r].node[slot];
+  }
+  // REQUIRES: slot holds no node for id.
+  void Set(EntryId id, size_t slot, uint32_t node) {
+    uint32_t r = Find(id);
+    if (r == kNil) r = Add(id);
+    recs_[r].node[slot] = node;
+  }
+  // Sets the slot's node for id, replacing the one it held.
+  void Assign(EntryId id, size_t slot, uint32_t node) {
+    uint32_t r = Find(id);
+    if (r == kNil) r = Add(id);
+    recs_[r].node[slot] = node;
+  }
+  // Every slot but `keep` emptied (records left empty go) and the slots after
+  // it free again, for pools made anew.
+  void KeepOnly(size_t keep) {
+    for (auto it = map_.begin(); it != map_.end();) {
+      Record& rec = recs_[it->second];
+      for (size_t k = 0; k < kSlots; ++k)
+        if (k != keep) rec.node[k] = kNil;
+      if (rec.node[keep] == kNil) {
+        free_.push_back(it->second);
+        map_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    recent_[0] = recent_[1] = Cached{};
+    slots_ = keep + 1;
+  }
+  // Clears the slot's node for id and returns it (kNil: there was none). The
+  // record goes once no slot holds a node.
+  uint32_t Clear(EntryId id, size_t slot) {
+    const uint32_t r = Find(id);
+    if (r == kNil) return kNil;
+    const uint32_t node = recs_[r].node[slot];
+    if (node == kNil) return kNil;
+    recs_[r].node[slot] = kNil;
+    if (std::all_of(std::begin(recs_[r].node), std::end(recs_[r].node), [](uint32_t n) { return n == kNil; }))
+      Drop(id, r);
+    return node;
+  }
+
+ private:
+  struct Record {
+    uint32_t node[kSlots];
+  };
+  struct Cached {
+    EntryId id = 0;
+    uint32_t rec = kNil;
+  };
+  uint32_t Find(EntryId id) const {
+    if (recent_[0].rec != kNil && recent_[0].id == id) return recent_[0].rec;
+    if (recent_[1].rec != kNil && recent_[1].id == id) {
+      std::swap(recent_[0], recent_[1]);
+      return recent_[0].rec;
+    }
+    auto it = map_.find(id);
+    if (it == map_.end()) return kNil;
+    Remember(id, it->second);
+    return it->second;
+  }
+  void Remember(EntryId id, uint32_t r) const {
+    recent_[1] = recent_[0];
+    recent_[0] = Cached{id, r};
+  }
+  uint32_t Add(EntryId id) {
+    uint32_t r;
+    if (!free_.empty()) {
+      r = free_.back();
+      free_.pop_back();
+    } else {
+      r = static_cast<uint32_t>(recs_.size());
+      recs_.emplace_back();
+    }
+    std::fill(std::begin(recs_[r].node), std::end(recs_[r].node), kNil);
+    map_.emplace(id, r);
+    Remember(id, r);
+    return r;
+  }
+  void Drop(EntryId id, uint32_t r) {
+    map_.erase(id);
+    free_.push_back(r);
+    for (Cached& c : recent_)
+      if (c.rec == r) c = Cached{};
+  }
+
+  size_t slots_ = 0;
+  size_t reserved_ = 0;
+  std::vector<Record> recs_;
+  std::vector<uint32_t> free_;
+  absl::flat_hash_map<EntryId, uint32_t> map_;
+  mutable Cached recent_[2];  // the ids looked up last, the latest first
+};
+
 // A pool of nodes of type N, which has an `EntryId id` field; NodePool (of
 // Node) serves the list-based policies, adaptive.cc keeps its own node type.
+// Its index is a map of its own, or a slot of a SharedIndex (Share).
 template <class N>
 class BasicNodePool {
  public:
+  // Index the pool's ids in a slot of `index` (nullptr, or no slot left: its
+  // own map). Call before anything is allocated.
+  void Share(SharedIndex* index) {
+    if (index == nullptr) return;
+    if (const int s = index->NewSlot(); s >= 0) {
+      shared_ = index;
+      slot_ = static_cast<size_t>(s);
+    }
+  }
   void Reserve(size_t n) {
     nodes_.reserve(n);
-    index_.reserve(n);
+    if (shared_) shared_->Reserve(n);
+    else index_.reserve(n);
   }
   // REQUIRES: id is not present.
   uint32_t Alloc(EntryId id) {
@@ -62,36 +197,51 @@ class BasicNodePool {
       nodes_.emplace_back();
     }
     nodes_[i].id = id;
-    index_.emplace(id, i);
+    if (shared_) shared_->Set(id, slot_, i);
+    else index_.emplace(id, i);
+    ++size_;
     return i;
   }
   void Free(uint32_t i) {
-    index_.erase(nodes_[i].id);
+    if (shared_) shared_->Clear(nodes_[i].id, slot_);
+    else index_.erase(nodes_[i].id);
+    --size_;
     free_.push_back(i);
   }
   // Find and Free in one probe of the map, for a policy's Remove: `id` is
   // forgotten at once, its node stays readable (fields and links, to unlink
   // it) until Recycle(i). kNil when `id` is not present.
   uint32_t Take(EntryId id) {
-    auto it = index_.find(id);
-    if (it == index_.end()) return kNil;
-    const uint32_t i = it->second;
-    index_.erase(it);
+    uint32_t i;
+    if (shared_) {
+      i = shared_->Clear(id, slot_);
+      if (i == kNil) return kNil;
+    } else {
+      auto it = index_.find(id);
+      if (it == index_.end()) return kNil;
+      i = it->second;
+      index_.erase(it);
+    }
+    --size_;
     return i;
   }
   void Recycle(uint32_t i) { free_.push_back(i); }
   uint32_t Find(EntryId id) const {
+    if (shared_) return shared_->Get(id, slot_);
     auto it = index_.find(id);
     return it == index_.end() ? kNil : it->second;
   }
   N& operator[](uint32_t i) { return nodes_[i]; }
   const N& operator[](uint32_t i) const { return nodes_[i]; }
-  size_t size() const { return index_.size(); }
+  size_t size() const { return size_; }
 
  private:
   std::vector<N> nodes_;
   std::vector<uint32_t> free_;
-  absl::flat_hash_map<EntryId, uint32_t> index_;
+  absl::flat_hash_map<EntryId, uint32_t> index_;  // unless shared_
+  SharedIndex* shared_ = nullptr;
+  size_t slot_ = 0;
+  size_t size_ = 0;  // ids indexed
 };
 using NodePool = BasicNodePool<Node>;
 

@@ -11,6 +11,7 @@ namespace {
 class LruPolicy final : public EvictionPolicy {
  public:
   explicit LruPolicy(const PolicyOptions& o) {
+    pool_.Share(o.shared_index);
     pool_.Reserve(o.capacity_hint);
     chain_.enabled = o.leaf_first;
   }
@@ -64,6 +65,7 @@ class LruPriorityPolicy final : public EvictionPolicy {
       : classes_(ClassCount(o)),
         aging_ns_(o.aging_ns),
         clock_(o.clock ? o.clock : SystemClock()) {
+    pool_.Share(o.shared_index);
     pool_.Reserve(o.capacity_hint);
     chain_.enabled = o.leaf_first;
   }

@@ -30,6 +30,8 @@ constexpr uint32_t kMoveToMain = 1;  // hits in S needed to be promoted to M
 class S3FifoPolicy final : public EvictionPolicy {
  public:
   explicit S3FifoPolicy(const PolicyOptions& o) : c_(o.capacity_hint) {
+    pool_.Share(o.shared_index);
+    ghosts_.Share(o.shared_index);
     pool_.Reserve(o.capacity_hint);
     ghosts_.Reserve(o.capacity_hint);
   }

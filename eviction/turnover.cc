@@ -95,6 +95,7 @@ class ClassBucketPolicy : public EvictionPolicy {
  protected:
   explicit ClassBucketPolicy(const PolicyOptions& o)
       : classes_(ClassCount(o)), clock_(o.clock ? o.clock : SystemClock()) {
+    pool_.Share(o.shared_index);
     pool_.Reserve(o.capacity_hint);
     chain_.enabled = o.leaf_first;
   }

@@ -3,10 +3,12 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <random>
 #include <set>
 
 #include "eviction/eviction_policy.h"
+#include "eviction/list_pool.h"
 #include "eviction/policies.h"
 #include "eviction/score_exchange.h"
 #include "tests/eviction_contract.h"
@@ -554,6 +556,13 @@ TEST_CASE("adaptive: queued hits replay as immediate ones did, each at the time 
           pb.Release(id);
         }
         REQUIRE(pa.size() == pb.size());
+        if (members > 1) {  // the same scores published at the same accesses, also those published
+                            // from a Touch without replaying the queue (PublishAhead)
+          std::array<double, PolicyGroup::kMaxScores> sa{}, sb{};
+          REQUIRE(ga->Own(sa.data(), sa.size()) == gb->Own(sb.data(), sb.size()));
+          REQUIRE(sa == sb);
+          REQUIRE(ga->leader() == gb->leader());
+        }
         if (step % 101 == 0) {
           for (size_t m = 0; m < members; ++m) {
             REQUIRE(a[m]->Victim() == b[m]->Victim());
@@ -570,4 +579,69 @@ TEST_CASE("adaptive: queued hits replay as immediate ones did, each at the time 
       for (size_t m = 0; m < members; ++m) CHECK(testing::Drain(*a[m]) == testing::Drain(*b[m]));
     }
   }
+}
+
+TEST_CASE("SharedIndex: list policies indexed in one shared index evict as with a map each", "[eviction]") {
+  // adaptive's experts index their entries in one SharedIndex
+  // (eviction/list_pool.h). Each policy here is made twice: `a` all share one
+  // index (s3-fifo takes two slots, pool and ghosts; with a second lru that
+  // makes all nine; a tenth pool finds no slot left and keeps a map of its
+  // own), `b` with a map each. They see the
+  // same owner's operations on the same keys, with evictions, pins, erases
+  // and releases, so records are made, shared, dropped and reused; victims,
+  // membership, sizes and classes must agree at every step.
+  using MakeFn = std::unique_ptr<EvictionPolicy> (*)(const PolicyOptions&);
+  const std::vector<MakeFn> makers{&eviction_internal::MakeLruPriority,      &eviction_internal::MakeS3Fifo,
+                                   &eviction_internal::MakeTurnoverPriority, &eviction_internal::MakeFreqClass,
+                                   &eviction_internal::MakeFreqClassTurnover, &eviction_internal::MakeLru,
+                                   &eviction_internal::MakeTurnoverFreq,     &eviction_internal::MakeLru,
+                                   &eviction_internal::MakeLruPriority};
+  constexpr size_t kCap = 64;
+  ManualClock clock(0);
+  eviction_internal::SharedIndex index;
+  PolicyOptions o{.aging_ns = 1'000'000'000, .capacity_hint = kCap, .clock = &clock};
+  std::vector<std::unique_ptr<EvictionPolicy>> a, b;
+  for (const MakeFn make : makers) {
+    PolicyOptions shared = o;
+    shared.shared_index = &index;
+    a.push_back(make(shared));
+    b.push_back(make(o));
+  }
+  std::mt19937_64 rng(23);
+  uint64_t hits = 0, evictions = 0;
+  for (int step = 0; step < 40000; ++step) {
+    clock.Advance(static_cast<int64_t>(rng() % 100'000'000));
+    const EntryId id = rng() % 2 ? rng() % 60 : 100 + rng() % 400;
+    const AccessInfo info = Info(static_cast<Priority>(rng() % 4), static_cast<float>(rng() % 4));
+    const uint64_t op = rng() % 100;
+    for (size_t p = 0; p < makers.size(); ++p) {
+      INFO("step " << step << ", policy " << p << " " << a[p]->name());
+      EvictionPolicy& pa = *a[p];
+      EvictionPolicy& pb = *b[p];
+      if (op < 92) {
+        std::vector<EntryId> ea, eb;
+        const bool ha = Access(pa, id, kCap, info, &ea);
+        REQUIRE(ha == Access(pb, id, kCap, info, &eb));
+        REQUIRE(ea == eb);
+        hits += ha;
+        evictions += ea.size();
+      } else if (op < 96) {
+        pa.Remove(id, RemoveReason::kErased);
+        pb.Remove(id, RemoveReason::kErased);
+      } else if (op < 98) {
+        pa.Remove(id, RemoveReason::kPinned);
+        pb.Remove(id, RemoveReason::kPinned);
+      } else {
+        pa.Release(id);
+        pb.Release(id);
+      }
+      REQUIRE(pa.size() == pb.size());
+      REQUIRE(pa.Contains(id) == pb.Contains(id));
+      if (pa.Contains(id)) REQUIRE(pa.EffectiveClass(id) == pb.EffectiveClass(id));
+      REQUIRE(pa.Victim() == pb.Victim());
+    }
+  }
+  CHECK(hits > 10000);
+  CHECK(evictions > 10000);
+  for (size_t p = 0; p < makers.size(); ++p) CHECK(Drain(*a[p]) == Drain(*b[p]));
 }
