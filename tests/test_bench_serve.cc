@@ -162,6 +162,36 @@ TEST_CASE("load estimate: pessimistic while unsure, learns slow loads, and keeps
   CHECK(swing.Estimate(1e6) > 3e-3);
 }
 
+TEST_CASE("load estimate: a fixed cost per load and a cost per byte are learned apart", "[serve]") {
+  // A link with 10 ms per load and 0.2 ns a byte (5 GB/s), seen at 1k- and
+  // 2k-token loads of an 8B model (134 MB, 268 MB) with +-1% noise, predicts
+  // an 8k-token load (1.07 GB) within a few %. One cost per byte learned from
+  // the same loads (10 ms charged per byte) put it about 40% too slow.
+  auto truth = [](double bytes) { return 10e-3 + 0.2e-9 * bytes; };
+  const double noise[] = {1.0, 1.01, 0.99, 1.005, 0.995, 1.0};
+  LinkEstimate link(1e-3, 1e-9);
+  for (int i = 0; i < 24; ++i) {
+    const double bytes = i % 2 ? 268e6 : 134e6;
+    link.Observe(bytes, truth(bytes) * noise[i % 6]);
+  }
+  CHECK(link.latency_s() == Approx(10e-3).epsilon(0.15));
+  CHECK(link.bytes_per_s() == Approx(5e9).epsilon(0.03));
+  const double big = 1.07e9;
+  CHECK(link.Estimate(big) >= truth(big));
+  CHECK(link.Estimate(big) <= 1.06 * truth(big));
+  // One load 3x slow: the fit holds (a median), the estimate grows cautious.
+  const double before = link.Estimate(big);
+  link.Observe(134e6, 3 * truth(134e6));
+  CHECK(link.bytes_per_s() == Approx(5e9).epsilon(0.03));
+  CHECK(link.Estimate(big) > 1.1 * before);
+  // A probe's gets (Seed) fit the line from the start and are not counted as loads.
+  LinkEstimate seeded(1e-3, 1e-9);
+  for (double bytes : {33.5e6, 134e6, 33.5e6, 134e6}) seeded.Seed(bytes, truth(bytes));
+  CHECK(seeded.observed() == 0);
+  CHECK(seeded.latency_s() == Approx(10e-3).epsilon(0.01));
+  CHECK(seeded.bytes_per_s() == Approx(5e9).epsilon(0.01));
+}
+
 // A tiny run: 3 req/s to 2 engines, blocks at 1/16 of their size, 64 MiB a
 // node, `turns` turns per session `think_s` apart for `duration_s`.
 BenchServeOptions TinyRun(double duration_s, uint32_t turns, double think_s, double drain_s) {

@@ -153,14 +153,18 @@ Result<RunResult::Held> HeldNow(Tier& t, const LocalDaemons* daemons, bool devic
   return h;
 }
 
-// Seeds the load estimate: the charged time of a 1-block and a 64-block get,
-// three each after an untimed warm-up; the latency is the median 1-block get,
-// the per-byte cost the median 64-block get's, its deviation the larger of
-// the slowest get's excess over the median and the three's mean deviation
-// (at least 10% of the cost), so the estimate (cost + 2 x deviation) is above
-// the slowest probe. The first cut took the fastest (5-10x optimistic on a
-// loaded machine), the next the slowest with half of it as deviation: 2x the
-// slowest, which passed up hits that were 2-4x faster than recomputing.
+// Seeds the load estimate: the charged time of a 16-block and a 64-block
+// get, three each after an untimed warm-up, all Seed()ed into its window, so
+// its fixed cost per load and its cost per byte are fitted apart from the
+// start (the line through the two sizes' medians until the fit has them);
+// its deviation the larger of the slowest 64-block get's excess over their
+// median and their mean deviation, as a share of the median (at least 10%),
+// so the estimate is above the slowest probe. The first cut took the fastest
+// (5-10x optimistic on a loaded machine), the next the slowest with half of
+// it as deviation: 2x the slowest, which passed up hits that were 2-4x faster
+// than recomputing; the next fitted one cost per byte over a 1-block and a
+// 64-block get, and so charged a 64-block get's fixed cost to every byte of a
+// bigger load.
 Result<std::unique_ptr<LinkEstimate>> ProbeLink(Router& r, const Roofline& model, const BenchServeOptions& o) {
   const uint32_t n = 64;
   std::vector<TokenId> tokens(size_t(n) * o.block_tokens);
@@ -190,22 +194,25 @@ Result<std::unique_ptr<LinkEstimate>> ProbeLink(Router& r, const Roofline& model
   // background (PageWarmer), but this probe's pool is fresh. Seeding from
   // such a get made the estimate about 40x pessimistic.
   KVMESH_RETURN_IF_ERROR(timed_get(n).status());
-  std::vector<double> one, many;
+  const uint32_t few = 16;
+  std::vector<double> small, many;
   for (int i = 0; i < 3; ++i) {
-    KVMESH_ASSIGN_OR_RETURN(double s, timed_get(1));
-    one.push_back(s);
+    KVMESH_ASSIGN_OR_RETURN(double s, timed_get(few));
+    small.push_back(s);
     KVMESH_ASSIGN_OR_RETURN(double m, timed_get(n));
     many.push_back(m);
   }
-  const double lat = Percentile(one, 50);
   const double real_block = double(model.model().KvBytesPerToken()) * o.block_tokens;
-  std::vector<double> costs;
-  for (double m : many) costs.push_back(std::max(m - lat, 1e-9) / ((n - 1) * real_block));
-  const double cost = Percentile(costs, 50);
+  const double s50 = Percentile(small, 50), m50 = Percentile(many, 50);
+  const double cost = std::max(m50 - s50, 1e-9) / ((n - few) * real_block);
+  const double lat = std::max(s50 - few * real_block * cost, 0.0);
   double spread = 0;
-  for (double c : costs) spread += std::abs(c - cost) / double(costs.size());
-  const double dev = std::max({Percentile(costs, 100) - cost, spread, 0.1 * cost});
-  return std::make_unique<LinkEstimate>(lat, cost, o.probe_interval_s, dev / cost);
+  for (double m : many) spread += std::abs(m - m50) / double(many.size());
+  const double dev = std::max({Percentile(many, 100) - m50, spread, 0.1 * m50}) / m50;
+  auto link = std::make_unique<LinkEstimate>(lat, cost, o.probe_interval_s, dev);
+  for (double t : small) link->Seed(few * real_block, t);
+  for (double t : many) link->Seed(n * real_block, t);
+  return link;
 }
 
 // Daemons when the options ask for them (and a kvmesh configuration needs a tier).

@@ -14,24 +14,79 @@ namespace kvmesh::serve {
 
 // ---- LinkEstimate ---------------------------------------------------------------
 
+namespace {
+
+// The median of v[0, n) (n > 0), reordering it; the mean of the middle two for even n.
+double MedianInPlace(double* v, size_t n) {
+  std::nth_element(v, v + n / 2, v + n);
+  const double hi = v[n / 2];
+  if (n % 2) return hi;
+  return (*std::max_element(v, v + n / 2) + hi) / 2;
+}
+
+constexpr double kMinCost = 1e-15;  // seconds per byte (1 PB/s): keeps bytes_per_s finite
+
+}  // namespace
+
 LinkEstimate::LinkEstimate(double latency_s, double seconds_per_byte, double probe_interval_s,
                            double deviation_share)
-    : latency_s_(latency_s), cost_(seconds_per_byte), dev_(seconds_per_byte * deviation_share),
+    : latency_s_(std::max(latency_s, 0.0)), cost_(std::max(seconds_per_byte, kMinCost)), dev_(deviation_share),
       probe_interval_s_(probe_interval_s) {}
 
 double LinkEstimate::Estimate(double bytes) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return latency_s_ + bytes * (cost_ + 2 * dev_);
+  return latency_s_ + bytes * cost_ * (1 + 2 * dev_);
 }
 
 void LinkEstimate::Observe(double bytes, double seconds) {
   if (bytes <= 0 || seconds <= 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  const double sample = std::max(seconds - latency_s_, 0.0) / bytes;
+  // The error against what was expected before this load (its forecast), as
+  // a share of it, as a TCP retransmission timer weighs its RTT samples.
+  const double expected = latency_s_ + bytes * cost_;
   constexpr double kWeight = 0.25;
-  dev_ = (1 - kWeight) * dev_ + kWeight * std::abs(sample - cost_);
-  cost_ = (1 - kWeight) * cost_ + kWeight * sample;
+  dev_ = (1 - kWeight) * dev_ + kWeight * std::abs(seconds - expected) / expected;
+  AddLocked(bytes, seconds);
   ++observed_;
+}
+
+void LinkEstimate::Seed(double bytes, double seconds) {
+  if (bytes <= 0 || seconds <= 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  AddLocked(bytes, seconds);
+}
+
+void LinkEstimate::AddLocked(double bytes, double seconds) {
+  window_[next_] = Load{bytes, seconds};
+  next_ = (next_ + 1) % kWindow;
+  held_ = std::min(held_ + 1, kWindow);
+  FitLocked();
+}
+
+void LinkEstimate::FitLocked() {
+  // Fixed-size scratch: no allocation under the lock (Observe is on the load path).
+  std::array<double, kWindow*(kWindow - 1) / 2> slopes;
+  std::array<double, kWindow> rest;
+  size_t n = 0;
+  for (size_t i = 0; i < held_; ++i)
+    for (size_t j = i + 1; j < held_; ++j) {
+      const Load& lo = window_[i].bytes < window_[j].bytes ? window_[i] : window_[j];
+      const Load& hi = window_[i].bytes < window_[j].bytes ? window_[j] : window_[i];
+      if (hi.bytes >= 1.5 * lo.bytes) slopes[n++] = (hi.seconds - lo.seconds) / (hi.bytes - lo.bytes);
+    }
+  if (n > 0) {
+    const double slope = MedianInPlace(slopes.data(), n);
+    if (slope > kMinCost) {
+      for (size_t i = 0; i < held_; ++i) rest[i] = window_[i].seconds - slope * window_[i].bytes;
+      cost_ = slope;
+      latency_s_ = std::max(MedianInPlace(rest.data(), held_), 0.0);
+      return;
+    }
+  }
+  // One size (or sizes whose times do not rise with them): the intercept
+  // cannot be told from these loads; keep it and fit the slope.
+  for (size_t i = 0; i < held_; ++i) rest[i] = std::max(window_[i].seconds - latency_s_, 0.0) / window_[i].bytes;
+  cost_ = std::max(MedianInPlace(rest.data(), held_), kMinCost);
 }
 
 bool LinkEstimate::ClaimProbe(double now_s) {
@@ -53,7 +108,7 @@ double LinkEstimate::bytes_per_s() const {
 
 double LinkEstimate::deviation() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return cost_ > 0 ? dev_ / cost_ : 0;
+  return dev_;
 }
 
 uint64_t LinkEstimate::observed() const {

@@ -27,6 +27,7 @@
 // Thread-safety: Submit and Finish from any thread; records() once Join returned.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -54,36 +55,59 @@ enum class CacheMode { kRecompute, kLocal, kKvmesh };
 enum class LoadPolicy { kDecide, kBlind };
 
 // The measured cost of a load from one kvmesh tier over one link, in
-// real-size bytes: a fixed latency plus bytes x seconds-per-byte. The
-// per-byte cost is an EWMA (weight 0.25) of every load's charged time minus
-// the latency, and so is its mean deviation; Estimate is pessimistic, like a
-// TCP retransmission timer: latency + bytes x (mean + 2 x deviation), so a
-// link whose speed swings is trusted less. Seeded by a probe (ProbeLink: the
-// median of three gets, its deviation the spread of the three; 0.5 of the
-// cost when not given: unsure until loads were seen).
+// real-size bytes: a fixed cost per load (an intercept: the GetBatch call,
+// its round trips to the nodes) plus bytes x seconds-per-byte (a slope),
+// fitted apart from the recent loads seen (the last kWindow): where they
+// hold sizes at least 1.5x apart, the slope is the median of the slopes
+// between such pairs and the intercept the median of (seconds - slope x
+// bytes) (a Theil-Sen line: a few noisy loads do not move it); where they
+// hold one size, the intercept is kept and the slope is the median of
+// (seconds - intercept) / bytes. One cost per byte (the first cut, an EWMA of
+// seconds / bytes) charged a fixed cost seen on small loads to every byte of
+// a big one, and so passed up big hits.
+// Its deviation is an EWMA (weight 0.25) of each load's error against the
+// estimate before it, as a share of that estimate; Estimate is pessimistic,
+// like a TCP retransmission timer: intercept + bytes x slope x (1 + 2 x
+// deviation), so a link whose speed swings is trusted less. Seeded by a
+// probe (ProbeLink: gets of several sizes, Seed()ed into the window; the
+// constructor's intercept and slope until loads of two sizes were seen; its
+// deviation share 0.5 when not given: unsure until loads were seen).
 // ClaimProbe keeps it learning while the decision recomputes: at most once per
 // probe_interval_s, the caller measures a load nobody waits for (a shadow
 // load) and Observes it. Thread-safe (shared by the engines of a run).
 class LinkEstimate {
  public:
-  // deviation_share: the seed's deviation as a share of seconds_per_byte.
+  // deviation_share: the seed's deviation as a share of the load time.
   LinkEstimate(double latency_s, double seconds_per_byte, double probe_interval_s = 1.0,
                double deviation_share = 0.5);
   double Estimate(double bytes) const;
+  // A load seen: into the window, the fit and the deviation.
   void Observe(double bytes, double seconds);
+  // A probe's load: into the window and the fit, not the deviation nor observed().
+  void Seed(double bytes, double seconds);
   // True at most once per probe_interval_s (the caller then shadow-loads);
   // now_s on any monotonic clock.
   bool ClaimProbe(double now_s);
-  double latency_s() const;
-  double bytes_per_s() const;      // 1 / the mean per-byte cost
-  double deviation() const;        // the per-byte cost's mean deviation / its mean
+  double latency_s() const;        // the fixed cost per load (intercept)
+  double bytes_per_s() const;      // 1 / the per-byte cost (slope)
+  double deviation() const;        // the loads' mean error / the estimate
   uint64_t observed() const;
 
+  static constexpr size_t kWindow = 16;
+
  private:
+  void AddLocked(double bytes, double seconds);  // into the window, then refit
+  void FitLocked();
+
+  struct Load {
+    double bytes = 0, seconds = 0;
+  };
   mutable std::mutex mu_;
-  double latency_s_, cost_, dev_;  // guarded by mu_ (cost_, dev_: seconds per byte)
+  double latency_s_, cost_, dev_;  // guarded by mu_ (cost_: seconds per byte; dev_: share)
   double probe_interval_s_, last_probe_s_ = -1e300;  // guarded by mu_
   uint64_t observed_ = 0;          // guarded by mu_
+  std::array<Load, kWindow> window_{};  // guarded by mu_: a ring, the last `held_` loads
+  size_t held_ = 0, next_ = 0;     // guarded by mu_
 };
 
 // Chained hashes of the full blocks of `tokens` (FNV-1a over the previous
