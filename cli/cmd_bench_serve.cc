@@ -170,10 +170,12 @@ int RunWorld(Args& a) {
     return 0;
   }
   std::printf("kvmesh bench-serve --workload worldmodel: reference world model (%llu params, %ux%u frames of %u "
-              "patches, computed on this CPU), %u engines, %s kvmesh (%s, %u nodes); gate tau %.2f rho %.2f window %u\n",
+              "patches, %u codes, KV %s, computed on this CPU), %u engines, %s kvmesh (%s, %u nodes); gate tau %.2f "
+              "rho %.2f window %u, %s\n",
               (unsigned long long)w.model.Params(), w.model.width, w.model.height, w.model.num_patches(),
-              a.o.engines, a.o.cluster.c_str(), a.o.transport.c_str(), a.o.nodes, w.gate.ssim_threshold,
-              w.gate.change_threshold, w.gate.window);
+              w.model.codes, w.model.input_kv ? "from the embedding" : "per layer", a.o.engines, a.o.cluster.c_str(),
+              a.o.transport.c_str(), a.o.nodes, w.gate.ssim_threshold, w.gate.change_threshold, w.gate.window,
+              w.context_gate ? "pixel gate and context fingerprint" : "pixel gate only");
   serve::PrintWorldTable(w, *results);
   if (!a.plot.empty())
     std::printf("plots: %s-frame-p99.png %s-goodput.png %s-kv.png\n", a.plot.c_str(), a.plot.c_str(), a.plot.c_str());
@@ -325,6 +327,13 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--wm-layers", a->wm.model.layers, "worldmodel: the model's layers")->capture_default_str();
   cmd->add_option("--wm-heads", a->wm.model.heads, "worldmodel: the model's attention heads")->capture_default_str();
   cmd->add_option("--wm-ffn", a->wm.model.ffn, "worldmodel: the model's FFN width")->capture_default_str();
+  cmd->add_option("--wm-patch", a->wm.model.patch, "worldmodel: the model's patch side, pixels")->capture_default_str();
+  cmd->add_option("--wm-codes", a->wm.model.codes, "worldmodel: VQ tokenizer codebook size (0: continuous pixel embedding)")
+      ->capture_default_str();
+  cmd->add_flag("--wm-input-kv,!--no-wm-input-kv", a->wm.model.input_kv,
+                "worldmodel: K and V of every layer from the patch's embedding (default), or from each layer's input");
+  cmd->add_flag("!--no-wm-context-gate", a->wm.context_gate,
+                "worldmodel: wm-kvmesh reuses by the pixel gate alone, without checking each block's fingerprint");
   cmd->add_option("--tau", a->wm.gate.ssim_threshold, "worldmodel: wm-kvmesh's SSIM gate")->capture_default_str();
   cmd->add_option("--rho", a->wm.gate.change_threshold, "worldmodel: wm-kvmesh's changed-pixel gate")
       ->capture_default_str();

@@ -70,6 +70,7 @@ class WorldEngine {
     BB_ = c.BlockBytes();
     reused_.assign(N_, nullptr);
     history_.resize(N_);
+    missed_.resize(N_);
   }
   ~WorldEngine() {
     Abort();
@@ -117,6 +118,8 @@ class WorldEngine {
   struct Session {
     std::deque<std::vector<float>> past;  // wm-off: the last window - 1 frames' blocks, oldest first
     std::unique_ptr<FrameStream> stream;  // kvmesh configurations
+    // Tokens (every configuration) and, with the context gate, fingerprints.
+    std::unique_ptr<decode::WorldStreamContext> ctx;
     uint64_t held = 0;                    // bytes this session holds in kvmesh (wm-off: in the engine)
     // wm-kvmesh-local: the blocks the stream's window references, one copy each.
     std::map<BlockKey, std::vector<float>> copy;
@@ -150,6 +153,10 @@ class WorldEngine {
     Session& ss = sessions_[q.session];
     const std::vector<uint8_t>& pixels = (*s_.pixels)[i];
     rec.patches = N_;
+    if (!ss.ctx)
+      ss.ctx = std::make_unique<decode::WorldStreamContext>(
+          *s_.model, s_.o->gate.window, s_.o->context_gate && s_.mode == FrameReuse::kSimilar && router_);
+    KVMESH_RETURN_IF_ERROR(ss.ctx->Begin(pixels));
     if (s_.mode == FrameReuse::kOff || !router_) {
       KVMESH_RETURN_IF_ERROR(ComputeLocal(ss, pixels, (*s_.actions)[i]));
     } else {
@@ -172,7 +179,9 @@ class WorldEngine {
       for (const std::vector<float>& f : ss.past) history_[p].push_back(f.data() + size_t{p} * BF_);
     }
     decode::WorldFrameInput in{pixels, action, reused_, history_};
+    in.tokens = ss.ctx->tokens();
     KVMESH_RETURN_IF_ERROR(s_.model->ComputeFrame(in, step_.blocks(), step_.logits()));
+    ss.ctx->End();
     const uint32_t keep = std::max<uint32_t>(s_.model->config().window, 1) - 1;
     if (keep == 0) return Status::Ok();
     std::vector<float> f;
@@ -202,7 +211,8 @@ class WorldEngine {
       KVMESH_ASSIGN_OR_RETURN(ss.stream, FrameStream::Open(*router_, so));
     }
     FrameStream& st = *ss.stream;
-    KVMESH_ASSIGN_OR_RETURN(FrameMatch m, st.Match(pixels));
+    decode::WorldStreamContext& ctx = *ss.ctx;
+    KVMESH_ASSIGN_OR_RETURN(FrameMatch m, st.Match(pixels, nullptr, ctx.tags()));
     // The engine's copy serves what it holds (wm-kvmesh-local); kvmesh the rest.
     decode::WorldFrameStep::Held held;
     if (s_.local_copy)
@@ -211,10 +221,15 @@ class WorldEngine {
         return it == ss.copy.end() ? nullptr : it->second.data();
       };
     decode::WorldFrameStep::Counts counts;
-    KVMESH_RETURN_IF_ERROR(step_.Run(*router_, st, m, decode::WorldFrameInput{pixels, action, {}, {}}, held, counts));
+    decode::WorldFrameInput in{pixels, action, {}, {}};
+    in.tokens = ctx.tokens();
+    KVMESH_RETURN_IF_ERROR(step_.Run(*router_, st, m, in, held, counts, missed_));
     rec.blocks_read = counts.blocks_read;
     rec.history_misses += counts.history_misses;
-    KVMESH_RETURN_IF_ERROR(st.Commit(m, pixels, step_.put_src()));
+    for (uint32_t p = 0; p < N_; ++p)
+      if (missed_[p]) ctx.Missed(p);
+    KVMESH_RETURN_IF_ERROR(st.Commit(m, pixels, step_.put_src(), ctx.tags()));
+    ctx.End();
     rec.reused = static_cast<uint32_t>(m.reused());
     const FrameStreamStats& x = st.stats();
     SetHeld(ss, (x.blocks_put - std::min(x.blocks_put, x.released)) * BB_, kvmesh_kv_);
@@ -286,6 +301,7 @@ class WorldEngine {
   size_t BF_ = 0, BB_ = 0;
   MemoryRegion region_;
   decode::WorldFrameStep step_;           // kvmesh configurations' frames; its blocks and logits serve wm-off too
+  std::vector<uint8_t> missed_;               // kvmesh configurations: 1 where a context block missed
   std::vector<const float*> reused_;          // wm-off: every patch computed
   std::vector<std::vector<const float*>> history_;  // wm-off: the session's past frames
   std::unordered_map<uint32_t, Session> sessions_;
@@ -663,10 +679,11 @@ json WorldResultsJson(const BenchServeOptions& base, const WorldServeOptions& o,
           {"sessions", {{"frames", o.session_frames}, {"fps", o.fps}, {"duration_s", o.duration_s},
                         {"scenes", o.scenes}, {"seed", o.seed}}},
           {"gate", {{"tau", o.gate.ssim_threshold}, {"rho", o.gate.change_threshold}, {"window", o.gate.window},
-                    {"pixel_delta", o.gate.pixel_delta}, {"recompute_radius", o.gate.recompute_radius}}},
+                    {"pixel_delta", o.gate.pixel_delta}, {"recompute_radius", o.gate.recompute_radius},
+                    {"context_gate", o.context_gate}}},
           {"model", {{"params", m.Params()}, {"hidden", m.hidden}, {"layers", m.layers}, {"heads", m.heads},
                      {"width", m.width}, {"height", m.height}, {"patch", m.patch}, {"window", m.window},
-                     {"block_bytes", m.BlockBytes()}}},
+                     {"codes", m.codes}, {"input_kv", m.input_kv}, {"block_bytes", m.BlockBytes()}}},
           {"runs", runs},
           {"ratios", ratios}};
 }

@@ -57,8 +57,20 @@ struct WorldServeOptions {
   std::vector<std::string> scenes = {"static", "busy", "static-b", "drift", "pan", "cuts", "noisy"};
   uint64_t seed = 1;
   double slo_frame_s = 0.1;  // a frame meets the SLO when its latency is at most this
-  decode::WorldModelConfig model;
+  // The model of `kvmesh worldmodel` (docs/worldmodel.md): 4-pixel patches
+  // (256 a frame), the VQ tokenizer, K and V from the patch's embedding.
+  decode::WorldModelConfig model = [] {
+    decode::WorldModelConfig m;
+    m.patch = 4;
+    m.codes = 512;
+    m.input_kv = true;
+    return m;
+  }();
   FrameMatchOptions gate;    // wm-kvmesh's gate (its mode is the configuration's)
+  // wm-kvmesh and wm-kvmesh-local also check each block's fingerprint
+  // (WorldModel::Signatures): a block is reused only where recomputation
+  // would give the same block (exact reuse; off: the pixel gate alone).
+  bool context_gate = true;
 };
 
 // The schedule of one rate: sessions and their frames by arrival time.

@@ -96,6 +96,39 @@ Status WorldFrameStep::Run(Router& router, FrameStream& st, FrameMatch& m, World
   return Status::Ok();
 }
 
+WorldStreamContext::WorldStreamContext(const WorldModel& model, uint32_t window, bool context_gate)
+    : model_(model),
+      gate_(context_gate),
+      keep_(std::min<uint32_t>(window, std::max<uint32_t>(model.config().window, 1) - 1)),
+      tokens_(model.config().num_patches()),
+      tsig_(size_t{model.config().num_patches()} * model.config().layers),
+      tags_(model.config().num_patches()) {}
+
+Status WorldStreamContext::Begin(std::span<const uint8_t> pixels) {
+  KVMESH_RETURN_IF_ERROR(model_.Tokenize(pixels, prev_, tokens_));
+  prev_ = tokens_;
+  if (gate_) {
+    hist_.clear();
+    for (const std::vector<uint64_t>& f : window_) hist_.push_back(f.data());
+    model_.Signatures(tokens_, hist_, tsig_, tags_);
+  }
+  return Status::Ok();
+}
+
+void WorldStreamContext::Missed(uint32_t p) {
+  if (!gate_) return;
+  tags_[p] = Mix64(tags_[p] ^ (uint64_t{frame_} << 32 | p) ^ 0x4D495353);
+  const uint32_t layers = model_.config().layers;
+  for (uint32_t l = 0; l < layers; ++l) tsig_[size_t{p} * layers + l] = tags_[p] + l;
+}
+
+void WorldStreamContext::End() {
+  ++frame_;
+  if (!gate_) return;
+  window_.push_back(tsig_);
+  while (window_.size() > keep_) window_.pop_front();
+}
+
 Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model, const FrameGenerator& gen,
                                          const WorldStreamOptions& o) {
   const WorldModelConfig& c = model.config();
@@ -117,12 +150,7 @@ Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model
   } unregister{router, region.id};
   step.SetRegion(region.base);
   std::vector<uint8_t> pixels(size_t{c.width} * c.height), refreshed(N), missed(N);
-  // Tokens (the previous frame's feed the tokenizer's hysteresis) and, with
-  // context_gate, the temporal fingerprints of the frames in the window.
-  std::vector<uint32_t> tokens(N), prev_tokens;
-  std::vector<uint64_t> tsig(size_t{N} * c.layers), tags(N);
-  std::deque<std::vector<uint64_t>> sig_window;
-  std::vector<const uint64_t*> sig_hist;
+  WorldStreamContext ctx(model, W, o.context_gate);
 
   WorldStreamResult res;
   res.logits.reserve(size_t{o.frames} * N * c.vocab);
@@ -132,18 +160,10 @@ Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model
     WorldFrameStats fs;
     fs.frame = t;
     fs.patches = N;
-    KVMESH_RETURN_IF_ERROR(model.Tokenize(pixels, prev_tokens, tokens));
-    prev_tokens = tokens;
-    if (o.context_gate) {
-      sig_hist.clear();
-      for (const std::vector<uint64_t>& f : sig_window) sig_hist.push_back(f.data());
-      model.Signatures(tokens, sig_hist, tsig, tags);
-    }
-    const std::span<const uint64_t> frame_tags =
-        o.context_gate ? std::span<const uint64_t>(tags) : std::span<const uint64_t>();
-    KVMESH_ASSIGN_OR_RETURN(FrameMatch m, stream->Match(pixels, nullptr, frame_tags));
+    KVMESH_RETURN_IF_ERROR(ctx.Begin(pixels));
+    KVMESH_ASSIGN_OR_RETURN(FrameMatch m, stream->Match(pixels, nullptr, ctx.tags()));
     WorldFrameInput in{pixels, gen.Action(t), {}, {}};
-    in.tokens = tokens;
+    in.tokens = ctx.tokens();
     in.refresh_deviation = so.match.refresh_deviation;
     in.refreshed = refreshed.data();
     WorldFrameStep::Counts counts;
@@ -155,20 +175,11 @@ Result<WorldStreamResult> RunWorldStream(Router& router, const WorldModel& model
         KVMESH_RETURN_IF_ERROR(stream->Refresh(m, p));
         ++fs.refreshed;
       }
-      if (missed[p] && o.context_gate) {
-        // The block is computed from another history than its fingerprint
-        // says: a fingerprint nothing else has keeps it (and what attends
-        // to it later) from being reused as if it were.
-        tags[p] = Mix64(tags[p] ^ (uint64_t{t} << 32 | p) ^ 0x4D495353);
-        for (uint32_t l = 0; l < c.layers; ++l) tsig[size_t{p} * c.layers + l] = tags[p] + l;
-      }
+      if (missed[p]) ctx.Missed(p);
     }
     const uint64_t before = stream->stats().bytes_put;
-    KVMESH_RETURN_IF_ERROR(stream->Commit(m, pixels, step.put_src(), frame_tags));
-    if (o.context_gate) {
-      sig_window.push_back(tsig);
-      while (sig_window.size() > std::min<size_t>(W, c.window - 1)) sig_window.pop_front();
-    }
+    KVMESH_RETURN_IF_ERROR(stream->Commit(m, pixels, step.put_src(), ctx.tags()));
+    ctx.End();
     fs.bytes_put = stream->stats().bytes_put - before;
     fs.reused = static_cast<uint32_t>(m.reused());
     fs.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

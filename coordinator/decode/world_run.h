@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <span>
@@ -100,6 +101,39 @@ class WorldFrameStep {
   std::map<BlockKey, size_t> ctx_slot_;
   std::vector<GetItem> gets_;
   std::vector<std::vector<BlockKey>> hist_keys_;
+};
+
+// A stream's tokens and, with the context gate, its blocks' fingerprints:
+// WorldModel::Tokenize's hysteresis needs the previous frame's tokens and
+// WorldModel::Signatures the fingerprints of the frames in the window. One per
+// stream (RunWorldStream; bench-serve's world engines keep one per session,
+// and wm-off one for its tokens). Per frame: Begin, then Match/Commit with
+// tags(), Missed for each patch whose context missed (before Commit), End.
+class WorldStreamContext {
+ public:
+  // window: the stream's match window (frames).
+  WorldStreamContext(const WorldModel& model, uint32_t window, bool context_gate);
+  // Tokenizes the frame and, with the gate, fingerprints its patches.
+  Status Begin(std::span<const uint8_t> pixels);
+  std::span<const uint32_t> tokens() const { return tokens_; }
+  // The per-patch tags for FrameStream::Match and Commit (empty without the gate).
+  std::span<const uint64_t> tags() const { return gate_ ? std::span<const uint64_t>(tags_) : std::span<const uint64_t>(); }
+  // Patch p was computed from another history than its fingerprint says (a
+  // context block missed): a fingerprint nothing else has keeps it, and what
+  // attends to it later, from being reused as if it were.
+  void Missed(uint32_t p);
+  // The frame's fingerprints join the window (after Commit).
+  void End();
+  bool context_gate() const { return gate_; }
+
+ private:
+  const WorldModel& model_;
+  bool gate_;
+  uint32_t keep_, frame_ = 0;
+  std::vector<uint32_t> tokens_, prev_;
+  std::vector<uint64_t> tsig_, tags_;
+  std::deque<std::vector<uint64_t>> window_;
+  std::vector<const uint64_t*> hist_;
 };
 
 // Runs frames [0, o.frames) of `gen` through `model` over `router`; ends the
