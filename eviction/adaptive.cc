@@ -61,10 +61,12 @@
 // ManualClock the policy sets). The experts, scores, leader and victims are
 // then exactly what they were with immediate replay; the work moves to the
 // owner's next miss, insert, removal or victim choice (or to the Touch that
-// finds the queue full). In a group, the Touch whose access is a publishing
-// one (every kPublishEvery-th) replays the queue at once, so members publish
-// and decide at the same points of the owners' calls as before, and a queued
-// access replays with the group's leader as it was when it happened.
+// finds the queue full). In a group, a queued publishing access (every
+// kPublishEvery-th) publishes when it replays, not at its Touch: the scores
+// are those it had, but the group's leader may move a few of the owners'
+// calls later than with immediate replay (the one thing queueing changes; a
+// queued access replays with the group's leader as it was when it happened,
+// and decides against the leader as it is then).
 //
 // c is PolicyOptions::capacity_hint, or the largest resident count seen.
 // Cost: O(1) per Touch; O(E) per access replayed, each expert O(1); memory: E + 1 entry pools of c

@@ -587,7 +587,7 @@ TEST_CASE("adaptive: queued hits replay as immediate ones did, each at the time 
   }
 }
 
-TEST_CASE("adaptive: a group member's Touch only queues; it publishes when its queue replays", "[eviction]") {
+TEST_CASE("adaptive: a group member's Touch only queues, and it publishes when its queue replays", "[eviction]") {
   // A store's lookup (Exists with touch) calls Touch alone, so Touch must not
   // replay the experts, not even at a group member's publishing access (every
   // 64th). Member `a` gets 200 hits, past three publishing accesses: its group
