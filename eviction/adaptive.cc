@@ -478,7 +478,8 @@ class AdaptivePolicy final : public EvictionPolicy {
       since_publish_ = 0;
       std::array<double, kMaxExperts> mine{};
       for (size_t e = 0; e < experts_.size(); ++e) mine[e] = experts_[e].score;
-      Decide(mine.data(), chain_seen_, group_->leader() < experts_.size() ? group_->leader() : 0);
+      const uint32_t now_leading = group_->leader();  // as it is now, also in a replay
+      Decide(mine.data(), chain_seen_, now_leading < experts_.size() ? now_leading : 0);
       return;
     }
     const double margin = chain_seen_ ? kChainMargin : kBlockMargin;
