@@ -61,10 +61,12 @@
 // ManualClock the policy sets). The experts, scores, leader and victims are
 // then exactly what they were with immediate replay; the work moves to the
 // owner's next miss, insert, removal or victim choice (or to the Touch that
-// finds the queue full). In a group, the Touch whose access is a publishing
-// one (every kPublishEvery-th) replays the queue at once, so members publish
-// and decide at the same points of the owners' calls as before, and a queued
-// access replays with the group's leader as it was when it happened.
+// finds the queue full). In a group, a queued publishing access (every
+// kPublishEvery-th) publishes when it replays, not at its Touch: the scores
+// are those it had, but the group's leader may move a few of the owners'
+// calls later than with immediate replay (the one thing queueing changes; a
+// queued access replays with the group's leader as it was when it happened,
+// and decides against the leader as it is then).
 //
 // c is PolicyOptions::capacity_hint, or the largest resident count seen.
 // Cost: O(1) per Touch; O(E) per access replayed, each expert O(1); memory: E + 1 entry pools of c
@@ -153,16 +155,11 @@ class AdaptivePolicy final : public EvictionPolicy {
     c_ = std::max(c_, nodes_.size());
   }
   // Queued (Deferred hits, above); an id not tracked when the queue is
-  // replayed is skipped, as Touch skipped it.
+  // replayed is skipped, as Touch skipped it. Nothing else happens here, not
+  // even a group member's publication (it waits for the replay).
   void Touch(EntryId id, const AccessInfo& info) override {
     if (pending_.size() == kMaxPending) Flush();
-    pending_.push_back(Pending{id, clock_->NowNanos(), group_ ? group_->leader() : 0, false, info});
-    if (!group_) return;
-    if (published_at_ == kNone) {
-      if (since_publish_ + pending_.size() >= kPublishEvery && !PublishAhead()) Flush();  // this access publishes
-    } else if (pending_.size() - published_at_ - 1 >= kPublishEvery) {
-      Flush();  // a second publishing access in the queue: the replay publishes it
-    }
+    pending_.push_back(Pending{id, clock_->NowNanos(), group_ ? group_->leader() : 0, info});
   }
   void Remove(EntryId id, RemoveReason reason) override {
     Sync();
@@ -251,7 +248,6 @@ class AdaptivePolicy final : public EvictionPolicy {
     EntryId id;
     int64_t now_ns;
     uint32_t leader;  // the group's leader then (with a group)
-    bool published;   // its publication is done (PublishAhead): the replay skips it
     AccessInfo info;
   };
   // Replays the queued hits in order, each as Touch did before queueing:
@@ -262,7 +258,6 @@ class AdaptivePolicy final : public EvictionPolicy {
       if (i == kNil) continue;
       replay_clock_.Set(p.now_ns);
       replay_leader_ = p.leader;
-      replay_published_ = p.published;
       Access(nodes_[i].gid, p.info);
       nodes_[i].cls = p.info.priority;
       lru_.Unlink(Links(kLru), i);
@@ -270,54 +265,6 @@ class AdaptivePolicy final : public EvictionPolicy {
     }
     pending_.clear();
     replay_leader_ = kNoLeader;
-    replay_published_ = false;
-    published_at_ = kNone;
-  }
-  // A group member's publishing access (every kPublishEvery-th) that comes in
-  // a Touch, without replaying the queue. Each expert's score after an access
-  // that every expert holds is a function of the score before it (decay, and
-  // the gain of a hit when its chain has not missed), and hits move no entry
-  // into or out of any expert. So while every queued access is such a hit
-  // (its key in every expert now, as nothing but hits came since the last
-  // replay), the scores at the publishing access follow from the queue alone,
-  // computed here exactly as Access computes them, and the member publishes
-  // and decides on them where the replay would have; the replay of that
-  // access then skips its publication. Otherwise (a queued access that some
-  // expert misses, sampled shadows, a queued entry gone): false, and the
-  // caller replays the queue. One probe of the shared index per queued access.
-  bool PublishAhead() {
-    if (rate_ != 1 || experts_.empty()) return false;
-    std::array<double, kMaxExperts> score{};
-    std::array<bool, kMaxExperts> prefix{};
-    for (size_t e = 0; e < experts_.size(); ++e) {
-      score[e] = experts_[e].score;
-      prefix[e] = experts_[e].prefix;
-    }
-    bool chain_seen = chain_seen_;
-    size_t count = since_publish_;
-    const double decay = 1.0 - static_cast<double>(rate_) / window_;
-    for (const Pending& p : pending_) {
-      const uint32_t i = nodes_.Find(p.id);
-      if (i == kNil) return false;  // the replay skips it: it would not publish here
-      const uint64_t gid = nodes_[i].gid;
-      for (const Expert& x : experts_)
-        if (!x.policy->Contains(gid)) return false;
-      const double w = cost_aware_ && p.info.cost > 0 ? p.info.cost : 1.0;
-      const double gain = w * static_cast<double>(rate_);
-      chain_seen = chain_seen || p.info.depth > 0;
-      for (size_t e = 0; e < experts_.size(); ++e) {
-        if (p.info.depth == 0) prefix[e] = true;
-        score[e] *= decay;
-        if (prefix[e] && !p.info.refresh) score[e] += gain;
-      }
-      ++count;
-    }
-    if (count != kPublishEvery) return false;
-    const uint32_t l = pending_.back().leader;
-    Decide(score.data(), chain_seen, l < experts_.size() ? l : 0);
-    pending_.back().published = true;
-    published_at_ = pending_.size() - 1;
-    return true;
   }
   // A group member publishes its scores `mine` and moves the group's leader
   // from `lead` to the best sum when it wins by the margin.
@@ -529,10 +476,10 @@ class AdaptivePolicy final : public EvictionPolicy {
     if (group_) {  // publish, and decide on the group's sums
       if (++since_publish_ < kPublishEvery) return;
       since_publish_ = 0;
-      if (replay_published_) return;  // PublishAhead did, when it was queued
       std::array<double, kMaxExperts> mine{};
       for (size_t e = 0; e < experts_.size(); ++e) mine[e] = experts_[e].score;
-      Decide(mine.data(), chain_seen_, Leader());
+      const uint32_t now_leading = group_->leader();  // as it is now, also in a replay
+      Decide(mine.data(), chain_seen_, now_leading < experts_.size() ? now_leading : 0);
       return;
     }
     const double margin = chain_seen_ ? kChainMargin : kBlockMargin;
@@ -565,9 +512,6 @@ class AdaptivePolicy final : public EvictionPolicy {
   std::vector<Pending> pending_;       // queued Touches, oldest first
   static constexpr uint32_t kNoLeader = UINT32_MAX;
   uint32_t replay_leader_ = kNoLeader;  // Pending::leader of the access replaying now
-  bool replay_published_ = false;       // Pending::published of the access replaying now
-  static constexpr size_t kNone = SIZE_MAX;
-  size_t published_at_ = kNone;         // the queued access PublishAhead published, if any
   double window_;
   SharedIndex shared_;                 // the resident entries by GhostId, and the experts' entries
                                        // (before experts_: it outlives them)

@@ -500,11 +500,15 @@ TEST_CASE("adaptive: queued hits replay as immediate ones did, each at the time 
   // on every step and one-second aging. The `a` policies queue their hits
   // (Touch only records them); the `b` policies are made to replay each one at
   // once (following() replays the queue), as Touch did before it queued.
-  // Victims, sizes, classes and the expert followed must agree at every step,
-  // with full and with sampled shadows, alone and as two members of a group
-  // (a store's stripes: the keys split between them by id).
+  // Alone, victims, sizes, classes and the expert followed must agree at
+  // every step, with full and with sampled shadows. As two members of a group
+  // (a store's stripes: the keys split between them by id) a queued member
+  // publishes its scores when its queue replays, not at the Touch, so the
+  // group's leader may move a few accesses later: there the two groups must
+  // follow more than one expert alike and hit within 3% of each other.
   for (const size_t floor : {size_t{0}, size_t{8}}) {
     for (const size_t members : {size_t{1}, size_t{2}}) {
+      const bool exact = members == 1;
       INFO("shadow_sample_floor " << floor << ", members " << members);
       constexpr size_t kCap = 96;  // each member's
       ManualClock clock(0);
@@ -520,8 +524,8 @@ TEST_CASE("adaptive: queued hits replay as immediate ones did, each at the time 
       }
       std::mt19937_64 rng(17);
       std::vector<EntryId> pinned;
-      std::set<std::string> leaders;
-      uint64_t hits = 0;
+      std::set<std::string> leaders, leaders_b;
+      uint64_t hits = 0, hits_b = 0;
       for (int step = 0; step < 60000; ++step) {
         clock.Advance(static_cast<int64_t>(rng() % 200'000'000));
         const uint64_t op = rng() % 100;
@@ -537,11 +541,14 @@ TEST_CASE("adaptive: queued hits replay as immediate ones did, each at the time 
           const bool ha = Access(pa, id, kCap, info, &ea);
           const bool hb = Access(pb, id, kCap, info, &eb);
           if (hb) (void)pb.following();  // b: the hit replayed now
-          REQUIRE(ha == hb);
-          REQUIRE(ea == eb);
+          if (exact) {
+            REQUIRE(ha == hb);
+            REQUIRE(ea == eb);
+          }
           hits += ha;
-        } else if (op < 94 && pa.Contains(id) && pinned.size() < 8) {  // a reader pins it
-          pa.Remove(id, RemoveReason::kPinned);
+          hits_b += hb;
+        } else if (op < 94 && pa.Contains(id) && (!exact || pb.Contains(id)) && pinned.size() < 8) {
+          pa.Remove(id, RemoveReason::kPinned);  // a reader pins it
           pb.Remove(id, RemoveReason::kPinned);
           pinned.push_back(id);
         } else if (op < 97 && !pinned.empty()) {  // the last unpin
@@ -555,30 +562,63 @@ TEST_CASE("adaptive: queued hits replay as immediate ones did, each at the time 
           pa.Release(id);
           pb.Release(id);
         }
-        REQUIRE(pa.size() == pb.size());
-        if (members > 1) {  // the same scores published at the same accesses, also those published
-                            // from a Touch without replaying the queue (PublishAhead)
-          std::array<double, PolicyGroup::kMaxScores> sa{}, sb{};
-          REQUIRE(ga->Own(sa.data(), sa.size()) == gb->Own(sb.data(), sb.size()));
-          REQUIRE(sa == sb);
-          REQUIRE(ga->leader() == gb->leader());
-        }
+        if (exact) REQUIRE(pa.size() == pb.size());
         if (step % 101 == 0) {
           for (size_t m = 0; m < members; ++m) {
-            REQUIRE(a[m]->Victim() == b[m]->Victim());
-            for (EntryId k = m; k < 80 * members; k += members)
-              if (a[m]->Contains(k)) REQUIRE(a[m]->EffectiveClass(k) == b[m]->EffectiveClass(k));
-            REQUIRE(a[m]->following() == b[m]->following());
+            if (exact) {
+              REQUIRE(a[m]->Victim() == b[m]->Victim());
+              for (EntryId k = m; k < 80 * members; k += members)
+                if (a[m]->Contains(k)) REQUIRE(a[m]->EffectiveClass(k) == b[m]->EffectiveClass(k));
+              REQUIRE(a[m]->following() == b[m]->following());
+            }
             leaders.insert(std::string(a[m]->following()));
+            leaders_b.insert(std::string(b[m]->following()));
           }
         }
       }
-      INFO("hits " << hits << ", leaders " << leaders.size());
+      INFO("hits " << hits << " / " << hits_b << ", leaders " << leaders.size());
       CHECK(hits > 10000);
       CHECK(leaders.size() >= 2);
-      for (size_t m = 0; m < members; ++m) CHECK(testing::Drain(*a[m]) == testing::Drain(*b[m]));
+      CHECK(leaders == leaders_b);
+      CHECK(hits * 100 >= hits_b * 97);
+      CHECK(hits_b * 100 >= hits * 97);
+      if (exact) CHECK(testing::Drain(*a[0]) == testing::Drain(*b[0]));
     }
   }
+}
+
+TEST_CASE("adaptive: a group member's Touch only queues, and it publishes when its queue replays", "[eviction]") {
+  // A store's lookup (Exists with touch) calls Touch alone, so Touch must not
+  // replay the experts, not even at a group member's publishing access (every
+  // 64th). Member `a` gets 200 hits, past three publishing accesses: its group
+  // sees nothing until a call that replays the queue; then it holds exactly
+  // what `b`, the same member whose every hit was replayed at once, published.
+  ManualClock clock(0);
+  PolicyOptions o{.capacity_hint = 64, .clock = &clock};
+  const auto ga = std::make_shared<PolicyGroup>(), gb = std::make_shared<PolicyGroup>();
+  o.group = ga;
+  auto a = testing::MakePolicy("adaptive", o);
+  o.group = gb;
+  auto b = testing::MakePolicy("adaptive", o);
+  for (EntryId id = 0; id < 32; ++id) {  // 32 accesses, no publishing one yet
+    Access(*a, id, 64);
+    Access(*b, id, 64);
+  }
+  std::array<double, PolicyGroup::kMaxScores> sa{}, sb{};
+  REQUIRE(ga->Own(sa.data(), sa.size()) == 0);
+  for (int i = 0; i < 200; ++i) {
+    clock.Advance(1'000'000);
+    a->Touch(static_cast<EntryId>(i % 32), AccessInfo{});
+    b->Touch(static_cast<EntryId>(i % 32), AccessInfo{});
+    (void)b->following();  // b: replayed now
+  }
+  CHECK(ga->Own(sa.data(), sa.size()) == 0);  // a's Touches published nothing
+  REQUIRE(gb->Own(sb.data(), sb.size()) == 7);
+  CHECK(sb[0] > 0);
+  (void)a->following();  // replays a's queue: its three publications, in order
+  CHECK(ga->Own(sa.data(), sa.size()) == 7);
+  CHECK(sa == sb);
+  CHECK(a->Victim() == b->Victim());
 }
 
 TEST_CASE("SharedIndex: list policies indexed in one shared index evict as with a map each", "[eviction]") {
