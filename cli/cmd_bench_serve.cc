@@ -90,7 +90,13 @@ int PrefixCheck(const Args& a) {
                    {"decided_over_recompute", x.decided_ttft_s / x.recompute_ttft_s},
                    {"est_load_s", x.est_load_s}, {"est_recompute_s", x.est_recompute_s},
                    {"decided", x.decided_load ? "load" : "recompute"}, {"decided_ttft_s", x.decided_ttft_s},
-                   {"pool_warm_s", x.pool_warm_s}});
+                   {"pool_warm_s", x.pool_warm_s}, {"decided_loads", x.decided_loads},
+                   {"first_load_s", x.first_load_s}, {"first_hit_ttft_s", x.first_hit_ttft_s},
+                   {"first_hit_over_recompute", x.first_hit_ttft_s / x.recompute_ttft_s},
+                   {"first_load_over_median", x.load_s > 0 ? x.first_load_s / x.load_s : 0.0},
+                   {"first_blocks_got", x.first_blocks_got}, {"first_est_load_s", x.first_est_load_s},
+                   {"first_decided", x.first_decided_load ? "load" : "recompute"},
+                   {"first_decided_ttft_s", x.first_decided_ttft_s}});
     std::cout << nlohmann::json{{"engine_model", a.o.engine_model}, {"cluster", a.o.cluster},
                                 {"transport", a.o.transport}, {"kv_scale", a.o.kv_scale},
                                 {"reps", a.o.prefix_reps}, {"prefix_check", j}}
@@ -98,19 +104,31 @@ int PrefixCheck(const Args& a) {
               << "\n";
     return 0;
   }
-  std::printf("kvmesh bench-serve --prefix-check: %s, %s kvmesh (%s), kv scale 1/%u, median of %u loads; TTFT in ms\n",
-              a.o.engine_model.c_str(), a.o.cluster.c_str(), a.o.transport.c_str(), a.o.kv_scale,
-              std::max<uint32_t>(a.o.prefix_reps, 1));
-  std::printf("%8s %8s %10s %10s %9s %7s %10s %17s %7s %10s %10s %10s %10s %9s\n", "prefix", "KV GB", "recompute",
-              "hit", "hit/rec", "lookup", "load", "load min..max", "GB/s", "est load", "est recomp", "decision",
-              "decided", "dec/rec");
-  for (const auto& x : *r)
-    std::printf("%8u %8.3f %10.1f %10.1f %8.2fx %7.2f %10.1f %8.1f..%-8.1f %7.2f %10.1f %10.1f %10s %10.1f %8.2fx\n",
+  const uint32_t reps = std::max<uint32_t>(a.o.prefix_reps, 1);
+  std::printf("kvmesh bench-serve --prefix-check: %s, %s kvmesh (%s), kv scale 1/%u; per prefix the first request "
+              "after its store apart, then the median of %u more; TTFT in ms\n",
+              a.o.engine_model.c_str(), a.o.cluster.c_str(), a.o.transport.c_str(), a.o.kv_scale, reps);
+  std::printf("%8s %8s %10s %10s %9s %7s %10s %17s %7s %10s %10s %10s %11s %10s %9s | %10s %9s %10s %10s %9s\n",
+              "prefix", "KV GB", "recompute", "hit", "hit/rec", "lookup", "load", "load min..max", "GB/s", "est load",
+              "est recomp", "decision", "loaded", "decided", "dec/rec", "1st load", "1st/rec", "1st est", "1st dec",
+              "1dec/rec");
+  for (const auto& x : *r) {
+    char loaded[32];
+    std::snprintf(loaded, sizeof loaded, "%u/%u", x.decided_loads, x.reps);
+    std::printf("%8u %8.3f %10.1f %10.1f %8.2fx %7.2f %10.1f %8.1f..%-8.1f %7.2f %10.1f %10.1f %10s %11s %10.1f %8.2fx "
+                "| %10.1f %8.2fx %10.1f %10s %8.2fx\n",
                 x.prefix_tokens, x.bytes / 1e9, x.recompute_ttft_s * 1e3, x.hit_ttft_s * 1e3,
                 x.hit_ttft_s / x.recompute_ttft_s, x.lookup_s * 1e3, x.load_s * 1e3, x.load_min_s * 1e3,
                 x.load_max_s * 1e3, x.load_s > 0 ? x.bytes / x.load_s / 1e9 : 0.0, x.est_load_s * 1e3,
-                x.est_recompute_s * 1e3, x.decided_load ? "load" : "recompute", x.decided_ttft_s * 1e3,
-                x.decided_ttft_s / x.recompute_ttft_s);
+                x.est_recompute_s * 1e3, x.decided_load ? "load" : "recompute", loaded, x.decided_ttft_s * 1e3,
+                x.decided_ttft_s / x.recompute_ttft_s, x.first_load_s * 1e3, x.first_hit_ttft_s / x.recompute_ttft_s,
+                x.first_est_load_s * 1e3, x.first_decided_load ? "load" : "recompute",
+                x.first_decided_ttft_s / x.recompute_ttft_s);
+  }
+  std::printf("left of |: the %u requests after the first (medians; est load, decision and decided at each "
+              "request: loaded = how many it loaded); right of |: the first request after the store, apart "
+              "(its load, its hit TTFT / recompute, its estimate and decision)\n",
+              reps);
   for (const auto& x : *r)
     if (x.blocks_got * a.o.block_tokens < x.prefix_tokens)
       std::printf("note: the %u-token prefix's median load found %zu of %u blocks (the rest was recomputed: "
@@ -310,7 +328,8 @@ void AddBenchServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--plot", a->plot, "write PREFIX-ttft-p99.png and PREFIX-goodput.png (gnuplot)");
   cmd->add_option("--prefix-check", a->prefix_check,
                   "instead of the sweep: TTFT of a hit vs recomputing, one request per prefix length (comma list)");
-  cmd->add_option("--prefix-reps", o.prefix_reps, "--prefix-check: loads of each prefix; the median is reported")
+  cmd->add_option("--prefix-reps", o.prefix_reps,
+                  "--prefix-check: loads of each prefix after the first (shown apart); their median is reported")
       ->capture_default_str();
   cmd->add_option("--workload", a->workload,
                   "sessions (chat and agent turns) | worldmodel (frame sessions of the reference world model; "

@@ -192,6 +192,49 @@ TEST_CASE("load estimate: a fixed cost per load and a cost per byte are learned 
   CHECK(seeded.bytes_per_s() == Approx(5e9).epsilon(0.01));
 }
 
+TEST_CASE("load estimate: one slow first load does not make the next size's estimate pessimistic", "[serve]") {
+  // As --prefix-check over UCX sees it: the probe's 16- and 64-block gets of
+  // an 8B model (33.5 MB, 134 MB; 10 ms + 0.2 ns a byte), then five 1k-token
+  // loads (134 MB) of which the first is 15x (the first get after a store);
+  // then an 8k-token prefix (1.07 GB). The old deviation (an EWMA of raw
+  // errors, weight 0.25) took 14/4 from that one load and put the 8k
+  // estimate at 3.3x its true cost, over the H200's 285 ms recompute.
+  auto truth = [](double bytes) { return 10e-3 + 0.2e-9 * bytes; };
+  LinkEstimate link(10e-3, 0.2e-9, 1.0, /*deviation_share=*/0.2);
+  for (double bytes : {33.5e6, 134e6, 33.5e6, 134e6, 33.5e6, 134e6}) link.Seed(bytes, truth(bytes) * 1.02);
+  link.Observe(134e6, 15 * truth(134e6));
+  const double noise[] = {1.0, 1.03, 0.98, 1.02};
+  for (double n : noise) link.Observe(134e6, truth(134e6) * n);
+  const double big = 1.07e9;
+  INFO("estimate " << link.Estimate(big) << " s, true " << truth(big) << " s, deviation " << link.deviation());
+  CHECK(link.Estimate(big) >= truth(big));
+  CHECK(link.Estimate(big) <= 1.5 * truth(big));
+}
+
+TEST_CASE("load estimate: a link that becomes 3x slower for good is followed within two loads", "[serve]") {
+  // Steady loads (the fit and the deviation settle), then the link is 3x
+  // slower from one load on: after two such loads the estimate is above the
+  // new cost (the fitted line, a median over 16 loads, moves only after
+  // eight), and stays above it until the line has followed.
+  auto truth = [](double bytes) { return 10e-3 + 0.2e-9 * bytes; };
+  LinkEstimate link(10e-3, 0.2e-9, 1.0, 0.2);
+  for (int i = 0; i < 20; ++i) {
+    const double bytes = i % 2 ? 268e6 : 134e6;
+    link.Observe(bytes, truth(bytes) * (i % 3 ? 1.01 : 0.99));
+  }
+  const double big = 1.07e9;
+  CHECK(link.Estimate(big) <= 1.1 * truth(big));
+  for (int i = 0; i < 12; ++i) {
+    const double bytes = i % 2 ? 268e6 : 134e6;
+    link.Observe(bytes, 3 * truth(bytes));
+    INFO("after " << i + 1 << " slow loads: estimate " << link.Estimate(big) << " s, 3x true " << 3 * truth(big));
+    if (i >= 1) CHECK(link.Estimate(big) >= 3 * truth(big));
+  }
+  // Once the line has followed, the estimate comes back near the new cost.
+  for (int i = 0; i < 16; ++i) link.Observe(134e6, 3 * truth(134e6));
+  CHECK(link.Estimate(big) <= 1.3 * 3 * truth(big));
+}
+
 // A tiny run: 3 req/s to 2 engines, blocks at 1/16 of their size, 64 MiB a
 // node, `turns` turns per session `think_s` apart for `duration_s`.
 BenchServeOptions TinyRun(double duration_s, uint32_t turns, double think_s, double drain_s) {
@@ -335,6 +378,16 @@ TEST_CASE("bench-serve: under roofline 8B/H200 a hit's TTFT beats recomputing 1k
                          << " s; kvmesh moved " << measured / 1e9 << " GB/s, break-even " << breakeven / 1e9 << " GB/s");
     CHECK(x.bytes == uint64_t(x.prefix_tokens) * 131072);
     CHECK(x.hit_ttft_s == Approx(x.load_s + suffix));
+    // The first request after the store is reported apart, with its own
+    // decision; the medians are of the prefix_reps after it.
+    CHECK(x.reps == o.prefix_reps);
+    CHECK(x.first_load_s > 0);
+    CHECK(x.first_blocks_got == x.prefix_tokens / o.block_tokens);
+    CHECK(x.first_hit_ttft_s == Approx(x.first_load_s + suffix));
+    CHECK(x.first_decided_ttft_s == (x.first_decided_load ? x.first_hit_ttft_s : x.recompute_ttft_s));
+    CHECK(x.decided_loads <= x.reps);
+    CHECK(x.decided_load == (2 * x.decided_loads > x.reps));
+    if (x.decided_loads == 0) CHECK(x.decided_ttft_s == x.recompute_ttft_s);
     CHECK(breakeven > 3.5e9);
     CHECK(breakeven < 5.0e9);
     // What must hold on any machine: the hit is faster exactly when kvmesh

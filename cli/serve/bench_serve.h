@@ -75,7 +75,7 @@ struct BenchServeOptions {
   uint64_t pressure_memory = 16ull << 20;
   uint64_t ssd_memory = 4ull << 30;
   double probe_interval_s = 1.0;    // shadow loads: at most one per this long per run (LinkEstimate)
-  uint32_t prefix_reps = 3;         // RunPrefixCheck: loads of each prefix (the median is reported)
+  uint32_t prefix_reps = 3;         // RunPrefixCheck: loads of each prefix after the first (their median is reported)
   // The SLO a request must meet to count in goodput.
   double slo_ttft_s = 0.5, slo_tpot_s = 0.05;
   // The -kv-approx configurations: how long a routed prompt counts as on its engine (routing.h).
@@ -136,16 +136,26 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& o, const S
 // recomputing = the engine model's prefill of the whole prompt; TTFT of the
 // hit = the lookup as measured + the load (measured x kv_scale) + the prefill of the
 // suffix after the cached prefix; the decision picks one by its estimates
-// (a fresh probe), and its TTFT is what the pick costs.
+// (a fresh probe and every load before the request), and its TTFT is what the
+// pick costs. The prefix is requested 1 + prefix_reps times: the first
+// request after the store is reported apart (first_*), the medians are of the
+// prefix_reps after it.
 struct PrefixCheckResult {
   uint32_t prefix_tokens = 0, suffix_tokens = 0;
-  double recompute_ttft_s = 0, hit_ttft_s = 0, decided_ttft_s = 0;
+  double recompute_ttft_s = 0, hit_ttft_s = 0;
+  double decided_ttft_s = 0;  // the median of the reps' TTFT as decided at each request
   double lookup_s = 0;  // MatchPrefix, measured
   double load_s = 0;    // lookup_s + the GetBatch's measured time x kv_scale (the median of prefix_reps)
   double load_min_s = 0, load_max_s = 0;  // the fastest and slowest of the prefix_reps loads
   size_t blocks_got = 0;                  // blocks the median load found (all of the prefix, unless evicted)
-  double est_load_s = 0, est_recompute_s = 0;
-  bool decided_load = false;
+  double est_load_s = 0;                  // the median of the estimates at the reps' requests
+  double est_recompute_s = 0;
+  bool decided_load = false;              // decided_loads > reps / 2
+  uint32_t reps = 0, decided_loads = 0;   // the reps, and how many of them the decision loaded
+  // The first request after the store: its load, hit TTFT, estimate and decision.
+  double first_load_s = 0, first_hit_ttft_s = 0, first_est_load_s = 0, first_decided_ttft_s = 0;
+  size_t first_blocks_got = 0;
+  bool first_decided_load = false;
   uint64_t bytes = 0;  // real-size bytes of the prefix's KV
   // The wait, before the first timed load, for the nodes to warm the
   // registered destination (LocalDaemons::WaitWarmed; the same for every row).

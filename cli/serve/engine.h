@@ -65,8 +65,12 @@ enum class LoadPolicy { kDecide, kBlind };
 // (seconds - intercept) / bytes. One cost per byte (the first cut, an EWMA of
 // seconds / bytes) charged a fixed cost seen on small loads to every byte of
 // a big one, and so passed up big hits.
-// Its deviation is an EWMA (weight 0.25) of each load's error against the
-// estimate before it, as a share of that estimate; Estimate is pessimistic,
+// Its deviation is the larger of an EWMA (weight 0.25) of each load's error
+// against the estimate before it, as a share of that estimate, each error
+// clipped at max(3 x the deviation, 0.5) (one outlier, such as the first get
+// after a store, moves it by at most a quarter of that), and the second
+// largest slowness (error > 0) of the last three loads (a link that really
+// slowed: two of three slow loads). Estimate is pessimistic,
 // like a TCP retransmission timer: intercept + bytes x slope x (1 + 2 x
 // deviation), so a link whose speed swings is trusted less. Seeded by a
 // probe (ProbeLink: gets of several sizes, Seed()ed into the window; the
@@ -90,7 +94,7 @@ class LinkEstimate {
   bool ClaimProbe(double now_s);
   double latency_s() const;        // the fixed cost per load (intercept)
   double bytes_per_s() const;      // 1 / the per-byte cost (slope)
-  double deviation() const;        // the loads' mean error / the estimate
+  double deviation() const;        // the loads' error / the estimate (see above)
   uint64_t observed() const;
 
   static constexpr size_t kWindow = 16;
@@ -98,6 +102,7 @@ class LinkEstimate {
  private:
   void AddLocked(double bytes, double seconds);  // into the window, then refit
   void FitLocked();
+  double DeviationLocked() const;
 
   struct Load {
     double bytes = 0, seconds = 0;
@@ -108,6 +113,8 @@ class LinkEstimate {
   uint64_t observed_ = 0;          // guarded by mu_
   std::array<Load, kWindow> window_{};  // guarded by mu_: a ring, the last `held_` loads
   size_t held_ = 0, next_ = 0;     // guarded by mu_
+  std::array<double, 3> slow_{};   // guarded by mu_: a ring, the last loads' error when slow, else 0
+  size_t slow_held_ = 0, slow_next_ = 0;  // guarded by mu_
 };
 
 // Chained hashes of the full blocks of `tokens` (FNV-1a over the previous
