@@ -66,6 +66,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -128,7 +129,10 @@ double CpuSeconds(pid_t pid);  // user + system seconds of a process so far
 // sched_yield between polls. With `processes` each server is a process of its
 // own (forked; the state lives in a shared mapping, the destinations must
 // too), so every hand-over also switches address spaces, as between a client
-// and its node.
+// and its node. With `sockets` a sleeper sleeps in poll() on a datagram
+// socket of its own and is woken by a 1-byte datagram, which it drains
+// after waking: the shape of UCX's wake-up between processes on one host
+// (the shared-memory transport's signal socket under the worker's fd).
 class HandOver {
  public:
   enum class Wait { kFutex, kYield };
@@ -137,16 +141,23 @@ class HandOver {
   // looks the block up).
   // warm: memory the server processes write (their page tables are filled
   // before the first call; a forked process inherits none for a shared mapping).
-  HandOver(int servers, int clients, Wait wait, int64_t spin_us, bool client_copies, bool processes,
+  HandOver(int servers, int clients, Wait wait, int64_t spin_us, bool client_copies, bool processes, bool sockets,
            std::span<std::byte> warm = {})
       : wait_(wait), spin_(std::chrono::microseconds(spin_us)), client_copies_(client_copies),
-        processes_(processes), nservers_(size_t(servers)), nslots_(size_t(clients)) {
+        processes_(processes), sockets_(sockets), nservers_(size_t(servers)), nslots_(size_t(clients)) {
     bytes_ = sizeof(Shared) + nservers_ * sizeof(Server) + nslots_ * sizeof(Slot);
     void* m = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) std::abort();
     shared_ = new (m) Shared;
     servers_ = new (shared_ + 1) Server[nservers_];
     slots_ = new (servers_ + nservers_) Slot[nslots_];
+    if (sockets_) {
+      auto pair = [](int* fds) {
+        if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK, 0, fds) != 0) std::abort();
+      };
+      for (size_t i = 0; i < nservers_; ++i) pair(servers_[i].fds);
+      for (size_t i = 0; i < nslots_; ++i) pair(slots_[i].fds);
+    }
     for (size_t sv = 0; sv < nservers_; ++sv) {
       if (!processes_) {
         threads_.emplace_back([this, sv] { Serve(sv); });
@@ -168,10 +179,12 @@ class HandOver {
     shared_->stop.store(true);
     for (size_t sv = 0; sv < nservers_; ++sv) {
       servers_[sv].bell.fetch_add(1);
-      Wake(&servers_[sv].bell);
+      Wake(&servers_[sv].bell, servers_[sv].fds);
     }
     for (std::thread& t : threads_) t.join();
     for (pid_t pid : children_) ::waitpid(pid, nullptr, 0);
+    for (size_t i = 0; sockets_ && i < nservers_; ++i) ::close(servers_[i].fds[0]), ::close(servers_[i].fds[1]);
+    for (size_t i = 0; sockets_ && i < nslots_; ++i) ::close(slots_[i].fds[0]), ::close(slots_[i].fds[1]);
     ::munmap(shared_, bytes_);
   }
   HandOver(const HandOver&) = delete;
@@ -191,14 +204,14 @@ class HandOver {
     sl.req.store(seq);
     Server& sv = servers_[size_t(c) % nservers_];
     sv.bell.fetch_add(1);
-    if (sv.sleeping.load()) Wake(&sv.bell);
+    if (sv.sleeping.load()) Wake(&sv.bell, sv.fds);
     const auto spin_end = SteadyClock::now() + spin_;
     while (sl.resp.load(std::memory_order_acquire) != seq) {
       if (wait_ == Wait::kYield) {
         ::sched_yield();
       } else if (SteadyClock::now() >= spin_end) {
         sl.waiting.store(true);
-        Sleep(&sl.resp, seq - 1);  // returns at once when the answer is in already
+        Sleep(&sl.resp, seq - 1, sl.fds);  // returns at once when the answer is in already
         sl.waiting.store(false);
       }
     }
@@ -216,17 +229,34 @@ class HandOver {
     const std::byte* src = nullptr;
     std::byte* dst = nullptr;
     size_t n = 0;
+    int fds[2] = {-1, -1};  // sockets: the sleeper polls fds[0], the waker sends on fds[1]
   };
   struct alignas(64) Server {
     std::atomic<uint32_t> bell{0};       // rung by every request (futex word)
     std::atomic<bool> sleeping{false};   // the server sleeps (or is about to) on bell
+    int fds[2] = {-1, -1};  // as Slot::fds
   };
-  // Futexes of a shared mapping between processes, private ones otherwise.
-  void Sleep(std::atomic<uint32_t>* w, uint32_t expected) const {
-    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), processes_ ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE, expected,
-              nullptr, nullptr, 0);
+  // Sleeps while *w is `expected`: on the futex *w (of a shared mapping
+  // between processes, a private one otherwise), or in poll() on fds[0]
+  // (sockets), draining what woke it.
+  void Sleep(std::atomic<uint32_t>* w, uint32_t expected, const int* fds) const {
+    if (!sockets_) {
+      ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), processes_ ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE, expected,
+                nullptr, nullptr, 0);
+      return;
+    }
+    if (w->load() != expected) return;
+    pollfd pf{fds[0], POLLIN, 0};
+    ::poll(&pf, 1, 100);  // bounded: a wake-up datagram is never lost, but stop is checked too
+    char b[16];
+    while (::recv(fds[0], b, sizeof(b), 0) > 0) {
+    }
   }
-  void Wake(std::atomic<uint32_t>* w) const {
+  void Wake(std::atomic<uint32_t>* w, const int* fds) const {
+    if (sockets_) {
+      (void)::send(fds[1], "w", 1, MSG_DONTWAIT);  // a full socket already holds a wake-up
+      return;
+    }
     ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), processes_ ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, 1, nullptr,
               nullptr, 0);
   }
@@ -240,7 +270,7 @@ class HandOver {
       if (!client_copies_) std::memcpy(sl.dst, sl.src, sl.n);
       served[i] = r;
       sl.resp.store(r);
-      if (sl.waiting.load()) Wake(&sl.resp);
+      if (sl.waiting.load()) Wake(&sl.resp, sl.fds);
       any = true;
     }
     return any;
@@ -263,7 +293,7 @@ class HandOver {
       // so a request after that look has changed it (or sees `sleeping`).
       const uint32_t b = sv.bell.load();
       sv.sleeping.store(true);
-      if (!Drain(s, served) && !shared_->stop.load()) Sleep(&sv.bell, b);
+      if (!Drain(s, served) && !shared_->stop.load()) Sleep(&sv.bell, b, sv.fds);
       sv.sleeping.store(false);
       last = SteadyClock::now();
     }
@@ -271,7 +301,7 @@ class HandOver {
 
   const Wait wait_;
   const SteadyClock::duration spin_;
-  const bool client_copies_, processes_;
+  const bool client_copies_, processes_, sockets_;
   const size_t nservers_, nslots_;
   size_t bytes_ = 0;          // the shared mapping: Shared, then the servers, then the slots
   Shared* shared_ = nullptr;
@@ -282,7 +312,7 @@ class HandOver {
 };
 
 // The hand-over ceiling's modes: cell name, label, wait, spin (us), who
-// copies, servers in processes of their own.
+// copies, servers in processes of their own, wake-ups by datagram.
 struct HandOverMode {
   const char* cell;
   const char* label;
@@ -290,13 +320,15 @@ struct HandOverMode {
   int64_t spin_us;
   bool client_copies;
   bool processes;
+  bool sockets;
 };
 constexpr HandOverMode kHandOverModes[] = {
-    {"ho_futex", "hand-over, futex", HandOver::Wait::kFutex, 0, false, false},
-    {"ho_proc", "hand-over, futex, server processes", HandOver::Wait::kFutex, 0, false, true},
-    {"ho_spin", "hand-over, 50 us spin + futex", HandOver::Wait::kFutex, 50, false, false},
-    {"ho_yield", "hand-over, sched_yield", HandOver::Wait::kYield, 0, false, false},
-    {"ho_client", "hand-over, futex, client copies", HandOver::Wait::kFutex, 0, true, false},
+    {"ho_futex", "hand-over, futex", HandOver::Wait::kFutex, 0, false, false, false},
+    {"ho_proc", "hand-over, futex, server processes", HandOver::Wait::kFutex, 0, false, true, false},
+    {"ho_sock", "hand-over, poll + datagram, server processes", HandOver::Wait::kFutex, 0, false, true, true},
+    {"ho_spin", "hand-over, 50 us spin + futex", HandOver::Wait::kFutex, 50, false, false, false},
+    {"ho_yield", "hand-over, sched_yield", HandOver::Wait::kYield, 0, false, false, false},
+    {"ho_client", "hand-over, futex, client copies", HandOver::Wait::kFutex, 0, true, false, false},
 };
 
 #if defined(KVMESH_HAVE_UCX)
@@ -1290,7 +1322,7 @@ int main(int argc, char** argv) {
             const int servers = ucx_workers > 0 ? ucx_workers
                                                 : int(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 4));
             for (const HandOverMode& m : kHandOverModes) {
-              HandOver ho(servers, int(clients), m.wait, m.spin_us, m.client_copies, m.processes,
+              HandOver ho(servers, int(clients), m.wait, m.spin_us, m.client_copies, m.processes, m.sockets,
                           m.processes ? std::span<std::byte>(ho_dst, ho_bytes) : std::span<std::byte>());
               cells[m.cell].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
                 const size_t k = i % keys_per_client;
