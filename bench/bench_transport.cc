@@ -30,9 +30,10 @@
 // footprint at that many clients on these cores), and the hand-over
 // ceilings: the same work done by as many server threads as the node has UCX
 // workers, each request and answer handed over between threads through
-// shared memory with the cheapest waits (a futex, a spin then a futex,
-// sched_yield; and the one-sided-read shape, where the client copies after
-// the answer), with no transport (HandOver). After each size, the
+// shared memory with the cheapest waits (a futex, between threads or
+// processes; poll() on a datagram socket between processes, UCX's wake-up
+// shape; a spin then a futex; sched_yield; and the one-sided-read shape,
+// where the client copies after the answer), with no transport (HandOver). After each size, the
 // issue-36 targets as same-run ratios (UCX GET many clients / 1 client, /
 // ucp_am_bw, p99 / p50, CPU per GET; TCP GET / raw same shape, / raw same
 // footprint) and each hand-over ceiling's many / one ratio, with the load
