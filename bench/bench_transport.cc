@@ -172,7 +172,11 @@ class HandOver {
         Serve(sv);
         ::_exit(0);
       }
-      if (pid > 0) children_.push_back(pid);
+      if (pid < 0) {
+        std::perror("bench: fork (hand-over server)");
+        std::abort();  // its clients would wait forever
+      }
+      children_.push_back(pid);
     }
     while (shared_->ready.load() < int(children_.size())) std::this_thread::sleep_for(1ms);
   }
