@@ -27,10 +27,17 @@
 // the UCX GETs, "copy+verify": client threads that copy each block from a
 // pool-sized source into the GET's destination and hash it there, the work a
 // one-sided GET cannot avoid, with no transport (the ceiling of that
-// footprint at that many clients on these cores). After each size, the
+// footprint at that many clients on these cores), and the hand-over
+// ceilings: the same work done by as many server threads as the node has UCX
+// workers, each request and answer handed over between threads through
+// shared memory with the cheapest waits (a futex, between threads or
+// processes; poll() on a datagram socket between processes, UCX's wake-up
+// shape; a spin then a futex; sched_yield; and the one-sided-read shape,
+// where the client copies after the answer), with no transport (HandOver). After each size, the
 // issue-36 targets as same-run ratios (UCX GET many clients / 1 client, /
-// ucp_am_bw, p99 / p50; TCP GET / raw same shape, / raw same footprint),
-// with the load average. Batch rows: one GetInto / PutFrom of
+// ucp_am_bw, p99 / p50, CPU per GET; TCP GET / raw same shape, / raw same
+// footprint) and each hand-over ceiling's many / one ratio, with the load
+// average. Batch rows: one GetInto / PutFrom of
 // 64 x 64 KiB blocks against ucp_am_bw. Progress goes to stderr.
 //
 //   build/bin/bench_transport [--seconds 1] [--reps 3] [--sizes 65536,262144,1048576] [--clients 1,8]
@@ -44,7 +51,7 @@
 //
 // --json prints one object, {"rows": [{backend, op, block_bytes, clients,
 // batch, gbps, ops, p50_us, p99_us, cpu_us, server_cpu_us}, ...]}, backends tcp, ucx, redis, raw (op req/ack
-// or get), ucx_perftest, copy+verify, instead of the tables (raw ops: req/ack, get, req/ack-footprint, get-footprint).
+// or get), ucx_perftest, copy+verify, the hand-over ceilings (backend "hand-over, futex", ...), instead of the tables (raw ops: req/ack, get, req/ack-footprint, get-footprint).
 // server_cpu_us is the server's part of cpu_us: the node, redis-server, or the
 // raw server's connection threads.
 //
@@ -59,8 +66,14 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -102,6 +115,226 @@ std::vector<std::vector<std::byte>> Payloads(size_t clients, size_t size) {
     for (auto& b : p) b = static_cast<std::byte>(rng());
   return payload;
 }
+
+double CpuSeconds(pid_t pid);  // user + system seconds of a process so far
+
+// The hand-over ceiling: a GET's work (the node's copy of a block into the
+// client's memory, the client's check) and the least costly hand-over of
+// each request and answer, with no transport: `servers` server threads (the
+// node's UCX workers) serve `clients` slots (client c by server c % servers)
+// through shared memory. A client publishes its request, rings its server's
+// bell, and waits for the answer; a server copies the block, publishes the
+// answer and wakes the client if it sleeps. How a thread waits is the mode:
+// kFutex sleeps on a futex once `spin_us` of polling found nothing (0: at
+// once, as UCX's `event`), kYield never sleeps and gives its core away with
+// sched_yield between polls. With `processes` each server is a process of its
+// own (forked; the state lives in a shared mapping, the destinations must
+// too), so every hand-over also switches address spaces, as between a client
+// and its node. With `sockets` a sleeper sleeps in poll() on a datagram
+// socket of its own and is woken by a 1-byte datagram, which it drains
+// after waking: the shape of UCX's wake-up between processes on one host
+// (the shared-memory transport's signal socket under the worker's fd).
+class HandOver {
+ public:
+  enum class Wait { kFutex, kYield };
+  // client_copies: the client copies the block itself once the server has
+  // answered (the shape of a one-sided read by the client: the server only
+  // looks the block up).
+  // warm: memory the server processes write (their page tables are filled
+  // before the first call; a forked process inherits none for a shared mapping).
+  HandOver(int servers, int clients, Wait wait, int64_t spin_us, bool client_copies, bool processes, bool sockets,
+           std::span<std::byte> warm = {})
+      : wait_(wait), spin_(std::chrono::microseconds(spin_us)), client_copies_(client_copies),
+        processes_(processes), sockets_(sockets), nservers_(size_t(servers)), nslots_(size_t(clients)) {
+    bytes_ = sizeof(Shared) + nservers_ * sizeof(Server) + nslots_ * sizeof(Slot);
+    void* m = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) std::abort();
+    shared_ = new (m) Shared;
+    servers_ = new (shared_ + 1) Server[nservers_];
+    slots_ = new (servers_ + nservers_) Slot[nslots_];
+    if (sockets_) {
+      auto pair = [](int* fds) {
+        if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK, 0, fds) != 0) std::abort();
+      };
+      for (size_t i = 0; i < nservers_; ++i) pair(servers_[i].fds);
+      for (size_t i = 0; i < nslots_; ++i) pair(slots_[i].fds);
+    }
+    for (size_t sv = 0; sv < nservers_; ++sv) {
+      if (!processes_) {
+        threads_.emplace_back([this, sv] { Serve(sv); });
+        continue;
+      }
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        for (size_t at = 0; at < warm.size(); at += 4096)
+          reinterpret_cast<std::atomic<unsigned char>*>(warm.data() + at)->fetch_add(0);
+        shared_->ready.fetch_add(1);
+        Serve(sv);
+        ::_exit(0);
+      }
+      if (pid < 0) {
+        std::perror("bench: fork (hand-over server)");
+        std::abort();  // its clients would wait forever
+      }
+      children_.push_back(pid);
+    }
+    while (shared_->ready.load() < int(children_.size())) std::this_thread::sleep_for(1ms);
+  }
+  ~HandOver() {
+    shared_->stop.store(true);
+    for (size_t sv = 0; sv < nservers_; ++sv) {
+      servers_[sv].bell.fetch_add(1);
+      Wake(&servers_[sv].bell, servers_[sv].fds);
+    }
+    for (std::thread& t : threads_) t.join();
+    for (pid_t pid : children_) ::waitpid(pid, nullptr, 0);
+    for (size_t i = 0; sockets_ && i < nservers_; ++i) ::close(servers_[i].fds[0]), ::close(servers_[i].fds[1]);
+    for (size_t i = 0; sockets_ && i < nslots_; ++i) ::close(slots_[i].fds[0]), ::close(slots_[i].fds[1]);
+    ::munmap(shared_, bytes_);
+  }
+  HandOver(const HandOver&) = delete;
+  HandOver& operator=(const HandOver&) = delete;
+  // The server processes' CPU seconds so far (0 with server threads: they are this process's).
+  double ServerCpuSeconds() const {
+    double t = 0;
+    for (pid_t pid : children_) t += CpuSeconds(pid);
+    return t;
+  }
+
+  // Client c's GET: its server copies n bytes from src to dst; returns when they are there.
+  void Call(int c, const std::byte* src, std::byte* dst, size_t n) {
+    Slot& sl = slots_[c];
+    sl.src = src, sl.dst = dst, sl.n = n;
+    const uint32_t seq = sl.req.load(std::memory_order_relaxed) + 1;
+    sl.req.store(seq);
+    Server& sv = servers_[size_t(c) % nservers_];
+    sv.bell.fetch_add(1);
+    if (sv.sleeping.load()) Wake(&sv.bell, sv.fds);
+    const auto spin_end = SteadyClock::now() + spin_;
+    while (sl.resp.load(std::memory_order_acquire) != seq) {
+      if (wait_ == Wait::kYield) {
+        ::sched_yield();
+      } else if (SteadyClock::now() >= spin_end) {
+        sl.waiting.store(true);
+        Sleep(&sl.resp, seq - 1, sl.fds);  // returns at once when the answer is in already
+        sl.waiting.store(false);
+      }
+    }
+    if (client_copies_) std::memcpy(dst, src, n);
+  }
+
+ private:
+  struct alignas(64) Shared {
+    std::atomic<bool> stop{false};
+    std::atomic<int> ready{0};  // server processes that have warmed `warm`
+  };
+  struct alignas(64) Slot {
+    std::atomic<uint32_t> req{0}, resp{0};  // request and answer sequence numbers (futex words)
+    std::atomic<bool> waiting{false};       // the client sleeps (or is about to) on resp
+    const std::byte* src = nullptr;
+    std::byte* dst = nullptr;
+    size_t n = 0;
+    int fds[2] = {-1, -1};  // sockets: the sleeper polls fds[0], the waker sends on fds[1]
+  };
+  struct alignas(64) Server {
+    std::atomic<uint32_t> bell{0};       // rung by every request (futex word)
+    std::atomic<bool> sleeping{false};   // the server sleeps (or is about to) on bell
+    int fds[2] = {-1, -1};  // as Slot::fds
+  };
+  // Sleeps while *w is `expected`: on the futex *w (of a shared mapping
+  // between processes, a private one otherwise), or in poll() on fds[0]
+  // (sockets), draining what woke it.
+  void Sleep(std::atomic<uint32_t>* w, uint32_t expected, const int* fds) const {
+    if (!sockets_) {
+      ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), processes_ ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE, expected,
+                nullptr, nullptr, 0);
+      return;
+    }
+    if (w->load() != expected) return;
+    pollfd pf{fds[0], POLLIN, 0};
+    ::poll(&pf, 1, 100);  // bounded: a wake-up datagram is never lost, but stop is checked too
+    char b[16];
+    while (::recv(fds[0], b, sizeof(b), 0) > 0) {
+    }
+  }
+  void Wake(std::atomic<uint32_t>* w, const int* fds) const {
+    if (sockets_) {
+      (void)::send(fds[1], "w", 1, MSG_DONTWAIT);  // a full socket already holds a wake-up
+      return;
+    }
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), processes_ ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, 1, nullptr,
+              nullptr, 0);
+  }
+  // Copies every pending request of server s's clients; true when there was one.
+  bool Drain(size_t s, std::vector<uint32_t>& served) {
+    bool any = false;
+    for (size_t c = s, i = 0; c < nslots_; c += nservers_, ++i) {
+      Slot& sl = slots_[c];
+      const uint32_t r = sl.req.load(std::memory_order_acquire);
+      if (r == served[i]) continue;
+      if (!client_copies_) std::memcpy(sl.dst, sl.src, sl.n);
+      served[i] = r;
+      sl.resp.store(r);
+      if (sl.waiting.load()) Wake(&sl.resp, sl.fds);
+      any = true;
+    }
+    return any;
+  }
+  void Serve(size_t s) {
+    Server& sv = servers_[s];
+    std::vector<uint32_t> served(nslots_ / nservers_ + 1, 0);
+    auto last = SteadyClock::now();
+    while (!shared_->stop.load(std::memory_order_relaxed)) {
+      if (Drain(s, served)) {
+        last = SteadyClock::now();
+        continue;
+      }
+      if (wait_ == Wait::kYield) {
+        ::sched_yield();
+        continue;
+      }
+      if (SteadyClock::now() - last < spin_) continue;
+      // Sleep until a client rings: the bell is read before the last look,
+      // so a request after that look has changed it (or sees `sleeping`).
+      const uint32_t b = sv.bell.load();
+      sv.sleeping.store(true);
+      if (!Drain(s, served) && !shared_->stop.load()) Sleep(&sv.bell, b, sv.fds);
+      sv.sleeping.store(false);
+      last = SteadyClock::now();
+    }
+  }
+
+  const Wait wait_;
+  const SteadyClock::duration spin_;
+  const bool client_copies_, processes_, sockets_;
+  const size_t nservers_, nslots_;
+  size_t bytes_ = 0;          // the shared mapping: Shared, then the servers, then the slots
+  Shared* shared_ = nullptr;
+  Server* servers_ = nullptr;
+  Slot* slots_ = nullptr;
+  std::vector<std::thread> threads_;
+  std::vector<pid_t> children_;
+};
+
+// The hand-over ceiling's modes: cell name, label, wait, spin (us), who
+// copies, servers in processes of their own, wake-ups by datagram.
+struct HandOverMode {
+  const char* cell;
+  const char* label;
+  HandOver::Wait wait;
+  int64_t spin_us;
+  bool client_copies;
+  bool processes;
+  bool sockets;
+};
+constexpr HandOverMode kHandOverModes[] = {
+    {"ho_futex", "hand-over, futex", HandOver::Wait::kFutex, 0, false, false, false},
+    {"ho_proc", "hand-over, futex, server processes", HandOver::Wait::kFutex, 0, false, true, false},
+    {"ho_sock", "hand-over, poll + datagram, server processes", HandOver::Wait::kFutex, 0, false, true, true},
+    {"ho_spin", "hand-over, 50 us spin + futex", HandOver::Wait::kFutex, 50, false, false, false},
+    {"ho_yield", "hand-over, sched_yield", HandOver::Wait::kYield, 0, false, false, false},
+    {"ho_client", "hand-over, futex, client copies", HandOver::Wait::kFutex, 0, true, false, false},
+};
 
 #if defined(KVMESH_HAVE_UCX)
 constexpr bool KVMESH_UCX_ON = true;
@@ -784,6 +1017,17 @@ void PrintTargets(size_t size, const std::vector<size_t>& client_counts,
                 un.gbps, am_bw.gbps);
     std::printf("| UCX %zu clients p99 / p50 (<= 4x) | %.2fx | %.0f / %.0f us |\n", many, ratio(un.p99_us, un.p50_us),
                 un.p99_us, un.p50_us);
+    std::printf("| UCX %zu clients: CPU per GET | %.0f us | 1 client %.0f us; copy+verify %.0f / %.0f us |\n", many,
+                un.cpu_us, u1.cpu_us, cvn.cpu_us, cv1.cpu_us);
+  }
+  // The hand-over ceilings: the GET's work and the cheapest hand-overs (HandOver).
+  for (const HandOverMode& m : kHandOverModes) {
+    const Cell h1 = med[1][m.cell], hn = med[many][m.cell];
+    if (hn.ops <= 0 || h1.ops <= 0) continue;
+    std::printf("| ceiling: %s, %zu / 1 | %.2fx | %.2f / %.2f GB/s; p99 / p50 %.1fx (%.0f / %.0f us); CPU per GET "
+                "%.0f / %.0f us; %zu clients / UCX 1 client %.2fx |\n",
+                m.label, many, ratio(hn.gbps, h1.gbps), hn.gbps, h1.gbps, ratio(hn.p99_us, hn.p50_us), hn.p99_us,
+                hn.p50_us, hn.cpu_us, h1.cpu_us, many, ratio(hn.gbps, u1.gbps));
   }
   if (tn.ops > 0) {
     std::printf("| TCP %zu clients / raw same shape (>= 0.8x) | %.2fx | %.2f / %.2f GB/s |\n", many,
@@ -1026,6 +1270,15 @@ int main(int argc, char** argv) {
     for (size_t c = 0; c < max_clients; ++c)
       for (size_t k = 0; k < keys_per_client; ++k)
         std::memcpy(cv_src.data() + (c * keys_per_client + k) * size, payload[c].data(), size);
+    // The destinations of the hand-over ceiling with server processes: a
+    // shared mapping of the GETs' footprint.
+    const size_t ho_bytes = max_clients * keys_per_client * size;
+    void* ho_map = ::mmap(nullptr, ho_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (ho_map == MAP_FAILED) return 1;
+    std::byte* const ho_dst = static_cast<std::byte*>(ho_map);
+    std::memset(ho_dst, 0, ho_bytes);
+    std::vector<uint64_t> expect(max_clients);  // the hand-over ceiling's check: each client's block
+    for (size_t c = 0; c < max_clients; ++c) expect[c] = Checksum64(payload[c].data(), size);
     std::map<size_t, std::map<std::string, Cell>> med;  // by client count: the medians the targets compare
     RawServer raw(size, keys_per_client);
     // The raw GETs' destinations over the store's footprint (as many blocks per client as dst_of has).
@@ -1069,6 +1322,23 @@ int main(int argc, char** argv) {
               sink.fetch_add(Checksum64(d.data(), size), std::memory_order_relaxed);
               return true;
             }));
+            // The same work handed over to the node workers' count of server
+            // threads and back (HandOver): what the cheapest waits allow.
+            const int servers = ucx_workers > 0 ? ucx_workers
+                                                : int(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 4));
+            for (const HandOverMode& m : kHandOverModes) {
+              HandOver ho(servers, int(clients), m.wait, m.spin_us, m.client_copies, m.processes, m.sockets,
+                          m.processes ? std::span<std::byte>(ho_dst, ho_bytes) : std::span<std::byte>());
+              cells[m.cell].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+                const size_t k = i % keys_per_client;
+                // Server processes write where they and this process share the memory.
+                auto d = m.processes ? std::span<std::byte>(ho_dst + (c * keys_per_client + k) * size, size)
+                                     : dst_of(c, k, size);
+                std::memset(d.data(), 0, 64);  // the check below then fails unless this call copied
+                ho.Call(c, cv_src.data() + (c * keys_per_client + k) * size, d.data(), size);
+                return Checksum64(d.data(), size) == expect[c];
+              }, [&] { return ho.ServerCpuSeconds(); }, /*server_in_process=*/!m.processes));
+            }
           }
         }
         if (have_redis && want("redis")) {
@@ -1131,8 +1401,10 @@ int main(int argc, char** argv) {
       add("raw", "get-footprint", size, clients, 1, raw_get_fp);
       const Cell copy_verify = Median(cells["copy_verify"]);
       add("copy+verify", "GET", size, clients, 1, copy_verify);
+      for (const HandOverMode& m : kHandOverModes) add(m.label, "GET", size, clients, 1, Median(cells[m.cell]));
       for (const char* name : {"ux_get", "kv_get", "raw_get", "raw_get_fp", "copy_verify"})
         med[clients][name] = Median(cells[name]);
+      for (const HandOverMode& m : kHandOverModes) med[clients][m.cell] = Median(cells[m.cell]);
       for (const char* op : {"put", "get"}) {
         const std::string OP = std::string(op) == "put" ? "PUT" : "GET";
         const Cell kv = Median(cells[std::string("kv_") + op]);
@@ -1162,6 +1434,7 @@ int main(int argc, char** argv) {
       }
     }
     if (!json) PrintTargets(size, client_counts, med, am_bw);
+    ::munmap(ho_map, ho_bytes);
   }
 
   // The batch rows: one GetInto (and one PutFrom) of 64 blocks of 64 KiB, one client.
