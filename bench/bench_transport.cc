@@ -45,6 +45,7 @@
 //                             [--resp-pipeline 1,16] [--redis-benchmark /usr/bin/redis-benchmark]
 //                             [--ucx-progress poll|event|hybrid|adaptive] [--ucx-memory allocated|malloc|unregistered] [--json]
 //                             [--ucx-workers N]   (the node's $.transport.ucx.workers; 0 = its default)
+//                             [--io-threads N]    (the node's $.transport.io_threads, its TCP data server's threads; default 2)
 //                             [--keys K]   (blocks per client, default 16: the footprint the GETs read and write)
 //                             [--backends tcp,ucx,redis,raw,batch]   (which cells run, batch = the batch rows: to profile one path)
 //                             [--ops GET,PUT]   (which operations of those cells run)
@@ -1047,6 +1048,7 @@ int main(int argc, char** argv) {
   std::string rb_bin = "/usr/bin/redis-benchmark";
   std::string ucx_progress = "adaptive";  // the config's default
   int ucx_workers = 0;                   // the node's $.transport.ucx.workers (0: its default)
+  int io_threads = 2;                    // the node's $.transport.io_threads
   size_t keys_arg = 16;                  // blocks per client (the footprint: cache-hot when small)
   std::string ucx_memory = "allocated";  // the clients' registered memory: UcxContext::Allocate, or malloc
   std::string backends = "tcp,ucx,redis,raw,batch";  // which cells run (a profile of one path)
@@ -1058,7 +1060,7 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: bench_transport [--seconds S] [--reps R] [--sizes B,...] [--clients N,...] [--backends tcp,ucx,redis,raw,batch]\n"
           "                       [--ops GET,PUT] [--tables transport,resp] [--resp-sizes B,...] [--resp-clients N,...]\n"
-          "                       [--resp-pipeline D,...] [--ucx-progress P] [--ucx-memory allocated|malloc|unregistered] [--ucx-workers N]\n"
+          "                       [--resp-pipeline D,...] [--ucx-progress P] [--ucx-memory allocated|malloc|unregistered] [--ucx-workers N] [--io-threads N]\n"
           "                       [--keys K]   (blocks per client, default 16: the footprint each client reads)\n"
           "                       [--kvmesh BIN] [--redis-server BIN] [--redis-benchmark BIN] [--json]\n"
           "Moves blocks through real kvmesh daemons (TCP and UCX) and redis-server, beside raw loopback TCP and\n"
@@ -1085,6 +1087,7 @@ int main(int argc, char** argv) {
     else if (k == "--ucx-progress") ucx_progress = v;
     else if (k == "--ucx-memory") ucx_memory = v;
     else if (k == "--ucx-workers") ucx_workers = std::stoi(v);
+    else if (k == "--io-threads") io_threads = std::stoi(v);
     else if (k == "--keys") keys_arg = std::max(1, std::stoi(v));
     else if (k == "--backends") backends = "," + v + ",";
     else if (k == "--ops") ops_arg = v;
@@ -1122,7 +1125,7 @@ int main(int argc, char** argv) {
             "nodes": [{"id": "b0", "memory": {"host": ")"
       << (sizes.size() * max_clients * keys_per_client + kBatch * kBatchBlock / (1 << 20) + 160) << R"(MiB"}}],
             "store": {"slot_bytes": "1MiB", "stripes": 8},
-            "transport": {"io_threads": 2, "backend": ")" << (KVMESH_UCX_ON ? "ucx" : "tcp")
+            "transport": {"io_threads": )" << io_threads << R"(, "backend": ")" << (KVMESH_UCX_ON ? "ucx" : "tcp")
       << R"(", "ucx": {"progress": ")" << ucx_progress << R"(", "workers": )" << ucx_workers << R"(}}})";
   }
   testing::Process node;
@@ -1501,6 +1504,7 @@ int main(int argc, char** argv) {
     out["ucx_progress"] = ucx_progress;
     out["ucx_memory"] = ucx_memory;
     out["ucx_workers"] = ucx_workers;
+    out["io_threads"] = io_threads;
     out["seconds"] = seconds;
     out["reps"] = reps;
     out["rows"] = nlohmann::json::array();

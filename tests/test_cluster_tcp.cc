@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <chrono>
@@ -197,6 +198,134 @@ TEST_CASE("TCP channel: many threads pipeline on shared connections", "[cluster]
   }
   for (auto& t : ts) t.join();
   CHECK(bad == 0);
+}
+
+namespace {
+
+// A pump between a TCP channel and the node that hands the channel the
+// node's answers in chosen pieces: `together` answers (after the HELLO
+// answer) held back and written in one send, each send split into
+// `piece`-byte writes (0: whole). So the channel meets several answers in
+// one recv, and frames that end mid-recv or arrive a few bytes at a time.
+class ShapingProxy {
+ public:
+  ShapingProxy(uint16_t node_port, size_t together, size_t piece) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    auto l = ListenTcp(&a, 4);
+    REQUIRE(l.ok());
+    listen_ = std::move(*l);
+    port_ = ntohs(a.sin_port);
+    accept_ = std::thread([this, node_port, together, piece] { Run(node_port, together, piece); });
+  }
+  ~ShapingProxy() {
+    stop_ = true;
+    accept_.join();
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  void Run(uint16_t node_port, size_t together, size_t piece) {
+    const auto stop = [this] { return stop_.load(); };
+    UniqueFd client;
+    while (!stop_ && client.get() < 0) {
+      pollfd pf{listen_.get(), POLLIN, 0};
+      if (::poll(&pf, 1, 50) > 0) client = UniqueFd(::accept(listen_.get(), nullptr, nullptr));
+    }
+    if (stop_) return;
+    auto node = ConnectTcp("127.0.0.1", node_port, SteadyClock::now() + std::chrono::seconds(2));
+    if (!node.ok()) return;
+    const int c = client.get(), n = node->get();
+    std::thread up([&] {  // requests pass unchanged
+      char buf[4096];
+      while (!stop_) {
+        pollfd pf{c, POLLIN, 0};
+        if (::poll(&pf, 1, 50) <= 0) continue;
+        ssize_t r = ::recv(c, buf, sizeof(buf), MSG_DONTWAIT);
+        if (r == 0 || (r < 0 && errno != EAGAIN)) break;
+        if (r > 0 && !WriteAll(n, buf, size_t(r), SteadyClock::now() + std::chrono::seconds(2)).ok()) break;
+      }
+    });
+    std::string held;
+    for (size_t frames = 0; !stop_; ++frames) {
+      proto::HeaderBytes hb;
+      if (!ReadFull(n, hb.data(), hb.size(), -1, stop).ok()) break;
+      proto::FrameHeader h;
+      proto::ProtocolLimits lim;
+      lim.max_body_bytes = 1 << 20;
+      if (!proto::DecodeHeader(hb, lim, &h).ok()) break;
+      std::string body(h.body_len, '\0');
+      if (!ReadFull(n, body.data(), body.size(), -1, stop).ok()) break;
+      held.append(reinterpret_cast<const char*>(hb.data()), hb.size()).append(body);
+      if (frames > 0 && frames % together != 0) continue;  // the HELLO answer goes at once
+      const size_t step = piece ? piece : held.size();
+      for (size_t at = 0; at < held.size(); at += step) {
+        if (!WriteAll(c, held.data() + at, std::min(step, held.size() - at), SteadyClock::now() + std::chrono::seconds(2)).ok())
+          break;
+        if (piece) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      held.clear();
+    }
+    stop_ = true;
+    up.join();
+  }
+
+  UniqueFd listen_;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread accept_;
+};
+
+}  // namespace
+
+TEST_CASE("TCP channel: answers read ahead in one recv, or a few bytes at a time, reach their callers", "[cluster][tcp]") {
+  Fixture f;
+  auto direct = f.Channel();
+  std::vector<std::vector<std::byte>> data;
+  for (size_t i = 0; i < 4; ++i) {
+    data.push_back(Payload(700 + i, i % 2 ? 300 : 5000));  // under and over the channel's 4 KiB read-ahead
+    PutItem p{Key(70, i), data.back(), {}};
+    REQUIRE(direct->Put(std::span<PutItem>(&p, 1), {}).ok());
+    REQUIRE(p.status.ok());
+  }
+  auto get = [&](TcpChannel& ch, size_t i) {
+    std::vector<std::byte> out(8192);
+    GetItem g{Key(70, i), out, 0, {}};
+    Status s = ch.Get(std::span<GetItem>(&g, 1), {});
+    return s.ok() && g.status.ok() && g.size == data[i].size() && std::equal(data[i].begin(), data[i].end(), out.begin());
+  };
+  SECTION("two answers in one send: the second waits in the channel, not in the socket") {
+    ShapingProxy proxy(f.server->port(), 2, 0);
+    TcpChannelOptions o;
+    o.port = proxy.port();
+    o.connections = 1;  // both calls on one connection
+    o.timeout_ms = 2000;
+    auto ch = TcpChannel::Create(o);
+    REQUIRE(ch->Connect().ok());
+    for (size_t round = 0; round < 3; ++round) {
+      std::atomic<int> good{0};
+      const auto t0 = SteadyClock::now();
+      std::thread a([&] { good += get(*ch, 1); });
+      std::thread b([&] { good += get(*ch, 3); });
+      a.join();
+      b.join();
+      CHECK(good == 2);
+      CHECK(SteadyClock::now() - t0 < std::chrono::milliseconds(1000));  // no call waited out its timeout
+    }
+  }
+  SECTION("answers in 7-byte pieces") {
+    ShapingProxy proxy(f.server->port(), 1, 7);
+    TcpChannelOptions o;
+    o.port = proxy.port();
+    o.connections = 1;  // the proxy takes one connection
+    auto ch = TcpChannel::Create(o);
+    for (size_t i = 0; i < data.size(); ++i) CHECK(get(*ch, i));
+    std::vector<uint8_t> found(2);
+    std::vector<BlockKey> keys = {Key(70, 0), Key(71, 0)};
+    REQUIRE(ch->Exists(keys, found, false, {}).ok());
+    CHECK(found == std::vector<uint8_t>{1, 0});
+  }
 }
 
 TEST_CASE("TCP: a wrong or missing token is refused before any data operation", "[cluster][tcp][auth]") {

@@ -88,7 +88,7 @@ Status WriteAllV(int fd, std::vector<iovec>& iov, Clock::time_point deadline) {
     msghdr msg{};
     msg.msg_iov = &iov[first];
     msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
-    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);  // waits in poll, blocking socket or not
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) return Unavailable(std::string("send: ") + std::strerror(errno));
@@ -145,12 +145,19 @@ class RcvLowat {
 }  // namespace
 
 Status ReadFull(int fd, void* dst, size_t n, int64_t stall_ms, const std::function<bool()>& stop) {
-  char* p = static_cast<char*>(dst);
   size_t got = 0;
+  return ReadAtLeast(fd, dst, n, n, stall_ms, stop, &got);
+}
+
+Status ReadAtLeast(int fd, void* dst, size_t min, size_t cap, int64_t stall_ms, const std::function<bool()>& stop,
+                   size_t* got_out) {
+  char* p = static_cast<char*>(dst);
+  size_t& got = *got_out;
+  got = 0;
   int64_t waited = 0;
   RcvLowat lowat(fd);
-  while (got < n) {
-    ssize_t r = ::recv(fd, p + got, n - got, 0);
+  while (got < min) {
+    ssize_t r = ::recv(fd, p + got, cap - got, MSG_DONTWAIT);  // waits in poll, blocking socket or not
     if (r > 0) {
       got += static_cast<size_t>(r);
       waited = 0;
@@ -160,7 +167,7 @@ Status ReadFull(int fd, void* dst, size_t n, int64_t stall_ms, const std::functi
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return Unavailable(std::string("recv: ") + std::strerror(errno));
     if (stop && stop()) return Unavailable("connection closed");
-    lowat.Want(n - got);
+    lowat.Want(min - got);
     pollfd pf{fd, POLLIN, 0};
     const int slice = stall_ms >= 0 ? static_cast<int>(std::min<int64_t>(100, std::max<int64_t>(1, stall_ms - waited))) : 100;
     int pr = ::poll(&pf, 1, slice);

@@ -75,13 +75,20 @@ Result<UniqueFd> ConnectTcp(const std::string& host, uint16_t port, std::chrono:
 // socket / listen / getsockname.
 Result<UniqueFd> ListenTcp(sockaddr_in* addr, int backlog);
 
-// Writes every byte of iov (modified in place) before the deadline.
+// Writes every byte of iov (modified in place) before the deadline. Like
+// ReadFull and ReadAtLeast, it never blocks in the call itself (MSG_DONTWAIT)
+// and waits in poll, so it keeps its bounds on a blocking socket too.
 Status WriteAllV(int fd, std::vector<iovec>& iov, std::chrono::steady_clock::time_point deadline);
 Status WriteAll(int fd, const void* data, size_t n, std::chrono::steady_clock::time_point deadline);
 
 // Reads exactly n bytes. stall_ms >= 0: fail when no byte arrives for that
 // long; < 0: wait indefinitely, polling `stop` every 100 ms.
 Status ReadFull(int fd, void* dst, size_t n, int64_t stall_ms, const std::function<bool()>& stop);
+// Reads at least `min` and at most `cap` bytes into dst (*got: how many),
+// with ReadFull's stall and stop rules: one recv of up to `cap` bytes takes
+// what a short read needs and whatever follows it in the socket.
+Status ReadAtLeast(int fd, void* dst, size_t min, size_t cap, int64_t stall_ms, const std::function<bool()>& stop,
+                   size_t* got);
 
 // Reads exactly n bytes before `deadline` (a bound on the whole read, however
 // steadily bytes arrive). Errors name `peer` (e.g. "rank 2", "the node"):

@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -159,21 +160,79 @@ class Connection {
     }
   }
 
-  // Reads n bytes of a frame already under way (the peer may stall at most stall_ms_).
+  // Reads n bytes of a frame already under way (the peer may stall at most
+  // stall_ms_). Over plain TCP short reads go through the stage: what it
+  // holds is taken first, and a short rest refills it with one recv, which
+  // usually brings the whole answer (a GET's header, item table and the head
+  // of its first payload, or all of a small answer) and may bring the start
+  // of the next one. A rest of kStage bytes or more goes straight to dst.
   Status Read(void* dst, size_t n) {
-    return tls_ ? tls_->ReadFull(dst, n, stall_ms_) : ReadFull(fd_.get(), dst, n, stall_ms_, {});
+    if (tls_) return tls_->ReadFull(dst, n, stall_ms_);
+    std::byte* out = static_cast<std::byte*>(dst);
+    size_t got = Take(out, n);
+    if (got == n) return Status::Ok();
+    const size_t rest = n - got;
+    if (rest >= kStage) return ReadFull(fd_.get(), out + got, rest, stall_ms_, {});
+    size_t filled = 0;
+    Status s = ReadAtLeast(fd_.get(), stage_.data(), rest, stage_.size(), stall_ms_, {}, &filled);
+    stage_pos_ = 0;
+    stage_len_ = filled;
+    KVMESH_RETURN_IF_ERROR(s);
+    Take(out + got, rest);
+    return Status::Ok();
   }
+  // Plain TCP, the stage empty: waits for the next frame to begin and reads
+  // what has come of it into the stage. The socket is blocking, so the wait
+  // is the recv itself (no poll before it: one syscall and one wake-up per
+  // answer), bounded by SO_RCVTIMEO slices of at most kWaitSliceMs: the
+  // timeout changes only near a deadline, not per call. DeadlineExceeded
+  // when nothing came before `deadline` (the stream is intact).
+  Status AwaitFrame(Clock::time_point deadline) {
+    for (;;) {
+      const int left = MsLeft(deadline);
+      if (left > 0) SetRecvTimeout(std::min(left, kWaitSliceMs));
+      const ssize_t r = ::recv(fd_.get(), stage_.data(), stage_.size(), left > 0 ? 0 : MSG_DONTWAIT);
+      if (r > 0) {
+        stage_pos_ = 0;
+        stage_len_ = static_cast<size_t>(r);
+        return Status::Ok();
+      }
+      if (r == 0) return Unavailable("connection closed by peer");
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return Unavailable(std::string("recv: ") + std::strerror(errno));
+      if (left == 0) return DeadlineExceeded("deadline");
+    }
+  }
+  void SetRecvTimeout(int ms) {
+    if (ms == recv_timeout_ms_) return;
+    timeval tv{ms / 1000, (ms % 1000) * 1000};
+    ::setsockopt(fd_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    recv_timeout_ms_ = ms;
+  }
+  // Copies up to n staged bytes to dst; returns how many.
+  size_t Take(std::byte* dst, size_t n) {
+    const size_t k = std::min(n, stage_len_ - stage_pos_);
+    if (k) std::memcpy(dst, stage_.data() + stage_pos_, k);
+    stage_pos_ += k;
+    return k;
+  }
+  // Bytes of the stream already read (the stage, or TLS's decrypted buffer).
+  bool HasBuffered() const { return tls_ ? tls_->HasBuffered() : stage_pos_ < stage_len_; }
 
   // Reads one answer frame and completes its waiter. DeadlineExceeded when no
   // frame started before `deadline` (the stream is intact); other errors break it.
   Status ReadOne(Clock::time_point deadline) {
     if (broken()) return Unavailable("connection lost");
-    // Past the deadline: only a frame that has already arrived (poll without
-    // waiting). TLS may hold decrypted bytes the socket no longer shows.
-    if (!tls_ || !tls_->HasBuffered()) {
-      pollfd pf{fd_.get(), POLLIN, 0};
-      int pr = ::poll(&pf, 1, MsLeft(deadline));
-      if (pr == 0) return DeadlineExceeded("deadline");
+    // Past the deadline: only a frame that has already arrived (no waiting).
+    // The stage, or TLS, may hold bytes the socket no longer shows.
+    if (!HasBuffered()) {
+      if (!tls_) {
+        KVMESH_RETURN_IF_ERROR(AwaitFrame(deadline));
+      } else {
+        pollfd pf{fd_.get(), POLLIN, 0};
+        int pr = ::poll(&pf, 1, MsLeft(deadline));
+        if (pr == 0) return DeadlineExceeded("deadline");
+      }
     }
     HeaderBytes hb;
     KVMESH_RETURN_IF_ERROR(Read(hb.data(), hb.size()));
@@ -219,9 +278,10 @@ class Connection {
     }
     // GET: the item table, then each hit straight into its caller's buffer.
     if (h.count != p->get_items.size()) return InvalidArgument("GET answer count differs from the request");
-    std::vector<std::byte> table(size_t{h.count} * kGetItemSize);
+    std::vector<std::byte>& table = table_;
+    std::vector<GetRecord>& recs = recs_;
+    table.resize(size_t{h.count} * kGetItemSize);
     KVMESH_RETURN_IF_ERROR(Read(table.data(), table.size()));
-    std::vector<GetRecord> recs;
     KVMESH_RETURN_IF_ERROR(ParseGetTable(h, table, limits_, &recs));
     for (size_t i = 0; i < recs.size(); ++i) {
       GetItem& it = p->get_items[i];
@@ -253,6 +313,14 @@ class Connection {
   std::atomic<bool> broken_{false};
   std::atomic<bool> reading_{false};  // one caller at a time reads (leader)
   std::vector<std::byte> scratch_;    // used by the reader only
+  std::vector<std::byte> table_;      // a GET answer's item table (the reader only; kept: no allocation per GET)
+  std::vector<GetRecord> recs_;       // its parsed records (the reader only)
+  // Plain TCP: bytes read ahead of the frame being read (the reader only).
+  static constexpr size_t kStage = 4096;
+  std::array<std::byte, kStage> stage_;
+  size_t stage_pos_ = 0, stage_len_ = 0;
+  static constexpr int kWaitSliceMs = 100;
+  int recv_timeout_ms_ = 0;  // the socket's SO_RCVTIMEO (0: none yet; the reader only)
 };
 
 // A call in flight (router fan-out); defined with the asynchronous calls at the end.
@@ -489,6 +557,10 @@ class TcpChannelImpl final : public SeqOverFrames<SyncOverAsync<TcpChannel>> {
       server_limits_.max_body_bytes = std::min(server_limits_.max_body_bytes, o_.limits.max_body_bytes);
     }
     SetNoDelay(fd.get());
+    // Plain TCP: a blocking socket, so the reader waits in recv itself
+    // (Connection::AwaitFrame); every other read and write passes
+    // MSG_DONTWAIT and waits in poll within its bound. TLS stays non-blocking.
+    if (!tls) ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
     return std::make_shared<Connection>(fd.release(), std::move(tls), o_.timeout_ms, o_.limits);
   }
 

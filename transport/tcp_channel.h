@@ -11,7 +11,10 @@
 // There is no reader thread: one waiting caller at a time reads the socket
 // (leader/follower), routes each answer to its waiter and reads GET payloads
 // straight into the callers' buffers, so an uncontended call has no thread
-// hand-off. Every call is bounded by the timeout:
+// hand-off. Over plain TCP the reader waits in a blocking recv into a small
+// read-ahead buffer, so one recv brings an answer's header, item table and
+// payload head (docs/guide.md, "TCP GET with 8 clients"). Every call is
+// bounded by the timeout:
 // a node that dies or stalls gives Unavailable / DeadlineExceeded, never a hang.
 // After a failed connect the channel answers Unavailable without retrying for
 // `reconnect_backoff_ms`, so a dead node costs callers nothing.
