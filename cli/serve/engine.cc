@@ -39,9 +39,13 @@ double LinkEstimate::Estimate(double bytes) const {
 }
 
 double LinkEstimate::DeviationLocked() const {
-  // The second largest of the last three loads' slowness (two of three that
-  // slow): the fitted line, a median over the window, follows a link that
-  // slowed for good only after half the window; this follows it after two loads.
+  // The second largest slowness of the window's loads: one outlier in the
+  // window is forgiven, a second is not. The fitted line, a median over the
+  // window, follows a link that slowed for good only after half the window;
+  // this follows it after two loads, and stays cautious while the window
+  // holds two slow loads (a tier with a heavy tail, as an SSD behind a host
+  // tier: one load in a pressure run at 8.7x recomputing when only the last
+  // three loads counted).
   double first = 0, second = 0;
   for (size_t i = 0; i < slow_held_; ++i) {
     second = std::max(second, std::min(first, slow_[i]));
@@ -62,8 +66,8 @@ void LinkEstimate::Observe(double bytes, double seconds) {
   const double error = (seconds - expected) / expected;
   constexpr double kWeight = 0.25, kCapTimes = 3, kCapFloor = 0.5;
   dev_ = (1 - kWeight) * dev_ + kWeight * std::min(std::abs(error), std::max(kCapTimes * dev_, kCapFloor));
-  // The unclipped slowness of the last loads: a link that really slowed
-  // shows in two of three in a row (DeviationLocked), one outlier does not.
+  // The unclipped slowness of the window's loads: a link that really slowed,
+  // or slows often, shows in two of them (DeviationLocked), one outlier does not.
   slow_[slow_next_] = std::max(error, 0.0);
   slow_next_ = (slow_next_ + 1) % slow_.size();
   slow_held_ = std::min(slow_held_ + 1, slow_.size());

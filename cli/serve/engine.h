@@ -69,8 +69,9 @@ enum class LoadPolicy { kDecide, kBlind };
 // against the estimate before it, as a share of that estimate, each error
 // clipped at max(3 x the deviation, 0.5) (one outlier, such as the first get
 // after a store, moves it by at most a quarter of that), and the second
-// largest slowness (error > 0) of the last three loads (a link that really
-// slowed: two of three slow loads). Estimate is pessimistic,
+// largest slowness (error > 0) of the window's loads (one outlier in the
+// window is forgiven, two are not: a link that really slowed, or a tier
+// with a heavy tail). Estimate is pessimistic,
 // like a TCP retransmission timer: intercept + bytes x slope x (1 + 2 x
 // deviation), so a link whose speed swings is trusted less. Seeded by a
 // probe (ProbeLink: gets of several sizes, Seed()ed into the window; the
@@ -113,7 +114,7 @@ class LinkEstimate {
   uint64_t observed_ = 0;          // guarded by mu_
   std::array<Load, kWindow> window_{};  // guarded by mu_: a ring, the last `held_` loads
   size_t held_ = 0, next_ = 0;     // guarded by mu_
-  std::array<double, 3> slow_{};   // guarded by mu_: a ring, the last loads' error when slow, else 0
+  std::array<double, kWindow> slow_{};  // guarded by mu_: a ring, the last loads' error when slow, else 0
   size_t slow_held_ = 0, slow_next_ = 0;  // guarded by mu_
 };
 
