@@ -295,7 +295,7 @@ class Engine {
   // Lookups from arrival (LookupLoop): per request, -1 pending, else the
   // leading blocks kvmesh holds (0 on an error).
   std::mutex lookup_mu_;
-  std::condition_variable lookup_cv_, lookup_done_cv_;
+  std::condition_variable lookup_cv_;
   std::deque<size_t> lookups_;  // guarded by lookup_mu_
   bool lookup_stop_ = false;    // guarded by lookup_mu_
   std::unique_ptr<std::atomic<int64_t>[]> remote_;
