@@ -413,9 +413,9 @@ bool Engine::Admit(Live& r) {
   if (o_.mode != CacheMode::kKvmesh || !o_.router) return true;
   // The lookup started at arrival; wait for it at most lookup_wait_share of
   // recomputing what the local cache does not hold.
-  // A timed wait wakes late on a busy machine: the budget leaves room for
-  // how late the recent ones woke (an EWMA of the overshoot that rises fast
-  // and falls slowly: pessimistic, like LinkEstimate).
+  // A wait can still end late (the spinning thread preempted): the budget
+  // leaves room for how late the recent ones ended (an EWMA of the overshoot
+  // that rises fast and falls slowly: pessimistic, like LinkEstimate).
   const double recompute_all = RecomputeSeconds(r.new_tokens, r.cached_tokens);
   const double budget = o_.lookup_wait_share * recompute_all - wake_late_s_;
   const auto w0 = std::chrono::steady_clock::now();

@@ -271,7 +271,7 @@ class Engine {
   std::deque<size_t> inbox_;  // guarded by mu_
   std::deque<Live> ready_;    // guarded by mu_: loaded, back from the loader
   size_t loads_in_flight_ = 0;  // engine thread only
-  double wake_late_s_ = 0;      // engine thread only: how late timed lookup waits woke (an EWMA, up fast, down slowly)
+  double wake_late_s_ = 0;      // engine thread only: how late lookup waits ended (an EWMA, up fast, down slowly)
   bool finishing_ = false, aborted_ = false;  // guarded by mu_
 
   struct PutJob {
