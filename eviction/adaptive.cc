@@ -160,6 +160,11 @@ class AdaptivePolicy final : public EvictionPolicy {
   void Touch(EntryId id, const AccessInfo& info) override {
     if (pending_.size() == kMaxPending) Flush();
     pending_.push_back(Pending{id, clock_->NowNanos(), group_ ? group_->leader() : 0, info});
+    // A queued publication waits for the replay, but not for ever: a stripe
+    // that only hits (no miss, pin or insert replays its queue) replays once
+    // its queue holds a publishing access kPublishEvery accesses old, so its
+    // scores still reach the group and, through the heartbeats, the cluster.
+    if (group_ && since_publish_ + pending_.size() >= 2 * kPublishEvery) Flush();
   }
   void Remove(EntryId id, RemoveReason reason) override {
     Sync();
