@@ -91,12 +91,12 @@ int PrefixCheck(const Args& a) {
                    {"est_load_s", x.est_load_s}, {"est_recompute_s", x.est_recompute_s},
                    {"decided", x.decided_load ? "load" : "recompute"}, {"decided_ttft_s", x.decided_ttft_s},
                    {"pool_warm_s", x.pool_warm_s}, {"decided_loads", x.decided_loads},
-                   {"first_load_s", x.first_load_s}, {"first_hit_ttft_s", x.first_hit_ttft_s},
-                   {"first_hit_over_recompute", x.first_hit_ttft_s / x.recompute_ttft_s},
-                   {"first_load_over_median", x.load_s > 0 ? x.first_load_s / x.load_s : 0.0},
-                   {"first_blocks_got", x.first_blocks_got}, {"first_est_load_s", x.first_est_load_s},
-                   {"first_decided", x.first_decided_load ? "load" : "recompute"},
-                   {"first_decided_ttft_s", x.first_decided_ttft_s}});
+                   {"first_load_s", x.first.load_s}, {"first_hit_ttft_s", x.first.hit_ttft_s},
+                   {"first_hit_over_recompute", x.first.hit_ttft_s / x.recompute_ttft_s},
+                   {"first_load_over_median", x.load_s > 0 ? x.first.load_s / x.load_s : 0.0},
+                   {"first_blocks_got", x.first.got}, {"first_est_load_s", x.first.est_load_s},
+                   {"first_decided", x.first.decided_load ? "load" : "recompute"},
+                   {"first_decided_ttft_s", x.first.decided_ttft_s}});
     std::cout << nlohmann::json{{"engine_model", a.o.engine_model}, {"cluster", a.o.cluster},
                                 {"transport", a.o.transport}, {"kv_scale", a.o.kv_scale},
                                 {"reps", a.o.prefix_reps}, {"prefix_check", j}}
@@ -121,9 +121,9 @@ int PrefixCheck(const Args& a) {
                 x.hit_ttft_s / x.recompute_ttft_s, x.lookup_s * 1e3, x.load_s * 1e3, x.load_min_s * 1e3,
                 x.load_max_s * 1e3, x.load_s > 0 ? x.bytes / x.load_s / 1e9 : 0.0, x.est_load_s * 1e3,
                 x.est_recompute_s * 1e3, x.decided_load ? "load" : "recompute", loaded, x.decided_ttft_s * 1e3,
-                x.decided_ttft_s / x.recompute_ttft_s, x.first_load_s * 1e3, x.first_hit_ttft_s / x.recompute_ttft_s,
-                x.first_est_load_s * 1e3, x.first_decided_load ? "load" : "recompute",
-                x.first_decided_ttft_s / x.recompute_ttft_s);
+                x.decided_ttft_s / x.recompute_ttft_s, x.first.load_s * 1e3, x.first.hit_ttft_s / x.recompute_ttft_s,
+                x.first.est_load_s * 1e3, x.first.decided_load ? "load" : "recompute",
+                x.first.decided_ttft_s / x.recompute_ttft_s);
   }
   std::printf("left of |: the %u requests after the first (medians; est load, decision and decided at each "
               "request: loaded = how many it loaded); right of |: the first request after the store, apart "

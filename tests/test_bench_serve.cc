@@ -381,10 +381,10 @@ TEST_CASE("bench-serve: under roofline 8B/H200 a hit's TTFT beats recomputing 1k
     // The first request after the store is reported apart, with its own
     // decision; the medians are of the prefix_reps after it.
     CHECK(x.reps == o.prefix_reps);
-    CHECK(x.first_load_s > 0);
-    CHECK(x.first_blocks_got == x.prefix_tokens / o.block_tokens);
-    CHECK(x.first_hit_ttft_s == Approx(x.first_load_s + suffix));
-    CHECK(x.first_decided_ttft_s == (x.first_decided_load ? x.first_hit_ttft_s : x.recompute_ttft_s));
+    CHECK(x.first.load_s > 0);
+    CHECK(x.first.got == x.prefix_tokens / o.block_tokens);
+    CHECK(x.first.hit_ttft_s == Approx(x.first.load_s + suffix));
+    CHECK(x.first.decided_ttft_s == (x.first.decided_load ? x.first.hit_ttft_s : x.recompute_ttft_s));
     CHECK(x.decided_loads <= x.reps);
     CHECK(x.decided_load == (2 * x.decided_loads > x.reps));
     if (x.decided_loads == 0) CHECK(x.decided_ttft_s == x.recompute_ttft_s);

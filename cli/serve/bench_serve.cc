@@ -402,11 +402,7 @@ Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o
     // decided as an engine decides at the request's arrival (the estimate
     // then, with every earlier load learned) and loaded whatever the decision
     // (the hit is measured; a recomputing engine shadow-loads too).
-    struct Try {
-      double est_load_s, lookup_s, load_s, hit_ttft_s;
-      size_t got;
-      bool decided_load;
-    };
+    using Try = PrefixRequest;
     auto request = [&]() -> Result<Try> {
       Try t;
       t.est_load_s = link->Estimate(x.bytes);
@@ -424,20 +420,14 @@ Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o
       while (t.got < hit && items[t.got].status.ok()) ++t.got;
       t.load_s = t.lookup_s + (Seconds(Clock::now() - t0) - t.lookup_s) * o.kv_scale;
       t.hit_ttft_s = t.load_s + model.PrefillSeconds(tokens.size() - t.got * o.block_tokens, t.got * o.block_tokens);
+      t.decided_ttft_s = t.decided_load ? t.hit_ttft_s : x.recompute_ttft_s;
       link->Observe(double(t.got) * real_block, t.load_s);
       return t;
     };
-    auto decided_ttft = [&](const Try& t) { return t.decided_load ? t.hit_ttft_s : x.recompute_ttft_s; };
     // The first request after the store, apart: over UCX on this VM its load
     // was 5-17x the next ones' (docs/serving.md "The slow first get"), and
     // one such load is not the link's steady cost.
-    KVMESH_ASSIGN_OR_RETURN(const Try first, request());
-    x.first_load_s = first.load_s;
-    x.first_hit_ttft_s = first.hit_ttft_s;
-    x.first_blocks_got = first.got;
-    x.first_est_load_s = first.est_load_s;
-    x.first_decided_load = first.decided_load;
-    x.first_decided_ttft_s = decided_ttft(first);
+    KVMESH_ASSIGN_OR_RETURN(x.first, request());
     // Then prefix_reps more; the medians of these are reported (the hit's
     // load with the fastest and slowest beside it, the estimate and the
     // decided TTFT each at its own request).
@@ -447,7 +437,7 @@ Result<std::vector<PrefixCheckResult>> RunPrefixCheck(const BenchServeOptions& o
       KVMESH_ASSIGN_OR_RETURN(const Try t, request());
       tries.push_back(t);
       estimates.push_back(t.est_load_s);
-      decided.push_back(decided_ttft(t));
+      decided.push_back(t.decided_ttft_s);
       x.decided_loads += t.decided_load ? 1 : 0;
     }
     x.reps = uint32_t(tries.size());

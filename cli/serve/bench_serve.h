@@ -140,6 +140,13 @@ Result<std::vector<RunResult>> RunBenchServe(const BenchServeOptions& o, const S
 // pick costs. The prefix is requested 1 + prefix_reps times: the first
 // request after the store is reported apart (first_*), the medians are of the
 // prefix_reps after it.
+// One request of the check: the estimate and decision at its arrival, the
+// lookup and load as measured, the hit's TTFT and the TTFT as decided.
+struct PrefixRequest {
+  double est_load_s = 0, lookup_s = 0, load_s = 0, hit_ttft_s = 0, decided_ttft_s = 0;
+  size_t got = 0;  // blocks the load found
+  bool decided_load = false;
+};
 struct PrefixCheckResult {
   uint32_t prefix_tokens = 0, suffix_tokens = 0;
   double recompute_ttft_s = 0, hit_ttft_s = 0;
@@ -152,10 +159,7 @@ struct PrefixCheckResult {
   double est_recompute_s = 0;
   bool decided_load = false;              // decided_loads > reps / 2
   uint32_t reps = 0, decided_loads = 0;   // the reps, and how many of them the decision loaded
-  // The first request after the store: its load, hit TTFT, estimate and decision.
-  double first_load_s = 0, first_hit_ttft_s = 0, first_est_load_s = 0, first_decided_ttft_s = 0;
-  size_t first_blocks_got = 0;
-  bool first_decided_load = false;
+  PrefixRequest first;  // the first request after the store, apart
   uint64_t bytes = 0;  // real-size bytes of the prefix's KV
   // The wait, before the first timed load, for the nodes to warm the
   // registered destination (LocalDaemons::WaitWarmed; the same for every row).

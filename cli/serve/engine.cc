@@ -336,10 +336,7 @@ void Engine::LookupLoop() {
     const Result<size_t> held = o_.router->MatchPrefix((*requests_)[i].prompt);
     lookup_rpc_us_.fetch_add(uint64_t(Seconds(std::chrono::steady_clock::now() - t0) * 1e6));
     if (!held.ok()) lookup_errors_.fetch_add(1);
-    {
-      std::lock_guard<std::mutex> lock(lookup_mu_);
-      remote_[i].store(held.ok() ? int64_t(*held) : 0);
-    }
+    remote_[i].store(held.ok() ? int64_t(*held) : 0, std::memory_order_release);  // AwaitLookup spins on it
   }
 }
 

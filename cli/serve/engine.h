@@ -150,8 +150,8 @@ struct EngineOptions {
   // waits for its answer at most lookup_wait_share x the engine model's
   // recompute time of the request's uncached tokens, then takes it as a miss
   // (so a slow lookup costs a request at most that share over recomputing).
-  // 0.04: the 5% bound less a margin for the timed wait's wake-up, which a
-  // budget of the whole 5% overshot (1.052x once in a quiet pressure run).
+  // 0.04: the 5% bound less a margin for a wait that ends late (a budget of
+  // the whole 5% overshot: 1.052x once in a quiet pressure run).
   double lookup_wait_share = 0.04;
   // Shadow loads (LinkEstimate::ClaimProbe) move at most this many blocks of
   // the run (the estimate is per byte) and run on the background (put)
