@@ -159,7 +159,8 @@ Status ReadTransport(const json& j, TransportConfig* t) {
       .Optional("connect_timeout_ms", &t->connect_timeout_ms);
   if (const json* u = r.Child("ucx")) {
     ObjectReader ur(*u, "$.transport.ucx");
-    ur.Optional("progress", &t->ucx_progress).Optional("spin_us", &t->ucx_spin_us).Optional("workers", &t->ucx_workers);
+    ur.Optional("progress", &t->ucx_progress).Optional("spin_us", &t->ucx_spin_us).Optional("workers", &t->ucx_workers)
+        .Optional("local_reads", &t->ucx_local_reads);
     KVMESH_RETURN_IF_ERROR(ur.Finish());
     if (std::find(kUcxProgressModes.begin(), kUcxProgressModes.end(), t->ucx_progress) == kUcxProgressModes.end()) {
       std::string expected;

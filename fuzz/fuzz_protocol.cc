@@ -48,6 +48,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)ParseHelloBody(in, &hello);
     HelloAnswer ans;
     (void)ParseHelloAnswerBody(in, &ans);
+    LocalMapAnswer local;
+    (void)ParseLocalMapAnswer(in, &local);
     ParseSequenceBodies(in);
     return 0;
   }
@@ -84,6 +86,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case Opcode::kStats:
       break;
+    case Opcode::kLocalMap: {
+      LocalMapAnswer local;
+      uint64_t host = 0;
+      (void)(h.is_response() ? ParseLocalMapAnswer(body, &local) : ParseSeqId(body, &host));
+      break;
+    }
     case Opcode::kSeqCreate:
     case Opcode::kSeqAppend:
     case Opcode::kSeqTruncate:

@@ -95,6 +95,7 @@ struct NetworkClient::Impl {
           uo.context = ucx_context;
           uo.progress = *progress;
           uo.spin_us = o.ucx_spin_us;
+          uo.local_reads = o.ucx_local_reads;
           auto u = UcxChannel::Connect(uo);
           if (u.ok()) {
             std::shared_ptr<UcxChannel> uc = std::move(*u);

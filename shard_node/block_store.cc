@@ -9,6 +9,7 @@
 
 #include "common/checksum.h"
 #include "common/hash.h"
+#include "transport/local_index.h"
 
 namespace kvmesh {
 namespace {
@@ -139,7 +140,9 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(StoreOptions o) {
 
   const uint64_t stripe_bytes = per_stripe * slot;
   if (o.backend == nullptr) {
-    KVMESH_ASSIGN_OR_RETURN(o.backend, MakeHostMemory(stripe_bytes * stripes));
+    HostMemoryOptions ho;
+    ho.shared = o.local_reads;
+    KVMESH_ASSIGN_OR_RETURN(o.backend, MakeHostMemory(stripe_bytes * stripes, ho));
   } else if (o.backend->size() < stripe_bytes * stripes) {
     return InvalidArgument("memory backend smaller than the store budget");
   }
@@ -161,6 +164,7 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(StoreOptions o) {
   s->observer_ = o.observer;
   s->medium_ = o.medium;
   const std::vector<std::shared_ptr<PolicyGroup>> groups = s->GroupsFor(o.policy);
+  uint64_t all_blocks = 0;
   for (uint32_t i = 0; i < stripes; ++i) {
     Stripe& st = s->stripes_[i];
     st.base = s->backend_->base() + i * stripe_bytes;
@@ -184,6 +188,10 @@ Result<std::unique_ptr<BlockStore>> BlockStore::Create(StoreOptions o) {
       KVMESH_ASSIGN_OR_RETURN(st.classes[c].policy, MakeEvictionPolicy(o.policy, cpo));
     }
     st.index.reserve(max_blocks);
+    all_blocks += max_blocks;
+  }
+  if (o.local_reads && s->backend_->host_accessible() && s->backend_->shared_fd() >= 0) {
+    KVMESH_ASSIGN_OR_RETURN(s->local_, LocalIndexWriter::Create(all_blocks, s->backend_->size()));
   }
   return s;
 }
@@ -269,7 +277,14 @@ bool BlockStore::TakeChunk(Stripe& s, uint32_t cls, uint32_t* chunk) {
   return true;
 }
 
+void BlockStore::Unpublish(const Stripe& s, uint32_t chunk) {
+  const Slot& sl = s.slots[chunk];
+  if (local_ != nullptr && sl.meta.size != 0)
+    local_->Retract(sl.meta.key, static_cast<uint64_t>(ChunkData(s, chunk) - backend_->base()));
+}
+
 void BlockStore::FreeChunk(Stripe& s, uint32_t chunk) {
+  Unpublish(s, chunk);  // before the chunk can be written again
   const uint32_t p = chunk / chunk_stride_;
   Page& pg = s.pages[p];
   Stripe::Class& c = s.classes[pg.cls];
@@ -308,6 +323,7 @@ void BlockStore::EvictChunk(Stripe& s, uint32_t chunk) {
   EvictionPolicy& policy = *s.classes[cls].policy;
   const Priority pri = policy.EffectiveClass(chunk);
   policy.Remove(chunk, RemoveReason::kEvicted);
+  Unpublish(s, chunk);
   if (listener_) listener_(victim.meta, {ChunkData(s, chunk), victim.meta.size});
   s.index.erase(victim.meta.key);
   Notify(BlockChange::kRemoved, victim.meta.key);
@@ -529,6 +545,9 @@ Status BlockStore::Commit(BlockReservation& r, uint64_t checksum, bool verify) {
   const AccessInfo info{o.priority, m.size, o.score, m.key.lo ^ m.key.hi};
   s.classes[s.pages[r.slot_ / chunk_stride_].cls].policy->Insert(r.slot_, info);
   ++s.stats.blocks;
+  // Raw blocks only: an encoded block is decoded by the node on the way out.
+  if (local_ != nullptr && m.codec == 0)
+    local_->Publish(m.key, static_cast<uint64_t>(r.data_ - backend_->base()), m.size, checksum);
   Notify(BlockChange::kStored, m.key);
   s.stats.bytes_stored += m.size;
   s.stats.bytes_logical += m.logical_size;
@@ -622,6 +641,7 @@ void BlockStore::DropCorrupt(BlockRef& ref) {
     Slot& sl = s.slots[ref.slot_];
     if (sl.state == SlotState::kLive) {
       s.index.erase(sl.meta.key);
+      Unpublish(s, ref.slot_);
       sl.state = SlotState::kDoomed;
       if (sl.explicit_pins > 0) s.doomed_pins[sl.meta.key].push_back(ref.slot_);
       --s.stats.blocks;
@@ -694,6 +714,19 @@ bool BlockStore::Exists(const BlockKey& key, bool touch) {
   return true;
 }
 
+void BlockStore::TouchLocal(const BlockKey& key, uint32_t reads) {
+  Stripe& s = StripeOf(key);
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.index.find(key);
+  if (it == s.index.end() || s.slots[it->second].state != SlotState::kLive) return;
+  s.stats.gets += reads;
+  s.stats.hits += reads;
+  Slot& sl = s.slots[it->second];
+  sl.meta.last_access_ns = clock_->NowNanos();
+  sl.meta.access_count += reads;
+  if (sl.pins == 0) s.classes[s.pages[it->second / chunk_stride_].cls].policy->Touch(it->second, InfoOf(sl.meta));
+}
+
 Status BlockStore::Erase(const BlockKey& key) {
   Stripe& s = StripeOf(key);
   std::lock_guard<std::mutex> lock(s.mu);
@@ -708,6 +741,7 @@ Status BlockStore::Erase(const BlockKey& key) {
     return Status::Ok();
   }
   --s.stats.blocks;
+  Unpublish(s, slot);
   Notify(BlockChange::kRemoved, key);
   s.stats.bytes_stored -= sl.meta.size;
   s.stats.bytes_logical -= sl.meta.logical_size;

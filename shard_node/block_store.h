@@ -95,6 +95,11 @@ struct StoreOptions {
   // as a block of `medium`. nullptr: nobody. Must outlive the store.
   BlockObserver* observer = nullptr;
   BlockMedium medium = BlockMedium::kGpu;
+  // Local reads (transport/local_index.h): the store publishes its live raw
+  // blocks in a shared index that clients on this host read the pool through.
+  // Needs shared host memory: with no backend given, the pool is made a memfd;
+  // a backend that is not shared memory (shared_fd() < 0) gets no index.
+  bool local_reads = false;
 };
 
 // One size class of a store (StoreStats::classes).
@@ -135,6 +140,7 @@ struct StoreStats {
 };
 
 class BlockStore;
+class LocalIndexWriter;
 
 // A chunk reserved for one block by BlockStore::Reserve, for a transport
 // that lands the payload in pool memory itself (a TCP read straight into the
@@ -219,6 +225,12 @@ class BlockStore final : public BlockStoreOps {
 
   // True when stored. With touch, counts as an access (refreshes recency).
   bool Exists(const BlockKey& key, bool touch = false) override;
+  // `reads` reads a client made through the local-read index: counted as
+  // hits (gets, hits) and as one access, as a Get would; nothing when the
+  // block has gone since.
+  void TouchLocal(const BlockKey& key, uint32_t reads = 1);
+  // The local-read index (StoreOptions::local_reads); nullptr without one.
+  LocalIndexWriter* local_index() const { return local_.get(); }
   // NotFound when absent.
   Status Erase(const BlockKey& key) override;
   // Explicit pins (counted); NotFound when absent, FailedPrecondition on
@@ -287,8 +299,11 @@ class BlockStore final : public BlockStoreOps {
   Result<BlockRef> Pin(const BlockKey& key, bool verify);
   // Hides a block whose checksum failed and releases `ref`'s pin.
   void DropCorrupt(BlockRef& ref);
+  // Removes chunk's block from the local-read index (REQUIRES the stripe lock).
+  void Unpublish(const Stripe& s, uint32_t chunk);
 
   std::unique_ptr<MemoryBackend> backend_;
+  std::unique_ptr<LocalIndexWriter> local_;  // StoreOptions::local_reads
   std::unique_ptr<Stripe[]> stripes_;
   uint32_t num_stripes_ = 0;
   uint64_t slot_bytes_ = 0;

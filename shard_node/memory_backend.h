@@ -26,14 +26,21 @@ class MemoryBackend {
   // Copies between the region and host memory. Thread-safe for disjoint ranges.
   virtual void CopyIn(std::byte* dst, const std::byte* src, size_t n) = 0;
   virtual void CopyOut(std::byte* dst, const std::byte* src, size_t n) = 0;
+  // A file descriptor of the region when it is shared memory that another
+  // process on this host may map (a memfd: local reads,
+  // transport/local_index.h); -1 otherwise.
+  virtual int shared_fd() const { return -1; }
 };
 
 struct HostMemoryOptions {
   bool prefault = false;   // touch every page at start-up (no page faults on the hot path)
   bool hugepages = true;   // madvise(MADV_HUGEPAGE)
+  // A memfd mapped shared (shared_fd()), for local reads, instead of
+  // anonymous private memory.
+  bool shared = false;
 };
 
-// Anonymous mmap of `bytes` (rounded up to the page size).
+// Anonymous mmap of `bytes` (rounded up to the page size), or a shared memfd.
 Result<std::unique_ptr<MemoryBackend>> MakeHostMemory(size_t bytes, const HostMemoryOptions& o = {});
 
 }  // namespace kvmesh

@@ -11,6 +11,7 @@
 #include "kvmesh/block_key.h"
 
 #include "shard_node/cuda_memory.h"
+#include "transport/local_index.h"
 
 namespace kvmesh {
 
@@ -50,6 +51,7 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
   so.groups = n->policy_groups_;
   so.observer = n->events_.get();
   so.medium = BlockMedium::kGpu;
+  so.local_reads = config.transport.ucx_local_reads;
   // A GPU node's device budget is one CUDA pool when a GPU is usable;
   // otherwise the store uses host memory (and says so once).
   if (nc->gpu >= 0 && nc->memory.device > 0) {
@@ -123,7 +125,46 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
   return n;
 }
 
+bool ShardNode::StartLocalReads() {
+  if (store_->local_index() == nullptr) return false;
+  std::call_once(drain_once_, [this] { drain_ = std::thread([this] { DrainLocalReads(); }); });
+  return true;
+}
+
+void ShardNode::DrainLocalReads() {
+  LocalIndexWriter* index = store_->local_index();
+  // A round's reads, one touch per block (engines read the same blocks again
+  // and again): sorted, then counted.
+  std::vector<BlockKey> keys;
+  keys.reserve(4096);
+  std::unique_lock<std::mutex> lock(drain_mu_);
+  while (!drain_stop_) {
+    lock.unlock();
+    keys.clear();
+    const size_t n = index->DrainTouches([&](const BlockKey& k) { keys.push_back(k); });
+    std::sort(keys.begin(), keys.end(), [](const BlockKey& a, const BlockKey& b) {
+      return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
+    });
+    for (size_t i = 0; i < keys.size();) {
+      size_t j = i + 1;
+      while (j < keys.size() && keys[j] == keys[i]) ++j;
+      store_->TouchLocal(keys[i], static_cast<uint32_t>(j - i));
+      i = j;
+    }
+    lock.lock();
+    drain_cv_.wait_for(lock, std::chrono::milliseconds(n > 0 ? 1 : 10), [this] { return drain_stop_; });
+  }
+}
+
 ShardNode::~ShardNode() {
+  if (drain_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(drain_mu_);
+      drain_stop_ = true;
+    }
+    drain_cv_.notify_all();
+    drain_.join();
+  }
   if (events_) events_->Stop();  // its snapshot lister reads the stores
 }
 

@@ -15,11 +15,14 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 
 #include "kvmesh/config.h"
 #include "kvmesh/request.h"
@@ -134,6 +137,14 @@ class ShardNode {
   NodeStats Stats() const;
   std::string StatsJson() const;
   BlockStore& store() { return *store_; }
+  // The primary store's local-read index (transport/local_index.h), with
+  // its pool's memfd; nullptr when the node offers no local reads.
+  LocalIndexWriter* local_index() const { return store_->local_index(); }
+  int local_pool_fd() const { return store_->backend().shared_fd(); }
+  // Starts handing local reads to the store (once; the first client that
+  // maps the index calls it). False when the node has no index.
+  bool StartLocalReads();
+  uint64_t local_pool_bytes() const { return store_->backend().size(); }
   // The memory hierarchy (device -> host -> SSD, watermarks, pressure levels);
   // nullptr when the node's memory config has only one tier.
   TieredStore* tiers() { return tiers_.get(); }
@@ -172,6 +183,15 @@ class ShardNode {
   // Live sequences of tenant t grow by `bytes` (SequenceServiceOptions::charge).
   Status ChargeSequence(uint32_t t, uint64_t bytes);
   std::unique_ptr<SequenceService> sequences_;  // pins blocks of store_: declared last, destroyed first
+  // Local reads (BlockStore::local_index): a thread that hands the reads
+  // clients left in the index's ring to the store (TouchLocal), every
+  // millisecond while there are some, every 10 ms otherwise.
+  void DrainLocalReads();
+  std::once_flag drain_once_;
+  std::mutex drain_mu_;
+  std::condition_variable drain_cv_;
+  bool drain_stop_ = false;  // guarded by drain_mu_
+  std::thread drain_;
 };
 
 }  // namespace kvmesh

@@ -46,6 +46,7 @@ struct Served {
     UcxChannelOptions co;
     co.node_address = server->address();
     co.timeout_ms = kvmesh::testing::TimeBound(timeout).count();
+    co.local_reads = false;  // these tests are about the messages (local reads: their own test)
     return UcxChannel::Connect(co);
   }
   std::atomic<uint64_t> epoch;
@@ -66,8 +67,9 @@ struct Fixture : Served {
     o.workers = workers;
     return o;
   }
-  Result<std::unique_ptr<UcxChannel>> Channel(std::string token = "") {
+  Result<std::unique_ptr<UcxChannel>> Channel(std::string token = "", bool local_reads = false) {
     UcxChannelOptions o;
+    o.local_reads = local_reads;  // the messages are under test, unless asked
     o.node_address = server->address();
     o.token = std::move(token);
     o.timeout_ms = kvmesh::testing::TimeBound(std::chrono::milliseconds(5000)).count();  // grows under sanitizers
@@ -688,4 +690,91 @@ TEST_CASE("UCX: a GET answer is sent from its pinned slot; a client that stops r
   REQUIRE((*again)->Get(g, {}).ok());
   REQUIRE(g[0].status.ok());
   CHECK(got == v);
+}
+
+TEST_CASE("UCX local reads: a client on the node's host reads its blocks from the pool, the rest from the node",
+          "[cluster][ucx][local_reads]") {
+  Fixture f;
+  auto ch = f.Channel("", /*local_reads=*/true);
+  REQUIRE(ch.ok());
+  REQUIRE((*ch)->local_reads_status().ok());
+  std::mt19937_64 rng(5);
+  const size_t sizes[] = {100, 65536, 300000, 2 << 20};
+  std::vector<std::vector<std::byte>> data;
+  std::vector<PutItem> puts;
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    data.emplace_back(sizes[i]);
+    for (auto& b : data.back()) b = static_cast<std::byte>(rng());
+  }
+  for (size_t i = 0; i < data.size(); ++i) puts.push_back(PutItem{Key(i), data[i], {}});
+  REQUIRE((*ch)->Put(puts, {}).ok());
+  const uint64_t node_hits0 = f.node->Stats().store.hits;
+  // Every block, and one never stored (asked of the node: NotFound).
+  std::vector<std::vector<std::byte>> dst(data.size() + 1, std::vector<std::byte>(2 << 20));
+  std::vector<GetItem> gets;
+  for (size_t i = 0; i <= data.size(); ++i) gets.push_back(GetItem{Key(i), dst[i], 0, {}});
+  const auto before = (*ch)->answer_counts();
+  REQUIRE((*ch)->Get(gets, {}).ok());
+  for (size_t i = 0; i < data.size(); ++i) {
+    REQUIRE(gets[i].status.ok());
+    REQUIRE(gets[i].size == data[i].size());
+    CHECK(std::equal(data[i].begin(), data[i].end(), dst[i].begin()));
+  }
+  CHECK(gets.back().status.code() == StatusCode::kNotFound);
+  const auto after = (*ch)->answer_counts();
+  CHECK(after.local_hits - before.local_hits == data.size());
+  CHECK(after.local_misses - before.local_misses == 1);
+  // The node counts the local reads as hits once its drain thread has them.
+  const auto until = std::chrono::steady_clock::now() + kvmesh::testing::TimeBound(std::chrono::seconds(5));
+  while (f.node->Stats().store.hits < node_hits0 + data.size() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(f.node->Stats().store.hits >= node_hits0 + data.size());
+  // Erased through the channel: a local miss, then the node's NotFound.
+  std::vector<BlockKey> erase = {Key(1)};
+  std::vector<Status> st(1);
+  REQUIRE((*ch)->Erase(erase, st).ok());
+  std::vector<GetItem> again = {GetItem{Key(1), dst[1], 0, {}}, GetItem{Key(2), dst[2], 0, {}}};
+  REQUIRE((*ch)->Get(again, {}).ok());
+  CHECK(again[0].status.code() == StatusCode::kNotFound);
+  REQUIRE(again[1].status.ok());
+  CHECK(std::equal(data[2].begin(), data[2].end(), dst[2].begin()));
+  // A client that asks for none gets the messages, and the same bytes.
+  auto plain = f.Channel("", /*local_reads=*/false);
+  REQUIRE(plain.ok());
+  CHECK((*plain)->local_reads_status().code() == StatusCode::kFailedPrecondition);
+  std::vector<GetItem> one = {GetItem{Key(3), dst[3], 0, {}}};
+  REQUIRE((*plain)->Get(one, {}).ok());
+  REQUIRE(one[0].status.ok());
+  CHECK(std::equal(data[3].begin(), data[3].end(), dst[3].begin()));
+  CHECK((*plain)->answer_counts().local_hits == 0);
+}
+
+TEST_CASE("UCX local reads: a node configured without them refuses LOCAL_MAP and serves GETs as before",
+          "[cluster][ucx][local_reads]") {
+  auto c = ParseConfig(R"({
+    "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
+    "nodes": [{"id": "u0", "memory": {"host": "16MiB"}}],
+    "transport": {"ucx": {"local_reads": false}},
+    "store": {"slot_bytes": "2MiB", "stripes": 2}})");
+  REQUIRE(c.ok());
+  auto node = ShardNode::Create(*c, "u0");
+  REQUIRE(node.ok());
+  CHECK((*node)->local_index() == nullptr);
+  std::atomic<uint64_t> epoch{0};
+  auto server = UcxServer::Start(node->get(), {}, &epoch);
+  REQUIRE(server.ok());
+  UcxChannelOptions o;
+  o.node_address = (*server)->address();
+  o.timeout_ms = kvmesh::testing::TimeBound(std::chrono::milliseconds(5000)).count();
+  auto ch = UcxChannel::Connect(o);
+  REQUIRE(ch.ok());
+  CHECK((*ch)->local_reads_status().code() == StatusCode::kFailedPrecondition);
+  std::vector<std::byte> b(5000, std::byte{7}), d(5000);
+  std::vector<PutItem> p = {PutItem{Key(1), b, {}}};
+  REQUIRE((*ch)->Put(p, {}).ok());
+  std::vector<GetItem> g = {GetItem{Key(1), d, 0, {}}};
+  REQUIRE((*ch)->Get(g, {}).ok());
+  REQUIRE(g[0].status.ok());
+  CHECK(d == b);
+  CHECK((*ch)->answer_counts().local_hits == 0);
 }

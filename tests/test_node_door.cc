@@ -96,6 +96,7 @@ struct Door {
     o.node_address = ucx->address();
     o.timeout_ms = 5000;
     o.limits.max_block_bytes = 2 << 20;
+    o.local_reads = false;  // the frames through the door are under test (local reads skip it)
     return UcxChannel::Connect(o).value();
   }
 #endif

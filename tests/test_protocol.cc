@@ -125,6 +125,29 @@ TEST_CASE("HELLO round trip carries client id, tenant and token", "[protocol]") 
   CHECK(!ParseHelloBody(Bytes(body + "x"), &back).ok());
 }
 
+TEST_CASE("LOCAL_MAP: an 8-byte request; the answer's sizes and paths round trip, bad ones refused", "[protocol]") {
+  FrameHeader d;
+  std::string req(8, '\x01');
+  REQUIRE(Decode(BuildFrame(Req(Opcode::kLocalMap, 0), req), &d).ok());
+  CHECK(d.opcode == Opcode::kLocalMap);
+  CHECK_FALSE(Decode(BuildFrame(Req(Opcode::kLocalMap, 0), req + "x"), &d).ok());
+  LocalMapAnswer a{1 << 30, 1 << 20, "/proc/42/fd/7", "/proc/42/fd/8"};
+  const std::string body = EncodeLocalMapAnswer(a);
+  FrameHeader rh = Req(Opcode::kLocalMap, 0);
+  rh.flags = kFlagResponse;
+  REQUIRE(Decode(BuildFrame(rh, body), &d).ok());
+  LocalMapAnswer back;
+  REQUIRE(ParseLocalMapAnswer(Bytes(body), &back).ok());
+  CHECK(back.pool_bytes == a.pool_bytes);
+  CHECK(back.index_bytes == a.index_bytes);
+  CHECK(back.pool_path == a.pool_path);
+  CHECK(back.index_path == a.index_path);
+  CHECK_FALSE(ParseLocalMapAnswer(Bytes(body + "x"), &back).ok());  // trailing bytes
+  CHECK_FALSE(ParseLocalMapAnswer(Bytes(body.substr(0, 20)), &back).ok());  // cut short
+  LocalMapAnswer none{0, 1 << 20, "/a", "/b"};
+  CHECK_FALSE(ParseLocalMapAnswer(Bytes(EncodeLocalMapAnswer(none)), &back).ok());  // names no memory
+}
+
 TEST_CASE("PUT table round trip and payload accounting", "[protocol]") {
   std::mt19937_64 rng(5);
   std::vector<std::string> payloads = {std::string(100, 'a'), std::string(7, 'b'), std::string(4096, 'c')};

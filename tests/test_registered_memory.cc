@@ -199,6 +199,7 @@ struct Served {
     o.timeout_ms = 5000;
     o.limits.max_block_bytes = 2 << 20;
     o.context = std::move(ctx);
+    o.local_reads = false;  // GET_INTO is under test, not local reads
     auto c = UcxChannel::Connect(o);
     REQUIRE(c.ok());
     return std::shared_ptr<UcxChannel>(std::move(*c));

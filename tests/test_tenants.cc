@@ -265,6 +265,8 @@ TEST_CASE("Tenants: the same isolation over UCX", "[tenants][security][ucx]") {
   auto b = as("beta", "beta-pass");
   REQUIRE(a.ok());
   REQUIRE(b.ok());
+  // Local reads would map the whole pool, every namespace: not for tenants.
+  CHECK((*a)->local_reads_status().code() == StatusCode::kFailedPrecondition);
   const BlockKey k = Key(9);
   const auto theirs = Payload(9);
   REQUIRE(PutOne(**b, k, theirs).ok());

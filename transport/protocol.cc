@@ -156,6 +156,7 @@ std::string_view OpcodeName(Opcode op) {
     case Opcode::kGetInto: return "GET_INTO";
     case Opcode::kPutFrom: return "PUT_FROM";
     case Opcode::kRelease: return "RELEASE";
+    case Opcode::kLocalMap: return "LOCAL_MAP";
   }
   return "?";
 }
@@ -242,6 +243,9 @@ Status DecodeHeader(std::span<const std::byte> bytes, const ProtocolLimits& limi
       case Opcode::kPutFrom:
         if (len != n * kPutFromItemSize) return Malformed("PUT_FROM body is not count x 48 bytes");
         break;
+      case Opcode::kLocalMap:
+        if (n != 0 || len != 8) return Malformed("LOCAL_MAP body is not 8 bytes");
+        break;
       default:  // key lists
         if (len != n * kKeySize) return Malformed(std::string(OpcodeName(h.opcode)) + " body is not count x 16 bytes");
     }
@@ -264,6 +268,9 @@ Status DecodeHeader(std::span<const std::byte> bytes, const ProtocolLimits& limi
         if (len != 4) return Malformed("MATCH_PREFIX answer is not 4 bytes");
         break;
       case Opcode::kStats:
+        break;
+      case Opcode::kLocalMap:
+        if (n != 0 || len < 20 || len > 20 + 2 * kMaxStringBytes) return Malformed("bad LOCAL_MAP answer length");
         break;
       default:  // one status byte per item
         if (len != n) return Malformed(std::string(OpcodeName(h.opcode)) + " answer is not one byte per item");
@@ -601,6 +608,27 @@ std::string EncodeMemRegister(const MemRegister& r) {
   out += r.rkey;
   Append<uint64_t>(&out, r.host);
   return out;
+}
+
+std::string EncodeLocalMapAnswer(const LocalMapAnswer& a) {
+  std::string out;
+  Append<uint64_t>(&out, a.pool_bytes);
+  Append<uint64_t>(&out, a.index_bytes);
+  AppendString(&out, a.pool_path.substr(0, kMaxStringBytes));
+  AppendString(&out, a.index_path.substr(0, kMaxStringBytes));
+  return out;
+}
+
+Status ParseLocalMapAnswer(std::span<const std::byte> body, LocalMapAnswer* out) {
+  Reader rd(body);
+  LocalMapAnswer a;
+  if (!rd.Get(&a.pool_bytes) || !rd.Get(&a.index_bytes) || !rd.GetString(&a.pool_path, kMaxStringBytes) ||
+      !rd.GetString(&a.index_path, kMaxStringBytes) || !rd.done())
+    return Malformed("bad LOCAL_MAP answer");
+  if (a.pool_bytes == 0 || a.index_bytes == 0 || a.pool_path.empty() || a.index_path.empty())
+    return Malformed("LOCAL_MAP answer names no memory");
+  *out = std::move(a);
+  return Status::Ok();
 }
 
 Status ParseMemRegister(std::span<const std::byte> body, MemRegister* out) {

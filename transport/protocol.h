@@ -71,8 +71,13 @@ enum class Opcode : uint8_t {
   // Eviction hint (docs/eviction.md "Session closes"): the keys' readers are
   // done; each becomes the next to leave until read again. Part of version 1.
   kRelease = 21,
+  // Local reads (docs/protocol.md "Local reads"): a client on the node's
+  // host asks to map the node's pool and its local-read index. Part of
+  // version 1; a node that does not know it closes the connection, so
+  // clients send it on a session of its own only after the HELLO.
+  kLocalMap = 22,
 };
-inline constexpr uint8_t kMaxOpcode = 21;
+inline constexpr uint8_t kMaxOpcode = 22;
 std::string_view OpcodeName(Opcode op);
 bool IsKnownOpcode(uint8_t op);
 // SEQ_CREATE .. SEQ_READ (live sequences).
@@ -136,6 +141,20 @@ std::string EncodeHelloBody(const Hello& h);
 Status ParseHelloBody(std::span<const std::byte> body, Hello* out);
 std::string EncodeHelloAnswerBody(const HelloAnswer& a);
 Status ParseHelloAnswerBody(std::span<const std::byte> body, HelloAnswer* out);
+
+// ---- LOCAL_MAP ---------------------------------------------------------------
+// Request body: u64 the client's HostBootId(). Answer (OK): u64 pool_bytes,
+// u64 index_bytes, then two strings: the paths the client opens the pool and
+// the index by (/proc/<node pid>/fd/<n>). FailedPrecondition when the node
+// offers no local reads to this client (another host, a tenant, none made).
+struct LocalMapAnswer {
+  uint64_t pool_bytes = 0;
+  uint64_t index_bytes = 0;
+  std::string pool_path;
+  std::string index_path;
+};
+std::string EncodeLocalMapAnswer(const LocalMapAnswer& a);
+Status ParseLocalMapAnswer(std::span<const std::byte> body, LocalMapAnswer* out);
 
 // ---- key lists (GET, EXISTS, MATCH_PREFIX, ERASE, PIN, UNPIN requests) -----
 void AppendKey(std::string* out, const BlockKey& k);

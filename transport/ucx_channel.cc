@@ -2,12 +2,14 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <random>
 #include <array>
@@ -17,8 +19,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "kvmesh/block_key.h"
 #include "kvmesh/clock.h"
 #include "transport/frame_plan.h"
+#include "transport/local_index.h"
 #include "transport/seq_calls.h"
 #include "transport/sync_over_async.h"
 #include "transport/ucx_worker.h"
@@ -217,12 +221,61 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     server_limits_ = a.limits;
     server_limits_.max_body_bytes = std::min(server_limits_.max_body_bytes, o_.limits.max_body_bytes);
     server_limits_.max_items = std::min(server_limits_.max_items, o_.limits.max_items);
+    if (o_.local_reads) local_status_ = MapLocal();
+    else local_status_ = FailedPrecondition("local reads are off for this channel");
     return Status::Ok();
+  }
+
+  // LOCAL_MAP, then the node's pool and index mapped (once per process for
+  // all the channels to that node). Not OK: this channel reads through the node.
+  Status MapLocal() {
+    std::string body(8, '\0');
+    const uint64_t host = HostBootId();
+    for (int i = 0; i < 8; ++i) body[i] = static_cast<char>(host >> (8 * i));
+    auto p = std::make_shared<Pending>();
+    KVMESH_RETURN_IF_ERROR(Roundtrip(Opcode::kLocalMap, 0, 0, {{body.data(), body.size()}}, body.size(), p, {}));
+    LocalMapAnswer a;
+    KVMESH_RETURN_IF_ERROR(ParseLocalMapAnswer(p->body, &a));
+    struct stat st {};
+    if (::stat(a.index_path.c_str(), &st) != 0) return NotFound("cannot stat " + a.index_path);
+    // One mapping per node process and index (its memfd's inode), shared by
+    // the channels to it: the pool's pages are mapped once.
+    static std::mutex mu;
+    static std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<LocalIndexReader>> open;
+    std::lock_guard<std::mutex> lock(mu);
+    std::weak_ptr<LocalIndexReader>& slot = open[{uint64_t(st.st_dev), uint64_t(st.st_ino)}];
+    local_ = slot.lock();
+    if (local_ == nullptr) {
+      KVMESH_ASSIGN_OR_RETURN(local_, LocalIndexReader::Open(a.pool_path, a.pool_bytes, a.index_path, a.index_bytes));
+      slot = local_;
+    }
+    return Status::Ok();
+  }
+  Status local_reads_status() const override { return local_status_; }
+  // Reads what items it can from the node's pool: marks them in `hit` and
+  // returns their count (0 without local reads).
+  size_t ReadLocal(std::span<GetItem> items, std::vector<uint8_t>* hit) {
+    hit->assign(items.size(), 0);
+    if (local_ == nullptr || broken_.load(std::memory_order_relaxed)) return 0;
+    size_t n = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      GetItem& it = items[i];
+      if (IsGroupedKey(it.key)) continue;  // the node checks a group is whole
+      const size_t got = local_->Read(it.key, it.dst);
+      if (got == 0) continue;
+      it.size = got;
+      it.status = Status::Ok();
+      (*hit)[i] = 1;
+      ++n;
+    }
+    local_hits_.fetch_add(n, std::memory_order_relaxed);
+    local_misses_.fetch_add(items.size() - n, std::memory_order_relaxed);
+    return n;
   }
 
   std::string_view transport() const override { return "ucx"; }
   AnswerCounts answer_counts() const override {
-    return {direct_.load(), pooled_.load(), answers_->allocations_.load()};
+    return {direct_.load(), pooled_.load(), answers_->allocations_.load(), local_hits_.load(), local_misses_.load()};
   }
   void set_epoch(uint64_t e) override { epoch_.store(e); }
 
@@ -843,6 +896,9 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   std::deque<Rndv> rndv_;  // touched only by the caller holding progress_mu_ (callbacks run inside its progress)
   std::shared_ptr<AnswerPool> answers_ = std::make_shared<AnswerPool>();  // GET answers that land off the callers' buffers
   std::atomic<uint64_t> direct_{0}, pooled_{0};  // answer_counts()
+  std::atomic<uint64_t> local_hits_{0}, local_misses_{0};
+  std::shared_ptr<LocalIndexReader> local_;  // the node's pool and index (MapLocal); null: none
+  Status local_status_;                      // why local_ is null (Init)
   std::mutex inflight_mu_;
   std::unordered_set<InFlight*> inflight_;  // requests' holders not yet released; guarded by inflight_mu_
 };
@@ -870,6 +926,13 @@ class UcxCallState final : public ChannelCallState {
     if (first.ok()) first = std::move(unsent);  // frames never sent fail the call after those that were
     frames.clear();                             // the Pendings go; buffers keep their capacity
     unsent = Status::Ok();
+    if (!outer.empty()) {  // some items were read locally: the node's answers go back to their places
+      for (size_t i = 0; i < rest.size(); ++i) {
+        outer[rest_at[i]].size = rest[i].size;
+        outer[rest_at[i]].status = std::move(rest[i].status);
+      }
+      outer = {};
+    }
     return first;
   }
 
@@ -896,6 +959,12 @@ class UcxCallState final : public ChannelCallState {
   std::string body;  // the frame's item table, or its key list
   std::vector<ucp_dt_iov_t> iov;
   std::vector<uint8_t> codes;
+  // A GET some of whose items were read locally: the caller's items (outer),
+  // and the others (rest, at rest_at in outer), which the frames ask for.
+  std::span<GetItem> outer;
+  std::vector<GetItem> rest;
+  std::vector<uint32_t> rest_at;
+  std::vector<uint8_t> hit;
 
  private:
   // Copies frame fr's answers into the caller's items.
@@ -926,6 +995,7 @@ UcxCallState* BeginCall(Channel* ch, ChannelCall* call, UcxCallKind kind) {
   st->kind = kind;
   st->frames.clear();
   st->unsent = Status::Ok();
+  st->outer = {};
   return st;
 }
 
@@ -1021,6 +1091,19 @@ void Channel::StartPut(std::span<PutItem> items, const RequestOptions& o, Channe
 void Channel::StartGet(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call) {
   if (items.empty()) return call->Finish(Status::Ok());
   UcxCallState* st = BeginCall(this, call, UcxCallKind::kGet);
+  if (const size_t local = ReadLocal(items, &st->hit); local == items.size()) {
+    return call->Finish(Status::Ok());
+  } else if (local > 0) {
+    st->rest.clear();
+    st->rest_at.clear();
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (st->hit[i]) continue;
+      st->rest.push_back(items[i]);
+      st->rest_at.push_back(static_cast<uint32_t>(i));
+    }
+    st->outer = items;
+    items = st->rest;
+  }
   if (StartRegistered(this, st, {}, items, o)) return;
   st->get = items;
   StartKeys(

@@ -12,6 +12,11 @@
 // PUT_FROM, and the node moves the bytes itself with one-sided puts and gets
 // (docs/protocol.md "Registered memory"). Other batches take the active-
 // message path, whose answers land in a bounce buffer.
+//
+// Local reads: a node on this host lets the cluster identity map its pool
+// and a shared index of its blocks (LOCAL_MAP, transport/local_index.h); a
+// GET then copies each block the index holds straight from the pool into
+// the caller's buffer and checks it, and only the rest goes to the node.
 // Callers on any thread post sends and wait for their answers by request id,
 // bounded by the timeout.
 //
@@ -41,6 +46,11 @@ struct UcxChannelOptions {
   // before sleeping on the wakeup fd (kHybrid, kAdaptive).
   UcxProgress progress = UcxProgress::kAdaptive;
   int64_t spin_us = 100;
+  // Local reads (transport/local_index.h): after the HELLO, ask the node to
+  // map its pool (LOCAL_MAP); when it does (same host, cluster identity),
+  // GETs read the blocks its index holds straight from the pool, with no
+  // message, and ask the node for the rest ($.transport.ucx.local_reads).
+  bool local_reads = true;
 };
 
 class UcxChannel : public ShardChannel {
@@ -51,9 +61,14 @@ class UcxChannel : public ShardChannel {
   // Where the answers of two-sided GET frames landed: `direct`, straight in
   // the callers' buffers; `pooled`, in a reused receive buffer (then copied
   // out); `pool_allocations`, receive buffers the pool allocated or grew.
+  // `local_hits` / `local_misses`: GET items read from the node's pool
+  // through local reads / that local reads could not serve (asked of the node).
   struct AnswerCounts {
     uint64_t direct = 0, pooled = 0, pool_allocations = 0;
+    uint64_t local_hits = 0, local_misses = 0;
   };
+  // Whether the node let this channel read its pool (local_reads), and why not.
+  virtual Status local_reads_status() const = 0;
   virtual AnswerCounts answer_counts() const = 0;
 };
 

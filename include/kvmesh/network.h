@@ -57,6 +57,9 @@ struct NetworkClientOptions {
   // ucx_spin_us while waits are short, then sleep), as $.transport.ucx.
   std::string ucx_progress = "adaptive";
   int64_t ucx_spin_us = 100;
+  // Local reads from nodes on this host that offer them, as
+  // $.transport.ucx.local_reads (transport/ucx_channel.h).
+  bool ucx_local_reads = true;
 };
 
 class NetworkClient {

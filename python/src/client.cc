@@ -83,6 +83,7 @@ std::shared_ptr<Client> Client::Connect(const ConnectArgs& a) {
     o.token = c.auth.token;
     o.ucx_progress = c.transport.ucx_progress;
     o.ucx_spin_us = c.transport.ucx_spin_us;
+    o.ucx_local_reads = c.transport.ucx_local_reads;
   }
   if (a.token) {
     o.token = *a.token;

@@ -1,10 +1,14 @@
 #include "shard_node/server/frame_handler.h"
 
+#include <unistd.h>
+
 #include <cstring>
 
 #include "common/checksum.h"
 #include "common/credentials.h"
+#include "kvmesh/clock.h"
 #include "shard_node/shard_node.h"
+#include "transport/local_index.h"
 
 namespace kvmesh {
 
@@ -225,6 +229,7 @@ Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte>
     case Opcode::kRelease: return HandlePerKey(h, body, v, &TenantView::Release, rep);
     case Opcode::kUnpin: return HandlePins(h, body, v, &conn->pins, /*pin=*/false, rep);
     case Opcode::kStats: return HandleStats(h, v, rep);
+    case Opcode::kLocalMap: return HandleLocalMap(h, body, v, rep);
     case Opcode::kSeqCreate: return HandleSeqCreate(h, body, c, rep);
     case Opcode::kSeqAppend: return HandleSeqAppend(h, body, c, rep);
     case Opcode::kSeqTruncate: return HandleSeqTruncate(h, body, c, rep);
@@ -240,6 +245,34 @@ Status FrameHandler::HandleData(const FrameHeader& h, std::span<const std::byte>
       break;
   }
   return InvalidArgument("unexpected opcode");
+}
+
+Status FrameHandler::HandleLocalMap(const FrameHeader& h, std::span<const std::byte> body, TenantView& v,
+                                    FrameReply* rep) {
+  uint64_t host = 0;
+  KVMESH_RETURN_IF_ERROR(ParseSeqId(body, &host));  // one u64
+  Status no;
+  if (host == 0 || host != HostBootId()) {
+    no = FailedPrecondition("local reads are for clients on the node's host");
+  } else if (v.tenant() != kClusterTenant) {
+    // The mapping is the whole pool, every namespace's blocks.
+    no = FailedPrecondition("local reads map the whole pool: a tenant reads through the node");
+  } else if (!node_->StartLocalReads()) {
+    no = FailedPrecondition("this node offers no local reads (its pool is not shared host memory, or "
+                            "$.transport.ucx.local_reads is false)");
+  }
+  if (!no.ok()) {
+    ErrorReply(h, no, rep);
+    return Status::Ok();
+  }
+  const std::string fds = "/proc/" + std::to_string(::getpid()) + "/fd/";
+  LocalMapAnswer a;
+  a.pool_bytes = node_->local_pool_bytes();
+  a.index_bytes = node_->local_index()->bytes();
+  a.pool_path = fds + std::to_string(node_->local_pool_fd());
+  a.index_path = fds + std::to_string(node_->local_index()->fd());
+  OkReply(h, 0, EncodeLocalMapAnswer(a), rep);
+  return Status::Ok();
 }
 
 Status FrameHandler::HandlePut(const FrameHeader& h, std::span<const std::byte> body, TenantView& v,

@@ -253,6 +253,9 @@ class FrameHandler {
   Status HandlePins(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v,
                     ConnectionPins* pins, bool pin, FrameReply* rep);
   Status HandleStats(const proto::FrameHeader& h, TenantView& v, FrameReply* rep);
+  // LOCAL_MAP: the pool and index paths for a client of this host
+  // (transport/local_index.h), or why not.
+  Status HandleLocalMap(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v, FrameReply* rep);
   // MEM_REGISTER, MEM_UNREGISTER (answered here), GET_INTO, PUT_FROM (*later:
   // the capability answers) through the connection's RemoteMemory.
   Status HandleRemoteMemory(const proto::FrameHeader& h, std::span<const std::byte> body, TenantView& v,
