@@ -49,6 +49,9 @@
 //                             [--keys K]   (blocks per client, default 16: the footprint the GETs read and write)
 //                             [--backends tcp,ucx,redis,raw,batch]   (which cells run, batch = the batch rows: to profile one path)
 //                             [--ops GET,PUT]   (which operations of those cells run)
+//                             [--ucx-local-reads on|off]   (default on: the UCX channels read blocks straight from
+//                               the node's pool, transport/local_index.h; the GET cells then run again over
+//                               channels without them, "UCX messages", the path every GET took before)
 //
 // --json prints one object, {"rows": [{backend, op, block_bytes, clients,
 // batch, gbps, ops, p50_us, p99_us, cpu_us, server_cpu_us}, ...]}, backends tcp, ucx, redis, raw (op req/ack
@@ -1001,7 +1004,8 @@ int RespTable(const std::string& kvmesh_bin, const std::string& redis_bin, const
 // ceiling's own many/one ratio says how much scaling the cores and memory
 // leave at that footprint.
 void PrintTargets(size_t size, const std::vector<size_t>& client_counts,
-                  std::map<size_t, std::map<std::string, Cell>>& med, const Cell& am_bw) {
+                  std::map<size_t, std::map<std::string, Cell>>& med, const Cell& am_bw,
+                  const std::map<size_t, double>& local_share) {
   const size_t many = *std::max_element(client_counts.begin(), client_counts.end());
   if (many < 2) return;
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
@@ -1016,10 +1020,25 @@ void PrintTargets(size_t size, const std::vector<size_t>& client_counts,
                   many, ratio(un.gbps, u1.gbps), un.gbps, u1.gbps, many, ratio(cvn.gbps, cv1.gbps), cvn.gbps, cv1.gbps);
     std::printf("| UCX %zu clients / ucp_am_bw (>= 0.5x) | %.2fx | %.2f / %.2f GB/s |\n", many, ratio(un.gbps, am_bw.gbps),
                 un.gbps, am_bw.gbps);
-    std::printf("| UCX %zu clients p99 / p50 (<= 4x) | %.2fx | %.0f / %.0f us |\n", many, ratio(un.p99_us, un.p50_us),
-                un.p99_us, un.p50_us);
+    std::printf("| UCX %zu clients p99 / p50 (<= 4x) | %.2fx | %.0f / %.0f us; copy+verify ceiling %.2fx (%.0f / %.0f us) |\n",
+                many, ratio(un.p99_us, un.p50_us), un.p99_us, un.p50_us, ratio(cvn.p99_us, cvn.p50_us), cvn.p99_us,
+                cvn.p50_us);
     std::printf("| UCX %zu clients: CPU per GET | %.0f us | 1 client %.0f us; copy+verify %.0f / %.0f us |\n", many,
                 un.cpu_us, u1.cpu_us, cvn.cpu_us, cv1.cpu_us);
+    auto share = [&](size_t n) { auto it = local_share.find(n); return it == local_share.end() ? 0.0 : it->second; };
+    std::printf("| UCX GETs served by local reads | %.0f%% | %zu clients; 1 client %.0f%% |\n", 100 * share(many), many,
+                100 * share(1));
+  }
+  // The same GETs as messages (channels without local reads): the path every GET took before.
+  const Cell m1 = med[1]["ux_get_msg"], mn = med[many]["ux_get_msg"];
+  if (mn.ops > 0 && m1.ops > 0) {
+    std::printf("| UCX messages %zu clients / 1 client | %.2fx | %.2f / %.2f GB/s; p99 / p50 %.1fx (%.0f / %.0f us); "
+                "CPU per GET %.0f / %.0f us |\n",
+                many, ratio(mn.gbps, m1.gbps), mn.gbps, m1.gbps, ratio(mn.p99_us, mn.p50_us), mn.p99_us, mn.p50_us,
+                mn.cpu_us, m1.cpu_us);
+    if (un.ops > 0)
+      std::printf("| UCX %zu clients: local reads / messages | %.2fx | %.2f / %.2f GB/s; 1 client %.2fx |\n", many,
+                  ratio(un.gbps, mn.gbps), un.gbps, mn.gbps, ratio(u1.gbps, m1.gbps));
   }
   // The hand-over ceilings: the GET's work and the cheapest hand-overs (HandOver).
   for (const HandOverMode& m : kHandOverModes) {
@@ -1053,6 +1072,7 @@ int main(int argc, char** argv) {
   std::string ucx_memory = "allocated";  // the clients' registered memory: UcxContext::Allocate, or malloc
   std::string backends = "tcp,ucx,redis,raw,batch";  // which cells run (a profile of one path)
   std::string ops_arg = "GET,PUT";  // which operations of those cells run
+  std::string local_reads = "on";   // the UCX clients' local reads (the node offers them either way)
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -1062,6 +1082,9 @@ int main(int argc, char** argv) {
           "                       [--ops GET,PUT] [--tables transport,resp] [--resp-sizes B,...] [--resp-clients N,...]\n"
           "                       [--resp-pipeline D,...] [--ucx-progress P] [--ucx-memory allocated|malloc|unregistered] [--ucx-workers N] [--io-threads N]\n"
           "                       [--keys K]   (blocks per client, default 16: the footprint each client reads)\n"
+          "                       [--ucx-local-reads on|off]   (UCX GETs read the node's pool on this host; on: a\n"
+          "                        second set of channels without them runs the same GETs as messages, in the same run;\n"
+          "                        off: the node keeps a private pool and offers none, as before)\n"
           "                       [--kvmesh BIN] [--redis-server BIN] [--redis-benchmark BIN] [--json]\n"
           "Moves blocks through real kvmesh daemons (TCP and UCX) and redis-server, beside raw loopback TCP and\n"
           "ucx_perftest in the same run; prints medians and same-run ratios per cell.\n");
@@ -1091,6 +1114,7 @@ int main(int argc, char** argv) {
     else if (k == "--keys") keys_arg = std::max(1, std::stoi(v));
     else if (k == "--backends") backends = "," + v + ",";
     else if (k == "--ops") ops_arg = v;
+    else if (k == "--ucx-local-reads") local_reads = v;
     else if (k == "--resp-pipeline") resp_pipeline_arg = v;
     else if (k == "--redis-benchmark") rb_bin = v;
     else {
@@ -1126,7 +1150,8 @@ int main(int argc, char** argv) {
       << (sizes.size() * max_clients * keys_per_client + kBatch * kBatchBlock / (1 << 20) + 160) << R"(MiB"}}],
             "store": {"slot_bytes": "1MiB", "stripes": 8},
             "transport": {"io_threads": )" << io_threads << R"(, "backend": ")" << (KVMESH_UCX_ON ? "ucx" : "tcp")
-      << R"(", "ucx": {"progress": ")" << ucx_progress << R"(", "workers": )" << ucx_workers << R"(}}})";
+      << R"(", "ucx": {"progress": ")" << ucx_progress << R"(", "workers": )" << ucx_workers
+      << R"(, "local_reads": )" << (local_reads == "off" ? "false" : "true") << R"(}}})";
   }
   testing::Process node;
   if (!node.Start({kvmesh_bin, "node", "--config", cfg_path, "--id", "b0", "--no-resp"})) return 1;
@@ -1166,11 +1191,16 @@ int main(int argc, char** argv) {
   auto dst_of = [&](size_t c, size_t k, size_t size) { return std::span<std::byte>(pool[c].get() + (1 + k) * slot, size); };
 
   std::vector<std::unique_ptr<ShardChannel>> ux;  // UCX channels, one per client (empty without UCX)
+  // The same without local reads (--ucx-local-reads on): GETs as messages.
+  std::vector<std::unique_ptr<ShardChannel>> uxm;
+  std::function<uint64_t()> local_hits = [] { return uint64_t{0}; };  // GET items ux read locally so far
 #if defined(KVMESH_HAVE_UCX)
-  {
+  for (int set = 0; set < (local_reads == "on" ? 2 : 1); ++set) {
+    auto& chans = set == 0 ? ux : uxm;
     auto addr = HexDecode(ev->value("ucx_address", ""));
     for (size_t c = 0; addr.ok() && !addr->empty() && ctx.ok() && c < max_clients; ++c) {
       UcxChannelOptions uo;
+      uo.local_reads = set == 0 && local_reads == "on";
       uo.node_address = *addr;
       uo.timeout_ms = 10000;
       uo.limits.max_body_bytes = 64 << 20;
@@ -1186,12 +1216,19 @@ int main(int argc, char** argv) {
                        : (*u)->RegisterMemory(MemoryRegion{c + 1, pool[c].get(), per_client, MemoryKind::kHost});
       if (!reg.ok()) {
         std::fprintf(stderr, "bench: UCX channel: %s\n", reg.ToString().c_str());
-        ux.clear();
+        chans.clear();
         break;
       }
-      ux.push_back(std::move(*u));
+      if (set == 0 && local_reads == "on" && c == 0 && !(*u)->local_reads_status().ok())
+        std::fprintf(stderr, "bench: no local reads: %s\n", (*u)->local_reads_status().ToString().c_str());
+      chans.push_back(std::move(*u));
     }
   }
+  local_hits = [&ux] {
+    uint64_t n = 0;
+    for (auto& c : ux) n += static_cast<UcxChannel*>(c.get())->answer_counts().local_hits;
+    return n;
+  };
 #endif
 
   // redis-server with persistence off, on loopback.
@@ -1283,6 +1320,7 @@ int main(int argc, char** argv) {
     std::vector<uint64_t> expect(max_clients);  // the hand-over ceiling's check: each client's block
     for (size_t c = 0; c < max_clients; ++c) expect[c] = Checksum64(payload[c].data(), size);
     std::map<size_t, std::map<std::string, Cell>> med;  // by client count: the medians the targets compare
+    std::map<size_t, double> local_share;  // by client count: UCX GETs local reads served (the last rep)
     RawServer raw(size, keys_per_client);
     // The raw GETs' destinations over the store's footprint (as many blocks per client as dst_of has).
     std::vector<std::byte> raw_fp_dst(max_clients * keys_per_client * size, std::byte{1});
@@ -1308,10 +1346,21 @@ int main(int argc, char** argv) {
             PutItem it{key(c, i), src_of(c, size), {}};
             return ux[c]->Put(std::span<PutItem>(&it, 1), {}).ok() && it.status.ok();
           }, node.pid()));
-          if (get) cells["ux_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
-            GetItem it{key(c, i), dst_of(c, i % keys_per_client, size), 0, {}};
-            return ux[c]->Get(std::span<GetItem>(&it, 1), {}).ok() && it.status.ok() && it.size == size;
-          }, node.pid()));
+          if (get) {
+            const uint64_t hits0 = local_hits();
+            cells["ux_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+              GetItem it{key(c, i), dst_of(c, i % keys_per_client, size), 0, {}};
+              return ux[c]->Get(std::span<GetItem>(&it, 1), {}).ok() && it.status.ok() && it.size == size;
+            }, node.pid()));
+            // What share of those GETs local reads served (the rest went to the node).
+            const Cell& last = cells["ux_get"].back();
+            if (last.ops > 0) local_share[clients] = std::min(1.0, double(local_hits() - hits0) / (last.ops * seconds));
+          }
+          if (get && !uxm.empty())
+            cells["ux_get_msg"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
+              GetItem it{key(c, i), dst_of(c, i % keys_per_client, size), 0, {}};
+              return uxm[c]->Get(std::span<GetItem>(&it, 1), {}).ok() && it.status.ok() && it.size == size;
+            }, node.pid()));
           // The least a one-sided GET of this footprint costs with no transport at all: each
           // client thread copies a block from its share of a pool-sized source (the node's
           // copy) into the same destination the GET uses and hashes it there (the client's
@@ -1405,7 +1454,8 @@ int main(int argc, char** argv) {
       const Cell copy_verify = Median(cells["copy_verify"]);
       add("copy+verify", "GET", size, clients, 1, copy_verify);
       for (const HandOverMode& m : kHandOverModes) add(m.label, "GET", size, clients, 1, Median(cells[m.cell]));
-      for (const char* name : {"ux_get", "kv_get", "raw_get", "raw_get_fp", "copy_verify"})
+      add("ucx messages", "GET", size, clients, 1, Median(cells["ux_get_msg"]));
+      for (const char* name : {"ux_get", "ux_get_msg", "kv_get", "raw_get", "raw_get_fp", "copy_verify"})
         med[clients][name] = Median(cells[name]);
       for (const HandOverMode& m : kHandOverModes) med[clients][m.cell] = Median(cells[m.cell]);
       for (const char* op : {"put", "get"}) {
@@ -1436,7 +1486,7 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    if (!json) PrintTargets(size, client_counts, med, am_bw);
+    if (!json) PrintTargets(size, client_counts, med, am_bw, local_share);
     ::munmap(ho_map, ho_bytes);
   }
 
