@@ -41,10 +41,13 @@ def embedded_config(nodes=3, memory="64MiB", **extra):
     return cfg
 
 
-def daemons_over(backend, tmp_path):
-    """Daemons of daemons-local.json with its $.transport.backend set (a copy in tmp_path), started."""
+def daemons_over(backend, tmp_path, ucx=None):
+    """Daemons of daemons-local.json with its $.transport.backend set (and
+    $.transport.ucx merged with `ucx`; a copy in tmp_path), started."""
     cfg = json.load(open(DAEMONS_CONFIG))
     cfg["transport"]["backend"] = backend
+    if ucx:
+        cfg["transport"].setdefault("ucx", {}).update(ucx)
     path = tmp_path / f"{backend}.json"
     path.write_text(json.dumps(cfg))
     return Daemons(config=str(path)).start()

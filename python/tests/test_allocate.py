@@ -213,7 +213,8 @@ def node_metric(d, node, name):
 
 @pytest.mark.skipif(not kvmesh.HAVE_UCX, reason="kvmesh built without UCX")
 def test_allocations_over_ucx_move_one_sided(tmp_path):
-    d = daemons_over("ucx", tmp_path)
+    # Without local reads: every GET goes to the node as GET_INTO.
+    d = daemons_over("ucx", tmp_path, ucx={"local_reads": False})
     try:
         with kvmesh.Client(d.address, tenant="ucx-allocate") as c:
             moved = sum(node_metric(d, n, "kvmesh_ucx_one_sided_bytes_total") for n in d.node_ids)
@@ -238,3 +239,27 @@ def test_the_benchmark_runs_and_checks_its_bytes():
                         "--batch", "4", "--rounds", "3"], capture_output=True, text=True, timeout=scaled(120))
     assert p.returncode == 0, p.stdout + p.stderr
     assert re.search(r"^ratio register / allocate \(median time\): [\d.]+x$", p.stdout, re.M), p.stdout
+
+
+@pytest.mark.skipif(not kvmesh.HAVE_UCX, reason="kvmesh built without UCX")
+def test_gets_over_ucx_on_the_nodes_host_are_local_reads(tmp_path):
+    # With local reads (the default) the client maps the nodes' pools: GETs
+    # move no byte through the nodes (only the puts are one-sided), return
+    # the same bytes, and come back to the nodes as hits.
+    d = daemons_over("ucx", tmp_path)
+    try:
+        with kvmesh.Client(d.address) as c:
+            moved = sum(node_metric(d, n, "kvmesh_ucx_one_sided_bytes_total") for n in d.node_ids)
+            hits = sum(node_metric(d, n, "kvmesh_store_hits_total") for n in d.node_ids)
+            src, dst, data = round_trip(c, n=20)
+            after = sum(node_metric(d, n, "kvmesh_ucx_one_sided_bytes_total") for n in d.node_ids)
+            # put_from and put_from_ptrs one-sided; get_into, get_into_ptrs and the bytearray gets local.
+            assert 2 * data.nbytes <= after - moved < 3 * data.nbytes
+            deadline = time.monotonic() + scaled(5)
+            while sum(node_metric(d, n, "kvmesh_store_hits_total") for n in d.node_ids) < hits + 60:
+                assert time.monotonic() < deadline, "the local reads never reached the nodes as hits"
+                time.sleep(0.02)
+            src.close()
+            dst.close()
+    finally:
+        d.stop()
