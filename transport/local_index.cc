@@ -117,6 +117,7 @@ size_t LocalIndexWriter::DrainTouches(const std::function<void(const BlockKey&)>
     fn(BlockKey{t.hi.load(std::memory_order_relaxed), t.lo.load(std::memory_order_relaxed)});
     ++n;
   }
+  reads_.fetch_add(n, std::memory_order_relaxed);
   return n;
 }
 

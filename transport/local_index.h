@@ -111,8 +111,9 @@ class LocalIndexWriter {
   // Calls fn(key) for each read readers left since the last call (lossy: a
   // ring overrun drops the oldest); the count.
   size_t DrainTouches(const std::function<void(const BlockKey&)>& fn);
-  // Entries published and retracted so far (stats).
+  // Blocks published so far, and reads DrainTouches handed on (metrics).
   uint64_t published() const { return published_.load(std::memory_order_relaxed); }
+  uint64_t reads() const { return reads_.load(std::memory_order_relaxed); }
 
  private:
   LocalIndexWriter() = default;
@@ -122,6 +123,7 @@ class LocalIndexWriter {
   LocalIndexEntry* entries_ = nullptr;
   uint64_t ring_tail_ = 0;  // DrainTouches' thread
   std::atomic<uint64_t> published_{0};
+  std::atomic<uint64_t> reads_{0};
 };
 
 class LocalIndexReader {

@@ -17,6 +17,7 @@
 #include "shard_node/server/cluster_slots.h"
 #include "shard_node/server/data_server.h"
 #include "shard_node/server/resp_server.h"
+#include "transport/local_index.h"
 #include "transport/resp/resp_commands.h"
 #if defined(KVMESH_HAVE_UCX)
 #include "shard_node/server/ucx_server.h"
@@ -253,6 +254,10 @@ class Daemon final : public NodeDaemon {
     g("kvmesh_store_puts_total", "counter", s.puts);
     g("kvmesh_store_evictions_total", "counter", s.evictions);
     g("kvmesh_store_corrupt_total", "counter", s.corrupt);
+    if (const LocalIndexWriter* li = node_->local_index()) {  // local reads (transport/local_index.h)
+      g("kvmesh_local_reads_total", "counter", li->reads());
+      g("kvmesh_local_published_total", "counter", li->published());
+    }
     g("kvmesh_shard_map_epoch", "gauge", epoch_.load());
     g("kvmesh_http_auth_refused_total", "counter", http_refused_.load(std::memory_order_relaxed));
     if (resp_) {
