@@ -286,6 +286,19 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   bool async_calls() const override { return true; }
   void StartPut(std::span<PutItem> items, const RequestOptions& o, ChannelCall* call) override;
   void StartGet(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call) override;
+  // A GET whose every item local reads serve returns here, with no call
+  // state (nothing allocated); the others take StartGet's path.
+  Status Get(std::span<GetItem> items, const RequestOptions& o) override {
+    thread_local std::vector<uint8_t> hit;
+    const size_t local = ReadLocal(items, &hit);
+    if (local == items.size()) return Status::Ok();
+    ChannelCall call;
+    StartGetRest(items, o, &call, hit, local);
+    return call.Wait();
+  }
+  // StartGet after its local reads (`hit`: which items they served, `local` of them).
+  void StartGetRest(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call,
+                    const std::vector<uint8_t>& hit, size_t local);
   void StartExists(std::span<const BlockKey> keys, std::span<uint8_t> found, bool touch, const RequestOptions& o,
                    ChannelCall* call) override;
   void StartErase(std::span<const BlockKey> keys, std::span<Status> statuses, const RequestOptions& o,
@@ -964,7 +977,6 @@ class UcxCallState final : public ChannelCallState {
   std::span<GetItem> outer;
   std::vector<GetItem> rest;
   std::vector<uint32_t> rest_at;
-  std::vector<uint8_t> hit;
 
  private:
   // Copies frame fr's answers into the caller's items.
@@ -1089,15 +1101,20 @@ void Channel::StartPut(std::span<PutItem> items, const RequestOptions& o, Channe
 }
 
 void Channel::StartGet(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call) {
-  if (items.empty()) return call->Finish(Status::Ok());
+  thread_local std::vector<uint8_t> hit;
+  const size_t local = ReadLocal(items, &hit);
+  if (local == items.size()) return call->Finish(Status::Ok());
+  StartGetRest(items, o, call, hit, local);
+}
+
+void Channel::StartGetRest(std::span<GetItem> items, const RequestOptions& o, ChannelCall* call,
+                           const std::vector<uint8_t>& hit, size_t local) {
   UcxCallState* st = BeginCall(this, call, UcxCallKind::kGet);
-  if (const size_t local = ReadLocal(items, &st->hit); local == items.size()) {
-    return call->Finish(Status::Ok());
-  } else if (local > 0) {
+  if (local > 0) {
     st->rest.clear();
     st->rest_at.clear();
     for (size_t i = 0; i < items.size(); ++i) {
-      if (st->hit[i]) continue;
+      if (hit[i]) continue;
       st->rest.push_back(items[i]);
       st->rest_at.push_back(static_cast<uint32_t>(i));
     }
