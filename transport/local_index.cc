@@ -40,7 +40,7 @@ static_assert(sizeof(LocalIndexHeader) <= kPage);
 // ---- the node's side ------------------------------------------------------------------
 
 Result<std::unique_ptr<LocalIndexWriter>> LocalIndexWriter::Create(uint64_t max_blocks, uint64_t pool_bytes) {
-  uint32_t entry_bits = 6;
+  uint32_t entry_bits = 6;  // (at least one bucket)
   while ((uint64_t{1} << entry_bits) < 2 * max_blocks && entry_bits < 22) ++entry_bits;  // at most 4 Mi entries (256 MiB)
   const uint32_t ring_bits = 14;  // 16 Ki reads between drains
   const uint64_t ring_offset = kPage;
@@ -73,33 +73,54 @@ LocalIndexWriter::~LocalIndexWriter() {
 }
 
 void LocalIndexWriter::Publish(const BlockKey& key, uint64_t offset, uint64_t size, uint64_t checksum) {
-  LocalIndexEntry& e = entries_[LocalIndexPosition(key, header_->entry_bits)];
-  uint64_t s = e.seq.load(std::memory_order_relaxed);
-  // Odd: another stripe's writer has it; this block just is not published.
-  if ((s & 1) != 0 || !e.seq.compare_exchange_strong(s, s + 1, std::memory_order_acquire)) return;
+  LocalIndexEntry* bucket = entries_ + LocalIndexBucket(key, header_->entry_bits);
+  // An empty entry of the bucket, else the one the key picks. A writer takes
+  // an entry by moving its sequence from even to odd: a failed exchange means
+  // another writer changed it since it was read; an odd one is being written.
+  LocalIndexEntry* e = nullptr;
+  uint64_t s = 0;
+  for (uint32_t w = 0; w < kLocalIndexWays && e == nullptr; ++w) {
+    uint64_t x = bucket[w].seq.load(std::memory_order_acquire);
+    if ((x & 1) == 0 && bucket[w].size.load(std::memory_order_relaxed) == 0 &&
+        bucket[w].seq.compare_exchange_strong(x, x + 1, std::memory_order_acquire)) {
+      e = &bucket[w];
+      s = x;
+    }
+  }
+  if (e == nullptr) {
+    LocalIndexEntry& v = bucket[(key.lo ^ key.hi) & (kLocalIndexWays - 1)];
+    uint64_t x = v.seq.load(std::memory_order_relaxed);
+    if ((x & 1) != 0 || !v.seq.compare_exchange_strong(x, x + 1, std::memory_order_acquire)) return;  // not published
+    e = &v;
+    s = x;
+  }
   std::atomic_thread_fence(std::memory_order_release);  // readers that see a field below see the odd seq
-  e.key_hi.store(key.hi, std::memory_order_relaxed);
-  e.key_lo.store(key.lo, std::memory_order_relaxed);
-  e.offset.store(offset, std::memory_order_relaxed);
-  e.size.store(size, std::memory_order_relaxed);
-  e.checksum.store(checksum, std::memory_order_relaxed);
-  e.seq.store(s + 2, std::memory_order_release);
+  e->key_hi.store(key.hi, std::memory_order_relaxed);
+  e->key_lo.store(key.lo, std::memory_order_relaxed);
+  e->offset.store(offset, std::memory_order_relaxed);
+  e->size.store(size, std::memory_order_relaxed);
+  e->checksum.store(checksum, std::memory_order_relaxed);
+  e->seq.store(s + 2, std::memory_order_release);
   published_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void LocalIndexWriter::Retract(const BlockKey& key, uint64_t offset) {
-  LocalIndexEntry& e = entries_[LocalIndexPosition(key, header_->entry_bits)];
-  uint64_t s = e.seq.load(std::memory_order_acquire);
-  if ((s & 1) == 0 && e.size.load(std::memory_order_relaxed) != 0 &&
-      e.key_hi.load(std::memory_order_relaxed) == key.hi && e.key_lo.load(std::memory_order_relaxed) == key.lo &&
-      e.offset.load(std::memory_order_relaxed) == offset &&
-      // A failed exchange: another writer took the entry, for another block.
-      e.seq.compare_exchange_strong(s, s + 1, std::memory_order_acquire)) {
-    std::atomic_thread_fence(std::memory_order_release);
-    e.size.store(0, std::memory_order_relaxed);
-    e.key_hi.store(0, std::memory_order_relaxed);
-    e.key_lo.store(0, std::memory_order_relaxed);
-    e.seq.store(s + 2, std::memory_order_release);
+  LocalIndexEntry* bucket = entries_ + LocalIndexBucket(key, header_->entry_bits);
+  for (uint32_t w = 0; w < kLocalIndexWays; ++w) {
+    LocalIndexEntry& e = bucket[w];
+    uint64_t s = e.seq.load(std::memory_order_acquire);
+    if ((s & 1) == 0 && e.size.load(std::memory_order_relaxed) != 0 &&
+        e.key_hi.load(std::memory_order_relaxed) == key.hi && e.key_lo.load(std::memory_order_relaxed) == key.lo &&
+        e.offset.load(std::memory_order_relaxed) == offset &&
+        // A failed exchange: another writer took the entry, for another block.
+        e.seq.compare_exchange_strong(s, s + 1, std::memory_order_acquire)) {
+      std::atomic_thread_fence(std::memory_order_release);
+      e.size.store(0, std::memory_order_relaxed);
+      e.key_hi.store(0, std::memory_order_relaxed);
+      e.key_lo.store(0, std::memory_order_relaxed);
+      e.seq.store(s + 2, std::memory_order_release);
+      break;
+    }
   }
   // Whatever writes the block's memory next comes after this fence: a reader
   // that copied any of those bytes then sees the entry's sequence change.
@@ -138,7 +159,7 @@ Result<std::shared_ptr<LocalIndexReader>> LocalIndexReader::Open(const std::stri
   LocalIndexHeader h;  // a copy, checked before anything is mapped on its word
   const ssize_t got = ::pread(ifd, &h, offsetof(LocalIndexHeader, ring_head), 0);
   if (got != static_cast<ssize_t>(offsetof(LocalIndexHeader, ring_head)) || h.magic != kLocalIndexMagic ||
-      h.version != kLocalIndexVersion || h.segment_bytes != index_bytes || h.entry_bits < 1 || h.entry_bits > 30 ||
+      h.version != kLocalIndexVersion || h.segment_bytes != index_bytes || h.entry_bits <= kLocalIndexWayBits || h.entry_bits > 30 ||
       h.ring_bits < 1 || h.ring_bits > 30 || h.ring_offset != kPage || h.entries_offset <= h.ring_offset ||
       h.entries_offset % kPage != 0 ||
       h.ring_offset + (uint64_t{1} << h.ring_bits) * sizeof(LocalTouchSlot) > h.entries_offset ||
@@ -177,23 +198,26 @@ LocalIndexReader::~LocalIndexReader() {
 }
 
 size_t LocalIndexReader::Read(const BlockKey& key, std::span<std::byte> dst) {
-  const LocalIndexEntry& e = entries_[LocalIndexPosition(key, entry_bits_)];
-  const uint64_t s = e.seq.load(std::memory_order_acquire);
-  const uint64_t size = e.size.load(std::memory_order_relaxed);
-  const uint64_t offset = e.offset.load(std::memory_order_relaxed);
-  const uint64_t sum = e.checksum.load(std::memory_order_relaxed);
-  const bool same = e.key_hi.load(std::memory_order_relaxed) == key.hi &&
-                    e.key_lo.load(std::memory_order_relaxed) == key.lo;
-  if ((s & 1) != 0 || !same || size == 0 || size > dst.size() || offset > pool_bytes_ || size > pool_bytes_ - offset)
-    return 0;
-  const uint64_t got = LocalReadCopy(dst.data(), pool_ + offset, size);
-  std::atomic_thread_fence(std::memory_order_acquire);
-  if (e.seq.load(std::memory_order_relaxed) != s || got != sum) return 0;
-  LocalTouchSlot& t = ring_[header_->ring_head.fetch_add(1, std::memory_order_relaxed) & ring_mask_];
-  t.hi.store(key.hi, std::memory_order_relaxed);
-  t.lo.store(key.lo, std::memory_order_relaxed);
-  t.full.store(1, std::memory_order_release);
-  return size;
+  const LocalIndexEntry* bucket = entries_ + LocalIndexBucket(key, entry_bits_);
+  for (uint32_t w = 0; w < kLocalIndexWays; ++w) {
+    const LocalIndexEntry& e = bucket[w];
+    const uint64_t s = e.seq.load(std::memory_order_acquire);
+    if (e.key_hi.load(std::memory_order_relaxed) != key.hi || e.key_lo.load(std::memory_order_relaxed) != key.lo)
+      continue;
+    const uint64_t size = e.size.load(std::memory_order_relaxed);
+    const uint64_t offset = e.offset.load(std::memory_order_relaxed);
+    const uint64_t sum = e.checksum.load(std::memory_order_relaxed);
+    if ((s & 1) != 0 || size == 0 || size > dst.size() || offset > pool_bytes_ || size > pool_bytes_ - offset) return 0;
+    const uint64_t got = LocalReadCopy(dst.data(), pool_ + offset, size);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (e.seq.load(std::memory_order_relaxed) != s || got != sum) return 0;
+    LocalTouchSlot& t = ring_[header_->ring_head.fetch_add(1, std::memory_order_relaxed) & ring_mask_];
+    t.hi.store(key.hi, std::memory_order_relaxed);
+    t.lo.store(key.lo, std::memory_order_relaxed);
+    t.full.store(1, std::memory_order_release);
+    return size;
+  }
+  return 0;
 }
 
 }  // namespace kvmesh
