@@ -152,7 +152,7 @@ void ShardNode::DrainLocalReads() {
       i = j;
     }
     lock.lock();
-    drain_cv_.wait_for(lock, std::chrono::milliseconds(n > 0 ? 1 : 10), [this] { return drain_stop_; });
+    drain_cv_.wait_for(lock, std::chrono::milliseconds(n > 0 ? 5 : 20), [this] { return drain_stop_; });
   }
 }
 
