@@ -51,7 +51,8 @@
 //                             [--ops GET,PUT]   (which operations of those cells run)
 //                             [--ucx-local-reads on|off]   (default on: the UCX channels read blocks straight from
 //                               the node's pool, transport/local_index.h; the GET cells then run again over
-//                               channels without them, "UCX messages", the path every GET took before)
+//                               channels without them, "UCX messages", the path every GET took before; the TCP
+//                               cells run against a second node with the TCP backend, whose pool is private)
 //
 // --json prints one object, {"rows": [{backend, op, block_bytes, clients,
 // batch, gbps, ops, p50_us, p99_us, cpu_us, server_cpu_us}, ...]}, backends tcp, ucx, redis, raw (op req/ack
@@ -1141,26 +1142,44 @@ int main(int argc, char** argv) {
   const size_t keys_per_client = keys_arg;
   constexpr size_t kBatch = 64, kBatchBlock = 65536;  // the batch rows: one GetInto of 64 x 64 KiB
 
-  // The kvmesh node: one standalone daemon with room for every key of the run.
+  // The kvmesh node: one standalone daemon with room for every key of the
+  // run, with the UCX backend when built. With local reads on, its pool is
+  // shared memory (a memfd, no huge pages where shmem's are off), which a TCP
+  // cluster's nodes never have: the TCP cells then run against a second node
+  // of the TCP backend, as a TCP cluster would.
   const std::string cfg_path = "/tmp/kvmesh-bench-" + std::to_string(::getpid()) + ".json";
-  {
-    std::ofstream f(cfg_path);
+  const std::string tcp_cfg_path = "/tmp/kvmesh-bench-tcp-" + std::to_string(::getpid()) + ".json";
+  auto write_config = [&](const std::string& path, const char* backend) {
+    std::ofstream f(path);
     f << R"({"model": {"model_id": "bench", "num_layers": 4, "num_kv_heads": 4, "head_dim": 64, "block_tokens": 16},
             "nodes": [{"id": "b0", "memory": {"host": ")"
       << (sizes.size() * max_clients * keys_per_client + kBatch * kBatchBlock / (1 << 20) + 160) << R"(MiB"}}],
             "store": {"slot_bytes": "1MiB", "stripes": 8},
-            "transport": {"io_threads": )" << io_threads << R"(, "backend": ")" << (KVMESH_UCX_ON ? "ucx" : "tcp")
+            "transport": {"io_threads": )" << io_threads << R"(, "backend": ")" << backend
       << R"(", "ucx": {"progress": ")" << ucx_progress << R"(", "workers": )" << ucx_workers
       << R"(, "local_reads": )" << (local_reads == "off" ? "false" : "true") << R"(}}})";
-  }
-  testing::Process node;
+  };
+  write_config(cfg_path, KVMESH_UCX_ON ? "ucx" : "tcp");
+  testing::Process node, tcp_node_own;
   if (!node.Start({kvmesh_bin, "node", "--config", cfg_path, "--id", "b0", "--no-resp"})) return 1;
   auto ev = node.WaitEvent("listening", 10s);
   if (!ev) {
     std::fprintf(stderr, "bench: kvmesh node did not start\n");
     return 1;
   }
-  const uint16_t data_port = (*ev)["ports"]["data"].get<uint16_t>();
+  testing::Process* tcp_node = &node;  // the node the TCP cells run against
+  uint16_t data_port = (*ev)["ports"]["data"].get<uint16_t>();
+  if (KVMESH_UCX_ON && local_reads == "on") {
+    write_config(tcp_cfg_path, "tcp");
+    if (!tcp_node_own.Start({kvmesh_bin, "node", "--config", tcp_cfg_path, "--id", "b0", "--no-resp"})) return 1;
+    auto tev = tcp_node_own.WaitEvent("listening", 10s);
+    if (!tev) {
+      std::fprintf(stderr, "bench: the TCP backend's kvmesh node did not start\n");
+      return 1;
+    }
+    tcp_node = &tcp_node_own;
+    data_port = (*tev)["ports"]["data"].get<uint16_t>();
+  }
 
   // Each client's buffers: its payload and a destination per key, one block
   // each, in one allocation per client (what an engine registers: its KV pool).
@@ -1289,6 +1308,8 @@ int main(int argc, char** argv) {
       for (size_t k = 0; k < keys_per_client; ++k) {
         PutItem it{key(int(c), k), src_of(c, size), {}};
         if (!ch[c]->Put(std::span<PutItem>(&it, 1), {}).ok() || !it.status.ok()) return 1;
+        if (tcp_node != &node && !ux.empty() && (!ux[c]->Put(std::span<PutItem>(&it, 1), {}).ok() || !it.status.ok()))
+          return 1;
         if (have_redis && !rc[c].Set("k" + std::to_string(c) + ":" + std::to_string(k) + ":" + std::to_string(size), payload[c]))
           return 1;
       }
@@ -1335,12 +1356,12 @@ int main(int argc, char** argv) {
           PutItem it{key(c, i), src_of(c, size), {}};
           Status s = ch[c]->Put(std::span<PutItem>(&it, 1), {});
           return s.ok() && it.status.ok();
-        }, node.pid()));
+        }, tcp_node->pid()));
         if (want("tcp") && get) cells["kv_get"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
           GetItem it{key(c, i), dst_of(c, i % keys_per_client, size), 0, {}};
           Status s = ch[c]->Get(std::span<GetItem>(&it, 1), {});
           return s.ok() && it.status.ok() && it.size == size;
-        }, node.pid()));
+        }, tcp_node->pid()));
         if (!ux.empty() && want("ucx")) {
           if (put) cells["ux_put"].push_back(RunClients(int(clients), seconds, size, [&](int c, uint64_t i) {
             PutItem it{key(c, i), src_of(c, size), {}};
@@ -1500,6 +1521,7 @@ int main(int argc, char** argv) {
       puts[k] = PutItem{key(k), {pool[0].get() + (1 + k) * slot, kBatchBlock}, {}};
     }
     if (!ch[0]->Put(puts, {}).ok()) return 1;
+    if (tcp_node != &node && !ux.empty() && !ux[0]->Put(puts, {}).ok()) return 1;
     std::vector<Cell> bw_cells;
     std::map<std::string, std::vector<Cell>> cells;
     for (int r = 0; r < reps; ++r) {
@@ -1545,6 +1567,11 @@ int main(int argc, char** argv) {
   }
   node.Kill(SIGTERM);
   node.Wait(5s);
+  if (tcp_node != &node) {
+    tcp_node_own.Kill(SIGTERM);
+    tcp_node_own.Wait(5s);
+    ::unlink(tcp_cfg_path.c_str());
+  }
   redis.Kill(SIGTERM);
   redis.Wait(5s);
   ::unlink(cfg_path.c_str());

@@ -51,7 +51,12 @@ Result<std::unique_ptr<ShardNode>> ShardNode::Create(const ClusterConfig& config
   so.groups = n->policy_groups_;
   so.observer = n->events_.get();
   so.medium = BlockMedium::kGpu;
-  so.local_reads = config.transport.ucx_local_reads;
+  // Local reads need the pool in shared memory (a memfd), which gets no
+  // transparent huge pages where shmem's are off (Debian's default), and
+  // then costs the node's own copies out of the pool (TCP sends: 41 -> 54 us
+  // of kernel time per 256 KiB GET on the 2-core VM). So only a cluster whose
+  // routers read over UCX makes one.
+  so.local_reads = config.transport.ucx_local_reads && config.transport.backend == "ucx";
   // A GPU node's device budget is one CUDA pool when a GPU is usable;
   // otherwise the store uses host memory (and says so once).
   if (nc->gpu >= 0 && nc->memory.device > 0) {

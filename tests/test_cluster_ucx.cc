@@ -32,6 +32,7 @@ struct Served {
     auto c = ParseConfig(R"({
       "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
       "nodes": [{"id": "u0", "memory": {"host": ")" + host + R"("}}],
+      "transport": {"backend": "ucx"},
       "store": {"slot_bytes": "2MiB", "stripes": 2}})");
     REQUIRE(c.ok());
     auto n = ShardNode::Create(*c, "u0");
@@ -751,10 +752,21 @@ TEST_CASE("UCX local reads: a client on the node's host reads its blocks from th
 
 TEST_CASE("UCX local reads: a node configured without them refuses LOCAL_MAP and serves GETs as before",
           "[cluster][ucx][local_reads]") {
+  {
+    // A TCP cluster's node keeps a private pool (no local reads) whatever $.transport.ucx says.
+    auto tcp = ParseConfig(R"({
+      "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
+      "nodes": [{"id": "u0", "memory": {"host": "16MiB"}}]})");
+    REQUIRE(tcp.ok());
+    auto n = ShardNode::Create(*tcp, "u0");
+    REQUIRE(n.ok());
+    CHECK((*n)->local_index() == nullptr);
+    CHECK((*n)->local_pool_fd() == -1);
+  }
   auto c = ParseConfig(R"({
     "model": {"model_id": "m", "num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16},
     "nodes": [{"id": "u0", "memory": {"host": "16MiB"}}],
-    "transport": {"ucx": {"local_reads": false}},
+    "transport": {"backend": "ucx", "ucx": {"local_reads": false}},
     "store": {"slot_bytes": "2MiB", "stripes": 2}})");
   REQUIRE(c.ok());
   auto node = ShardNode::Create(*c, "u0");

@@ -123,10 +123,11 @@ struct TransportConfig {
   // worker and client sessions (clients spread over them). 0 = one per
   // core, 1 to 4 (two on a 2-core machine: bench_transport, docs/config.md).
   int64_t ucx_workers = 0;
-  // $.transport.ucx.local_reads: a node keeps its pool in shared memory and
-  // lets UCX clients of its own host (cluster identity) read blocks straight
-  // from it, with no message (transport/local_index.h); clients use it when
-  // the node offers it. Default on.
+  // $.transport.ucx.local_reads: with backend "ucx", a node keeps its pool
+  // in shared memory and lets UCX clients of its own host (cluster
+  // identity) read blocks straight from it, with no message
+  // (transport/local_index.h); clients use it when the node offers it.
+  // Default on (a "tcp" cluster's nodes keep a private pool either way).
   bool ucx_local_reads = true;
 };
 
