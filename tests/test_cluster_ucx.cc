@@ -84,19 +84,28 @@ struct Fixture : Served {
 
 BlockKey Key(uint64_t i) { return BlockKey{i * 0x9E3779B97F4A7C15ull, i}; }
 
+// Random blocks of these sizes (seeded), and their puts under Key(0), Key(1), ...
+std::vector<std::vector<std::byte>> RandomBlocks(uint64_t seed, std::initializer_list<size_t> sizes) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<std::byte>> data;
+  for (size_t size : sizes) {
+    data.emplace_back(size);
+    for (auto& b : data.back()) b = static_cast<std::byte>(rng());
+  }
+  return data;
+}
+std::vector<PutItem> PutsOf(const std::vector<std::vector<std::byte>>& data) {
+  std::vector<PutItem> puts;
+  for (size_t i = 0; i < data.size(); ++i) puts.push_back(PutItem{Key(i), data[i], {}});
+  return puts;
+}
+
 void RoundTrip(UcxProgress progress = UcxProgress::kHybrid) {
   Fixture f("", 0, progress);
   auto ch = f.Channel();
   REQUIRE(ch.ok());
-  std::mt19937_64 rng(9);
-  const size_t sizes[] = {100, 4096, 65536, 300000, 1 << 20, 2 << 20};  // eager and rendezvous
-  std::vector<std::vector<std::byte>> data;
-  std::vector<PutItem> puts;
-  for (size_t i = 0; i < std::size(sizes); ++i) {
-    data.emplace_back(sizes[i]);
-    for (auto& b : data.back()) b = static_cast<std::byte>(rng());
-  }
-  for (size_t i = 0; i < data.size(); ++i) puts.push_back(PutItem{Key(i), data[i], {}});
+  const auto data = RandomBlocks(9, {100, 4096, 65536, 300000, 1 << 20, 2 << 20});  // eager and rendezvous
+  std::vector<PutItem> puts = PutsOf(data);
   REQUIRE((*ch)->Put(puts, {}).ok());
   for (auto& p : puts) CHECK(p.status.ok());
   std::vector<std::vector<std::byte>> dst(data.size() + 1, std::vector<std::byte>(2 << 20));
@@ -699,15 +708,8 @@ TEST_CASE("UCX local reads: a client on the node's host reads its blocks from th
   auto ch = f.Channel("", /*local_reads=*/true);
   REQUIRE(ch.ok());
   REQUIRE((*ch)->local_reads_status().ok());
-  std::mt19937_64 rng(5);
-  const size_t sizes[] = {100, 65536, 300000, 2 << 20};
-  std::vector<std::vector<std::byte>> data;
-  std::vector<PutItem> puts;
-  for (size_t i = 0; i < std::size(sizes); ++i) {
-    data.emplace_back(sizes[i]);
-    for (auto& b : data.back()) b = static_cast<std::byte>(rng());
-  }
-  for (size_t i = 0; i < data.size(); ++i) puts.push_back(PutItem{Key(i), data[i], {}});
+  const auto data = RandomBlocks(5, {100, 65536, 300000, 2 << 20});
+  std::vector<PutItem> puts = PutsOf(data);
   REQUIRE((*ch)->Put(puts, {}).ok());
   const uint64_t node_hits0 = f.node->Stats().store.hits;
   // Every block, and one never stored (asked of the node: NotFound).
