@@ -94,6 +94,20 @@ std::vector<std::vector<std::byte>> RandomBlocks(uint64_t seed, std::initializer
   }
   return data;
 }
+// GETs Key(0..n) and Key(n), which was never put, in one batch: every block
+// byte-for-byte, the last NotFound.
+void GetEveryBlock(ShardChannel& ch, const std::vector<std::vector<std::byte>>& data) {
+  std::vector<std::vector<std::byte>> dst(data.size() + 1, std::vector<std::byte>(2 << 20));
+  std::vector<GetItem> gets;
+  for (size_t i = 0; i <= data.size(); ++i) gets.push_back(GetItem{Key(i), dst[i], 0, {}});
+  REQUIRE(ch.Get(gets, {}).ok());
+  for (size_t i = 0; i < data.size(); ++i) {
+    REQUIRE(gets[i].status.ok());
+    REQUIRE(gets[i].size == data[i].size());
+    CHECK(std::equal(data[i].begin(), data[i].end(), dst[i].begin()));
+  }
+  CHECK(gets.back().status.code() == StatusCode::kNotFound);
+}
 std::vector<PutItem> PutsOf(const std::vector<std::vector<std::byte>>& data) {
   std::vector<PutItem> puts;
   for (size_t i = 0; i < data.size(); ++i) puts.push_back(PutItem{Key(i), data[i], {}});
@@ -108,16 +122,7 @@ void RoundTrip(UcxProgress progress = UcxProgress::kHybrid) {
   std::vector<PutItem> puts = PutsOf(data);
   REQUIRE((*ch)->Put(puts, {}).ok());
   for (auto& p : puts) CHECK(p.status.ok());
-  std::vector<std::vector<std::byte>> dst(data.size() + 1, std::vector<std::byte>(2 << 20));
-  std::vector<GetItem> gets;
-  for (size_t i = 0; i <= data.size(); ++i) gets.push_back(GetItem{Key(i), dst[i], 0, {}});
-  REQUIRE((*ch)->Get(gets, {}).ok());
-  for (size_t i = 0; i < data.size(); ++i) {
-    REQUIRE(gets[i].status.ok());
-    REQUIRE(gets[i].size == data[i].size());
-    CHECK(std::equal(data[i].begin(), data[i].end(), dst[i].begin()));
-  }
-  CHECK(gets.back().status.code() == StatusCode::kNotFound);
+  GetEveryBlock(**ch, data);
   std::vector<BlockKey> keys = {Key(0), Key(99)};
   std::vector<uint8_t> found(2);
   REQUIRE((*ch)->Exists(keys, found, false, {}).ok());
@@ -713,17 +718,8 @@ TEST_CASE("UCX local reads: a client on the node's host reads its blocks from th
   REQUIRE((*ch)->Put(puts, {}).ok());
   const uint64_t node_hits0 = f.node->Stats().store.hits;
   // Every block, and one never stored (asked of the node: NotFound).
-  std::vector<std::vector<std::byte>> dst(data.size() + 1, std::vector<std::byte>(2 << 20));
-  std::vector<GetItem> gets;
-  for (size_t i = 0; i <= data.size(); ++i) gets.push_back(GetItem{Key(i), dst[i], 0, {}});
   const auto before = (*ch)->answer_counts();
-  REQUIRE((*ch)->Get(gets, {}).ok());
-  for (size_t i = 0; i < data.size(); ++i) {
-    REQUIRE(gets[i].status.ok());
-    REQUIRE(gets[i].size == data[i].size());
-    CHECK(std::equal(data[i].begin(), data[i].end(), dst[i].begin()));
-  }
-  CHECK(gets.back().status.code() == StatusCode::kNotFound);
+  GetEveryBlock(**ch, data);
   const auto after = (*ch)->answer_counts();
   CHECK(after.local_hits - before.local_hits == data.size());
   CHECK(after.local_misses - before.local_misses == 1);
@@ -732,6 +728,7 @@ TEST_CASE("UCX local reads: a client on the node's host reads its blocks from th
   while (f.node->Stats().store.hits < node_hits0 + data.size() && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   CHECK(f.node->Stats().store.hits >= node_hits0 + data.size());
+  std::vector<std::vector<std::byte>> dst(data.size(), std::vector<std::byte>(2 << 20));
   // Erased through the channel: a local miss, then the node's NotFound.
   std::vector<BlockKey> erase = {Key(1)};
   std::vector<Status> st(1);
