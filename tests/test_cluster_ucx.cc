@@ -749,6 +749,39 @@ TEST_CASE("UCX local reads: a client on the node's host reads its blocks from th
   CHECK((*plain)->answer_counts().local_hits == 0);
 }
 
+TEST_CASE("UCX local reads: a batch of 4 MiB or more into registered memory goes as GET_INTO, a smaller one is read locally",
+          "[cluster][ucx][local_reads]") {
+  Fixture f;
+  auto ch = f.Channel("", /*local_reads=*/true);
+  REQUIRE(ch.ok());
+  REQUIRE((*ch)->local_reads_status().ok());
+  const auto data = RandomBlocks(7, {2 << 20, 2 << 20, 1 << 20});
+  std::vector<PutItem> puts = PutsOf(data);
+  REQUIRE((*ch)->Put(puts, {}).ok());
+  std::vector<std::byte> region(8 << 20);
+  REQUIRE((*ch)->RegisterMemory(MemoryRegion{1, region.data(), region.size(), MemoryKind::kHost}).ok());
+  auto get = [&](size_t n) {
+    std::vector<GetItem> gets;
+    for (size_t i = 0; i < n; ++i)
+      gets.push_back(GetItem{Key(i), std::span<std::byte>(region.data() + i * (2 << 20), data[i].size()), 0, {}});
+    std::fill(region.begin(), region.end(), std::byte{0});
+    REQUIRE((*ch)->Get(gets, {}).ok());
+    for (size_t i = 0; i < n; ++i) {
+      REQUIRE(gets[i].status.ok());
+      CHECK(std::equal(data[i].begin(), data[i].end(), region.begin() + i * (2 << 20)));
+    }
+  };
+  const uint64_t moved0 = f.server->one_sided_bytes();
+  const auto c0 = (*ch)->answer_counts();
+  get(3);  // 5 MiB: the node writes them (GET_INTO)
+  const auto c1 = (*ch)->answer_counts();
+  CHECK(c1.local_hits == c0.local_hits);
+  CHECK(f.server->one_sided_bytes() - moved0 == 5u << 20);
+  get(1);  // 2 MiB: read locally
+  CHECK((*ch)->answer_counts().local_hits == c1.local_hits + 1);
+  CHECK(f.server->one_sided_bytes() - moved0 == 5u << 20);
+}
+
 TEST_CASE("UCX local reads: a node configured without them refuses LOCAL_MAP and serves GETs as before",
           "[cluster][ucx][local_reads]") {
   {
