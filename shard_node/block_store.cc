@@ -706,12 +706,15 @@ bool BlockStore::Exists(const BlockKey& key, bool touch) {
   if (it == s.index.end()) return false;
   Slot& sl = s.slots[it->second];
   if (sl.state != SlotState::kLive) return false;
-  if (touch) {
-    sl.meta.last_access_ns = clock_->NowNanos();
-    ++sl.meta.access_count;
-    if (sl.pins == 0) s.classes[s.pages[it->second / chunk_stride_].cls].policy->Touch(it->second, InfoOf(sl.meta));
-  }
+  if (touch) TouchLocked(s, it->second, 1);
   return true;
+}
+
+void BlockStore::TouchLocked(Stripe& s, uint32_t chunk, uint32_t accesses) {
+  Slot& sl = s.slots[chunk];
+  sl.meta.last_access_ns = clock_->NowNanos();
+  sl.meta.access_count += accesses;
+  if (sl.pins == 0) s.classes[s.pages[chunk / chunk_stride_].cls].policy->Touch(chunk, InfoOf(sl.meta));
 }
 
 void BlockStore::TouchLocal(const BlockKey& key, uint32_t reads) {
@@ -721,10 +724,7 @@ void BlockStore::TouchLocal(const BlockKey& key, uint32_t reads) {
   if (it == s.index.end() || s.slots[it->second].state != SlotState::kLive) return;
   s.stats.gets += reads;
   s.stats.hits += reads;
-  Slot& sl = s.slots[it->second];
-  sl.meta.last_access_ns = clock_->NowNanos();
-  sl.meta.access_count += reads;
-  if (sl.pins == 0) s.classes[s.pages[it->second / chunk_stride_].cls].policy->Touch(it->second, InfoOf(sl.meta));
+  TouchLocked(s, it->second, reads);
 }
 
 Status BlockStore::Erase(const BlockKey& key) {

@@ -301,6 +301,9 @@ class BlockStore final : public BlockStoreOps {
   void DropCorrupt(BlockRef& ref);
   // Removes chunk's block from the local-read index (REQUIRES the stripe lock).
   void Unpublish(const Stripe& s, uint32_t chunk);
+  // `accesses` reads of a live block: recency, access count, and its
+  // policy's Touch unless pinned (REQUIRES the stripe lock).
+  void TouchLocked(Stripe& s, uint32_t chunk, uint32_t accesses);
 
   std::unique_ptr<MemoryBackend> backend_;
   std::unique_ptr<LocalIndexWriter> local_;  // StoreOptions::local_reads

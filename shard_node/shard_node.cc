@@ -147,9 +147,7 @@ void ShardNode::DrainLocalReads() {
     lock.unlock();
     keys.clear();
     const size_t n = index->DrainTouches([&](const BlockKey& k) { keys.push_back(k); });
-    std::sort(keys.begin(), keys.end(), [](const BlockKey& a, const BlockKey& b) {
-      return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
-    });
+    std::sort(keys.begin(), keys.end());
     for (size_t i = 0; i < keys.size();) {
       size_t j = i + 1;
       while (j < keys.size() && keys[j] == keys[i]) ++j;

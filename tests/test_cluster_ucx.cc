@@ -79,6 +79,13 @@ struct Fixture : Served {
     o.progress = progress_;
     return UcxChannel::Connect(o);
   }
+  // A channel with local reads, which the node granted.
+  Result<std::unique_ptr<UcxChannel>> LocalReadsChannel() {
+    auto ch = Channel("", /*local_reads=*/true);
+    REQUIRE(ch.ok());
+    REQUIRE((*ch)->local_reads_status().ok());
+    return ch;
+  }
   UcxProgress progress_;
 };
 
@@ -710,9 +717,7 @@ TEST_CASE("UCX: a GET answer is sent from its pinned slot; a client that stops r
 TEST_CASE("UCX local reads: a client on the node's host reads its blocks from the pool, the rest from the node",
           "[cluster][ucx][local_reads]") {
   Fixture f;
-  auto ch = f.Channel("", /*local_reads=*/true);
-  REQUIRE(ch.ok());
-  REQUIRE((*ch)->local_reads_status().ok());
+  auto ch = f.LocalReadsChannel();
   const auto data = RandomBlocks(5, {100, 65536, 300000, 2 << 20});
   std::vector<PutItem> puts = PutsOf(data);
   REQUIRE((*ch)->Put(puts, {}).ok());
@@ -752,9 +757,7 @@ TEST_CASE("UCX local reads: a client on the node's host reads its blocks from th
 TEST_CASE("UCX local reads: a batch of 4 MiB or more into registered memory goes as GET_INTO, a smaller one is read locally",
           "[cluster][ucx][local_reads]") {
   Fixture f;
-  auto ch = f.Channel("", /*local_reads=*/true);
-  REQUIRE(ch.ok());
-  REQUIRE((*ch)->local_reads_status().ok());
+  auto ch = f.LocalReadsChannel();
   const auto data = RandomBlocks(7, {2 << 20, 2 << 20, 1 << 20});
   std::vector<PutItem> puts = PutsOf(data);
   REQUIRE((*ch)->Put(puts, {}).ok());

@@ -171,7 +171,7 @@ Result<std::shared_ptr<LocalIndexReader>> LocalIndexReader::Open(const std::stri
       h.entries_offset % kPage != 0 ||
       h.ring_offset + (uint64_t{1} << h.ring_bits) * sizeof(LocalTouchSlot) > h.entries_offset ||
       h.entries_offset + (uint64_t{1} << h.entry_bits) * sizeof(LocalIndexEntry) > h.segment_bytes ||
-      h.pool_bytes > pool_bytes) {
+      h.pool_bytes != pool_bytes) {
     ::close(ifd);
     return InvalidArgument("the node's local-read index is not one this client reads (version " +
                            std::to_string(h.version) + ")");
@@ -194,7 +194,6 @@ Result<std::shared_ptr<LocalIndexReader>> LocalIndexReader::Open(const std::stri
   r->entries_ = static_cast<const LocalIndexEntry*>(entries);
   r->entry_bits_ = h.entry_bits;
   r->ring_mask_ = (uint64_t{1} << h.ring_bits) - 1;
-  r->pool_bytes_ = h.pool_bytes;
   return r;
 }
 

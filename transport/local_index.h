@@ -26,7 +26,7 @@
 //   Node:   auto w = LocalIndexWriter::Create(max_blocks, pool_bytes);   // w->fd() for LOCAL_MAP
 //           w->Publish(key, offset, size, checksum);  w->Retract(key, offset);
 //           w->DrainTouches([&](const BlockKey& k) { store.TouchLocal(k); });
-//   Client: auto r = LocalIndexReader::Open(pool_path, index_path);
+//   Client: auto r = LocalIndexReader::Open(pool_path, pool_bytes, index_path, index_bytes);
 //           size_t n = r->Read(key, dst);             // 0: ask the node
 //
 // Thread-safety: the writer's Publish and Retract may run on any threads at
@@ -61,7 +61,7 @@ struct LocalIndexHeader {
   uint64_t ring_offset = 0;     // bytes from the segment's start (page aligned)
   uint64_t entries_offset = 0;  // (page aligned)
   uint64_t segment_bytes = 0;
-  uint64_t pool_bytes = 0;  // the pool segment's size: an entry never points past it
+  uint64_t pool_bytes = 0;  // the pool segment's size (LOCAL_MAP's too): an entry never points past it
   alignas(64) std::atomic<uint64_t> ring_head{0};  // readers take slots with fetch_add
 };
 
@@ -108,10 +108,9 @@ class LocalIndexWriter {
   // The segment's memfd (readers open /proc/<pid>/fd/<fd>) and its size.
   int fd() const { return fd_; }
   uint64_t bytes() const { return header_->segment_bytes; }
-  uint64_t entries() const { return uint64_t{1} << header_->entry_bits; }
 
   // Makes the block at [offset, offset + size) of the pool readable under
-  // `key` (replacing whatever entry held its position).
+  // `key`: an empty entry of its bucket, else the entry its key picks.
   void Publish(const BlockKey& key, uint64_t offset, uint64_t size, uint64_t checksum);
   // Removes the entry of `key` at `offset`, if it is still there. Writes to
   // the block's memory after this are not read as the block.
@@ -138,7 +137,8 @@ class LocalIndexReader {
  public:
   // Maps a node's pool (read-only) and index segments from their paths
   // (/proc/<pid>/fd/<n> of the node). Errors: the open or map failed
-  // (PermissionDenied, NotFound...) or the index is not one this code reads.
+  // (PermissionDenied, NotFound...) or the index is not one this code reads
+  // (another version, sizes that differ from LOCAL_MAP's).
   static Result<std::shared_ptr<LocalIndexReader>> Open(const std::string& pool_path, uint64_t pool_bytes,
                                                        const std::string& index_path, uint64_t index_bytes);
   ~LocalIndexReader();

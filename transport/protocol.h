@@ -72,9 +72,9 @@ enum class Opcode : uint8_t {
   // done; each becomes the next to leave until read again. Part of version 1.
   kRelease = 21,
   // Local reads (docs/protocol.md "Local reads"): a client on the node's
-  // host asks to map the node's pool and its local-read index. Part of
-  // version 1; a node that does not know it closes the connection, so
-  // clients send it on a session of its own only after the HELLO.
+  // host asks to map the node's pool and its local-read index, once, after
+  // the HELLO. Part of version 1 (a node older than it closes the session,
+  // as for any opcode it does not know).
   kLocalMap = 22,
 };
 inline constexpr uint8_t kMaxOpcode = 22;

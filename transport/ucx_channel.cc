@@ -243,6 +243,7 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
     static std::mutex mu;
     static std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<LocalIndexReader>> open;
     std::lock_guard<std::mutex> lock(mu);
+    std::erase_if(open, [](const auto& e) { return e.second.expired(); });  // nodes no channel maps any more
     std::weak_ptr<LocalIndexReader>& slot = open[{uint64_t(st.st_dev), uint64_t(st.st_ino)}];
     local_ = slot.lock();
     if (local_ == nullptr) {
