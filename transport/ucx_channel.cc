@@ -257,10 +257,11 @@ class Channel final : public SeqOverFrames<SyncOverAsync<UcxChannel>> {
   // registered goes as GET_INTO even with local reads: the node's worker then
   // copies block after block while this thread checks the ones that landed
   // (two cores on one load), where a local read copies and checks on this
-  // thread alone. One client loading a 32k-token prefix (4.3 GB) of
-  // `bench-serve --prefix-check` got 10.1 GB/s with local reads against
-  // 12.9 GB/s with GET_INTO; one 256 KiB GET per call is 1.3-1.6x faster
-  // local, and 3.5-4.5x with 8 clients (docs/guide.md "Local reads").
+  // thread alone. One client loading whole prefixes in `bench-serve
+  // --prefix-check` got 7.4 / 9.5 / 10.1 GB/s at 1k / 8k / 32k tokens with
+  // local reads, 11.1 / 12.8 / 10.0 GB/s with GET_INTO; one 256 KiB GET per
+  // call is 1.3-1.6x faster local, and 3.5-4.5x with 8 clients
+  // (docs/guide.md "Local reads").
   static constexpr size_t kLocalReadMaxBatch = 4u << 20;
   bool LargeRegisteredBatch(std::span<GetItem> items) const {
     size_t bytes = 0;
